@@ -1,0 +1,185 @@
+//! What an entry must satisfy to be stored.
+//!
+//! Only the shape is checked (types, roles, JSON structure): a history that breaks provider rules
+//! (a missing tool result, an orphan, a duplicate id) is stored as it is and repaired when read,
+//! because that is exactly what an agent loop produces after a crash.
+
+use serde_json::Value;
+
+use super::model::{ApiMessage, Content, Entry, EntryKind, Role};
+
+/// Longest accepted uuid, in bytes.
+pub const MAX_UUID_LEN: usize = 200;
+
+/// A field that is not valid, named by its JSON path (`messages[3].message.content[0].type`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{path}: {problem}")]
+pub struct FieldError {
+    pub path: String,
+    pub problem: String,
+}
+
+impl FieldError {
+    fn new(path: String, problem: impl Into<String>) -> Self {
+        FieldError {
+            path,
+            problem: problem.into(),
+        }
+    }
+}
+
+/// Checks one entry; `path` names it in the request (`messages[3]`).
+pub fn check_entry(entry: &Entry, path: &str) -> Result<(), FieldError> {
+    if let Some(uuid) = &entry.uuid {
+        if uuid.is_empty() || uuid.len() > MAX_UUID_LEN {
+            return Err(FieldError::new(
+                format!("{path}.uuid"),
+                format!("must be 1 to {MAX_UUID_LEN} bytes"),
+            ));
+        }
+    }
+    match entry.kind {
+        EntryKind::User | EntryKind::Attachment => {
+            check_message(entry.message.as_ref(), Role::User, entry.kind, path)
+        }
+        EntryKind::Assistant => {
+            check_message(entry.message.as_ref(), Role::Assistant, entry.kind, path)
+        }
+        EntryKind::System => {
+            if entry.subtype.as_deref().is_none_or(str::is_empty) {
+                return Err(FieldError::new(
+                    format!("{path}.subtype"),
+                    "a system entry needs a subtype (compact_boundary, local_command, informational, …)",
+                ));
+            }
+            if entry.is_snip() && entry.snip_metadata.is_none() {
+                return Err(FieldError::new(
+                    format!("{path}.snip_metadata"),
+                    "a snip entry needs snip_metadata.removed_uuids",
+                ));
+            }
+            Ok(())
+        }
+        EntryKind::Progress => Ok(()),
+    }
+}
+
+fn check_message(
+    message: Option<&ApiMessage>,
+    role: Role,
+    kind: EntryKind,
+    path: &str,
+) -> Result<(), FieldError> {
+    let message = message.ok_or_else(|| {
+        FieldError::new(
+            format!("{path}.message"),
+            format!("a {} entry needs a message", kind.as_str()),
+        )
+    })?;
+    if message.role != role {
+        return Err(FieldError::new(
+            format!("{path}.message.role"),
+            format!(
+                "a {} entry carries a message with role {:?}",
+                kind.as_str(),
+                match role {
+                    Role::User => "user",
+                    Role::Assistant => "assistant",
+                }
+            ),
+        ));
+    }
+    if let Content::Blocks(blocks) = &message.content {
+        for (index, block) in blocks.iter().enumerate() {
+            check_block(block, &format!("{path}.message.content[{index}]"))?;
+        }
+    }
+    Ok(())
+}
+
+/// A content block is an object with a string `type`; anything else about it is kept verbatim.
+fn check_block(block: &Value, path: &str) -> Result<(), FieldError> {
+    let object = block
+        .as_object()
+        .ok_or_else(|| FieldError::new(path.to_owned(), "a content block must be an object"))?;
+    match object.get("type") {
+        Some(Value::String(kind)) if !kind.is_empty() => Ok(()),
+        Some(_) => Err(FieldError::new(
+            format!("{path}.type"),
+            "must be a non-empty string",
+        )),
+        None => Err(FieldError::new(
+            format!("{path}.type"),
+            "a content block needs a type",
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn entry(value: Value) -> Entry {
+        serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn plain_turns_and_unknown_blocks_are_accepted() {
+        let user = entry(json!({"type": "user", "message": {"role": "user", "content": "hi"}}));
+        assert_eq!(check_entry(&user, "messages[0]"), Ok(()));
+        let future = entry(
+            json!({"type": "assistant", "message": {"role": "assistant", "id": "msg_1",
+            "content": [{"type": "future_block", "anything": [1, 2]}]}}),
+        );
+        assert_eq!(check_entry(&future, "messages[1]"), Ok(()));
+    }
+
+    #[test]
+    fn a_role_that_does_not_match_the_type_names_the_field() {
+        let wrong =
+            entry(json!({"type": "assistant", "message": {"role": "user", "content": "x"}}));
+        let error = check_entry(&wrong, "messages[2]").unwrap_err();
+        assert_eq!(error.path, "messages[2].message.role");
+    }
+
+    #[test]
+    fn attachments_are_user_messages() {
+        let ok = entry(
+            json!({"type": "attachment", "message": {"role": "user", "content": [{"type": "text", "text": "file"}]}}),
+        );
+        assert_eq!(check_entry(&ok, "m"), Ok(()));
+        let bad =
+            entry(json!({"type": "attachment", "message": {"role": "assistant", "content": "x"}}));
+        assert_eq!(check_entry(&bad, "m").unwrap_err().path, "m.message.role");
+    }
+
+    #[test]
+    fn blocks_need_a_string_type() {
+        let bad =
+            entry(json!({"type": "user", "message": {"role": "user", "content": [{"text": "x"}]}}));
+        assert_eq!(
+            check_entry(&bad, "messages[0]").unwrap_err().path,
+            "messages[0].message.content[0].type"
+        );
+        let bad = entry(json!({"type": "user", "message": {"role": "user", "content": ["x"]}}));
+        assert_eq!(
+            check_entry(&bad, "messages[0]").unwrap_err().path,
+            "messages[0].message.content[0]"
+        );
+    }
+
+    #[test]
+    fn messages_and_subtypes_are_required_where_they_mean_something() {
+        let bad = entry(json!({"type": "user"}));
+        assert_eq!(check_entry(&bad, "m").unwrap_err().path, "m.message");
+        let bad = entry(json!({"type": "system", "content": "x"}));
+        assert_eq!(check_entry(&bad, "m").unwrap_err().path, "m.subtype");
+        let bad = entry(json!({"type": "system", "subtype": "snip"}));
+        assert_eq!(check_entry(&bad, "m").unwrap_err().path, "m.snip_metadata");
+        let ok = entry(json!({"type": "progress", "data": {"step": 1}}));
+        assert_eq!(check_entry(&ok, "m"), Ok(()));
+        let bad = entry(json!({"uuid": "", "type": "progress"}));
+        assert_eq!(check_entry(&bad, "m").unwrap_err().path, "m.uuid");
+    }
+}

@@ -1,0 +1,2 @@
+pub mod ingest;
+pub mod model;

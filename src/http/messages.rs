@@ -1,0 +1,166 @@
+//! `/v1/threads/{thread_id}/messages`: atomic, idempotent appends and paging.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::{router::OpenApiRouter, routes};
+
+use super::problem::{ApiError, ApiJson, ApiPath, ApiQuery, Problem};
+use super::threads::ThreadPath;
+use super::{AppState, Tenant};
+use crate::history::ingest::{check_entry, FieldError};
+use crate::history::model::Entry;
+use crate::store::AppendRequest;
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(append_messages, list_messages))
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({
+    "messages": [
+        {"uuid": "6f1c7d2e-0000-4000-8000-000000000001", "type": "user",
+         "message": {"role": "user", "content": "What is 50 * 50?"}},
+        {"uuid": "6f1c7d2e-0000-4000-8000-000000000002", "type": "assistant",
+         "message": {"role": "assistant", "id": "msg_01", "content": [
+            {"type": "tool_use", "id": "toolu_01", "name": "calculator", "input": {"expr": "50*50"}}]}}
+    ],
+    "expected_next_seq": 0
+}))]
+pub struct AppendMessagesRequest {
+    /// The batch, stored all or nothing, in order.
+    pub messages: Vec<Entry>,
+    /// Compare-and-append: 409 `seq-conflict` (nothing written) unless the thread's next seq is
+    /// this value.
+    pub expected_next_seq: Option<i64>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AppendMessagesResponse {
+    /// The stored messages with their `seq`, `uuid` and `created_at`.
+    pub messages: Vec<Entry>,
+    /// The seq the next message will get.
+    pub next_seq: i64,
+    /// True when the whole batch was already stored (an idempotent retry): nothing was written.
+    pub replayed: bool,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct MessagePageResponse {
+    pub messages: Vec<Entry>,
+    /// The thread's next seq when the page was read.
+    pub next_seq: i64,
+    /// Pass as `after_seq` to read on; absent when the page reached the end.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_after_seq: Option<i64>,
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ListMessagesQuery {
+    /// Return messages with a greater seq (from the start when omitted).
+    pub after_seq: Option<i64>,
+    /// Page size, 1–1000 (default 100).
+    pub limit: Option<u32>,
+}
+
+/// Append messages to a thread, atomically.
+///
+/// Retries are safe: a batch whose uuids are all stored with the same content returns the stored
+/// messages with `replayed: true` (200) and writes nothing.
+#[utoipa::path(
+    post, path = "/v1/threads/{thread_id}/messages", tag = "messages", operation_id = "appendMessages",
+    params(ThreadPath),
+    request_body = AppendMessagesRequest,
+    responses(
+        (status = 201, description = "The batch was stored", body = AppendMessagesResponse),
+        (status = 200, description = "The batch was already stored (idempotent retry)", body = AppendMessagesResponse),
+        (status = 400, description = "Malformed JSON (`bad-request`)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such thread (`not-found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`seq-conflict` (another writer appended first; `next_seq` says where the thread is), `uuid-conflict` (a uuid stored with other content) or `partial-replay`", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body over the size limit (`payload-too-large`)", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "An invalid message; `errors[].field` names it (`validation`)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn append_messages(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    ApiPath(path): ApiPath<ThreadPath>,
+    ApiJson(request): ApiJson<AppendMessagesRequest>,
+) -> Result<(StatusCode, Json<AppendMessagesResponse>), ApiError> {
+    if request.messages.is_empty() {
+        return Err(ApiError::field(FieldError {
+            path: "messages".to_owned(),
+            problem: "must hold at least one message".to_owned(),
+        }));
+    }
+    if request.messages.len() > state.limits.max_batch_messages {
+        return Err(ApiError::field(FieldError {
+            path: "messages".to_owned(),
+            problem: format!(
+                "at most {} messages per append",
+                state.limits.max_batch_messages
+            ),
+        }));
+    }
+    for (index, entry) in request.messages.iter().enumerate() {
+        check_entry(entry, &format!("messages[{index}]")).map_err(ApiError::field)?;
+    }
+    let outcome = state
+        .store
+        .append(
+            &tenant,
+            &path.thread_id,
+            AppendRequest {
+                entries: request.messages,
+                expected_next_seq: request.expected_next_seq,
+            },
+        )
+        .await?;
+    let status = if outcome.replayed {
+        StatusCode::OK
+    } else {
+        StatusCode::CREATED
+    };
+    Ok((
+        status,
+        Json(AppendMessagesResponse {
+            messages: outcome.messages,
+            next_seq: outcome.next_seq,
+            replayed: outcome.replayed,
+        }),
+    ))
+}
+
+/// Page through a thread's messages exactly as they were appended.
+#[utoipa::path(
+    get, path = "/v1/threads/{thread_id}/messages", tag = "messages", operation_id = "listMessages",
+    params(ThreadPath, ListMessagesQuery),
+    responses(
+        (status = 200, description = "One page of messages in seq order", body = MessagePageResponse),
+        (status = 400, description = "A bad query parameter", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such thread (`not-found`)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn list_messages(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    ApiPath(path): ApiPath<ThreadPath>,
+    ApiQuery(query): ApiQuery<ListMessagesQuery>,
+) -> Result<Json<MessagePageResponse>, ApiError> {
+    let limit = super::page_limit(query.limit, 100, state.limits.max_page_size_messages)?;
+    let page = state
+        .store
+        .list_messages(&tenant, &path.thread_id, query.after_seq, limit)
+        .await?;
+    let last_seq = page.messages.last().and_then(|m| m.seq);
+    let next_after_seq = last_seq.filter(|seq| seq + 1 < page.next_seq);
+    Ok(Json(MessagePageResponse {
+        messages: page.messages,
+        next_seq: page.next_seq,
+        next_after_seq,
+    }))
+}

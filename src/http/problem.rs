@@ -1,0 +1,270 @@
+//! Errors as `application/problem+json` (RFC 9457), with a stable `type` per kind of failure.
+
+use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
+use axum::extract::{FromRequest, FromRequestParts};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use serde_json::{Map, Value};
+use utoipa::ToSchema;
+
+use crate::history::ingest::FieldError;
+use crate::store::StoreError;
+
+/// Every problem `type` Loupe answers with. The URN is stable: clients switch on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProblemKind {
+    /// Malformed JSON, a bad query string or path parameter.
+    BadRequest,
+    /// Well-formed JSON whose values are wrong; `errors` names the fields.
+    Validation,
+    NotFound,
+    ThreadExists,
+    /// `expected_next_seq` did not match: another writer appended first.
+    SeqConflict,
+    /// A message uuid is already stored with different content.
+    UuidConflict,
+    /// Part of the batch is stored already; a retry must resend the exact batch.
+    PartialReplay,
+    PayloadTooLarge,
+    UnsupportedMediaType,
+    MethodNotAllowed,
+    Timeout,
+    Unavailable,
+    Internal,
+}
+
+impl ProblemKind {
+    pub fn slug(self) -> &'static str {
+        match self {
+            ProblemKind::BadRequest => "bad-request",
+            ProblemKind::Validation => "validation",
+            ProblemKind::NotFound => "not-found",
+            ProblemKind::ThreadExists => "thread-exists",
+            ProblemKind::SeqConflict => "seq-conflict",
+            ProblemKind::UuidConflict => "uuid-conflict",
+            ProblemKind::PartialReplay => "partial-replay",
+            ProblemKind::PayloadTooLarge => "payload-too-large",
+            ProblemKind::UnsupportedMediaType => "unsupported-media-type",
+            ProblemKind::MethodNotAllowed => "method-not-allowed",
+            ProblemKind::Timeout => "timeout",
+            ProblemKind::Unavailable => "unavailable",
+            ProblemKind::Internal => "internal",
+        }
+    }
+
+    pub fn status(self) -> StatusCode {
+        match self {
+            ProblemKind::BadRequest => StatusCode::BAD_REQUEST,
+            ProblemKind::Validation => StatusCode::UNPROCESSABLE_ENTITY,
+            ProblemKind::NotFound => StatusCode::NOT_FOUND,
+            ProblemKind::ThreadExists
+            | ProblemKind::SeqConflict
+            | ProblemKind::UuidConflict
+            | ProblemKind::PartialReplay => StatusCode::CONFLICT,
+            ProblemKind::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ProblemKind::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ProblemKind::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ProblemKind::Timeout | ProblemKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ProblemKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    fn title(self) -> &'static str {
+        match self {
+            ProblemKind::BadRequest => "Bad request",
+            ProblemKind::Validation => "Invalid field",
+            ProblemKind::NotFound => "Not found",
+            ProblemKind::ThreadExists => "Thread already exists",
+            ProblemKind::SeqConflict => "Another writer appended first",
+            ProblemKind::UuidConflict => "Message uuid already used",
+            ProblemKind::PartialReplay => "Batch partly stored",
+            ProblemKind::PayloadTooLarge => "Request body too large",
+            ProblemKind::UnsupportedMediaType => "Unsupported media type",
+            ProblemKind::MethodNotAllowed => "Method not allowed",
+            ProblemKind::Timeout => "Request timed out",
+            ProblemKind::Unavailable => "Service unavailable",
+            ProblemKind::Internal => "Internal error",
+        }
+    }
+
+    pub fn type_uri(self) -> String {
+        format!("urn:loupe:problem:{}", self.slug())
+    }
+}
+
+/// A problem details document (RFC 9457).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+#[schema(example = json!({
+    "type": "urn:loupe:problem:not-found",
+    "title": "Not found",
+    "status": 404,
+    "detail": "thread not found",
+    "request_id": "0b6c1b3e-8c39-4c67-9f0e-4d2b5d2e8f10"
+}))]
+pub struct Problem {
+    /// Stable machine-readable kind: `urn:loupe:problem:<kind>`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub title: String,
+    pub status: u16,
+    pub detail: String,
+    /// Extension members: `errors` (field errors), `next_seq` (seq conflicts), …
+    #[serde(flatten)]
+    #[schema(value_type = Object)]
+    pub extensions: Map<String, Value>,
+}
+
+/// An error a handler returns; rendered as a [`Problem`].
+#[derive(Debug)]
+pub struct ApiError {
+    pub kind: ProblemKind,
+    pub detail: String,
+    pub extensions: Map<String, Value>,
+}
+
+impl ApiError {
+    pub fn new(kind: ProblemKind, detail: impl Into<String>) -> Self {
+        ApiError {
+            kind,
+            detail: detail.into(),
+            extensions: Map::new(),
+        }
+    }
+
+    pub fn with(mut self, key: &str, value: impl Into<Value>) -> Self {
+        self.extensions.insert(key.to_owned(), value.into());
+        self
+    }
+
+    pub fn not_found(what: &str) -> Self {
+        ApiError::new(ProblemKind::NotFound, format!("{what} not found"))
+    }
+
+    pub fn bad_request(detail: impl Into<String>) -> Self {
+        ApiError::new(ProblemKind::BadRequest, detail)
+    }
+
+    pub fn field(error: FieldError) -> Self {
+        let detail = error.to_string();
+        ApiError::new(ProblemKind::Validation, detail).with(
+            "errors",
+            serde_json::json!([{"field": error.path, "problem": error.problem}]),
+        )
+    }
+
+    pub fn problem(&self) -> Problem {
+        Problem {
+            kind: self.kind.type_uri(),
+            title: self.kind.title().to_owned(),
+            status: self.kind.status().as_u16(),
+            detail: self.detail.clone(),
+            extensions: self.extensions.clone(),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        if self.kind == ProblemKind::Internal {
+            tracing::error!(detail = %self.detail, "internal error");
+        }
+        let status = self.kind.status();
+        let mut problem = self.problem();
+        if self.kind == ProblemKind::Internal {
+            // Details of internal failures stay in the log.
+            problem.detail = "the server failed to handle the request; see its log".to_owned();
+        }
+        problem_response(status, &problem)
+    }
+}
+
+pub fn problem_response(status: StatusCode, problem: &Problem) -> Response {
+    let body = serde_json::to_vec(problem).unwrap_or_default();
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/problem+json")],
+        body,
+    )
+        .into_response()
+}
+
+impl From<StoreError> for ApiError {
+    fn from(error: StoreError) -> Self {
+        match error {
+            StoreError::ThreadNotFound => ApiError::not_found("thread"),
+            StoreError::ThreadExists(id) => ApiError::new(
+                ProblemKind::ThreadExists,
+                format!("a thread with id {id:?} already exists"),
+            ),
+            StoreError::SeqConflict { expected, actual } => ApiError::new(
+                ProblemKind::SeqConflict,
+                format!("expected_next_seq is {expected}, but the thread's next seq is {actual}"),
+            )
+            .with("next_seq", actual),
+            StoreError::UuidConflict { ref uuid, seq } => {
+                let uuid = uuid.clone();
+                ApiError::new(ProblemKind::UuidConflict, error.to_string())
+                    .with("uuid", uuid)
+                    .with("seq", seq)
+            }
+            StoreError::PartialReplay { .. } => {
+                ApiError::new(ProblemKind::PartialReplay, error.to_string())
+            }
+            StoreError::DuplicateUuid(ref uuid) => {
+                let path = "messages[].uuid".to_owned();
+                ApiError::field(FieldError {
+                    path,
+                    problem: format!("uuid {uuid:?} appears twice in the batch"),
+                })
+            }
+            StoreError::BadCursor => ApiError::bad_request("invalid cursor"),
+            StoreError::Database(sqlx::Error::PoolTimedOut) => ApiError::new(
+                ProblemKind::Unavailable,
+                "the database is busy; retry shortly",
+            ),
+            other => ApiError::new(ProblemKind::Internal, other.to_string()),
+        }
+    }
+}
+
+impl From<JsonRejection> for ApiError {
+    fn from(rejection: JsonRejection) -> Self {
+        let kind = match rejection {
+            JsonRejection::JsonDataError(_) => ProblemKind::Validation,
+            JsonRejection::MissingJsonContentType(_) => ProblemKind::UnsupportedMediaType,
+            _ if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+                ProblemKind::PayloadTooLarge
+            }
+            _ => ProblemKind::BadRequest,
+        };
+        ApiError::new(kind, rejection.body_text())
+    }
+}
+
+impl From<QueryRejection> for ApiError {
+    fn from(rejection: QueryRejection) -> Self {
+        ApiError::bad_request(rejection.body_text())
+    }
+}
+
+impl From<PathRejection> for ApiError {
+    fn from(rejection: PathRejection) -> Self {
+        ApiError::bad_request(rejection.body_text())
+    }
+}
+
+/// `axum::Json`, answering its rejections as problems.
+#[derive(FromRequest)]
+#[from_request(via(axum::Json), rejection(ApiError))]
+pub struct ApiJson<T>(pub T);
+
+/// `axum::extract::Query`, answering its rejections as problems.
+#[derive(FromRequestParts)]
+#[from_request(via(axum::extract::Query), rejection(ApiError))]
+pub struct ApiQuery<T>(pub T);
+
+/// `axum::extract::Path`, answering its rejections as problems.
+#[derive(FromRequestParts)]
+#[from_request(via(axum::extract::Path), rejection(ApiError))]
+pub struct ApiPath<T>(pub T);

@@ -1,0 +1,208 @@
+//! `/v1/threads`: create, list, read, delete.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::Json;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::{router::OpenApiRouter, routes};
+
+use super::problem::{ApiError, ApiJson, ApiPath, ApiQuery, Problem};
+use super::{AppState, Tenant};
+use crate::history::ingest::FieldError;
+use crate::store::{NewThread, Thread};
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(create_thread, list_threads))
+        .routes(routes!(get_thread, delete_thread))
+}
+
+/// Longest client-chosen thread id.
+const MAX_THREAD_ID_LEN: usize = 128;
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"id": "support-4711", "metadata": {"user": "ana"}}))]
+pub struct CreateThreadRequest {
+    /// Optional client-chosen id: 1–128 characters of `[A-Za-z0-9._:-]`. Generated when omitted.
+    pub id: Option<String>,
+    /// Free-form metadata kept with the thread.
+    #[schema(value_type = Option<Object>)]
+    pub metadata: Option<Map<String, Value>>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!({"id": "support-4711", "metadata": {"user": "ana"}, "message_count": 0,
+    "created_at": "2026-11-29T17:00:00Z", "updated_at": "2026-11-29T17:00:00Z"}))]
+pub struct ThreadResponse {
+    pub id: String,
+    #[schema(value_type = Object)]
+    pub metadata: Map<String, Value>,
+    /// Number of stored messages; also the `seq` the next message will get.
+    pub message_count: i64,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+impl From<Thread> for ThreadResponse {
+    fn from(thread: Thread) -> Self {
+        ThreadResponse {
+            id: thread.id,
+            metadata: thread.metadata,
+            message_count: thread.next_seq,
+            created_at: thread.created_at,
+            updated_at: thread.updated_at,
+        }
+    }
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ThreadListResponse {
+    pub threads: Vec<ThreadResponse>,
+    /// Pass as `cursor` to get the next page; absent on the last page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ListThreadsQuery {
+    /// The `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+    /// Page size, 1–200 (default 50).
+    pub limit: Option<u32>,
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct ThreadPath {
+    /// The thread's id.
+    pub thread_id: String,
+}
+
+fn check_thread_id(id: &str) -> Result<(), ApiError> {
+    let valid = !id.is_empty()
+        && id.len() <= MAX_THREAD_ID_LEN
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'));
+    if valid {
+        Ok(())
+    } else {
+        Err(ApiError::field(FieldError {
+            path: "id".to_owned(),
+            problem: format!("must be 1 to {MAX_THREAD_ID_LEN} characters of [A-Za-z0-9._:-]"),
+        }))
+    }
+}
+
+/// Create a thread.
+#[utoipa::path(
+    post, path = "/v1/threads", tag = "threads", operation_id = "createThread",
+    request_body = CreateThreadRequest,
+    responses(
+        (status = 201, description = "The thread was created", body = ThreadResponse),
+        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "A thread with this id exists (`thread-exists`)", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "An invalid field (`validation`)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn create_thread(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    ApiJson(request): ApiJson<CreateThreadRequest>,
+) -> Result<(StatusCode, Json<ThreadResponse>), ApiError> {
+    if let Some(id) = &request.id {
+        check_thread_id(id)?;
+    }
+    let thread = state
+        .store
+        .create_thread(
+            &tenant,
+            NewThread {
+                id: request.id,
+                metadata: request.metadata.unwrap_or_default(),
+            },
+        )
+        .await?;
+    Ok((StatusCode::CREATED, Json(thread.into())))
+}
+
+/// List threads, oldest first.
+#[utoipa::path(
+    get, path = "/v1/threads", tag = "threads", operation_id = "listThreads",
+    params(ListThreadsQuery),
+    responses(
+        (status = 200, description = "One page of threads", body = ThreadListResponse),
+        (status = 400, description = "A bad cursor or limit", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn list_threads(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    ApiQuery(query): ApiQuery<ListThreadsQuery>,
+) -> Result<Json<ThreadListResponse>, ApiError> {
+    let limit = super::page_limit(query.limit, 50, state.limits.max_page_size)?;
+    let page = state
+        .store
+        .list_threads(&tenant, query.cursor.as_deref(), limit)
+        .await?;
+    Ok(Json(ThreadListResponse {
+        threads: page.threads.into_iter().map(Into::into).collect(),
+        next_cursor: page.next_cursor,
+    }))
+}
+
+/// Read a thread.
+#[utoipa::path(
+    get, path = "/v1/threads/{thread_id}", tag = "threads", operation_id = "getThread",
+    params(ThreadPath),
+    responses(
+        (status = 200, description = "The thread", body = ThreadResponse),
+        (status = 404, description = "No such thread (`not-found`)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn get_thread(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    ApiPath(path): ApiPath<ThreadPath>,
+) -> Result<Json<ThreadResponse>, ApiError> {
+    let thread = state.store.get_thread(&tenant, &path.thread_id).await?;
+    Ok(Json(thread.into()))
+}
+
+/// Delete a thread and everything stored under it.
+#[utoipa::path(
+    delete, path = "/v1/threads/{thread_id}", tag = "threads", operation_id = "deleteThread",
+    params(ThreadPath),
+    responses(
+        (status = 204, description = "The thread and all its data are gone"),
+        (status = 404, description = "No such thread (`not-found`)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn delete_thread(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    ApiPath(path): ApiPath<ThreadPath>,
+) -> Result<StatusCode, ApiError> {
+    state.store.delete_thread(&tenant, &path.thread_id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thread_ids_are_checked() {
+        assert!(check_thread_id("support-4711").is_ok());
+        assert!(check_thread_id("a.b:c_d-E9").is_ok());
+        assert!(check_thread_id("").is_err());
+        assert!(check_thread_id("has space").is_err());
+        assert!(check_thread_id("slash/y").is_err());
+        assert!(check_thread_id(&"x".repeat(129)).is_err());
+    }
+}

@@ -1,0 +1,10 @@
+//! Loupe: keeps LLM conversation threads whole and hands them back ready for the model.
+//!
+//! See `docs/ARCHITECTURE.md` for the module map and the data flows.
+
+pub mod cli;
+pub mod history;
+pub mod http;
+pub mod shutdown;
+pub mod store;
+pub mod telemetry;

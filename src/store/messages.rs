@@ -1,0 +1,311 @@
+//! Messages: atomic, idempotent appends and paging.
+
+use std::collections::{HashMap, HashSet};
+
+use sha2::{Digest, Sha256};
+use sqlx::any::AnyRow;
+use sqlx::{Any, Row};
+
+use super::{now_millis, Store, StoreError, TenantId};
+use crate::history::model::Entry;
+
+/// A batch to append to one thread.
+#[derive(Debug, Clone)]
+pub struct AppendRequest {
+    pub entries: Vec<Entry>,
+    /// Compare-and-append: fail with [`StoreError::SeqConflict`] unless the thread's next seq
+    /// is this value.
+    pub expected_next_seq: Option<i64>,
+}
+
+#[derive(Debug, Clone)]
+pub struct AppendOutcome {
+    /// The stored messages, with their `seq`, `uuid` and `created_at`.
+    pub messages: Vec<Entry>,
+    /// True when every message was already stored (an idempotent retry): nothing was written.
+    pub replayed: bool,
+    pub next_seq: i64,
+}
+
+#[derive(Debug, Clone)]
+pub struct MessagePage {
+    pub messages: Vec<Entry>,
+    /// The thread's next seq at the time of the read.
+    pub next_seq: i64,
+}
+
+/// Rows per INSERT statement; keeps the bind count under every backend's limit.
+const INSERT_CHUNK: usize = 200;
+
+/// An entry ready to be written.
+struct Prepared {
+    entry: Entry,
+    uuid: String,
+    content_hash: String,
+    body: String,
+}
+
+/// Fills the uuid, fingerprints what the client sent, then fills `created_at`.
+/// The fingerprint is taken before the server's defaults so a retry of the same request matches.
+fn prepare(mut entry: Entry, now: chrono::DateTime<chrono::Utc>) -> Result<Prepared, StoreError> {
+    entry.seq = None;
+    let uuid = entry
+        .uuid
+        .get_or_insert_with(|| uuid::Uuid::new_v4().to_string())
+        .clone();
+    let sent = serde_json::to_vec(&entry).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    let content_hash = hex::encode(Sha256::digest(&sent));
+    entry.created_at.get_or_insert(now);
+    let body = serde_json::to_string(&entry).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    Ok(Prepared {
+        entry,
+        uuid,
+        content_hash,
+        body,
+    })
+}
+
+fn entry_from_row(row: &AnyRow) -> Result<Entry, StoreError> {
+    let body: String = row.try_get("body")?;
+    let mut entry: Entry = serde_json::from_str(&body)
+        .map_err(|e| StoreError::Corrupt(format!("message body: {e}")))?;
+    entry.seq = Some(row.try_get("seq")?);
+    Ok(entry)
+}
+
+impl Store {
+    /// Appends a batch atomically: all of it or nothing.
+    ///
+    /// Retries are idempotent: a batch whose uuids are all stored with the same content returns
+    /// the stored messages and writes nothing. A uuid stored with other content is a conflict,
+    /// and so is a batch that is only partly stored (it cannot be the retry of one atomic append).
+    pub async fn append(
+        &self,
+        tenant: &TenantId,
+        thread_id: &str,
+        request: AppendRequest,
+    ) -> Result<AppendOutcome, StoreError> {
+        let now = chrono::Utc::now();
+        let prepared = request
+            .entries
+            .into_iter()
+            .map(|entry| prepare(entry, now))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut uuids = HashSet::with_capacity(prepared.len());
+        if let Some(duplicate) = prepared.iter().find(|p| !uuids.insert(p.uuid.as_str())) {
+            return Err(StoreError::DuplicateUuid(duplicate.uuid.clone()));
+        }
+
+        let mut tx = self.pool.begin().await?;
+        // Writing first takes the thread's lock at once (the row lock on PostgreSQL, the write
+        // lock on SQLite), so concurrent appenders queue here instead of racing on `next_seq`.
+        let row = sqlx::query(
+            "UPDATE threads SET updated_at = $1 WHERE tenant_id = $2 AND thread_id = $3 \
+             RETURNING thread_key, next_seq, visible_count",
+        )
+        .bind(now_millis())
+        .bind(&tenant.0)
+        .bind(thread_id)
+        .fetch_optional(&mut *tx)
+        .await?
+        .ok_or(StoreError::ThreadNotFound)?;
+        let thread_key: String = row.try_get("thread_key")?;
+        let next_seq: i64 = row.try_get("next_seq")?;
+        let visible_count: i64 = row.try_get("visible_count")?;
+
+        let stored = stored_hashes(&mut tx, &thread_key, &prepared).await?;
+        if !stored.is_empty() {
+            for p in &prepared {
+                if let Some((seq, hash)) = stored.get(&p.uuid) {
+                    if *hash != p.content_hash {
+                        return Err(StoreError::UuidConflict {
+                            uuid: p.uuid.clone(),
+                            seq: *seq,
+                        });
+                    }
+                }
+            }
+            if stored.len() < prepared.len() {
+                return Err(StoreError::PartialReplay {
+                    stored: stored.len(),
+                    total: prepared.len(),
+                });
+            }
+            tx.rollback().await?;
+            let uuids: Vec<&str> = prepared.iter().map(|p| p.uuid.as_str()).collect();
+            let messages = self.messages_by_uuid(&thread_key, &uuids).await?;
+            return Ok(AppendOutcome {
+                messages,
+                replayed: true,
+                next_seq,
+            });
+        }
+
+        if let Some(expected) = request.expected_next_seq {
+            if expected != next_seq {
+                return Err(StoreError::SeqConflict {
+                    expected,
+                    actual: next_seq,
+                });
+            }
+        }
+
+        let mut visible = visible_count;
+        let mut messages = Vec::with_capacity(prepared.len());
+        for (chunk_index, chunk) in prepared.chunks(INSERT_CHUNK).enumerate() {
+            let sql = format!(
+                "INSERT INTO messages (thread_key, seq, uuid, kind, subtype, visible_rank, body, content_hash, created_at) VALUES {}",
+                super::values_placeholders(chunk.len(), 9)
+            );
+            let mut insert = sqlx::query(&sql);
+            let base = next_seq + (chunk_index * INSERT_CHUNK) as i64;
+            for (offset, p) in chunk.iter().enumerate() {
+                if p.entry.kind.is_model_visible() {
+                    visible += 1;
+                }
+                insert = insert
+                    .bind(thread_key.clone())
+                    .bind(base + offset as i64)
+                    .bind(p.uuid.clone())
+                    .bind(p.entry.kind.as_str())
+                    .bind(p.entry.subtype.clone())
+                    .bind(visible)
+                    .bind(p.body.clone())
+                    .bind(p.content_hash.clone())
+                    .bind(now.timestamp_millis());
+            }
+            insert.execute(&mut *tx).await?;
+        }
+        for (offset, p) in prepared.into_iter().enumerate() {
+            let mut entry = p.entry;
+            entry.seq = Some(next_seq + offset as i64);
+            messages.push(entry);
+        }
+        let new_next_seq = next_seq + messages.len() as i64;
+        sqlx::query("UPDATE threads SET next_seq = $1, visible_count = $2 WHERE thread_key = $3")
+            .bind(new_next_seq)
+            .bind(visible)
+            .bind(&thread_key)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(AppendOutcome {
+            messages,
+            replayed: false,
+            next_seq: new_next_seq,
+        })
+    }
+
+    /// Messages with `seq > after_seq` (all when `None`), in seq order, at most `limit`.
+    pub async fn list_messages(
+        &self,
+        tenant: &TenantId,
+        thread_id: &str,
+        after_seq: Option<i64>,
+        limit: u32,
+    ) -> Result<MessagePage, StoreError> {
+        let thread = sqlx::query(
+            "SELECT thread_key, next_seq FROM threads WHERE tenant_id = $1 AND thread_id = $2",
+        )
+        .bind(&tenant.0)
+        .bind(thread_id)
+        .fetch_optional(&self.pool)
+        .await?
+        .ok_or(StoreError::ThreadNotFound)?;
+        let thread_key: String = thread.try_get("thread_key")?;
+        let rows = sqlx::query(
+            "SELECT seq, body FROM messages WHERE thread_key = $1 AND seq > $2 ORDER BY seq LIMIT $3",
+        )
+        .bind(&thread_key)
+        .bind(after_seq.unwrap_or(-1))
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(MessagePage {
+            messages: rows.iter().map(entry_from_row).collect::<Result<_, _>>()?,
+            next_seq: thread.try_get("next_seq")?,
+        })
+    }
+
+    async fn messages_by_uuid(
+        &self,
+        thread_key: &str,
+        uuids: &[&str],
+    ) -> Result<Vec<Entry>, StoreError> {
+        let sql = format!(
+            "SELECT seq, body FROM messages WHERE thread_key = $1 AND uuid IN ({}) ORDER BY seq",
+            super::list_placeholders(2, uuids.len())
+        );
+        let mut query = sqlx::query(&sql).bind(thread_key.to_owned());
+        for uuid in uuids {
+            query = query.bind(uuid.to_string());
+        }
+        let rows = query.fetch_all(&self.pool).await?;
+        rows.iter().map(entry_from_row).collect()
+    }
+}
+
+/// (seq, content hash) of the batch's uuids that the thread already holds.
+async fn stored_hashes(
+    tx: &mut sqlx::Transaction<'_, Any>,
+    thread_key: &str,
+    batch: &[Prepared],
+) -> Result<HashMap<String, (i64, String)>, StoreError> {
+    let mut stored = HashMap::new();
+    let uuids: Vec<&str> = batch.iter().map(|p| p.uuid.as_str()).collect();
+    for chunk in uuids.chunks(INSERT_CHUNK) {
+        let sql = format!(
+            "SELECT uuid, seq, content_hash FROM messages WHERE thread_key = $1 AND uuid IN ({})",
+            super::list_placeholders(2, chunk.len())
+        );
+        let mut query = sqlx::query(&sql).bind(thread_key.to_owned());
+        for uuid in chunk {
+            query = query.bind(uuid.to_string());
+        }
+        for row in query.fetch_all(&mut **tx).await? {
+            stored.insert(
+                row.try_get("uuid")?,
+                (row.try_get("seq")?, row.try_get("content_hash")?),
+            );
+        }
+    }
+    Ok(stored)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn entry(value: serde_json::Value) -> Entry {
+        serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn the_fingerprint_ignores_server_defaults_but_not_content() {
+        let now = chrono::Utc::now();
+        let sent =
+            json!({"uuid": "u1", "type": "user", "message": {"role": "user", "content": "hi"}});
+        let a = prepare(entry(sent.clone()), now).unwrap();
+        let b = prepare(entry(sent), now + chrono::Duration::seconds(5)).unwrap();
+        assert_eq!(a.content_hash, b.content_hash);
+        assert!(a.entry.created_at.is_some());
+        let other = prepare(
+            entry(json!({"uuid": "u1", "type": "user", "message": {"role": "user", "content": "hello"}})),
+            now,
+        )
+        .unwrap();
+        assert_ne!(a.content_hash, other.content_hash);
+    }
+
+    #[test]
+    fn a_missing_uuid_is_generated() {
+        let p = prepare(
+            entry(json!({"type": "user", "message": {"role": "user", "content": "hi"}})),
+            chrono::Utc::now(),
+        )
+        .unwrap();
+        assert_eq!(p.entry.uuid.as_deref(), Some(p.uuid.as_str()));
+        assert!(uuid::Uuid::parse_str(&p.uuid).is_ok());
+    }
+}

@@ -1,0 +1,189 @@
+//! Threads: create, read, list, delete.
+
+use chrono::{DateTime, Utc};
+use serde_json::{Map, Value};
+use sqlx::any::AnyRow;
+use sqlx::Row;
+
+use super::{millis_to_datetime, now_millis, Store, StoreError, TenantId};
+
+/// A stored thread.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Thread {
+    /// The caller's id, unique within the tenant.
+    pub id: String,
+    pub metadata: Map<String, Value>,
+    /// The seq the next appended message will get (= number of messages).
+    pub next_seq: i64,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct NewThread {
+    /// A client-chosen id; generated when `None`.
+    pub id: Option<String>,
+    pub metadata: Map<String, Value>,
+}
+
+/// One page of threads, oldest first.
+#[derive(Debug, Clone)]
+pub struct ThreadPage {
+    pub threads: Vec<Thread>,
+    /// Pass back as `cursor` to read the next page; `None` on the last page.
+    pub next_cursor: Option<String>,
+}
+
+const THREAD_COLUMNS: &str = "thread_key, thread_id, metadata, next_seq, created_at, updated_at";
+
+fn thread_from_row(row: &AnyRow) -> Result<Thread, StoreError> {
+    let metadata: String = row.try_get("metadata")?;
+    let metadata = serde_json::from_str(&metadata)
+        .map_err(|e| StoreError::Corrupt(format!("thread metadata: {e}")))?;
+    Ok(Thread {
+        id: row.try_get("thread_id")?,
+        metadata,
+        next_seq: row.try_get("next_seq")?,
+        created_at: millis_to_datetime(row.try_get("created_at")?),
+        updated_at: millis_to_datetime(row.try_get("updated_at")?),
+    })
+}
+
+/// The list cursor: the (created_at, thread_key) of the last thread of a page.
+fn encode_cursor(created_at: i64, thread_key: &str) -> String {
+    format!("{created_at}.{thread_key}")
+}
+
+fn decode_cursor(cursor: &str) -> Result<(i64, String), StoreError> {
+    let (millis, key) = cursor.split_once('.').ok_or(StoreError::BadCursor)?;
+    let millis = millis.parse().map_err(|_| StoreError::BadCursor)?;
+    if key.is_empty() {
+        return Err(StoreError::BadCursor);
+    }
+    Ok((millis, key.to_owned()))
+}
+
+impl Store {
+    pub async fn create_thread(
+        &self,
+        tenant: &TenantId,
+        new: NewThread,
+    ) -> Result<Thread, StoreError> {
+        let id = new
+            .id
+            .unwrap_or_else(|| format!("thr_{}", uuid::Uuid::now_v7().simple()));
+        let thread_key = uuid::Uuid::now_v7().to_string();
+        let now = now_millis();
+        let metadata = Value::Object(new.metadata.clone()).to_string();
+        let inserted = sqlx::query(
+            "INSERT INTO threads (thread_key, tenant_id, thread_id, metadata, next_seq, visible_count, created_at, updated_at) \
+             VALUES ($1, $2, $3, $4, 0, 0, $5, $5) ON CONFLICT (tenant_id, thread_id) DO NOTHING",
+        )
+        .bind(&thread_key)
+        .bind(&tenant.0)
+        .bind(&id)
+        .bind(&metadata)
+        .bind(now)
+        .execute(&self.pool)
+        .await?;
+        if inserted.rows_affected() == 0 {
+            return Err(StoreError::ThreadExists(id));
+        }
+        Ok(Thread {
+            id,
+            metadata: new.metadata,
+            next_seq: 0,
+            created_at: millis_to_datetime(now),
+            updated_at: millis_to_datetime(now),
+        })
+    }
+
+    pub async fn get_thread(&self, tenant: &TenantId, id: &str) -> Result<Thread, StoreError> {
+        let row = sqlx::query(&format!(
+            "SELECT {THREAD_COLUMNS} FROM threads WHERE tenant_id = $1 AND thread_id = $2"
+        ))
+        .bind(&tenant.0)
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?
+        .ok_or(StoreError::ThreadNotFound)?;
+        thread_from_row(&row)
+    }
+
+    pub async fn list_threads(
+        &self,
+        tenant: &TenantId,
+        cursor: Option<&str>,
+        limit: u32,
+    ) -> Result<ThreadPage, StoreError> {
+        let (after_millis, after_key) = match cursor {
+            Some(cursor) => decode_cursor(cursor)?,
+            None => (i64::MIN, String::new()),
+        };
+        let rows = sqlx::query(&format!(
+            "SELECT {THREAD_COLUMNS} FROM threads WHERE tenant_id = $1 \
+             AND (created_at > $2 OR (created_at = $2 AND thread_key > $3)) \
+             ORDER BY created_at, thread_key LIMIT $4"
+        ))
+        .bind(&tenant.0)
+        .bind(after_millis)
+        .bind(&after_key)
+        .bind(i64::from(limit) + 1)
+        .fetch_all(&self.pool)
+        .await?;
+        let has_more = rows.len() > limit as usize;
+        let mut threads = Vec::with_capacity(rows.len().min(limit as usize));
+        let mut next_cursor = None;
+        for row in rows.iter().take(limit as usize) {
+            threads.push(thread_from_row(row)?);
+            if has_more {
+                next_cursor = Some(encode_cursor(
+                    row.try_get("created_at")?,
+                    &row.try_get::<String, _>("thread_key")?,
+                ));
+            }
+        }
+        Ok(ThreadPage {
+            threads,
+            next_cursor,
+        })
+    }
+
+    /// Removes the thread and everything stored under it, atomically.
+    pub async fn delete_thread(&self, tenant: &TenantId, id: &str) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let thread_key: Option<String> = sqlx::query_scalar(
+            "DELETE FROM threads WHERE tenant_id = $1 AND thread_id = $2 RETURNING thread_key",
+        )
+        .bind(&tenant.0)
+        .bind(id)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let thread_key = thread_key.ok_or(StoreError::ThreadNotFound)?;
+        for table in super::THREAD_DATA_TABLES {
+            sqlx::query(&format!("DELETE FROM {table} WHERE thread_key = $1"))
+                .bind(&thread_key)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursors_round_trip_and_reject_garbage() {
+        let cursor = encode_cursor(1_700_000_000_000, "0190-abc");
+        assert_eq!(
+            decode_cursor(&cursor).unwrap(),
+            (1_700_000_000_000, "0190-abc".to_owned())
+        );
+        assert!(matches!(decode_cursor("nope"), Err(StoreError::BadCursor)));
+        assert!(matches!(decode_cursor("x.y"), Err(StoreError::BadCursor)));
+        assert!(matches!(decode_cursor("12."), Err(StoreError::BadCursor)));
+    }
+}

@@ -1,0 +1,245 @@
+//! Test support: the real service on a fresh real database, SQLite or PostgreSQL.
+//!
+//! PostgreSQL comes from `TEST_DATABASE_URL` (a URL of a role that may create databases); each
+//! test gets a database of its own, dropped when the test ends. `scripts/test.sh` starts a
+//! local PostgreSQL and sets the variable.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{header, HeaderMap, Method, Request, StatusCode};
+use axum::Router;
+use http_body_util::BodyExt;
+use loupe::http::{AppState, Limits};
+use loupe::store::{Store, StoreOptions};
+use serde_json::Value;
+use tower::ServiceExt;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+/// A database that exists for one test.
+enum Scratch {
+    SqliteFile(std::path::PathBuf),
+    PostgresDb { admin_url: String, name: String },
+}
+
+pub struct TestApp {
+    pub router: Router,
+    pub store: Store,
+    pub backend: Backend,
+    scratch: Option<Scratch>,
+}
+
+pub fn postgres_admin_url() -> String {
+    std::env::var("TEST_DATABASE_URL").expect(
+        "TEST_DATABASE_URL is not set: run the suite with scripts/test.sh, which starts PostgreSQL",
+    )
+}
+
+impl TestApp {
+    pub async fn new(backend: Backend) -> TestApp {
+        Self::with_limits(backend, Limits::default()).await
+    }
+
+    pub async fn with_limits(backend: Backend, limits: Limits) -> TestApp {
+        let _ = tracing_subscriber::fmt()
+            .with_test_writer()
+            .with_env_filter(
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "warn,loupe=info".to_owned()),
+            )
+            .try_init();
+        let (url, scratch) = match backend {
+            Backend::Sqlite => {
+                let path = std::env::temp_dir()
+                    .join("loupe-tests")
+                    .join(format!("{}.db", uuid::Uuid::new_v4().simple()));
+                (
+                    format!("sqlite://{}", path.display()),
+                    Scratch::SqliteFile(path),
+                )
+            }
+            Backend::Postgres => {
+                let admin_url = postgres_admin_url();
+                let name = format!("loupe_test_{}", uuid::Uuid::new_v4().simple());
+                let admin = Store::connect(&StoreOptions::new(&admin_url))
+                    .await
+                    .expect("connect to TEST_DATABASE_URL");
+                admin.create_database(&name).await.unwrap();
+                admin.close().await;
+                (
+                    with_database(&admin_url, &name),
+                    Scratch::PostgresDb { admin_url, name },
+                )
+            }
+        };
+        let store = Store::connect(&StoreOptions::new(&url))
+            .await
+            .expect("connect");
+        store.migrate().await.expect("migrate");
+        let state = AppState {
+            store: store.clone(),
+            limits: Arc::new(limits),
+        };
+        TestApp {
+            router: loupe::http::router(state),
+            store,
+            backend,
+            scratch: Some(scratch),
+        }
+    }
+
+    pub async fn request(&self, method: Method, uri: &str, body: Option<Value>) -> TestResponse {
+        let mut builder = Request::builder().method(method).uri(uri);
+        let body = match body {
+            Some(json) => {
+                builder = builder.header(header::CONTENT_TYPE, "application/json");
+                Body::from(serde_json::to_vec(&json).unwrap())
+            }
+            None => Body::empty(),
+        };
+        self.send(builder.body(body).unwrap()).await
+    }
+
+    pub async fn send(&self, request: Request<Body>) -> TestResponse {
+        let response = self.router.clone().oneshot(request).await.unwrap();
+        let status = response.status();
+        let headers = response.headers().clone();
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        let body = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes)
+                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()))
+        };
+        TestResponse {
+            status,
+            headers,
+            body,
+        }
+    }
+
+    pub async fn get(&self, uri: &str) -> TestResponse {
+        self.request(Method::GET, uri, None).await
+    }
+
+    pub async fn post(&self, uri: &str, body: Value) -> TestResponse {
+        self.request(Method::POST, uri, Some(body)).await
+    }
+
+    pub async fn delete(&self, uri: &str) -> TestResponse {
+        self.request(Method::DELETE, uri, None).await
+    }
+
+    /// Creates a thread and returns its id.
+    pub async fn thread(&self, id: &str) -> String {
+        let response = self
+            .post("/v1/threads", serde_json::json!({"id": id}))
+            .await;
+        assert_eq!(response.status, StatusCode::CREATED, "{:?}", response.body);
+        id.to_owned()
+    }
+
+    /// Drops the test's database. Call at the end of a test; a failed test leaves it behind
+    /// (scripts/test.sh sweeps those).
+    pub async fn finish(mut self) {
+        self.store.close().await;
+        match self.scratch.take() {
+            Some(Scratch::SqliteFile(path)) => {
+                for suffix in ["", "-wal", "-shm"] {
+                    let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+                }
+            }
+            Some(Scratch::PostgresDb { admin_url, name }) => {
+                let admin = Store::connect(&StoreOptions::new(&admin_url))
+                    .await
+                    .unwrap();
+                admin
+                    .drop_database(&name)
+                    .await
+                    .expect("drop the test database");
+                admin.close().await;
+            }
+            None => {}
+        }
+    }
+}
+
+fn with_database(admin_url: &str, name: &str) -> String {
+    let (base, query) = match admin_url.split_once('?') {
+        Some((base, query)) => (base, Some(query)),
+        None => (admin_url, None),
+    };
+    let slash = base
+        .rfind('/')
+        .filter(|i| *i > "postgres://".len())
+        .unwrap_or(base.len());
+    let mut url = format!("{}/{}", &base[..slash], name);
+    if let Some(query) = query {
+        url.push('?');
+        url.push_str(query);
+    }
+    url
+}
+
+#[derive(Debug)]
+pub struct TestResponse {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Value,
+}
+
+impl TestResponse {
+    /// Asserts a problem response of the given kind and returns its body.
+    pub fn assert_problem(&self, status: StatusCode, kind: &str) -> &Value {
+        assert_eq!(self.status, status, "body: {}", self.body);
+        assert_eq!(
+            self.headers.get(header::CONTENT_TYPE).unwrap(),
+            "application/problem+json"
+        );
+        assert_eq!(
+            self.body["type"],
+            format!("urn:loupe:problem:{kind}"),
+            "body: {}",
+            self.body
+        );
+        assert_eq!(self.body["status"], status.as_u16());
+        &self.body
+    }
+}
+
+/// Runs each named `async fn(TestApp)` as a test on SQLite and on PostgreSQL.
+#[macro_export]
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {
+        $(
+            mod $name {
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn sqlite() {
+                    let app = $crate::common::TestApp::new($crate::common::Backend::Sqlite).await;
+                    super::$name(app).await;
+                }
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn postgres() {
+                    let app = $crate::common::TestApp::new($crate::common::Backend::Postgres).await;
+                    super::$name(app).await;
+                }
+            }
+        )*
+    };
+}
+
+/// A user text entry.
+pub fn user(uuid: &str, text: &str) -> Value {
+    serde_json::json!({"uuid": uuid, "type": "user", "message": {"role": "user", "content": text}})
+}
+
+/// An assistant text entry of response `id`.
+pub fn assistant(uuid: &str, id: &str, text: &str) -> Value {
+    serde_json::json!({"uuid": uuid, "type": "assistant",
+        "message": {"role": "assistant", "id": id, "content": [{"type": "text", "text": text}]}})
+}
