@@ -7,4 +7,6 @@ pub mod history;
 pub mod http;
 pub mod shutdown;
 pub mod store;
+pub mod summarize;
 pub mod telemetry;
+pub mod validate;

@@ -1,2 +1,15 @@
+//! Conversation history: the stored model, API-round grouping and normalization for providers.
+//!
+//! Everything here is pure (no I/O).
+
 pub mod ingest;
 pub mod model;
+pub mod normalize;
+pub mod rounds;
+
+pub use model::{ApiMessage, Content, Entry, EntryKind, Role, SnipMetadata};
+pub use normalize::{
+    entries_from_messages, estimate_tokens, normalize, MicrocompactOptions, NormalizeOptions,
+    Normalized, Provider, Repair, RepairKind, ThinkingMode,
+};
+pub use rounds::{group_rounds, Round};

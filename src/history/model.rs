@@ -171,3 +171,36 @@ impl Entry {
         self.kind == EntryKind::System && self.subtype.as_deref() == Some(subtype::SNIP)
     }
 }
+
+impl Entry {
+    /// The entry's position: its `seq`, or `index` (its position in the slice) when unset.
+    pub fn seq_or(&self, index: usize) -> i64 {
+        self.seq.unwrap_or(index as i64)
+    }
+
+    /// The `[first_seq, last_seq]` range a compact boundary keeps by reference
+    /// (`compact_metadata.preserved_segment`), when present and well-formed.
+    pub fn preserved_segment(&self) -> Option<(i64, i64)> {
+        let seg = self.compact_metadata.as_ref()?.get("preserved_segment")?;
+        let first = seg.get("first_seq")?.as_i64()?;
+        let last = seg.get("last_seq")?.as_i64()?;
+        Some((first, last))
+    }
+
+    /// A synthetic assistant entry recording an API error.
+    pub fn is_api_error_message(&self) -> bool {
+        self.kind == EntryKind::Assistant && self.is_api_error
+    }
+
+    /// The text of the first text block (or the string content) of the entry's message.
+    pub fn first_text(&self) -> Option<&str> {
+        match &self.message.as_ref()?.content {
+            Content::Text(text) => Some(text.as_str()),
+            Content::Blocks(blocks) => blocks
+                .iter()
+                .find(|b| b.get("type").and_then(Value::as_str) == Some("text"))
+                .and_then(|b| b.get("text"))
+                .and_then(Value::as_str),
+        }
+    }
+}

@@ -1,0 +1,409 @@
+//! Steps e (strip) and f: view entries → working messages, plus Loupe's block hygiene.
+
+use std::collections::HashMap;
+
+use serde_json::{Map, Value};
+
+use super::blocks::{block_type, is_server_result, preview, str_field, text_block};
+use super::media::strip_media_types;
+use super::{Block, Ctx, Msg, NormalizeOptions, Provider, RepairKind, ThinkingMode};
+use crate::history::model::{subtype, Content, Entry, EntryKind, Role};
+
+/// Steps e/f — converts the view into working messages.
+///
+/// - `progress` and `system` entries are dropped (not reported: they never reach the model), except
+///   `local_command`, whose `content` becomes a non-meta user text message.
+/// - Synthetic API error assistants (`is_api_error`) are dropped.
+/// - `attachment` entries become meta user messages (their `message.content`).
+/// - Media named by an API error (see [`super::media::build_strip_map`]) are stripped; a message
+///   left empty is dropped (`media_stripped`).
+/// - Block hygiene, see [`sanitize_blocks`]. A user message left empty is dropped; an assistant
+///   left empty by hygiene is dropped, one *stored* empty is kept (fixed in cleanup).
+pub fn to_messages(
+    entries: &[Entry],
+    view: &[usize],
+    strip: &HashMap<usize, Vec<&'static str>>,
+    opts: &NormalizeOptions,
+    ctx: &mut Ctx,
+) -> Vec<Msg> {
+    let mut out = Vec::with_capacity(view.len());
+    for &i in view {
+        let e = &entries[i];
+        let src = i as u32;
+        let (role, content) = match e.kind {
+            EntryKind::Progress => continue,
+            EntryKind::System => {
+                if e.subtype.as_deref() != Some(subtype::LOCAL_COMMAND) {
+                    continue;
+                }
+                let blocks = match &e.content {
+                    Some(Value::String(s)) => vec![text_block(s)],
+                    Some(Value::Array(items)) => items.clone(),
+                    Some(Value::Null) | None => continue,
+                    Some(other) => vec![text_block(&other.to_string())],
+                };
+                let blocks: Vec<Block> = blocks.into_iter().map(|v| Block { v, src }).collect();
+                let mut blocks = blocks;
+                sanitize_blocks(&mut blocks, Role::User, opts, ctx);
+                if !blocks.is_empty() {
+                    out.push(Msg::new(Role::User, blocks, src));
+                }
+                continue;
+            }
+            EntryKind::Assistant if e.is_api_error => continue,
+            EntryKind::Assistant => (Role::Assistant, e.message.as_ref()),
+            EntryKind::User | EntryKind::Attachment => (Role::User, e.message.as_ref()),
+        };
+        let Some(message) = content else { continue };
+        let mut blocks: Vec<Block> = match &message.content {
+            Content::Text(t) => vec![Block {
+                v: text_block(t),
+                src,
+            }],
+            Content::Blocks(items) => items.iter().map(|v| Block { v: v.clone(), src }).collect(),
+        };
+        let stored_empty = blocks.is_empty();
+        if let Some(types) = strip.get(&i) {
+            let n = strip_media_types(&mut blocks, types);
+            if n > 0 {
+                let dropped = if blocks.is_empty() {
+                    "; message dropped"
+                } else {
+                    ""
+                };
+                ctx.report(
+                    RepairKind::MediaStripped,
+                    [src],
+                    format!(
+                        "removed {n} {} block(s) named by an API error{dropped}",
+                        types.join("/")
+                    ),
+                );
+                if blocks.is_empty() {
+                    continue;
+                }
+            }
+        }
+        sanitize_blocks(&mut blocks, role, opts, ctx);
+        if blocks.is_empty() {
+            match role {
+                Role::User => {
+                    let why = if stored_empty {
+                        "stored with empty content"
+                    } else {
+                        "no valid block left"
+                    };
+                    ctx.report(
+                        RepairKind::EmptyMessageDropped,
+                        [src],
+                        format!("user message dropped: {why}"),
+                    );
+                    continue;
+                }
+                Role::Assistant if !stored_empty => continue,
+                Role::Assistant => {}
+            }
+        }
+        let mut msg = Msg::new(role, blocks, src);
+        msg.is_meta = e.is_meta || e.kind == EntryKind::Attachment;
+        if role == Role::Assistant {
+            msg.id = message.id.clone();
+        }
+        out.push(msg);
+    }
+    out
+}
+
+/// Types that only belong in assistant turns.
+fn assistant_only(v: &Value) -> bool {
+    matches!(
+        block_type(v),
+        Some("tool_use" | "server_tool_use" | "mcp_tool_use" | "thinking" | "redacted_thinking")
+    ) || is_server_result(v)
+}
+
+/// Types that only belong in user turns.
+fn user_only(v: &Value) -> bool {
+    matches!(
+        block_type(v),
+        Some("tool_result" | "image" | "document" | "search_result")
+    )
+}
+
+fn valid_thinking(v: &Value) -> bool {
+    let nonempty = |f: &str| str_field(v, f).is_some_and(|s| !s.is_empty());
+    match block_type(v) {
+        Some("thinking") => str_field(v, "thinking").is_some() && nonempty("signature"),
+        Some("redacted_thinking") => nonempty("data"),
+        _ => true,
+    }
+}
+
+/// Loupe block hygiene (beyond the reference), in place:
+/// - blocks that are not objects with a string `type`, and `tool_result`s without a string
+///   `tool_use_id`, are dropped (`invalid_block_dropped`); a `tool_result` whose `content` is
+///   neither a string nor an array gets its JSON text as content (reported with the same kind);
+/// - assistant-only blocks in a user turn and user-only blocks in an assistant turn are dropped
+///   (`misplaced_block_dropped`);
+/// - thinking: dropped silently in `strip` mode and for OpenAI; in `keep` mode a `thinking` without
+///   a non-empty `signature` (or without `thinking` text) and a `redacted_thinking` without `data`
+///   are dropped (`invalid_thinking_dropped`);
+/// - `tool_use.input` that is not an object: a string holding a JSON object is parsed, anything
+///   else becomes `{}` (`invalid_tool_input_repaired`); a missing id becomes `""` (rewritten
+///   later), a missing name becomes `unknown_tool`.
+pub fn sanitize_blocks(
+    blocks: &mut Vec<Block>,
+    role: Role,
+    opts: &NormalizeOptions,
+    ctx: &mut Ctx,
+) {
+    let drop_thinking = opts.thinking == ThinkingMode::Strip || opts.provider == Provider::Openai;
+    blocks.retain_mut(|b| {
+        let Some(t) = block_type(&b.v).map(str::to_string) else {
+            ctx.report(
+                RepairKind::InvalidBlockDropped,
+                [b.src],
+                format!(
+                    "dropped a block without a type: {}",
+                    preview(&b.v.to_string())
+                ),
+            );
+            return false;
+        };
+        let misplaced = match role {
+            Role::User => assistant_only(&b.v),
+            Role::Assistant => user_only(&b.v),
+        };
+        if misplaced {
+            let side = if role == Role::User {
+                "a user"
+            } else {
+                "an assistant"
+            };
+            ctx.report(
+                RepairKind::MisplacedBlockDropped,
+                [b.src],
+                format!("dropped {t} block from {side} turn"),
+            );
+            return false;
+        }
+        match t.as_str() {
+            "thinking" | "redacted_thinking" => {
+                if drop_thinking {
+                    return false;
+                }
+                if !valid_thinking(&b.v) {
+                    ctx.report(
+                        RepairKind::InvalidThinkingDropped,
+                        [b.src],
+                        format!("dropped unsigned or malformed {t} block"),
+                    );
+                    return false;
+                }
+            }
+            "tool_result" if str_field(&b.v, "tool_use_id").is_none() => {
+                ctx.report(
+                    RepairKind::InvalidBlockDropped,
+                    [b.src],
+                    "dropped tool_result without tool_use_id".into(),
+                );
+                return false;
+            }
+            "tool_use" => repair_tool_use(b, ctx),
+            "tool_result" => {
+                let bad = b.v.get("content").filter(|c| !matches!(c, Value::String(_) | Value::Array(_) | Value::Null));
+                if let Some(c) = bad {
+                    let text = c.to_string();
+                    b.v["content"] = Value::String(text);
+                    ctx.report(
+                        RepairKind::InvalidBlockDropped,
+                        [b.src],
+                        "tool_result content that was neither a string nor an array replaced by its JSON text".into(),
+                    );
+                }
+            }
+            _ => {}
+        }
+        true
+    });
+}
+
+fn repair_tool_use(b: &mut Block, ctx: &mut Ctx) {
+    let src = b.src;
+    let Some(obj) = b.v.as_object_mut() else {
+        return;
+    };
+    if !obj.get("id").is_some_and(Value::is_string) {
+        obj.insert("id".into(), Value::String(String::new()));
+    }
+    let has_name = matches!(obj.get("name"), Some(Value::String(n)) if !n.is_empty());
+    if !has_name {
+        obj.insert("name".into(), Value::String("unknown_tool".into()));
+        ctx.report(
+            RepairKind::ToolNameRewritten,
+            [src],
+            "tool_use without a name named unknown_tool".into(),
+        );
+    }
+    let id = obj
+        .get("id")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    let fixed = match obj.get("input") {
+        Some(Value::Object(_)) => return,
+        Some(Value::String(s)) => match serde_json::from_str::<Value>(s) {
+            Ok(Value::Object(m)) => Value::Object(m),
+            _ => Value::Object(Map::new()),
+        },
+        _ => Value::Object(Map::new()),
+    };
+    let was = obj
+        .get("input")
+        .map_or("missing".to_string(), |v| preview(&v.to_string()));
+    obj.insert("input".into(), fixed);
+    ctx.report(
+        RepairKind::InvalidToolInputRepaired,
+        [src],
+        format!("tool_use {id}: input was not a JSON object ({was})"),
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testutil::*;
+    use super::*;
+    use serde_json::json;
+
+    fn run(entries: &[Entry], opts: &NormalizeOptions) -> (Vec<Msg>, Vec<RepairKind>) {
+        let mut ctx = Ctx::new(entries);
+        let idx: Vec<usize> = (0..entries.len()).collect();
+        let m = to_messages(entries, &idx, &HashMap::new(), opts, &mut ctx);
+        let k = kinds(&ctx);
+        (m, k)
+    }
+
+    #[test]
+    fn drops_progress_system_and_api_errors_keeps_local_command() {
+        let mut err = asst(3, "e", json!([text("Prompt is too long")]));
+        err.is_api_error = true;
+        let e = vec![
+            entry(json!({"seq": 0, "type": "progress", "data": {}})),
+            system(1, "informational", json!("hidden")),
+            system(
+                2,
+                "local_command",
+                json!("<local-command-stdout>hi</local-command-stdout>"),
+            ),
+            err,
+            asst(4, "ok", json!([text("kept synthetic")])),
+        ];
+        let (m, k) = run(&e, &NormalizeOptions::default());
+        assert!(k.is_empty());
+        assert_eq!(
+            shape(&m),
+            vec![
+                (
+                    Role::User,
+                    vec![text("<local-command-stdout>hi</local-command-stdout>")]
+                ),
+                (Role::Assistant, vec![text("kept synthetic")]),
+            ]
+        );
+        assert!(!m[0].is_meta);
+    }
+
+    #[test]
+    fn attachments_become_meta_users_and_strings_become_blocks() {
+        let e = vec![attachment(0, json!([text("file")])), user(1, json!("hi"))];
+        let (m, _) = run(&e, &NormalizeOptions::default());
+        assert!(m[0].is_meta && !m[1].is_meta);
+        assert_eq!(m[1].blocks[0].v, text("hi"));
+    }
+
+    #[test]
+    fn media_strip_and_drop_when_emptied() {
+        let doc = json!({"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "A"}});
+        let e = vec![
+            meta_user(0, json!([doc.clone()])),
+            meta_user(1, json!([doc, text("keep")])),
+        ];
+        let mut ctx = Ctx::new(&e);
+        let strip: HashMap<usize, Vec<&'static str>> =
+            [(0, vec!["document"]), (1, vec!["document"])].into();
+        let m = to_messages(&e, &[0, 1], &strip, &NormalizeOptions::default(), &mut ctx);
+        assert_eq!(shape(&m), vec![(Role::User, vec![text("keep")])]);
+        assert_eq!(
+            kinds(&ctx),
+            vec![RepairKind::MediaStripped, RepairKind::MediaStripped]
+        );
+    }
+
+    #[test]
+    fn hygiene_invalid_misplaced_thinking_and_tool_input() {
+        let e = vec![
+            user(0, json!([42, {"no": "type"}, tu("x"), text("q")])),
+            asst(
+                1,
+                "A",
+                json!([
+                    {"type": "thinking", "thinking": "unsigned"},
+                    thinking("signed"),
+                    {"type": "redacted_thinking", "data": "abc"},
+                    tr("x"),
+                    {"type": "tool_use", "id": "t1", "name": "Bash", "input": "{\"a\":1}"},
+                    {"type": "tool_use", "id": "t2", "name": "Bash", "input": "{partial"},
+                    {"type": "tool_use", "id": "t3", "name": "Bash", "input": {"ok": true}},
+                ]),
+            ),
+            user(
+                2,
+                json!([{"type": "tool_result", "tool_use_id": "t3", "content": {"odd": 1}}]),
+            ),
+        ];
+        let (m, k) = run(&e, &NormalizeOptions::default());
+        assert_eq!(m[0].blocks.len(), 1);
+        let a: Vec<Value> = m[1].blocks.iter().map(|b| b.v.clone()).collect();
+        assert_eq!(a.len(), 5);
+        assert_eq!(a[2]["input"], json!({"a": 1}));
+        assert_eq!(a[3]["input"], json!({}));
+        assert_eq!(a[4]["input"], json!({"ok": true}));
+        assert_eq!(
+            k,
+            vec![
+                RepairKind::InvalidBlockDropped,
+                RepairKind::InvalidBlockDropped,
+                RepairKind::MisplacedBlockDropped,
+                RepairKind::InvalidThinkingDropped,
+                RepairKind::MisplacedBlockDropped,
+                RepairKind::InvalidToolInputRepaired,
+                RepairKind::InvalidToolInputRepaired,
+                RepairKind::InvalidBlockDropped,
+            ]
+        );
+        assert_eq!(m[2].blocks[0].v["content"], json!("{\"odd\":1}"));
+    }
+
+    #[test]
+    fn strip_mode_drops_thinking_and_thinking_only_fragments_silently() {
+        let e = vec![
+            asst(0, "A", json!([thinking("t")])),
+            asst(1, "A", json!([thinking("t"), text("x")])),
+        ];
+        let opts = NormalizeOptions {
+            thinking: ThinkingMode::Strip,
+            ..Default::default()
+        };
+        let (m, k) = run(&e, &opts);
+        assert!(k.is_empty());
+        assert_eq!(shape(&m), vec![(Role::Assistant, vec![text("x")])]);
+    }
+
+    #[test]
+    fn empty_user_dropped_empty_assistant_kept() {
+        let e = vec![user(0, json!([])), asst(1, "A", json!([]))];
+        let (m, k) = run(&e, &NormalizeOptions::default());
+        assert_eq!(shape(&m), vec![(Role::Assistant, vec![])]);
+        assert_eq!(k, vec![RepairKind::EmptyMessageDropped]);
+    }
+}

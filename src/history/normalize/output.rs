@@ -1,0 +1,490 @@
+//! Step n — provider message shapes, and the inverse ([`entries_from_messages`]).
+//!
+//! # OpenAI Chat Completions mapping
+//! - Assistant: text blocks joined by `"\n\n"` into `content` (a string); `tool_use` →
+//!   `tool_calls[] {id, type:"function", function:{name, arguments: JSON string}}` (no key when
+//!   none). `content` is `null` only when there are tool calls and no text; otherwise a turn with
+//!   no text gets `(no content)`. Thinking is dropped silently (earlier); other assistant blocks
+//!   (`server_tool_use`, server results, unknown types) have no equivalent and are dropped
+//!   (`unsupported_block_dropped`).
+//! - User: each `tool_result` → `{"role":"tool","tool_call_id","content": string}` right after the
+//!   assistant, in order; the string is the result's string content, or its array rendered as text
+//!   (texts joined by `"\n\n"`, `[image]`, `[document]`, `[tool_reference: <name>]`); an empty result
+//!   becomes `(<ToolName> completed with no output)`. The remaining blocks form a user message
+//!   (a string when it is one text part): text → text part; image → `image_url` (a `data:` URL for
+//!   base64, else the URL); document → a `file` part (`file_data` data URL, `filename` = title or
+//!   `document.pdf`) for base64 PDFs, a text part for text documents, `[document: <url>]` for URL
+//!   documents, `[document]` otherwise; `search_result` → its texts; other types are dropped
+//!   (`unsupported_block_dropped`).
+
+use std::collections::HashMap;
+
+use serde_json::{json, Map, Value};
+
+use super::blocks::{block_type, completed_with_no_output, is_type, str_field, NO_CONTENT};
+use super::{Ctx, Msg, Provider, RepairKind};
+use crate::history::model::{ApiMessage, Content, Entry, EntryKind, Role};
+
+fn role_str(role: Role) -> &'static str {
+    match role {
+        Role::User => "user",
+        Role::Assistant => "assistant",
+    }
+}
+
+/// Anthropic: each message reduced to `{role, content}` (content always an array of blocks).
+pub fn to_anthropic(msgs: Vec<Msg>) -> Vec<Value> {
+    msgs.into_iter()
+        .map(|m| {
+            let blocks: Vec<Value> = m.blocks.into_iter().map(|b| b.v).collect();
+            let mut obj = Map::with_capacity(2);
+            obj.insert("role".into(), Value::String(role_str(m.role).into()));
+            obj.insert("content".into(), Value::Array(blocks));
+            Value::Object(obj)
+        })
+        .collect()
+}
+
+fn texts_of(items: &[Value]) -> Vec<String> {
+    items
+        .iter()
+        .filter_map(|x| match block_type(x) {
+            Some("text") => str_field(x, "text").map(String::from),
+            Some("image") => Some("[image]".into()),
+            Some("document") => Some("[document]".into()),
+            Some("tool_reference") => Some(format!(
+                "[tool_reference: {}]",
+                str_field(x, "tool_name").unwrap_or("")
+            )),
+            Some("search_result") => Some(search_result_text(x)),
+            _ => Some(x.to_string()),
+        })
+        .collect()
+}
+
+fn search_result_text(v: &Value) -> String {
+    match v.get("content") {
+        Some(Value::Array(items)) => texts_of(items).join("\n\n"),
+        Some(Value::String(s)) => s.clone(),
+        _ => String::new(),
+    }
+}
+
+/// A tool result's content as the string of an OpenAI tool message.
+fn tool_text(v: &Value, name: &str) -> String {
+    let s = match v.get("content") {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(items)) => texts_of(items).join("\n\n"),
+        Some(Value::Null) | None => String::new(),
+        Some(other) => other.to_string(),
+    };
+    if s.trim().is_empty() {
+        completed_with_no_output(name)
+    } else {
+        s
+    }
+}
+
+/// One user block as an OpenAI content part; `None` when it has no equivalent.
+fn user_part(v: &Value) -> Option<Value> {
+    let source = v.get("source");
+    let src_type = source.and_then(|s| str_field(s, "type"));
+    match block_type(v)? {
+        "text" => Some(json!({"type": "text", "text": str_field(v, "text").unwrap_or("")})),
+        "image" => {
+            let url = match src_type {
+                Some("base64") => {
+                    let s = source?;
+                    format!(
+                        "data:{};base64,{}",
+                        str_field(s, "media_type").unwrap_or("image/png"),
+                        str_field(s, "data").unwrap_or("")
+                    )
+                }
+                Some("url") => str_field(source?, "url")?.to_string(),
+                _ => return Some(json!({"type": "text", "text": "[image]"})),
+            };
+            Some(json!({"type": "image_url", "image_url": {"url": url}}))
+        }
+        "document" => {
+            let s = source;
+            match src_type {
+                Some("base64")
+                    if s.and_then(|s| str_field(s, "media_type")) == Some("application/pdf") =>
+                {
+                    let data = str_field(s?, "data").unwrap_or("");
+                    let filename = str_field(v, "title").unwrap_or("document.pdf");
+                    Some(json!({"type": "file", "file": {
+                        "filename": filename,
+                        "file_data": format!("data:application/pdf;base64,{data}"),
+                    }}))
+                }
+                Some("text") => {
+                    Some(json!({"type": "text", "text": str_field(s?, "data").unwrap_or("")}))
+                }
+                Some("url") => Some(
+                    json!({"type": "text", "text": format!("[document: {}]", str_field(s?, "url").unwrap_or(""))}),
+                ),
+                _ => Some(json!({"type": "text", "text": "[document]"})),
+            }
+        }
+        "search_result" => Some(json!({"type": "text", "text": search_result_text(v)})),
+        _ => None,
+    }
+}
+
+/// OpenAI Chat Completions messages (see the module docs for the mapping).
+pub fn to_openai(msgs: Vec<Msg>, ctx: &mut Ctx) -> Vec<Value> {
+    let mut out = Vec::with_capacity(msgs.len() + 8);
+    let mut names: HashMap<String, String> = HashMap::new();
+    for m in msgs {
+        if m.is_assistant() {
+            names.clear();
+            let mut texts: Vec<String> = Vec::new();
+            let mut calls: Vec<Value> = Vec::new();
+            for b in m.blocks {
+                match block_type(&b.v) {
+                    Some("text") => texts.push(str_field(&b.v, "text").unwrap_or("").to_string()),
+                    Some("tool_use") => {
+                        let id = str_field(&b.v, "id").unwrap_or("").to_string();
+                        let name = str_field(&b.v, "name").unwrap_or("").to_string();
+                        let args =
+                            b.v.get("input")
+                                .map_or_else(|| "{}".to_string(), Value::to_string);
+                        names.insert(id.clone(), name.clone());
+                        calls.push(json!({"id": id, "type": "function", "function": {"name": name, "arguments": args}}));
+                    }
+                    Some("thinking" | "redacted_thinking") => {}
+                    t => ctx.report(
+                        RepairKind::UnsupportedBlockDropped,
+                        [b.src],
+                        format!(
+                            "dropped assistant {} block: no Chat Completions equivalent",
+                            t.unwrap_or("?")
+                        ),
+                    ),
+                }
+            }
+            let content = if !texts.is_empty() {
+                Value::String(texts.join("\n\n"))
+            } else if !calls.is_empty() {
+                Value::Null
+            } else {
+                Value::String(NO_CONTENT.into())
+            };
+            let mut obj = Map::new();
+            obj.insert("role".into(), json!("assistant"));
+            obj.insert("content".into(), content);
+            if !calls.is_empty() {
+                obj.insert("tool_calls".into(), Value::Array(calls));
+            }
+            out.push(Value::Object(obj));
+            continue;
+        }
+        let mut parts: Vec<Value> = Vec::new();
+        let mut had_results = false;
+        for b in m.blocks {
+            if is_type(&b.v, "tool_result") {
+                had_results = true;
+                let id = str_field(&b.v, "tool_use_id").unwrap_or("");
+                let name = names.get(id).map_or("tool", String::as_str);
+                out.push(
+                    json!({"role": "tool", "tool_call_id": id, "content": tool_text(&b.v, name)}),
+                );
+            } else if let Some(p) = user_part(&b.v) {
+                parts.push(p);
+            } else {
+                ctx.report(
+                    RepairKind::UnsupportedBlockDropped,
+                    [b.src],
+                    format!(
+                        "dropped user {} block: no Chat Completions equivalent",
+                        block_type(&b.v).unwrap_or("?")
+                    ),
+                );
+            }
+        }
+        let content = match parts.len() {
+            0 if had_results => continue,
+            0 => Value::String(NO_CONTENT.into()),
+            1 if is_type(&parts[0], "text") => parts
+                .pop()
+                .and_then(|p| p.get("text").cloned())
+                .unwrap_or_default(),
+            _ => Value::Array(parts),
+        };
+        out.push(json!({"role": "user", "content": content}));
+    }
+    out
+}
+
+fn part_to_block(p: &Value) -> Value {
+    match block_type(p) {
+        Some("image_url") => {
+            let url = p
+                .get("image_url")
+                .and_then(|u| str_field(u, "url"))
+                .unwrap_or("");
+            match url
+                .strip_prefix("data:")
+                .and_then(|r| r.split_once(";base64,"))
+            {
+                Some((media, data)) => {
+                    json!({"type": "image", "source": {"type": "base64", "media_type": media, "data": data}})
+                }
+                None => json!({"type": "image", "source": {"type": "url", "url": url}}),
+            }
+        }
+        Some("file") => {
+            let f = p.get("file").cloned().unwrap_or_default();
+            let data = str_field(&f, "file_data").unwrap_or("");
+            let (media, b64) = data
+                .strip_prefix("data:")
+                .and_then(|r| r.split_once(";base64,"))
+                .unwrap_or(("application/pdf", data));
+            let mut doc = json!({"type": "document", "source": {"type": "base64", "media_type": media, "data": b64}});
+            if let Some(name) = str_field(&f, "filename") {
+                doc["title"] = json!(name);
+            }
+            doc
+        }
+        _ => p.clone(),
+    }
+}
+
+fn entry(i: usize, kind: EntryKind, role: Role, content: Content, id: Option<String>) -> Entry {
+    Entry {
+        seq: Some(i as i64),
+        uuid: None,
+        kind,
+        message: Some(ApiMessage {
+            role,
+            content,
+            id,
+            model: None,
+            stop_reason: None,
+            usage: None,
+            extra: Map::new(),
+        }),
+        is_meta: false,
+        is_virtual: false,
+        is_compact_summary: false,
+        is_api_error: false,
+        subtype: None,
+        content: None,
+        compact_metadata: None,
+        snip_metadata: None,
+        created_at: None,
+        extra: Map::new(),
+    }
+}
+
+/// Turns a normalized output back into entries (for idempotence checks: normalizing the result
+/// again gives the same messages). Each assistant turn gets a distinct synthetic message id
+/// (`msg_loupe_<i>`) so no merging happens across turns; `seq` is the message index. OpenAI `tool`
+/// messages become user entries holding one `tool_result` each (merged again by normalization);
+/// `system`/`developer` messages are skipped.
+pub fn entries_from_messages(messages: &[Value], provider: Provider) -> Vec<Entry> {
+    let mut out = Vec::with_capacity(messages.len());
+    for (i, m) in messages.iter().enumerate() {
+        let role = str_field(m, "role").unwrap_or("");
+        let content = m.get("content");
+        let asst_id = Some(format!("msg_loupe_{i}"));
+        match (provider, role) {
+            (Provider::Anthropic, "user" | "assistant") => {
+                let (kind, r, id) = if role == "user" {
+                    (EntryKind::User, Role::User, None)
+                } else {
+                    (EntryKind::Assistant, Role::Assistant, asst_id)
+                };
+                let c = match content {
+                    Some(Value::String(s)) => Content::Text(s.clone()),
+                    Some(Value::Array(items)) => Content::Blocks(items.clone()),
+                    _ => Content::Blocks(Vec::new()),
+                };
+                out.push(entry(i, kind, r, c, id));
+            }
+            (Provider::Openai, "user") => {
+                let c = match content {
+                    Some(Value::String(s)) => Content::Text(s.clone()),
+                    Some(Value::Array(items)) => {
+                        Content::Blocks(items.iter().map(part_to_block).collect())
+                    }
+                    _ => Content::Blocks(Vec::new()),
+                };
+                out.push(entry(i, EntryKind::User, Role::User, c, None));
+            }
+            (Provider::Openai, "assistant") => {
+                let mut blocks = Vec::new();
+                match content {
+                    Some(Value::String(s)) => blocks.push(json!({"type": "text", "text": s})),
+                    Some(Value::Array(items)) => blocks.extend(items.iter().cloned()),
+                    _ => {}
+                }
+                for call in m
+                    .get("tool_calls")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                {
+                    let f = call.get("function").cloned().unwrap_or_default();
+                    let input = str_field(&f, "arguments")
+                        .and_then(|a| serde_json::from_str::<Value>(a).ok())
+                        .unwrap_or_else(|| json!({}));
+                    blocks.push(json!({
+                        "type": "tool_use",
+                        "id": str_field(call, "id").unwrap_or(""),
+                        "name": str_field(&f, "name").unwrap_or(""),
+                        "input": input,
+                    }));
+                }
+                out.push(entry(
+                    i,
+                    EntryKind::Assistant,
+                    Role::Assistant,
+                    Content::Blocks(blocks),
+                    asst_id,
+                ));
+            }
+            (Provider::Openai, "tool") => {
+                let block = json!({
+                    "type": "tool_result",
+                    "tool_use_id": str_field(m, "tool_call_id").unwrap_or(""),
+                    "content": content.cloned().unwrap_or_else(|| json!("")),
+                });
+                out.push(entry(
+                    i,
+                    EntryKind::User,
+                    Role::User,
+                    Content::Blocks(vec![block]),
+                    None,
+                ));
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testutil::*;
+    use super::super::{normalize, NormalizeOptions};
+    use super::*;
+
+    fn openai() -> NormalizeOptions {
+        NormalizeOptions {
+            provider: Provider::Openai,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn anthropic_reduces_to_role_and_content() {
+        let e = vec![user(0, json!("hi")), asst(1, "X", json!([text("yo")]))];
+        let out = anth(&e).messages;
+        assert_eq!(
+            out,
+            vec![
+                json!({"role": "user", "content": [text("hi")]}),
+                json!({"role": "assistant", "content": [text("yo")]}),
+            ]
+        );
+    }
+
+    #[test]
+    fn openai_tool_calls_tool_messages_and_trailing_user_text() {
+        let e = vec![
+            user(0, json!("go")),
+            asst(
+                1,
+                "X",
+                json!([thinking("t"), text("running"), tu("toolu_1"), {"type": "tool_use", "id": "toolu_2", "name": "Read", "input": {"p": 1}}]),
+            ),
+            user(
+                2,
+                json!([tr("toolu_2"), {"type": "tool_result", "tool_use_id": "toolu_1", "content": [text("a"), text("b")]}, text("and now?")]),
+            ),
+        ];
+        let out = normalize(&e, &openai()).messages;
+        assert_eq!(
+            out,
+            vec![
+                json!({"role": "user", "content": "go"}),
+                json!({"role": "assistant", "content": "running", "tool_calls": [
+                    {"id": "toolu_1", "type": "function", "function": {"name": "Bash", "arguments": "{\"command\":\"ls\"}"}},
+                    {"id": "toolu_2", "type": "function", "function": {"name": "Read", "arguments": "{\"p\":1}"}},
+                ]}),
+                json!({"role": "tool", "tool_call_id": "toolu_2", "content": "ok"}),
+                json!({"role": "tool", "tool_call_id": "toolu_1", "content": "a\n\nb"}),
+                json!({"role": "user", "content": "and now?"}),
+            ]
+        );
+    }
+
+    #[test]
+    fn openai_null_content_with_calls_and_media_parts() {
+        let img = json!({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "QUJD"}});
+        let pdf = json!({"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBE"}});
+        let urlimg = json!({"type": "image", "source": {"type": "url", "url": "https://x/y.png"}});
+        let e = vec![
+            user(0, json!([text("see"), img, pdf, urlimg])),
+            asst(1, "X", json!([tu("c1")])),
+            user(
+                2,
+                json!([{"type": "tool_result", "tool_use_id": "c1", "content": ""}]),
+            ),
+        ];
+        let out = normalize(&e, &openai()).messages;
+        assert_eq!(
+            out[0]["content"],
+            json!([
+                {"type": "text", "text": "see"},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,QUJD"}},
+                {"type": "file", "file": {"filename": "document.pdf", "file_data": "data:application/pdf;base64,JVBE"}},
+                {"type": "image_url", "image_url": {"url": "https://x/y.png"}},
+            ])
+        );
+        assert_eq!(out[1]["content"], Value::Null);
+        assert_eq!(
+            out[2],
+            json!({"role": "tool", "tool_call_id": "c1", "content": "(Bash completed with no output)"})
+        );
+        assert_eq!(out.len(), 3);
+    }
+
+    #[test]
+    fn openai_long_ids_mapped_consistently() {
+        let long = "toolu_01".to_string() + &"Z".repeat(50);
+        let e = vec![
+            user(0, json!("go")),
+            asst(1, "X", json!([tu(&long)])),
+            user(2, json!([tr(&long)])),
+        ];
+        let n = normalize(&e, &openai());
+        let id = n.messages[1]["tool_calls"][0]["id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert!(id.len() <= 40);
+        assert_eq!(n.messages[2]["tool_call_id"], json!(id));
+        assert!(n
+            .repairs
+            .iter()
+            .any(|r| r.kind == RepairKind::ToolIdRewritten));
+    }
+
+    #[test]
+    fn roundtrip_entries() {
+        let e = vec![
+            user(0, json!("go")),
+            asst(1, "X", json!([tu("a")])),
+            user(2, json!([tr("a"), text("x")])),
+        ];
+        for opts in [NormalizeOptions::default(), openai()] {
+            let first = normalize(&e, &opts).messages;
+            let again = normalize(&entries_from_messages(&first, opts.provider), &opts).messages;
+            assert_eq!(first, again);
+        }
+    }
+}

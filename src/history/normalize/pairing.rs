@@ -1,0 +1,416 @@
+//! Step j — `ensureToolResultPairing` (reference §2.3), extended.
+
+use std::collections::HashSet;
+
+use serde_json::json;
+
+use super::blocks::{
+    block_type, is_server_result, is_server_use, is_type, str_field, text_block, NO_CONTENT,
+    ORPHANED_TOOL_RESULT, SYNTHETIC_TOOL_RESULT, TOOL_USE_INTERRUPTED,
+};
+use super::{Block, Ctx, Msg, RepairKind};
+use crate::history::model::Role;
+
+/// A synthetic error result for a `tool_use` without one.
+pub fn synthetic_result(id: &str) -> serde_json::Value {
+    json!({"type": "tool_result", "tool_use_id": id, "content": SYNTHETIC_TOOL_RESULT, "is_error": true})
+}
+
+/// One forward pass (reference `ensureToolResultPairing`):
+/// - **user** not preceded by an assistant: all its `tool_result`s are orphans and removed; emptied
+///   and first → `[Orphaned tool result removed due to conversation resume]`; emptied otherwise →
+///   dropped;
+/// - **assistant**: a `tool_use` whose id was already seen anywhere earlier (or earlier in the same
+///   turn) is removed; a `server_tool_use`/`mcp_tool_use` without a result block in the same turn
+///   is removed; Loupe also removes server result blocks without an earlier `server_tool_use` in the
+///   turn. Emptied → `[Tool use interrupted]`;
+/// - the **next user** message is consumed: orphan results (ids not among this assistant's
+///   `tool_use`s) and duplicates (first kept) are removed, missing ones get
+///   `{type:'tool_result', tool_use_id, content:'[Tool result missing due to internal error]',
+///   is_error:true}`; content = `[synthetic…, results…, other blocks…]` (Loupe hoists results
+///   even in a message that was never merged); emptied → `(no content)`;
+/// - no next user message (end of list or another assistant) and missing results → a new user
+///   message with only the synthetic results is inserted.
+pub fn ensure_tool_result_pairing(msgs: Vec<Msg>, ctx: &mut Ctx) -> Vec<Msg> {
+    let mut out: Vec<Msg> = Vec::with_capacity(msgs.len() + 1);
+    let mut seen: HashSet<String> = HashSet::new();
+    let mut iter = msgs.into_iter().peekable();
+    while let Some(mut m) = iter.next() {
+        if m.is_user() {
+            let after_assistant = out.last().is_some_and(Msg::is_assistant);
+            if after_assistant {
+                fix_results(&mut m, &[], ctx);
+                out.push(m);
+            } else if remove_orphans(&mut m, out.is_empty(), ctx) {
+                out.push(m);
+            }
+            continue;
+        }
+        fix_assistant(&mut m, &mut seen, ctx);
+        let uses: Vec<(String, u32)> = m
+            .blocks
+            .iter()
+            .filter(|b| is_type(&b.v, "tool_use"))
+            .map(|b| (str_field(&b.v, "id").unwrap_or("").to_string(), b.src))
+            .collect();
+        let asst_src = m.primary_src();
+        out.push(m);
+        if iter.peek().is_some_and(Msg::is_user) {
+            let mut u = iter.next().expect("peeked");
+            fix_results(&mut u, &uses, ctx);
+            out.push(u);
+        } else if !uses.is_empty() {
+            let blocks: Vec<Block> = uses
+                .iter()
+                .map(|(id, src)| {
+                    report_synthetic(ctx, id, *src);
+                    Block {
+                        v: synthetic_result(id),
+                        src: *src,
+                    }
+                })
+                .collect();
+            let mut u = Msg::new(Role::User, blocks, asst_src);
+            u.is_meta = true;
+            out.push(u);
+        }
+    }
+    out
+}
+
+fn report_synthetic(ctx: &mut Ctx, id: &str, src: u32) {
+    ctx.report(
+        RepairKind::SyntheticToolResult,
+        [src],
+        format!("synthetic result for tool_use {id}"),
+    );
+}
+
+/// Removes every tool_result of a user message that does not follow an assistant. Returns whether
+/// the message is kept.
+fn remove_orphans(m: &mut Msg, first: bool, ctx: &mut Ctx) -> bool {
+    if !m.has_tool_result() {
+        return true;
+    }
+    m.blocks.retain(|b| {
+        if is_type(&b.v, "tool_result") {
+            let id = str_field(&b.v, "tool_use_id").unwrap_or("");
+            ctx.report(
+                RepairKind::OrphanToolResultRemoved,
+                [b.src],
+                format!("removed tool_result {id}: no assistant turn before it"),
+            );
+            false
+        } else {
+            true
+        }
+    });
+    if !m.blocks.is_empty() {
+        return true;
+    }
+    if first {
+        m.blocks.push(Block {
+            v: text_block(ORPHANED_TOOL_RESULT),
+            src: m.primary_src(),
+        });
+        ctx.report(
+            RepairKind::PlaceholderContent,
+            m.srcs.iter().copied(),
+            format!("first message emptied of orphan results set to {ORPHANED_TOOL_RESULT}"),
+        );
+        return true;
+    }
+    false
+}
+
+/// Removes duplicate `tool_use`s, server uses without results and server results without uses.
+fn fix_assistant(m: &mut Msg, seen: &mut HashSet<String>, ctx: &mut Ctx) {
+    let had_blocks = !m.blocks.is_empty();
+    let id_of = |b: &Block, f: &str| str_field(&b.v, f).unwrap_or("").to_string();
+    // Server results need their use earlier in the turn.
+    if m.blocks.iter().any(|b| is_server_result(&b.v)) {
+        let mut uses: HashSet<String> = HashSet::new();
+        m.blocks.retain(|b| {
+            if is_server_use(&b.v) {
+                uses.insert(id_of(b, "id"));
+            } else if is_server_result(&b.v) && !uses.contains(&id_of(b, "tool_use_id")) {
+                ctx.report(
+                    RepairKind::OrphanServerResultRemoved,
+                    [b.src],
+                    format!(
+                        "removed {} {}: no server_tool_use before it",
+                        block_type(&b.v).unwrap_or(""),
+                        id_of(b, "tool_use_id")
+                    ),
+                );
+                return false;
+            }
+            true
+        });
+    }
+    let results: HashSet<String> = m
+        .blocks
+        .iter()
+        .filter(|b| is_server_result(&b.v))
+        .map(|b| id_of(b, "tool_use_id"))
+        .collect();
+    m.blocks.retain(|b| {
+        if is_type(&b.v, "tool_use") {
+            let id = id_of(b, "id");
+            if !seen.insert(id.clone()) {
+                ctx.report(
+                    RepairKind::DuplicateToolUseRemoved,
+                    [b.src],
+                    format!("removed duplicate tool_use {id}"),
+                );
+                return false;
+            }
+        } else if is_server_use(&b.v) {
+            let id = id_of(b, "id");
+            if !results.contains(&id) {
+                ctx.report(
+                    RepairKind::ServerToolUseRemoved,
+                    [b.src],
+                    format!(
+                        "removed {} {id} without its result",
+                        block_type(&b.v).unwrap_or("")
+                    ),
+                );
+                return false;
+            }
+        }
+        true
+    });
+    if had_blocks && m.blocks.is_empty() {
+        m.blocks.push(Block {
+            v: text_block(TOOL_USE_INTERRUPTED),
+            src: m.primary_src(),
+        });
+        ctx.report(
+            RepairKind::PlaceholderContent,
+            m.srcs.iter().copied(),
+            format!("assistant emptied by pairing repair set to {TOOL_USE_INTERRUPTED}"),
+        );
+    }
+}
+
+/// Makes the user message after an assistant answer exactly `uses`.
+fn fix_results(u: &mut Msg, uses: &[(String, u32)], ctx: &mut Ctx) {
+    let use_ids: HashSet<&str> = uses.iter().map(|(id, _)| id.as_str()).collect();
+    let mut present: HashSet<String> = HashSet::new();
+    let mut results: Vec<Block> = Vec::new();
+    let mut others: Vec<Block> = Vec::new();
+    let mut hoisted = false;
+    for b in std::mem::take(&mut u.blocks) {
+        if !is_type(&b.v, "tool_result") {
+            others.push(b);
+            continue;
+        }
+        let id = str_field(&b.v, "tool_use_id").unwrap_or("").to_string();
+        if !use_ids.contains(id.as_str()) {
+            ctx.report(
+                RepairKind::OrphanToolResultRemoved,
+                [b.src],
+                format!("removed tool_result {id}: no matching tool_use in the previous turn"),
+            );
+        } else if present.contains(&id) {
+            ctx.report(
+                RepairKind::DuplicateToolResultRemoved,
+                [b.src],
+                format!("removed duplicate tool_result {id}"),
+            );
+        } else {
+            hoisted |= !others.is_empty();
+            present.insert(id);
+            results.push(b);
+        }
+    }
+    let mut blocks: Vec<Block> = Vec::with_capacity(uses.len() + others.len());
+    for (id, src) in uses {
+        if !present.contains(id) {
+            report_synthetic(ctx, id, *src);
+            blocks.push(Block {
+                v: synthetic_result(id),
+                src: *src,
+            });
+        }
+    }
+    blocks.extend(results);
+    if hoisted {
+        ctx.report(
+            RepairKind::ToolResultHoisted,
+            u.srcs.iter().copied(),
+            "moved tool_result blocks before the other blocks of the turn".into(),
+        );
+    }
+    blocks.extend(others);
+    if blocks.is_empty() {
+        blocks.push(Block {
+            v: text_block(NO_CONTENT),
+            src: u.primary_src(),
+        });
+        u.is_meta = true;
+        ctx.report(
+            RepairKind::PlaceholderContent,
+            u.srcs.iter().copied(),
+            format!("user message emptied by pairing repair set to {NO_CONTENT}"),
+        );
+    }
+    u.blocks = blocks;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testutil::*;
+    use super::*;
+    use serde_json::{json, Value};
+
+    fn run(e: &[crate::history::Entry]) -> (Vec<(Role, Vec<Value>)>, Ctx<'_>) {
+        let mut ctx = Ctx::new(e);
+        let m = ensure_tool_result_pairing(msgs(e), &mut ctx);
+        (shape(&m), ctx)
+    }
+
+    #[test]
+    fn crash_mid_tool_call_gets_synthetic_result() {
+        let e = vec![
+            user(0, json!("go")),
+            asst(1, "X", json!([text("run"), tu("toolu_A")])),
+        ];
+        let (s, ctx) = run(&e);
+        assert_eq!(s.len(), 3);
+        assert_eq!(s[2], (Role::User, vec![synthetic_result("toolu_A")]));
+        assert_eq!(kinds(&ctx), vec![RepairKind::SyntheticToolResult]);
+        assert_eq!(ctx.repairs[0].seqs, vec![1]);
+        assert_eq!(
+            ctx.repairs[0].detail,
+            "synthetic result for tool_use toolu_A"
+        );
+    }
+
+    #[test]
+    fn missing_result_is_added_first_to_next_user() {
+        let e = vec![
+            asst(0, "X", json!([tu("A"), tu("B")])),
+            user(1, json!([tr("B"), text("hi")])),
+        ];
+        let (s, _) = run(&e);
+        assert_eq!(s[1].1, vec![synthetic_result("A"), tr("B"), text("hi")]);
+    }
+
+    #[test]
+    fn orphan_and_duplicate_results_removed() {
+        let e = vec![
+            asst(0, "X", json!([tu("A")])),
+            user(1, json!([tr("A"), tr("A"), tr("Z")])),
+        ];
+        let (s, ctx) = run(&e);
+        assert_eq!(s[1].1, vec![tr("A")]);
+        assert_eq!(
+            kinds(&ctx),
+            vec![
+                RepairKind::DuplicateToolResultRemoved,
+                RepairKind::OrphanToolResultRemoved
+            ]
+        );
+    }
+
+    #[test]
+    fn orphan_results_in_user_without_assistant() {
+        let e = vec![
+            user(0, json!([tr("A")])),
+            asst(1, "X", json!([text("a")])),
+            user(2, json!("x")),
+        ];
+        let (s, ctx) = run(&e);
+        assert_eq!(s[0].1, vec![text(ORPHANED_TOOL_RESULT)]);
+        assert_eq!(
+            kinds(&ctx),
+            vec![
+                RepairKind::OrphanToolResultRemoved,
+                RepairKind::PlaceholderContent
+            ]
+        );
+        // a result-only user emptied after an assistant without tool_use gets (no content)
+        let e2 = vec![
+            user(0, json!("q")),
+            asst(1, "X", json!([text("a")])),
+            user(2, json!([tr("Q")])),
+        ];
+        let (s2, _) = run(&e2);
+        assert_eq!(s2[2].1, vec![text(NO_CONTENT)]);
+    }
+
+    #[test]
+    fn duplicate_tool_use_removed_across_and_within_turns() {
+        let e = vec![
+            asst(0, "X", json!([tu("A"), tu("A")])),
+            user(1, json!([tr("A")])),
+            asst(2, "Y", json!([tu("A")])),
+            user(3, json!([tr("A")])),
+        ];
+        let (s, ctx) = run(&e);
+        assert_eq!(s[0].1, vec![tu("A")]);
+        assert_eq!(s[2].1, vec![text(TOOL_USE_INTERRUPTED)]);
+        assert_eq!(s[3].1, vec![text(NO_CONTENT)]);
+        assert_eq!(
+            kinds(&ctx),
+            vec![
+                RepairKind::DuplicateToolUseRemoved,
+                RepairKind::DuplicateToolUseRemoved,
+                RepairKind::PlaceholderContent,
+                RepairKind::OrphanToolResultRemoved,
+                RepairKind::PlaceholderContent,
+            ]
+        );
+    }
+
+    #[test]
+    fn server_tool_use_without_result_removed_and_orphan_server_result() {
+        let srv = json!({"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {}});
+        let res =
+            json!({"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1", "content": []});
+        let orphan =
+            json!({"type": "advisor_tool_result", "tool_use_id": "srvtoolu_9", "content": {}});
+        let e = vec![
+            asst(0, "X", json!([srv.clone(), res.clone(), text("a")])),
+            user(1, json!("q")),
+            asst(2, "Y", json!([text("b"), srv.clone()])),
+            user(3, json!("q")),
+            asst(4, "Z", json!([orphan, text("c")])),
+        ];
+        let (s, ctx) = run(&e);
+        assert_eq!(s[0].1, vec![srv, res, text("a")]);
+        assert_eq!(s[2].1, vec![text("b")]);
+        assert_eq!(s[4].1, vec![text("c")]);
+        assert_eq!(
+            kinds(&ctx),
+            vec![
+                RepairKind::ServerToolUseRemoved,
+                RepairKind::OrphanServerResultRemoved
+            ]
+        );
+    }
+
+    #[test]
+    fn assistant_followed_by_assistant_gets_inserted_results() {
+        let e = vec![
+            asst(0, "X", json!([tu("A")])),
+            asst(1, "Y", json!([text("b")])),
+        ];
+        let (s, _) = run(&e);
+        assert_eq!(s.len(), 3);
+        assert_eq!(s[1], (Role::User, vec![synthetic_result("A")]));
+    }
+
+    #[test]
+    fn text_before_results_is_hoisted_and_reported() {
+        let e = vec![
+            asst(0, "X", json!([tu("A")])),
+            user(1, json!([text("hi"), tr("A")])),
+        ];
+        let (s, ctx) = run(&e);
+        assert_eq!(s[1].1, vec![tr("A"), text("hi")]);
+        assert_eq!(kinds(&ctx), vec![RepairKind::ToolResultHoisted]);
+    }
+}

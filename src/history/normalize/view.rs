@@ -1,0 +1,268 @@
+//! Steps a–d: which stored entries are in the view, and in what order. They work on indices into
+//! the input slice, so nothing is cloned yet.
+
+use std::collections::HashSet;
+
+use serde_json::Value;
+
+use super::{Ctx, RepairKind};
+use crate::history::model::{Content, Entry, EntryKind};
+
+/// Step a — `getMessagesAfterCompactBoundary` with Loupe's preserved segment.
+///
+/// Finds the last compact boundary. Without `compact_metadata.preserved_segment` the view is the
+/// boundary and everything after it. With `preserved_segment {first_seq: A, last_seq: B}` the view
+/// is: the boundary, the `is_compact_summary` user entries directly after it, the entries whose seq
+/// is in `[A, B]` (kept by reference, stored before the boundary), then every other entry after the
+/// boundary; the last two groups in seq order. No boundary: every entry. Returns the indices and
+/// the boundary's seq.
+pub fn slice_after_boundary(entries: &[Entry]) -> (Vec<usize>, Option<i64>) {
+    let Some(b) = entries.iter().rposition(Entry::is_compact_boundary) else {
+        return ((0..entries.len()).collect(), None);
+    };
+    let boundary_seq = Some(entries[b].seq_or(b));
+    let Some((first, last)) = entries[b].preserved_segment() else {
+        return ((b..entries.len()).collect(), boundary_seq);
+    };
+    let mut view = vec![b];
+    let mut j = b + 1;
+    while j < entries.len() && entries[j].kind == EntryKind::User && entries[j].is_compact_summary {
+        view.push(j);
+        j += 1;
+    }
+    let in_segment = |i: usize| (first..=last).contains(&entries[i].seq_or(i));
+    let mut kept: Vec<usize> = (0..entries.len())
+        .filter(|&i| i != b && !(b < i && i < j) && in_segment(i))
+        .collect();
+    kept.sort_by_key(|&i| entries[i].seq_or(i));
+    let mut rest: Vec<usize> = (j..entries.len()).filter(|&i| !in_segment(i)).collect();
+    rest.sort_by_key(|&i| entries[i].seq_or(i));
+    view.extend(kept);
+    view.extend(rest);
+    (view, boundary_seq)
+}
+
+/// Step b — hides the entries named by every `snip` entry of the input (`removed_uuids`).
+pub fn hide_snipped(entries: &[Entry], view: Vec<usize>) -> Vec<usize> {
+    let removed: HashSet<&str> = entries
+        .iter()
+        .filter(|e| e.is_snip())
+        .filter_map(|e| e.snip_metadata.as_ref())
+        .flat_map(|m| m.removed_uuids.iter().map(String::as_str))
+        .collect();
+    if removed.is_empty() {
+        return view;
+    }
+    view.into_iter()
+        .filter(|&i| {
+            entries[i]
+                .uuid
+                .as_deref()
+                .is_none_or(|u| !removed.contains(u))
+        })
+        .collect()
+}
+
+/// A stopping point of `reorderAttachmentsForAPI`: an assistant, or a user whose array content
+/// starts with a `tool_result`.
+fn is_stopping_point(e: &Entry) -> bool {
+    match e.kind {
+        EntryKind::Assistant => true,
+        EntryKind::User => matches!(
+            e.message.as_ref().map(|m| &m.content),
+            Some(Content::Blocks(b)) if b.first().and_then(|v| v.get("type")).and_then(Value::as_str) == Some("tool_result")
+        ),
+        _ => false,
+    }
+}
+
+/// Step c — `reorderAttachmentsForAPI`: scanning bottom-up, attachments bubble up past plain user
+/// prompts, system and progress entries until a stopping point, and are placed right after it in
+/// their original order; any still pending at the top go first. `[asst A, user "prompt", att X]`
+/// becomes `[A, X, "prompt"]`. Reports `attachment_moved` for each attachment that passed a user
+/// entry (moving past system/progress entries is invisible to the model).
+pub fn reorder_attachments(entries: &[Entry], view: Vec<usize>, ctx: &mut Ctx) -> Vec<usize> {
+    if !view
+        .iter()
+        .any(|&i| entries[i].kind == EntryKind::Attachment)
+    {
+        return view;
+    }
+    let mut out = Vec::with_capacity(view.len());
+    // (index, users passed when collected)
+    let mut pending: Vec<(usize, usize)> = Vec::new();
+    let mut passed = 0usize;
+    let mut moved = Vec::new();
+    let flush = |pending: &mut Vec<(usize, usize)>,
+                 out: &mut Vec<usize>,
+                 moved: &mut Vec<(usize, usize)>,
+                 passed: usize| {
+        for (i, at) in pending.drain(..) {
+            if passed > at {
+                moved.push((i, passed - at));
+            }
+            out.push(i);
+        }
+    };
+    for &i in view.iter().rev() {
+        let e = &entries[i];
+        if e.kind == EntryKind::Attachment {
+            pending.push((i, passed));
+            continue;
+        }
+        if is_stopping_point(e) {
+            flush(&mut pending, &mut out, &mut moved, passed);
+        } else if e.kind == EntryKind::User && !pending.is_empty() {
+            passed += 1;
+        }
+        out.push(i);
+    }
+    flush(&mut pending, &mut out, &mut moved, passed);
+    out.reverse();
+    moved.sort_unstable();
+    for (i, n) in moved {
+        ctx.report(
+            RepairKind::AttachmentMoved,
+            [i as u32],
+            format!("attachment moved up before {n} user message(s)"),
+        );
+    }
+    out
+}
+
+/// Step d — drops virtual (display-only) entries. Loupe drops any entry with `is_virtual`, not
+/// only user/assistant ones: the model documents the flag as "never sent to the model".
+pub fn drop_virtual(entries: &[Entry], view: Vec<usize>) -> Vec<usize> {
+    view.into_iter()
+        .filter(|&i| !entries[i].is_virtual)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testutil::*;
+    use super::*;
+    use serde_json::json;
+
+    fn seqs(entries: &[Entry], view: &[usize]) -> Vec<i64> {
+        view.iter().map(|&i| entries[i].seq.unwrap()).collect()
+    }
+
+    #[test]
+    fn no_boundary_keeps_everything() {
+        let e = vec![user(0, json!("a")), asst(1, "X", json!([text("b")]))];
+        assert_eq!(slice_after_boundary(&e), (vec![0, 1], None));
+    }
+
+    #[test]
+    fn slices_at_last_boundary_inclusive() {
+        let e = vec![
+            user(0, json!("a")),
+            system(1, "compact_boundary", json!("Conversation compacted")),
+            user(2, json!("b")),
+            system(3, "compact_boundary", json!("Conversation compacted")),
+            user(4, json!("c")),
+        ];
+        let (view, b) = slice_after_boundary(&e);
+        assert_eq!(b, Some(3));
+        assert_eq!(seqs(&e, &view), vec![3, 4]);
+    }
+
+    #[test]
+    fn preserved_segment_is_reinserted_after_summaries() {
+        let mut boundary = system(5, "compact_boundary", json!("Conversation compacted"));
+        boundary.compact_metadata =
+            Some(json!({"preserved_segment": {"first_seq": 2, "last_seq": 3}}));
+        let mut summary = user(6, json!("Summary"));
+        summary.is_compact_summary = true;
+        let e = vec![
+            user(0, json!("old")),
+            asst(1, "X", json!([text("old")])),
+            user(2, json!("kept prompt")),
+            asst(3, "Y", json!([text("kept answer")])),
+            user(4, json!("dropped")),
+            boundary,
+            summary,
+            attachment(7, json!([text("file")])),
+            user(8, json!("next")),
+        ];
+        let (view, b) = slice_after_boundary(&e);
+        assert_eq!(b, Some(5));
+        assert_eq!(seqs(&e, &view), vec![5, 6, 2, 3, 7, 8]);
+    }
+
+    #[test]
+    fn hides_snipped_uuids_from_every_snip() {
+        let mut s1 = system(3, "snip", json!(""));
+        s1.snip_metadata = Some(crate::history::SnipMetadata {
+            removed_uuids: vec!["u1".into()],
+        });
+        let mut s2 = system(4, "snip", json!(""));
+        s2.snip_metadata = Some(crate::history::SnipMetadata {
+            removed_uuids: vec!["u2".into()],
+        });
+        let e = vec![
+            user(0, json!("a")),
+            user(1, json!("b")),
+            user(2, json!("c")),
+            s1,
+            s2,
+        ];
+        let view = hide_snipped(&e, (0..5).collect());
+        assert_eq!(seqs(&e, &view), vec![0, 3, 4]);
+    }
+
+    #[test]
+    fn attachments_bubble_up_to_stopping_point() {
+        // [asst A, user "prompt", att X] → [A, X, "prompt"]
+        let e = vec![
+            asst(0, "A", json!([text("a")])),
+            user(1, json!("prompt")),
+            attachment(2, json!([text("x")])),
+        ];
+        let mut ctx = Ctx::new(&e);
+        let view = reorder_attachments(&e, vec![0, 1, 2], &mut ctx);
+        assert_eq!(seqs(&e, &view), vec![0, 2, 1]);
+        assert_eq!(kinds(&ctx), vec![RepairKind::AttachmentMoved]);
+    }
+
+    #[test]
+    fn attachments_keep_order_and_stop_at_tool_result_users() {
+        let e = vec![
+            user(0, json!([tr("a"), text("x")])),
+            user(1, json!("prompt")),
+            entry(json!({"seq": 2, "type": "progress"})),
+            attachment(3, json!([text("x1")])),
+            attachment(4, json!([text("x2")])),
+        ];
+        let mut ctx = Ctx::new(&e);
+        let view = reorder_attachments(&e, (0..5).collect(), &mut ctx);
+        assert_eq!(seqs(&e, &view), vec![0, 3, 4, 1, 2]);
+        assert_eq!(ctx.repairs.len(), 2);
+    }
+
+    #[test]
+    fn pending_attachments_go_to_the_top_and_unmoved_are_not_reported() {
+        let e = vec![user(0, json!("prompt")), attachment(1, json!([text("x")]))];
+        let mut ctx = Ctx::new(&e);
+        assert_eq!(
+            seqs(&e, &reorder_attachments(&e, vec![0, 1], &mut ctx)),
+            vec![1, 0]
+        );
+        let e2 = vec![asst(0, "A", json!([])), attachment(1, json!([text("x")]))];
+        let mut ctx2 = Ctx::new(&e2);
+        assert_eq!(
+            seqs(&e2, &reorder_attachments(&e2, vec![0, 1], &mut ctx2)),
+            vec![0, 1]
+        );
+        assert!(ctx2.repairs.is_empty());
+    }
+
+    #[test]
+    fn drops_virtual_entries() {
+        let mut v = user(1, json!("v"));
+        v.is_virtual = true;
+        let e = vec![user(0, json!("a")), v];
+        assert_eq!(drop_virtual(&e, vec![0, 1]), vec![0]);
+    }
+}

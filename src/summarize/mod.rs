@@ -1,0 +1,366 @@
+//! Summarizers: turn a run of history entries into a compaction summary or one summary-tree line.
+//!
+//! One trait, [`Summarizer`], and three backends:
+//! - [`ExtractiveSummarizer`] (the default): deterministic, offline, no model. It keeps the user's own
+//!   words first, then decisions and errors, then described tool calls, within a byte budget.
+//! - [`AnthropicSummarizer`] (Messages API) and [`OpenAiSummarizer`] (Chat Completions, also local
+//!   OpenAI-compatible servers). Both render the history as a plain-text transcript
+//!   ([`render`]), never as raw provider blocks, retry transient failures with bounded exponential
+//!   backoff, and summarize an over-long history in chunks, folding each chunk's summary into the
+//!   next call.
+//!
+//! [`build`] wraps a model backend in [`WithFallback`], so a summary job always completes: when the
+//! model fails, the extractive summary is returned and `Summary::summarizer` records it.
+
+mod anthropic;
+mod driver;
+mod extractive;
+mod fallback;
+mod http;
+mod openai;
+pub mod render;
+pub mod text;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::history::model::Entry;
+
+pub use anthropic::AnthropicSummarizer;
+pub use extractive::ExtractiveSummarizer;
+pub use fallback::WithFallback;
+pub use openai::OpenAiSummarizer;
+
+/// What to summarize and how.
+#[derive(Debug, Clone)]
+pub struct SummaryRequest {
+    /// The entries to summarize, in order.
+    pub entries: Vec<Entry>,
+    /// A summary of what came before `entries`; folded into the new summary.
+    pub previous_summary: Option<String>,
+    /// Extra instructions from the user (`/compact <instructions>`).
+    pub instructions: Option<String>,
+    /// Target size of the output in bytes. A bound for extractive output and for `Purpose::Line`;
+    /// a target for a model-written compaction summary (see [`Purpose`]).
+    pub max_bytes: usize,
+    pub purpose: Purpose,
+}
+
+impl SummaryRequest {
+    pub fn new(entries: Vec<Entry>, purpose: Purpose, max_bytes: usize) -> Self {
+        SummaryRequest {
+            entries,
+            previous_summary: None,
+            instructions: None,
+            max_bytes,
+            purpose,
+        }
+    }
+}
+
+/// What the summary is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Purpose {
+    /// A compaction summary (reference-behaviour §4.3 shape): multi-section text. A model's
+    /// output is not cut at `max_bytes` (its last sections, current work and next step, matter
+    /// most); the extractive output never exceeds it.
+    Compaction,
+    /// One summary-tree line: a single line of text, no newlines, never more than `max_bytes`.
+    Line,
+}
+
+impl Purpose {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Purpose::Compaction => "compaction",
+            Purpose::Line => "line",
+        }
+    }
+}
+
+/// A written summary.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Summary {
+    pub text: String,
+    /// Which backend wrote it: `extractive`, `verbatim`, `anthropic:<model>`, `openai:<model>`,
+    /// or `fallback:extractive (<backend> failed: <short error>)`.
+    pub summarizer: String,
+    /// HTTP requests sent to a model for this summary, failed attempts included.
+    pub calls: u32,
+}
+
+/// Why a summary could not be written.
+#[derive(thiserror::Error, Debug)]
+pub enum SummarizeError {
+    /// HTTP 429. `retry_after` is the server's hint, when it sent one.
+    #[error("rate limited (HTTP 429{})", .retry_after.map(|d| format!(", retry after {:.1}s", d.as_secs_f64())).unwrap_or_default())]
+    RateLimited { retry_after: Option<Duration> },
+    /// HTTP 5xx (including Anthropic's 529 overloaded).
+    #[error("server error (HTTP {status}): {message}")]
+    Server { status: u16, message: String },
+    /// Any other non-success status (400, 401, 403, 404, 413, …); never retried.
+    #[error("request rejected (HTTP {status}): {message}")]
+    Rejected { status: u16, message: String },
+    /// No complete response within the configured timeout.
+    #[error("timed out after {0:?}")]
+    Timeout(Duration),
+    /// Connection refused, reset, DNS failure, …
+    #[error("transport error: {0}")]
+    Transport(String),
+    /// A 2xx reply that is not the provider's shape: bad JSON, no text, empty summary.
+    #[error("malformed reply: {0}")]
+    Malformed(String),
+    /// Missing API key, bad URL, invalid environment variable, …
+    #[error("configuration error: {0}")]
+    Config(String),
+    /// The model backend stopped retrying; `last` is the error of the last attempt.
+    #[error("gave up after {calls} model call(s): {last}")]
+    GaveUp {
+        calls: u32,
+        #[source]
+        last: Box<SummarizeError>,
+    },
+}
+
+impl SummarizeError {
+    /// The underlying error, looking through [`SummarizeError::GaveUp`].
+    pub fn root(&self) -> &SummarizeError {
+        match self {
+            SummarizeError::GaveUp { last, .. } => last.root(),
+            other => other,
+        }
+    }
+
+    /// Model calls made before the error (0 unless wrapped in `GaveUp`).
+    pub fn calls(&self) -> u32 {
+        match self {
+            SummarizeError::GaveUp { calls, .. } => *calls,
+            _ => 0,
+        }
+    }
+
+    /// Whether another attempt may succeed (429, 5xx, timeout, transport, malformed).
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            SummarizeError::RateLimited { .. }
+                | SummarizeError::Server { .. }
+                | SummarizeError::Timeout(_)
+                | SummarizeError::Transport(_)
+                | SummarizeError::Malformed(_)
+        )
+    }
+}
+
+/// Writes summaries.
+#[async_trait]
+pub trait Summarizer: Send + Sync {
+    /// The backend's name, as recorded in `Summary::summarizer` (e.g. `anthropic:claude-x`).
+    fn name(&self) -> String;
+    async fn summarize(&self, req: &SummaryRequest) -> Result<Summary, SummarizeError>;
+}
+
+/// Which backend [`build`] makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Extractive,
+    Anthropic,
+    Openai,
+}
+
+impl Backend {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Backend::Extractive => "extractive",
+            Backend::Anthropic => "anthropic",
+            Backend::Openai => "openai",
+        }
+    }
+
+    pub fn default_base_url(self) -> &'static str {
+        match self {
+            Backend::Extractive => "",
+            Backend::Anthropic => "https://api.anthropic.com",
+            Backend::Openai => "https://api.openai.com",
+        }
+    }
+
+    pub fn default_model(self) -> &'static str {
+        match self {
+            Backend::Extractive => "",
+            Backend::Anthropic => "claude-haiku-4-5",
+            Backend::Openai => "gpt-4o-mini",
+        }
+    }
+}
+
+impl std::str::FromStr for Backend {
+    type Err = SummarizeError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "" | "extractive" => Ok(Backend::Extractive),
+            "anthropic" => Ok(Backend::Anthropic),
+            "openai" => Ok(Backend::Openai),
+            other => Err(SummarizeError::Config(format!(
+                "LOUPE_SUMMARIZER must be extractive, anthropic or openai, not {other:?}"
+            ))),
+        }
+    }
+}
+
+/// Summarizer settings; see [`SummarizerConfig::from_env`] for the variables and defaults.
+#[derive(Clone)]
+pub struct SummarizerConfig {
+    pub backend: Backend,
+    /// Without the `/v1/...` path; a trailing `/v1` is accepted too.
+    pub base_url: String,
+    pub model: String,
+    pub api_key: Option<String>,
+    /// Per HTTP request.
+    pub timeout: Duration,
+    /// HTTP attempts per model call (per chunk), the first included.
+    pub max_attempts: u32,
+    /// First retry delay; doubled per retry, capped at `max_backoff`.
+    pub backoff_base: Duration,
+    pub max_backoff: Duration,
+    /// Upper bound on a server's `Retry-After` hint.
+    pub max_retry_after: Duration,
+    /// Bound on the rendered history (plus folded-in summary) sent in one call; longer
+    /// histories are summarized in chunks.
+    pub max_input_bytes: usize,
+    /// Anthropic `max_tokens` (default 8000). For OpenAI, sent as `max_tokens` only when set
+    /// explicitly (newer OpenAI models reject `max_tokens`).
+    pub max_output_tokens: Option<u32>,
+}
+
+impl std::fmt::Debug for SummarizerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SummarizerConfig")
+            .field("backend", &self.backend)
+            .field("base_url", &self.base_url)
+            .field("model", &self.model)
+            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .field("timeout", &self.timeout)
+            .field("max_attempts", &self.max_attempts)
+            .field("backoff_base", &self.backoff_base)
+            .field("max_backoff", &self.max_backoff)
+            .field("max_retry_after", &self.max_retry_after)
+            .field("max_input_bytes", &self.max_input_bytes)
+            .field("max_output_tokens", &self.max_output_tokens)
+            .finish()
+    }
+}
+
+pub const DEFAULT_TIMEOUT_SECS: u64 = 60;
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 4;
+pub const DEFAULT_BACKOFF_BASE_MS: u64 = 500;
+pub const DEFAULT_MAX_INPUT_BYTES: usize = 400_000;
+pub const DEFAULT_ANTHROPIC_MAX_TOKENS: u32 = 8_000;
+
+impl SummarizerConfig {
+    /// The defaults for a backend (no API key).
+    pub fn new(backend: Backend) -> Self {
+        SummarizerConfig {
+            backend,
+            base_url: backend.default_base_url().to_string(),
+            model: backend.default_model().to_string(),
+            api_key: None,
+            timeout: Duration::from_secs(DEFAULT_TIMEOUT_SECS),
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            backoff_base: Duration::from_millis(DEFAULT_BACKOFF_BASE_MS),
+            max_backoff: Duration::from_secs(30),
+            max_retry_after: Duration::from_secs(60),
+            max_input_bytes: DEFAULT_MAX_INPUT_BYTES,
+            max_output_tokens: None,
+        }
+    }
+
+    /// Reads the process environment:
+    ///
+    /// | variable | default |
+    /// |---|---|
+    /// | `LOUPE_SUMMARIZER` | `extractive` (or `anthropic`, `openai`) |
+    /// | `LOUPE_SUMMARIZER_BASE_URL` | `https://api.anthropic.com` / `https://api.openai.com` |
+    /// | `LOUPE_SUMMARIZER_MODEL` | `claude-haiku-4-5` / `gpt-4o-mini` |
+    /// | `LOUPE_SUMMARIZER_API_KEY` | then `ANTHROPIC_API_KEY` / `OPENAI_API_KEY` |
+    /// | `LOUPE_SUMMARIZER_TIMEOUT_SECS` | 60 |
+    /// | `LOUPE_SUMMARIZER_MAX_ATTEMPTS` | 4 |
+    /// | `LOUPE_SUMMARIZER_BACKOFF_BASE_MS` | 500 |
+    /// | `LOUPE_SUMMARIZER_MAX_INPUT_BYTES` | 400000 |
+    /// | `LOUPE_SUMMARIZER_MAX_OUTPUT_TOKENS` | Anthropic 8000; OpenAI unset (not sent) |
+    pub fn from_env() -> Result<Self, SummarizeError> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// [`SummarizerConfig::from_env`] over any variable source (for tests).
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, SummarizeError> {
+        let get = |name: &str| {
+            lookup(name)
+                .map(|v| v.trim().to_string())
+                .filter(|v| !v.is_empty())
+        };
+        let backend: Backend = get("LOUPE_SUMMARIZER").unwrap_or_default().parse()?;
+        let mut config = SummarizerConfig::new(backend);
+        if let Some(url) = get("LOUPE_SUMMARIZER_BASE_URL") {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return Err(SummarizeError::Config(format!(
+                    "LOUPE_SUMMARIZER_BASE_URL must be an http(s) URL, not {url:?}"
+                )));
+            }
+            config.base_url = url;
+        }
+        if let Some(model) = get("LOUPE_SUMMARIZER_MODEL") {
+            config.model = model;
+        }
+        let provider_key = match backend {
+            Backend::Anthropic => get("ANTHROPIC_API_KEY"),
+            Backend::Openai => get("OPENAI_API_KEY"),
+            Backend::Extractive => None,
+        };
+        config.api_key = get("LOUPE_SUMMARIZER_API_KEY").or(provider_key);
+        if let Some(secs) = parse_var::<u64>(&get, "LOUPE_SUMMARIZER_TIMEOUT_SECS")? {
+            config.timeout = Duration::from_secs(secs.max(1));
+        }
+        if let Some(n) = parse_var::<u32>(&get, "LOUPE_SUMMARIZER_MAX_ATTEMPTS")? {
+            config.max_attempts = n.max(1);
+        }
+        if let Some(ms) = parse_var::<u64>(&get, "LOUPE_SUMMARIZER_BACKOFF_BASE_MS")? {
+            config.backoff_base = Duration::from_millis(ms);
+        }
+        if let Some(n) = parse_var::<usize>(&get, "LOUPE_SUMMARIZER_MAX_INPUT_BYTES")? {
+            config.max_input_bytes = n.max(1024);
+        }
+        config.max_output_tokens = parse_var::<u32>(&get, "LOUPE_SUMMARIZER_MAX_OUTPUT_TOKENS")?;
+        Ok(config)
+    }
+}
+
+fn parse_var<T: std::str::FromStr>(
+    get: &impl Fn(&str) -> Option<String>,
+    name: &str,
+) -> Result<Option<T>, SummarizeError> {
+    match get(name) {
+        None => Ok(None),
+        Some(v) => v.parse().map(Some).map_err(|_| {
+            SummarizeError::Config(format!("{name} must be a non-negative integer, not {v:?}"))
+        }),
+    }
+}
+
+/// The summarizer for a configuration. Model backends are wrapped in [`WithFallback`], so
+/// `summarize` only fails for the extractive backend, which never fails.
+pub fn build(config: &SummarizerConfig) -> Arc<dyn Summarizer> {
+    let primary: Arc<dyn Summarizer> = match config.backend {
+        Backend::Extractive => return Arc::new(ExtractiveSummarizer::new()),
+        Backend::Anthropic => Arc::new(AnthropicSummarizer::new(config.clone())),
+        Backend::Openai => Arc::new(OpenAiSummarizer::new(config.clone())),
+    };
+    if config.backend == Backend::Anthropic && config.api_key.is_none() {
+        tracing::warn!(
+            "LOUPE_SUMMARIZER=anthropic without an API key: every summary will use the extractive fallback"
+        );
+    }
+    Arc::new(WithFallback::new(primary))
+}
