@@ -143,11 +143,19 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .with_context(|| format!("cannot listen on {}", args.addr))?;
     tracing::info!(addr = %listener.local_addr()?, "listening");
     let grace = Duration::from_secs(args.shutdown_grace_secs);
-    let server = axum::serve(listener, app).with_graceful_shutdown(crate::shutdown::signal());
+    let stop = tokio_util::sync::CancellationToken::new();
+    tokio::spawn({
+        let stop = stop.clone();
+        async move {
+            crate::shutdown::signal().await;
+            stop.cancel();
+        }
+    });
+    let server = axum::serve(listener, app).with_graceful_shutdown(stop.clone().cancelled_owned());
     // In-flight requests finish; a request still running after the grace period is cut off.
     tokio::select! {
         result = server => result.context("server error")?,
-        _ = async { crate::shutdown::signal().await; tokio::time::sleep(grace).await } => {
+        _ = async { stop.cancelled().await; tokio::time::sleep(grace).await } => {
             tracing::warn!("grace period over; exiting with requests still in flight");
         }
     }

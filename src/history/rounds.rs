@@ -1,15 +1,25 @@
 //! API-round grouping (`groupMessagesByApiRound`, reference-behaviour §5, seed 000).
 //!
-//! A round is the unit that compaction may drop or keep as a whole: the first round is the preamble
-//! (everything before the first assistant entry); every later round starts at an assistant entry
-//! carrying a *new* provider response id and holds the tool results, attachments and the next user
-//! prompt that follow it, up to the next response.
+//! A round is the unit that compaction may drop or keep as a whole: compaction may cut only at a
+//! round start. The rule is the issue's, applied literally: **a round starts at an assistant entry
+//! whose `message.id` differs from the previous assistant's id**. The very first assistant has no
+//! previous assistant, so it does *not* start a round: the leading user prompt (and anything else
+//! before it) and the first response form round one. Every later round starts at an assistant
+//! entry carrying a new response id and holds the tool results, attachments and the next user
+//! prompt that follow it, up to the next response. The seed's example
+//! (`[user, A1, tool_result, A1, user, B2]`) gives exactly two rounds, `[0..=4]` and `[5..=5]`.
 //!
-//! Faithful to the reference with one deliberate deviation: an assistant entry **without** a
-//! `message.id` is treated as a distinct response (it starts a new round when the current group is
-//! non-empty). The reference compares `undefined !== undefined` (false), which would glue every
-//! id-less response of a thread into one round; Loupe accepts entries from clients that may omit the
-//! id, and two id-less assistant entries are two responses as far as Loupe can tell.
+//! Differences from the reference code:
+//! - The reference compares the first assistant's id with `undefined` (`"A1" !== undefined`), so it
+//!   splits the preamble (everything before the first assistant) off as its own group 0. Loupe
+//!   does not: the preamble belongs to the first round. This is the only difference for entries
+//!   that carry a `message.id`; since rounds only tell compaction where it may cut, keeping the
+//!   prompt with its first response just removes one cut point (between a prompt and its answer).
+//! - An assistant entry **without** a `message.id` is treated as a distinct response: it starts a
+//!   new round (unless it is the first assistant, see above). The reference compares
+//!   `undefined !== undefined` (false), which would glue every id-less response of a thread into
+//!   one round; Loupe accepts entries from clients that may omit the id, and two id-less assistant
+//!   entries are two responses as far as Loupe can tell.
 
 use std::collections::HashSet;
 
@@ -39,9 +49,10 @@ pub struct Round {
 /// Groups entries into API rounds (reference `groupMessagesByApiRound`).
 ///
 /// A new round starts only at an assistant entry whose `message.id` differs from the previous
-/// assistant's while the current group is non-empty; split fragments sharing an id stay in one
-/// round even with tool results between them. Unresolved `tool_use` blocks do not hold a round open
-/// (they only make it `closed: false`).
+/// assistant's (an id-less assistant counts as different); the first assistant has no previous
+/// assistant and continues the first round (see the module docs). Split fragments sharing an id
+/// stay in one round even with tool results between them. Unresolved `tool_use` blocks do not hold
+/// a round open (they only make it `closed: false`).
 pub fn group_rounds(entries: &[Entry]) -> Vec<Round> {
     let mut rounds = Vec::new();
     let mut start: Option<usize> = None;
@@ -50,11 +61,13 @@ pub fn group_rounds(entries: &[Entry]) -> Vec<Round> {
     for (i, entry) in entries.iter().enumerate() {
         if entry.kind == EntryKind::Assistant {
             let id = entry.response_id();
-            // Faithful: the first assistant differs from "no previous assistant" (`!== undefined`).
-            // Deviation: id-less responses are distinct (see module docs).
+            // The first assistant has no previous assistant: it continues the first round (the
+            // issue's rule; the reference splits the preamble off). Id-less responses are
+            // distinct (see module docs).
             let new_turn = match (last_assistant, id) {
+                (None, _) => false,
                 (Some(Some(prev)), Some(cur)) => prev != cur,
-                _ => true,
+                (Some(_), _) => true,
             };
             if new_turn {
                 if let Some(s) = start {
@@ -140,30 +153,24 @@ mod tests {
             "message": {"role": "assistant", "id": id, "content": content}}))
     }
 
-    /// The seed's six-message example. NOTE: the seed's prose lists two groups
-    /// (`[user, A1, tool, A1]`, `[user, B2]`), but its own code (and reference §5: "Group 0 is the
-    /// preamble") splits at the first assistant too, because `"A1" !== undefined`. The code is the
-    /// spec: the preamble, then the A1 round (tool result and next prompt included), then B2.
+    /// The seed's six-message example: exactly two rounds, `[0..=4]` (the prompt, both A1
+    /// fragments with the tool result between them, and the next prompt) and `[5..=5]` (B2).
     #[test]
-    fn seed_example_follows_the_reference_code() {
+    fn seed_example_gives_two_rounds() {
         let entries = vec![
-            user(0, json!("Check the weather.")),
+            user(0, json!("Check the weather")),
             asst(
                 1,
                 "A1",
-                json!([{"type": "tool_use", "id": "tu_1", "name": "weather", "input": {}}]),
+                json!([{"type": "text", "text": "Using weather tool..."}, {"type": "tool_use", "id": "tu_1", "name": "weather", "input": {}}]),
             ),
             user(
                 2,
                 json!([{"type": "tool_result", "tool_use_id": "tu_1", "content": "Sunny"}]),
             ),
-            asst(3, "A1", json!([{"type": "text", "text": "It is sunny."}])),
-            user(4, json!("Great, thanks.")),
-            asst(
-                5,
-                "B2",
-                json!([{"type": "text", "text": "You're welcome."}]),
-            ),
+            asst(3, "A1", json!([{"type": "text", "text": "It is sunny"}])),
+            user(4, json!("Great, thanks")),
+            asst(5, "B2", json!([{"type": "text", "text": "You're welcome"}])),
         ];
         let rounds = group_rounds(&entries);
         let r = |first: usize, last: usize, ids: &[&str]| Round {
@@ -174,17 +181,7 @@ mod tests {
             closed: true,
             response_ids: ids.iter().map(|s| s.to_string()).collect(),
         };
-        assert_eq!(
-            rounds,
-            vec![r(0, 0, &[]), r(1, 4, &["A1"]), r(5, 5, &["B2"])]
-        );
-        // The two API rounds proper (those holding a response) are exactly A1 and B2, and the
-        // split fragments of A1 with the tool result between them stay in one round.
-        let with_response: Vec<_> = rounds
-            .iter()
-            .filter(|r| !r.response_ids.is_empty())
-            .collect();
-        assert_eq!(with_response.len(), 2);
+        assert_eq!(rounds, vec![r(0, 4, &["A1"]), r(5, 5, &["B2"])]);
     }
 
     #[test]
@@ -193,17 +190,17 @@ mod tests {
     }
 
     #[test]
-    fn preamble_is_its_own_round_and_new_ids_split() {
+    fn preamble_joins_the_first_response_and_new_ids_split() {
         let entries = vec![
             user(10, json!("hi")),
             asst(11, "X", json!([{"type": "text", "text": "a"}])),
             asst(12, "Y", json!([{"type": "text", "text": "b"}])),
         ];
         let rounds = group_rounds(&entries);
-        assert_eq!(rounds.len(), 3);
-        assert_eq!((rounds[0].first_seq, rounds[0].last_seq), (10, 10));
-        assert_eq!((rounds[1].first_seq, rounds[1].last_seq), (11, 11));
-        assert_eq!((rounds[2].first_seq, rounds[2].last_seq), (12, 12));
+        assert_eq!(rounds.len(), 2);
+        assert_eq!((rounds[0].first_seq, rounds[0].last_seq), (10, 11));
+        assert_eq!(rounds[0].response_ids, vec!["X".to_string()]);
+        assert_eq!((rounds[1].first_seq, rounds[1].last_seq), (12, 12));
     }
 
     #[test]
@@ -237,10 +234,10 @@ mod tests {
             ),
         ];
         let rounds = group_rounds(&entries);
-        assert_eq!(rounds.len(), 2);
-        assert!(rounds[0].closed);
-        assert!(!rounds[1].closed);
-        assert_eq!(rounds[1].response_ids, vec!["X".to_string()]);
+        assert_eq!(rounds.len(), 1);
+        assert_eq!((rounds[0].first_index, rounds[0].last_index), (0, 3));
+        assert!(!rounds[0].closed);
+        assert_eq!(rounds[0].response_ids, vec!["X".to_string()]);
     }
 
     #[test]
@@ -257,6 +254,28 @@ mod tests {
     }
 
     #[test]
+    fn idless_first_assistant_continues_the_first_round_later_ones_split() {
+        let idless = |seq: i64| {
+            let mut a = asst(seq, "X", json!([{"type": "text", "text": "a"}]));
+            a.message.as_mut().unwrap().id = None;
+            a
+        };
+        let entries = vec![
+            user(0, json!("q")),
+            idless(1),
+            user(2, json!("q2")),
+            idless(3),
+            asst(4, "Y", json!([{"type": "text", "text": "b"}])),
+            idless(5),
+        ];
+        let spans: Vec<(i64, i64)> = group_rounds(&entries)
+            .iter()
+            .map(|r| (r.first_seq, r.last_seq))
+            .collect();
+        assert_eq!(spans, vec![(0, 2), (3, 3), (4, 4), (5, 5)]);
+    }
+
+    #[test]
     fn non_model_entries_join_the_current_round() {
         let entries = vec![
             user(0, json!("go")),
@@ -265,8 +284,18 @@ mod tests {
             entry(json!({"seq": 3, "type": "system", "subtype": "informational", "content": "x"})),
         ];
         let rounds = group_rounds(&entries);
-        assert_eq!(rounds.len(), 2);
-        assert_eq!((rounds[0].first_seq, rounds[0].last_seq), (0, 1));
-        assert_eq!(rounds[1].last_seq, 3);
+        assert_eq!(rounds.len(), 1);
+        assert_eq!((rounds[0].first_seq, rounds[0].last_seq), (0, 3));
+        let more = vec![
+            user(0, json!("go")),
+            asst(1, "X", json!([{"type": "text", "text": "a"}])),
+            entry(json!({"seq": 2, "type": "progress", "data": {}})),
+            asst(3, "Y", json!([{"type": "text", "text": "b"}])),
+        ];
+        let spans: Vec<(i64, i64)> = group_rounds(&more)
+            .iter()
+            .map(|r| (r.first_seq, r.last_seq))
+            .collect();
+        assert_eq!(spans, vec![(0, 2), (3, 3)]);
     }
 }

@@ -48,6 +48,38 @@ pub fn is_media(v: &Value) -> bool {
     matches!(block_type(v), Some("image" | "document"))
 }
 
+/// Whether Loupe sends a top-level block of this type (to either provider). These are the
+/// Anthropic GA types of provider-rules A2.5 plus the beta types whose use Loupe itself handles:
+/// `mcp_tool_use` / `mcp_tool_result` (paired like server tools) and `advisor_tool_result` (the
+/// `advisor` option). The other beta types are dropped: `compaction` needs a beta header Loupe
+/// cannot promise (D1.17), `fallback` must stay in its original position next to thinking runs
+/// (A9.4), which repairs cannot guarantee, and `tool_addition` / `tool_removal` belong to system
+/// messages only (A9.3). Unknown (future) types are dropped too: the provider rejects them.
+pub fn is_supported_type(t: &str) -> bool {
+    matches!(
+        t,
+        "text"
+            | "image"
+            | "document"
+            | "search_result"
+            | "thinking"
+            | "redacted_thinking"
+            | "tool_use"
+            | "tool_result"
+            | "server_tool_use"
+            | "web_search_tool_result"
+            | "web_fetch_tool_result"
+            | "code_execution_tool_result"
+            | "bash_code_execution_tool_result"
+            | "text_editor_code_execution_tool_result"
+            | "tool_search_tool_result"
+            | "container_upload"
+            | "mcp_tool_use"
+            | "mcp_tool_result"
+            | "advisor_tool_result"
+    )
+}
+
 /// A text block whose text is empty or whitespace only.
 pub fn is_blank_text(v: &Value) -> bool {
     is_type(v, "text") && str_field(v, "text").is_none_or(|t| t.trim().is_empty())

@@ -4,7 +4,9 @@ use std::collections::HashMap;
 
 use serde_json::{Map, Value};
 
-use super::blocks::{block_type, is_server_result, preview, str_field, text_block};
+use super::blocks::{
+    block_type, is_server_result, is_supported_type, preview, str_field, text_block,
+};
 use super::media::strip_media_types;
 use super::{Block, Ctx, Msg, NormalizeOptions, Provider, RepairKind, ThinkingMode};
 use crate::history::model::{subtype, Content, Entry, EntryKind, Role};
@@ -140,6 +142,10 @@ fn valid_thinking(v: &Value) -> bool {
 }
 
 /// Loupe block hygiene (beyond the reference), in place:
+/// - blocks of a type the provider does not accept (unknown / future types, and the beta types
+///   Loupe does not handle, see [`is_supported_type`]) are dropped for both providers
+///   (`unsupported_block_dropped`; the stored entry keeps them verbatim), and so are the items of a
+///   `tool_result`'s array content that a tool result cannot carry (A4.9);
 /// - blocks that are not objects with a string `type`, and `tool_result`s without a string
 ///   `tool_use_id`, are dropped (`invalid_block_dropped`); a `tool_result` whose `content` is
 ///   neither a string nor an array gets its JSON text as content (reported with the same kind);
@@ -170,6 +176,14 @@ pub fn sanitize_blocks(
             );
             return false;
         };
+        if !is_supported_type(&t) {
+            ctx.report(
+                RepairKind::UnsupportedBlockDropped,
+                [b.src],
+                format!("dropped {t} block: not a block type the provider accepts"),
+            );
+            return false;
+        }
         let misplaced = match role {
             Role::User => assistant_only(&b.v),
             Role::Assistant => user_only(&b.v),
@@ -221,11 +235,37 @@ pub fn sanitize_blocks(
                         "tool_result content that was neither a string nor an array replaced by its JSON text".into(),
                     );
                 }
+                drop_unsupported_nested(b, ctx);
             }
             _ => {}
         }
         true
     });
+}
+
+/// Items of a `tool_result`'s array content that are not blocks of a type a tool result may carry
+/// (A4.9: text, image, document, search_result, tool_reference) are dropped
+/// (`unsupported_block_dropped`), like unsupported top-level blocks.
+fn drop_unsupported_nested(b: &mut Block, ctx: &mut Ctx) {
+    let Some(Value::Array(items)) = b.v.get_mut("content") else {
+        return;
+    };
+    let before = items.len();
+    items.retain(|x| {
+        matches!(
+            block_type(x),
+            Some("text" | "image" | "document" | "search_result" | "tool_reference")
+        )
+    });
+    let n = before - items.len();
+    if n > 0 {
+        let id = str_field(&b.v, "tool_use_id").unwrap_or("").to_string();
+        ctx.report(
+            RepairKind::UnsupportedBlockDropped,
+            [b.src],
+            format!("tool_result {id}: dropped {n} content item(s) of a type a tool result cannot carry"),
+        );
+    }
 }
 
 fn repair_tool_use(b: &mut Block, ctx: &mut Ctx) {
@@ -397,6 +437,59 @@ mod tests {
         let (m, k) = run(&e, &opts);
         assert!(k.is_empty());
         assert_eq!(shape(&m), vec![(Role::Assistant, vec![text("x")])]);
+    }
+
+    /// Proptest minimal case: a user entry `[text, {"type":"future_block","x":1}]` sent the
+    /// unknown block to Anthropic (A2.5). Unknown and unhandled beta types are dropped for both
+    /// providers and reported naming the entry; the rest of the message is kept.
+    #[test]
+    fn unknown_and_unhandled_beta_blocks_dropped_for_both_providers() {
+        let e = vec![
+            user(
+                0,
+                json!([text("[u6] what is this block?"), {"type": "future_block", "x": 1}]),
+            ),
+            asst(
+                1,
+                "A",
+                json!([{"type": "compaction", "content": "summary"}, text("a")]),
+            ),
+            user(2, json!([{"type": "future_block"}])),
+        ];
+        for provider in [Provider::Anthropic, Provider::Openai] {
+            let opts = NormalizeOptions {
+                provider,
+                ..Default::default()
+            };
+            let (m, k) = run(&e, &opts);
+            assert_eq!(
+                shape(&m),
+                vec![
+                    (Role::User, vec![text("[u6] what is this block?")]),
+                    (Role::Assistant, vec![text("a")]),
+                ]
+            );
+            assert_eq!(
+                k,
+                vec![
+                    RepairKind::UnsupportedBlockDropped,
+                    RepairKind::UnsupportedBlockDropped,
+                    RepairKind::UnsupportedBlockDropped,
+                    RepairKind::EmptyMessageDropped,
+                ]
+            );
+        }
+    }
+
+    #[test]
+    fn unsupported_items_in_tool_result_content_dropped() {
+        let e = vec![user(
+            0,
+            json!([{"type": "tool_result", "tool_use_id": "t", "content": [text("r"), {"type": "future_block"}, 7]}]),
+        )];
+        let (m, k) = run(&e, &NormalizeOptions::default());
+        assert_eq!(m[0].blocks[0].v["content"], json!([text("r")]));
+        assert_eq!(k, vec![RepairKind::UnsupportedBlockDropped]);
     }
 
     #[test]

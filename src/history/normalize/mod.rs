@@ -13,9 +13,9 @@
 //! 4. [`view::drop_virtual`] (d).
 //! 5. [`media::build_strip_map`] (e): media-error → target message map (interactive and `-p` texts).
 //! 6. [`convert::to_messages`] (e, f): drop progress/system/API-error entries, `local_command` → user
-//!    text, strip the media named by API errors; Loupe block hygiene (non-object blocks, blocks in the
-//!    wrong role, unsigned/malformed thinking, thinking in `strip` mode / OpenAI, non-object
-//!    `tool_use.input`).
+//!    text, strip the media named by API errors; Loupe block hygiene (non-object blocks, unknown /
+//!    unsupported block types, blocks in the wrong role, unsigned/malformed thinking, thinking in
+//!    `strip` mode / OpenAI, non-object `tool_use.input`).
 //! 7. [`tool_reference::strip_tool_references`] (g).
 //! 8. [`merge::merge_messages`] (h): same-id fragment merge across interleaved tool results (indexed
 //!    by message id, linear) and `mergeUserMessages` (`joinTextAtSeam`, tool results hoisted).
@@ -40,6 +40,9 @@
 //! - Unsigned or malformed `thinking`/`redacted_thinking` are dropped (`keep` mode); `strip` drops all.
 //! - Blocks that are not JSON objects with a string `type`, user-only blocks in assistant turns and
 //!   assistant-only blocks in user turns are dropped; a non-object `tool_use.input` is repaired.
+//! - Block types the provider does not accept (unknown / future types such as `future_block`, and
+//!   the beta types `compaction`, `fallback`, `tool_addition`, `tool_removal`) are dropped for both
+//!   providers (`unsupported_block_dropped`, naming the entry); storage keeps them verbatim.
 //! - Orphan server-tool results (`*_tool_result` without an earlier `server_tool_use`) are removed.
 //! - Tool ids are rewritten deterministically and consistently on both sides when they do not match
 //!   the provider's pattern (`^[a-zA-Z0-9_-]+$`; `^srvtoolu_…` for server tools; ≤ 40 chars on OpenAI).
@@ -224,7 +227,8 @@ pub enum RepairKind {
     LeadingUserInserted,
     /// A `(no content)` user turn was inserted between two assistant turns.
     PlaceholderTurnInserted,
-    /// A block the provider has no equivalent for was dropped (OpenAI conversion).
+    /// A block the provider does not accept was dropped: an unknown or unhandled beta block type
+    /// (both providers), or a block with no Chat Completions equivalent (OpenAI conversion).
     UnsupportedBlockDropped,
 }
 
@@ -798,16 +802,18 @@ mod pipeline_tests {
     }
 
     #[test]
-    fn unknown_blocks_pass_through_verbatim() {
+    fn accepted_blocks_pass_through_verbatim_unknown_ones_are_dropped() {
         let odd = json!({"type": "container_upload", "file_id": "f1", "extra": [1, 2]});
         let e = vec![
-            user(0, json!("q")),
+            user(0, json!([text("q"), {"type": "future_block", "x": 1}])),
             asst(1, "X", json!([odd.clone(), text("a")])),
         ];
-        assert_eq!(
-            anth(&e).messages[1],
-            msg("assistant", json!([odd, text("a")]))
-        );
+        let n = anth(&e);
+        assert_eq!(n.messages[0], msg("user", json!([text("q")])));
+        assert_eq!(n.messages[1], msg("assistant", json!([odd, text("a")])));
+        assert_eq!(n.repairs.len(), 1);
+        assert_eq!(n.repairs[0].kind, RepairKind::UnsupportedBlockDropped);
+        assert_eq!(n.repairs[0].seqs, vec![0]);
     }
 
     #[test]

@@ -5,8 +5,8 @@
 //!   `tool_calls[] {id, type:"function", function:{name, arguments: JSON string}}` (no key when
 //!   none). `content` is `null` only when there are tool calls and no text; otherwise a turn with
 //!   no text gets `(no content)`. Thinking is dropped silently (earlier); other assistant blocks
-//!   (`server_tool_use`, server results, unknown types) have no equivalent and are dropped
-//!   (`unsupported_block_dropped`).
+//!   (`server_tool_use`, server results, `container_upload`) have no equivalent and are dropped
+//!   (`unsupported_block_dropped`; unknown types were already dropped by the block hygiene).
 //! - User: each `tool_result` → `{"role":"tool","tool_call_id","content": string}` right after the
 //!   assistant, in order; the string is the result's string content, or its array rendered as text
 //!   (texts joined by `"\n\n"`, `[image]`, `[document]`, `[tool_reference: <name>]`); an empty result

@@ -21,9 +21,10 @@ pub fn synthetic_result(id: &str) -> serde_json::Value {
 ///   and first → `[Orphaned tool result removed due to conversation resume]`; emptied otherwise →
 ///   dropped;
 /// - **assistant**: a `tool_use` whose id was already seen anywhere earlier (or earlier in the same
-///   turn) is removed; a `server_tool_use`/`mcp_tool_use` without a result block in the same turn
-///   is removed; Loupe also removes server result blocks without an earlier `server_tool_use` in the
-///   turn. Emptied → `[Tool use interrupted]`;
+///   turn) is removed; Loupe applies the same request-wide check to `server_tool_use` /
+///   `mcp_tool_use` ids (one namespace, D1.7). A `server_tool_use`/`mcp_tool_use` without a result
+///   block in the same turn is removed; Loupe also removes server result blocks without an earlier
+///   use in the turn, and a second result for the same use. Emptied → `[Tool use interrupted]`;
 /// - the **next user** message is consumed: orphan results (ids not among this assistant's
 ///   `tool_use`s) and duplicates (first kept) are removed, missing ones get
 ///   `{type:'tool_result', tool_use_id, content:'[Tool result missing due to internal error]',
@@ -123,64 +124,81 @@ fn remove_orphans(m: &mut Msg, first: bool, ctx: &mut Ctx) -> bool {
     false
 }
 
-/// Removes duplicate `tool_use`s, server uses without results and server results without uses.
+/// Removes duplicate uses, duplicate or orphan server results, and server uses without results.
+///
+/// One request-wide id namespace covers `tool_use`, `server_tool_use` and `mcp_tool_use` (D1.7:
+/// ids unique across the request), so a replayed server-tool fragment is a duplicate like a
+/// replayed client call: the later use is removed (`duplicate_tool_use_removed`). A server result
+/// needs its use earlier in the turn (`orphan_server_result_removed`) and answers it once (a second
+/// result for the same use is `duplicate_tool_result_removed`); a server use left without a result
+/// is then removed (`server_tool_use_removed`).
 fn fix_assistant(m: &mut Msg, seen: &mut HashSet<String>, ctx: &mut Ctx) {
     let had_blocks = !m.blocks.is_empty();
     let id_of = |b: &Block, f: &str| str_field(&b.v, f).unwrap_or("").to_string();
-    // Server results need their use earlier in the turn.
-    if m.blocks.iter().any(|b| is_server_result(&b.v)) {
-        let mut uses: HashSet<String> = HashSet::new();
-        m.blocks.retain(|b| {
-            if is_server_use(&b.v) {
-                uses.insert(id_of(b, "id"));
-            } else if is_server_result(&b.v) && !uses.contains(&id_of(b, "tool_use_id")) {
-                ctx.report(
-                    RepairKind::OrphanServerResultRemoved,
-                    [b.src],
-                    format!(
-                        "removed {} {}: no server_tool_use before it",
-                        block_type(&b.v).unwrap_or(""),
-                        id_of(b, "tool_use_id")
-                    ),
-                );
-                return false;
-            }
-            true
-        });
-    }
-    let results: HashSet<String> = m
-        .blocks
-        .iter()
-        .filter(|b| is_server_result(&b.v))
-        .map(|b| id_of(b, "tool_use_id"))
-        .collect();
+    // Server uses kept in this turn, and those already answered.
+    let mut uses: HashSet<String> = HashSet::new();
+    let mut answered: HashSet<String> = HashSet::new();
     m.blocks.retain(|b| {
-        if is_type(&b.v, "tool_use") {
+        let is_use = is_server_use(&b.v);
+        if is_use || is_type(&b.v, "tool_use") {
             let id = id_of(b, "id");
-            if !seen.insert(id.clone()) {
+            if seen.contains(&id) {
                 ctx.report(
                     RepairKind::DuplicateToolUseRemoved,
                     [b.src],
-                    format!("removed duplicate tool_use {id}"),
+                    format!(
+                        "removed duplicate {} {id}",
+                        block_type(&b.v).unwrap_or("tool_use")
+                    ),
                 );
                 return false;
             }
-        } else if is_server_use(&b.v) {
-            let id = id_of(b, "id");
-            if !results.contains(&id) {
+            if is_use {
+                uses.insert(id.clone());
+            }
+            seen.insert(id);
+        } else if is_server_result(&b.v) {
+            let id = id_of(b, "tool_use_id");
+            let ty = block_type(&b.v).unwrap_or("");
+            if !uses.contains(&id) {
                 ctx.report(
-                    RepairKind::ServerToolUseRemoved,
+                    RepairKind::OrphanServerResultRemoved,
                     [b.src],
-                    format!(
-                        "removed {} {id} without its result",
-                        block_type(&b.v).unwrap_or("")
-                    ),
+                    format!("removed {ty} {id}: no server_tool_use before it"),
+                );
+                return false;
+            }
+            if !answered.insert(id.clone()) {
+                ctx.report(
+                    RepairKind::DuplicateToolResultRemoved,
+                    [b.src],
+                    format!("removed duplicate {ty} {id}"),
                 );
                 return false;
             }
         }
         true
     });
+    if uses.len() != answered.len() {
+        m.blocks.retain(|b| {
+            if !is_server_use(&b.v) {
+                return true;
+            }
+            let id = id_of(b, "id");
+            if answered.contains(&id) {
+                return true;
+            }
+            ctx.report(
+                RepairKind::ServerToolUseRemoved,
+                [b.src],
+                format!(
+                    "removed {} {id} without its result",
+                    block_type(&b.v).unwrap_or("")
+                ),
+            );
+            false
+        });
+    }
     if had_blocks && m.blocks.is_empty() {
         m.blocks.push(Block {
             v: text_block(TOOL_USE_INTERRUPTED),
@@ -372,10 +390,11 @@ mod tests {
             json!({"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1", "content": []});
         let orphan =
             json!({"type": "advisor_tool_result", "tool_use_id": "srvtoolu_9", "content": {}});
+        let srv2 = json!({"type": "server_tool_use", "id": "srvtoolu_2", "name": "web_search", "input": {}});
         let e = vec![
             asst(0, "X", json!([srv.clone(), res.clone(), text("a")])),
             user(1, json!("q")),
-            asst(2, "Y", json!([text("b"), srv.clone()])),
+            asst(2, "Y", json!([text("b"), srv2])),
             user(3, json!("q")),
             asst(4, "Z", json!([orphan, text("c")])),
         ];
@@ -390,6 +409,44 @@ mod tests {
                 RepairKind::OrphanServerResultRemoved
             ]
         );
+    }
+
+    /// Proptest minimal case: a replayed (duplicated) `server_tool_use` fragment of a streamed
+    /// response merged into one turn holding the same server id twice (D1.7: ids unique
+    /// request-wide). The later use is removed like a duplicate `tool_use`; a replayed result is
+    /// removed too, and a reused server id in a later turn is a duplicate as well.
+    #[test]
+    fn duplicate_server_tool_use_ids_removed() {
+        let srv = json!({"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {}});
+        let res =
+            json!({"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1", "content": []});
+        let e = vec![
+            user(0, json!("q")),
+            asst(1, "X", json!([srv.clone()])),
+            asst(2, "X", json!([srv.clone()])),
+            asst(3, "X", json!([res.clone()])),
+            asst(4, "X", json!([res.clone(), text("a")])),
+            user(5, json!("again")),
+            asst(6, "Y", json!([srv.clone(), res.clone(), text("b")])),
+        ];
+        let mut ctx = Ctx::new(&e);
+        let merged = super::super::merge::merge_messages(msgs(&e), &mut ctx);
+        ctx.repairs.clear();
+        let m = ensure_tool_result_pairing(merged, &mut ctx);
+        let s = shape(&m);
+        assert_eq!(s[1].1, vec![srv, res, text("a")]);
+        assert_eq!(s[3].1, vec![text("b")]);
+        assert_eq!(
+            kinds(&ctx),
+            vec![
+                RepairKind::DuplicateToolUseRemoved,
+                RepairKind::DuplicateToolResultRemoved,
+                RepairKind::DuplicateToolUseRemoved,
+                RepairKind::OrphanServerResultRemoved,
+            ]
+        );
+        assert_eq!(ctx.repairs[0].seqs, vec![2]);
+        assert_eq!(ctx.repairs[1].seqs, vec![4]);
     }
 
     #[test]

@@ -1,0 +1,65 @@
+//! The checked-in OpenAPI document is the one the code generates, and it is a sound 3.1 document.
+
+use serde_json::Value;
+
+const CHECKED_IN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/openapi/openapi.json");
+const REGENERATE: &str = "cargo run --quiet -- openapi > openapi/openapi.json";
+
+fn generated() -> String {
+    loupe::http::openapi().to_pretty_json().unwrap() + "\n"
+}
+
+#[test]
+fn the_checked_in_document_is_current() {
+    let checked_in = std::fs::read_to_string(CHECKED_IN).unwrap_or_default();
+    assert!(
+        checked_in == generated(),
+        "openapi/openapi.json is stale; regenerate it with `{REGENERATE}`"
+    );
+}
+
+#[test]
+fn the_document_parses_as_openapi_3_1() {
+    let spec = oas3::from_json(generated()).expect("a valid OpenAPI 3.1 document");
+    assert!(spec.openapi.starts_with("3.1"), "version {}", spec.openapi);
+}
+
+#[test]
+fn every_operation_has_an_id_a_tag_and_its_error_responses() {
+    let spec: Value = serde_json::from_str(&generated()).unwrap();
+    let mut ids = std::collections::HashSet::new();
+    for (path, item) in spec["paths"].as_object().unwrap() {
+        for (method, operation) in item.as_object().unwrap() {
+            let id = operation["operationId"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{method} {path}: no operationId"));
+            assert!(ids.insert(id.to_owned()), "duplicate operationId {id}");
+            assert!(
+                operation["tags"]
+                    .as_array()
+                    .is_some_and(|tags| !tags.is_empty()),
+                "{method} {path}: no tag"
+            );
+            let responses = operation["responses"].as_object().unwrap();
+            if path.starts_with("/v1/") {
+                let errors: Vec<&String> = responses
+                    .keys()
+                    .filter(|code| code.starts_with('4'))
+                    .collect();
+                assert!(
+                    !errors.is_empty(),
+                    "{method} {path}: no 4xx response documented"
+                );
+                for code in errors {
+                    assert!(
+                        responses[code]["content"]
+                            .get("application/problem+json")
+                            .is_some(),
+                        "{method} {path} {code}: not a problem+json response"
+                    );
+                }
+            }
+        }
+    }
+    assert!(!ids.is_empty());
+}
