@@ -1,5 +1,6 @@
 //! The REST API: one router per resource, the shared state, and the middleware stack.
 
+pub mod context;
 pub mod health;
 pub mod messages;
 pub mod problem;
@@ -104,6 +105,7 @@ pub(crate) fn page_limit(requested: Option<u32>, default: u32, max: u32) -> Resu
     tags(
         (name = "threads", description = "Conversation threads"),
         (name = "messages", description = "The append-only history of a thread"),
+        (name = "context", description = "Model-ready views: API rounds, the normalized context, snips"),
         (name = "operations", description = "Health and readiness"),
     )
 )]
@@ -113,6 +115,7 @@ fn api_router() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(threads::router())
         .merge(messages::router())
+        .merge(context::router())
         .merge(health::router())
 }
 

@@ -26,6 +26,8 @@ pub enum ProblemKind {
     UuidConflict,
     /// Part of the batch is stored already; a retry must resend the exact batch.
     PartialReplay,
+    /// The context window holds too many entries to load: compact the thread.
+    WindowTooLarge,
     PayloadTooLarge,
     UnsupportedMediaType,
     MethodNotAllowed,
@@ -44,6 +46,7 @@ impl ProblemKind {
             ProblemKind::SeqConflict => "seq-conflict",
             ProblemKind::UuidConflict => "uuid-conflict",
             ProblemKind::PartialReplay => "partial-replay",
+            ProblemKind::WindowTooLarge => "window-too-large",
             ProblemKind::PayloadTooLarge => "payload-too-large",
             ProblemKind::UnsupportedMediaType => "unsupported-media-type",
             ProblemKind::MethodNotAllowed => "method-not-allowed",
@@ -56,7 +59,9 @@ impl ProblemKind {
     pub fn status(self) -> StatusCode {
         match self {
             ProblemKind::BadRequest => StatusCode::BAD_REQUEST,
-            ProblemKind::Validation => StatusCode::UNPROCESSABLE_ENTITY,
+            ProblemKind::Validation | ProblemKind::WindowTooLarge => {
+                StatusCode::UNPROCESSABLE_ENTITY
+            }
             ProblemKind::NotFound => StatusCode::NOT_FOUND,
             ProblemKind::ThreadExists
             | ProblemKind::SeqConflict
@@ -79,6 +84,7 @@ impl ProblemKind {
             ProblemKind::SeqConflict => "Another writer appended first",
             ProblemKind::UuidConflict => "Message uuid already used",
             ProblemKind::PartialReplay => "Batch partly stored",
+            ProblemKind::WindowTooLarge => "Context too large",
             ProblemKind::PayloadTooLarge => "Request body too large",
             ProblemKind::UnsupportedMediaType => "Unsupported media type",
             ProblemKind::MethodNotAllowed => "Method not allowed",
@@ -219,6 +225,13 @@ impl From<StoreError> for ApiError {
                 })
             }
             StoreError::BadCursor => ApiError::bad_request("invalid cursor"),
+            StoreError::NoSuchMessage(_) => ApiError::field(FieldError {
+                path: "seqs".to_owned(),
+                problem: error.to_string(),
+            }),
+            StoreError::WindowTooLarge { .. } => {
+                ApiError::new(ProblemKind::WindowTooLarge, error.to_string())
+            }
             StoreError::Database(sqlx::Error::PoolTimedOut) => ApiError::new(
                 ProblemKind::Unavailable,
                 "the database is busy; retry shortly",

@@ -65,7 +65,7 @@ fn prepare(mut entry: Entry, now: chrono::DateTime<chrono::Utc>) -> Result<Prepa
     })
 }
 
-fn entry_from_row(row: &AnyRow) -> Result<Entry, StoreError> {
+pub(super) fn entry_from_row(row: &AnyRow) -> Result<Entry, StoreError> {
     let body: String = row.try_get("body")?;
     let mut entry: Entry = serde_json::from_str(&body)
         .map_err(|e| StoreError::Corrupt(format!("message body: {e}")))?;
@@ -204,15 +204,7 @@ impl Store {
         after_seq: Option<i64>,
         limit: u32,
     ) -> Result<MessagePage, StoreError> {
-        let thread = sqlx::query(
-            "SELECT thread_key, next_seq FROM threads WHERE tenant_id = $1 AND thread_id = $2",
-        )
-        .bind(&tenant.0)
-        .bind(thread_id)
-        .fetch_optional(&self.pool)
-        .await?
-        .ok_or(StoreError::ThreadNotFound)?;
-        let thread_key: String = thread.try_get("thread_key")?;
+        let (thread_key, next_seq) = self.thread_key_and_next_seq(tenant, thread_id).await?;
         let rows = sqlx::query(
             "SELECT seq, body FROM messages WHERE thread_key = $1 AND seq > $2 ORDER BY seq LIMIT $3",
         )
@@ -223,7 +215,7 @@ impl Store {
         .await?;
         Ok(MessagePage {
             messages: rows.iter().map(entry_from_row).collect::<Result<_, _>>()?,
-            next_seq: thread.try_get("next_seq")?,
+            next_seq,
         })
     }
 

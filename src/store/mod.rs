@@ -8,6 +8,7 @@
 //! tenant's threads by forgetting a filter.
 
 mod admin;
+mod context;
 mod messages;
 mod threads;
 
@@ -17,6 +18,7 @@ use std::time::Duration;
 use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
 use sqlx::{AnyPool, ConnectOptions, Executor};
 
+pub use context::{ContextWindow, MAX_WINDOW_ENTRIES};
 pub use messages::{AppendOutcome, AppendRequest, MessagePage};
 pub use threads::{NewThread, Thread, ThreadPage};
 
@@ -73,6 +75,10 @@ pub enum StoreError {
     PartialReplay { stored: usize, total: usize },
     #[error("uuid {0:?} appears twice in the batch")]
     DuplicateUuid(String),
+    #[error("the thread holds no message with {0}")]
+    NoSuchMessage(String),
+    #[error("the window holds {entries} entries, more than {max}; start it later")]
+    WindowTooLarge { entries: i64, max: i64 },
     #[error("invalid pagination cursor")]
     BadCursor,
     #[error("configuration: {0}")]

@@ -1,0 +1,386 @@
+//! The model-facing views of a thread: API rounds, the normalized context, snips, and the
+//! stateless normalizer.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::{router::OpenApiRouter, routes};
+
+use super::problem::{ApiError, ApiJson, ApiPath, ApiQuery, Problem};
+use super::threads::ThreadPath;
+use super::{AppState, Tenant};
+use crate::history::ingest::{check_entry, FieldError};
+use crate::history::model::{Entry, EntryKind, SnipMetadata};
+use crate::history::{
+    group_rounds, normalize, NormalizeOptions, Normalized, Provider, Round, ThinkingMode,
+};
+use crate::store::AppendRequest;
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(get_rounds))
+        .routes(routes!(get_context))
+        .routes(routes!(snip_messages))
+        .routes(routes!(normalize_history))
+}
+
+/// How the caller will send the context.
+#[derive(Debug, Default, Deserialize, IntoParams, ToSchema)]
+#[into_params(parameter_in = Query)]
+pub struct ContextOptions {
+    /// `anthropic` (Messages API blocks, the default) or `openai` (Chat Completions).
+    #[serde(default)]
+    #[param(value_type = Option<Provider>)]
+    pub provider: Provider,
+    /// The names of the tools available now, comma-separated. `tool_reference` blocks naming
+    /// other tools are stripped. Omitted: every tool is available.
+    pub tools: Option<String>,
+    /// `keep` replays signed thinking blocks verbatim (the default); `strip` drops every thinking
+    /// block (a model switch, or thinking turned off).
+    #[serde(default)]
+    #[param(value_type = Option<ThinkingMode>)]
+    pub thinking: ThinkingMode,
+    /// Place one `cache_control` breakpoint on the last block (Anthropic).
+    #[serde(default)]
+    pub cache: bool,
+    /// The provider supports advisor blocks; when false (the default) they are stripped.
+    #[serde(default)]
+    pub advisor: bool,
+}
+
+impl ContextOptions {
+    fn normalize_options(&self) -> Result<NormalizeOptions, ApiError> {
+        let tools = match &self.tools {
+            None => None,
+            Some(list) => {
+                let names: Vec<String> = list
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|name| !name.is_empty())
+                    .map(str::to_owned)
+                    .collect();
+                if let Some(bad) = names.iter().find(|name| !valid_tool_name(name)) {
+                    return Err(ApiError::bad_request(format!(
+                        "tools: {bad:?} is not a tool name (1–64 characters of [a-zA-Z0-9_-])"
+                    )));
+                }
+                Some(names)
+            }
+        };
+        Ok(NormalizeOptions {
+            provider: self.provider,
+            tools,
+            thinking: self.thinking,
+            cache: self.cache,
+            advisor: self.advisor,
+            microcompact: None,
+        })
+    }
+}
+
+/// Tool names as the providers accept them (provider-rules A4.10).
+fn valid_tool_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RoundsResponse {
+    /// API rounds in order: the only places compaction may cut.
+    pub rounds: Vec<Round>,
+    /// The seq the listing starts at (the last compact boundary, or `from_seq`).
+    pub from_seq: i64,
+    pub next_seq: i64,
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct RoundsQuery {
+    /// Group from this seq on; by default from the last compact boundary (the current context).
+    pub from_seq: Option<i64>,
+}
+
+/// The thread's messages grouped into API rounds.
+///
+/// A round starts at an assistant message whose provider message id differs from the previous
+/// assistant's; split fragments of one response stay in one round, even with tool results between
+/// them. `closed` says whether every `tool_use` in the round is answered.
+#[utoipa::path(
+    get, path = "/v1/threads/{thread_id}/rounds", tag = "context", operation_id = "getRounds",
+    params(ThreadPath, RoundsQuery),
+    responses(
+        (status = 200, description = "The rounds", body = RoundsResponse),
+        (status = 404, description = "No such thread (`not-found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "The window is too large (`window-too-large`)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn get_rounds(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    ApiPath(path): ApiPath<ThreadPath>,
+    ApiQuery(query): ApiQuery<RoundsQuery>,
+) -> Result<Json<RoundsResponse>, ApiError> {
+    let window = state
+        .store
+        .context_window(&tenant, &path.thread_id, query.from_seq)
+        .await?;
+    let from_seq = window
+        .entries
+        .first()
+        .and_then(|e| e.seq)
+        .unwrap_or(window.next_seq);
+    Ok(Json(RoundsResponse {
+        rounds: group_rounds(&window.entries),
+        from_seq,
+        next_seq: window.next_seq,
+    }))
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ContextResponse {
+    #[serde(flatten)]
+    pub normalized: Normalized,
+    /// The thread's next seq when the context was read.
+    pub next_seq: i64,
+}
+
+/// The API-ready context: the messages after the last compact boundary, repaired so the provider
+/// accepts them, with every repair reported.
+///
+/// The list is what precedes the caller's next user turn. When it ends with a user turn (for
+/// example synthetic tool results), merge the next user content into that turn after its
+/// `tool_result` blocks. `estimated_tokens` is the rough estimate of reference-behaviour §8.1
+/// (characters / 4; images and documents 2,000 each).
+#[utoipa::path(
+    get, path = "/v1/threads/{thread_id}/context", tag = "context", operation_id = "getContext",
+    params(ThreadPath, ContextOptions),
+    responses(
+        (status = 200, description = "The normalized context", body = ContextResponse),
+        (status = 400, description = "A bad option (`bad-request`)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such thread (`not-found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "The context is too large to load (`window-too-large`): compact the thread", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn get_context(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    ApiPath(path): ApiPath<ThreadPath>,
+    ApiQuery(options): ApiQuery<ContextOptions>,
+) -> Result<Json<ContextResponse>, ApiError> {
+    let options = options.normalize_options()?;
+    let window = state
+        .store
+        .context_window(&tenant, &path.thread_id, None)
+        .await?;
+    let normalized = normalize(&window.entries, &options);
+    Ok(Json(ContextResponse {
+        normalized,
+        next_seq: window.next_seq,
+    }))
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"seqs": [4, 5], "uuid": "snip-7f3a"}))]
+pub struct SnipRequest {
+    /// The messages to hide, by seq.
+    #[serde(default)]
+    pub seqs: Vec<i64>,
+    /// The messages to hide, by uuid.
+    #[serde(default)]
+    pub uuids: Vec<String>,
+    /// The snip entry's own uuid, so a retried snip is idempotent.
+    pub uuid: Option<String>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SnipResponse {
+    /// The stored snip entry (a `system` entry with subtype `snip`).
+    pub snip: Entry,
+    pub next_seq: i64,
+}
+
+/// Hide messages from every later context. Nothing is deleted: the messages stay readable through
+/// the messages API, and the snip is itself an appended entry.
+#[utoipa::path(
+    post, path = "/v1/threads/{thread_id}/snip", tag = "context", operation_id = "snipMessages",
+    params(ThreadPath),
+    request_body = SnipRequest,
+    responses(
+        (status = 201, description = "The snip entry was appended", body = SnipResponse),
+        (status = 200, description = "The same snip was already stored (idempotent retry)", body = SnipResponse),
+        (status = 404, description = "No such thread (`not-found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The snip uuid is used by another entry (`uuid-conflict`)", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Nothing named, or a named message does not exist (`validation`)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn snip_messages(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    ApiPath(path): ApiPath<ThreadPath>,
+    ApiJson(request): ApiJson<SnipRequest>,
+) -> Result<(StatusCode, Json<SnipResponse>), ApiError> {
+    if request.seqs.is_empty() && request.uuids.is_empty() {
+        return Err(ApiError::field(FieldError {
+            path: "seqs".to_owned(),
+            problem: "name at least one message by seq or uuid".to_owned(),
+        }));
+    }
+    let named = state
+        .store
+        .resolve_messages(&tenant, &path.thread_id, &request.seqs, &request.uuids)
+        .await?;
+    let snip = Entry {
+        seq: None,
+        uuid: request.uuid,
+        kind: EntryKind::System,
+        message: None,
+        is_meta: false,
+        is_virtual: false,
+        is_compact_summary: false,
+        is_api_error: false,
+        subtype: Some(crate::history::model::subtype::SNIP.to_owned()),
+        content: Some(serde_json::Value::String(format!(
+            "Snipped {} message(s)",
+            named.len()
+        ))),
+        compact_metadata: None,
+        snip_metadata: Some(SnipMetadata {
+            removed_uuids: named.into_iter().map(|(_, uuid)| uuid).collect(),
+        }),
+        created_at: None,
+        extra: Default::default(),
+    };
+    check_entry(&snip, "snip").map_err(ApiError::field)?;
+    let outcome = state
+        .store
+        .append(
+            &tenant,
+            &path.thread_id,
+            AppendRequest {
+                entries: vec![snip],
+                expected_next_seq: None,
+            },
+        )
+        .await?;
+    let status = if outcome.replayed {
+        StatusCode::OK
+    } else {
+        StatusCode::CREATED
+    };
+    let snip = outcome.messages.into_iter().next().ok_or_else(|| {
+        ApiError::new(
+            super::problem::ProblemKind::Internal,
+            "the snip was not stored",
+        )
+    })?;
+    Ok((
+        status,
+        Json(SnipResponse {
+            snip,
+            next_seq: outcome.next_seq,
+        }),
+    ))
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({
+    "provider": "anthropic",
+    "messages": [
+        {"type": "user", "message": {"role": "user", "content": "List the files."}},
+        {"type": "assistant", "message": {"role": "assistant", "id": "msg_1",
+            "content": [{"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {"command": "ls"}}]}}
+    ]
+}))]
+pub struct NormalizeRequest {
+    /// A history in the stored-entry format, oldest first.
+    pub messages: Vec<Entry>,
+    #[serde(default)]
+    pub provider: Provider,
+    /// The names of the tools available now; omitted: every tool.
+    pub tools: Option<Vec<String>>,
+    #[serde(default)]
+    pub thinking: ThinkingMode,
+    #[serde(default)]
+    pub cache: bool,
+    #[serde(default)]
+    pub advisor: bool,
+}
+
+/// Normalize a history sent in the request (for callers that keep their own history). Nothing is
+/// stored.
+#[utoipa::path(
+    post, path = "/v1/normalize", tag = "context", operation_id = "normalizeHistory",
+    request_body = NormalizeRequest,
+    responses(
+        (status = 200, description = "The normalized context", body = Normalized),
+        (status = 400, description = "Malformed JSON (`bad-request`)", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body over the size limit (`payload-too-large`)", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "An invalid entry or option (`validation`)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn normalize_history(
+    ApiJson(request): ApiJson<NormalizeRequest>,
+) -> Result<Json<Normalized>, ApiError> {
+    for (index, entry) in request.messages.iter().enumerate() {
+        check_entry(entry, &format!("messages[{index}]")).map_err(ApiError::field)?;
+    }
+    let tools = match request.tools {
+        Some(names) => {
+            if let Some(bad) = names.iter().position(|name| !valid_tool_name(name)) {
+                return Err(ApiError::field(FieldError {
+                    path: format!("tools[{bad}]"),
+                    problem: "a tool name is 1–64 characters of [a-zA-Z0-9_-]".to_owned(),
+                }));
+            }
+            Some(names)
+        }
+        None => None,
+    };
+    let options = NormalizeOptions {
+        provider: request.provider,
+        tools,
+        thinking: request.thinking,
+        cache: request.cache,
+        advisor: request.advisor,
+        microcompact: None,
+    };
+    // Entries without a seq are numbered by position so repairs can name them.
+    let mut entries = request.messages;
+    for (index, entry) in entries.iter_mut().enumerate() {
+        entry.seq = Some(index as i64);
+    }
+    Ok(Json(normalize(&entries, &options)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tool_lists_are_parsed_and_checked() {
+        let options = ContextOptions {
+            tools: Some("Bash, Read,,Edit".to_owned()),
+            ..ContextOptions::default()
+        };
+        assert_eq!(
+            options.normalize_options().unwrap().tools.unwrap(),
+            ["Bash", "Read", "Edit"]
+        );
+        let bad = ContextOptions {
+            tools: Some("Bash,no spaces".to_owned()),
+            ..ContextOptions::default()
+        };
+        assert!(bad.normalize_options().is_err());
+        assert!(ContextOptions::default()
+            .normalize_options()
+            .unwrap()
+            .tools
+            .is_none());
+    }
+}

@@ -1,0 +1,327 @@
+//! Rounds, context, snips and the stateless normalizer, through the HTTP API on both backends.
+
+mod common;
+
+use axum::http::StatusCode;
+use common::{assistant, user, TestApp};
+use loupe::validate::{anthropic, openai, AnthropicRules};
+use serde_json::{json, Value};
+
+on_both_backends!(
+    the_seed_example_groups_into_two_rounds,
+    a_crash_mid_tool_call_gets_a_synthetic_result_for_both_providers,
+    the_context_starts_at_the_last_compact_boundary,
+    snipped_messages_leave_the_context_but_not_the_store,
+    bad_context_options_are_400,
+);
+
+async fn append(app: &TestApp, thread: &str, messages: Value) {
+    let response = app
+        .post(
+            &format!("/v1/threads/{thread}/messages"),
+            json!({"messages": messages}),
+        )
+        .await;
+    assert_eq!(response.status, StatusCode::CREATED, "{}", response.body);
+}
+
+fn tool_use(uuid: &str, id: &str, tool_id: &str) -> Value {
+    json!({"uuid": uuid, "type": "assistant", "message": {"role": "assistant", "id": id,
+        "content": [{"type": "tool_use", "id": tool_id, "name": "weather", "input": {"city": "Oslo"}}]}})
+}
+
+fn tool_result(uuid: &str, tool_id: &str, text: &str) -> Value {
+    json!({"uuid": uuid, "type": "user", "message": {"role": "user",
+        "content": [{"type": "tool_result", "tool_use_id": tool_id, "content": text}]}})
+}
+
+async fn the_seed_example_groups_into_two_rounds(app: TestApp) {
+    let thread = app.thread("seed").await;
+    append(
+        &app,
+        &thread,
+        json!([
+            user("s0", "Check the weather."),
+            tool_use("s1", "A1", "toolu_1"),
+            tool_result("s2", "toolu_1", "Sunny"),
+            assistant("s3", "A1", "It is sunny."),
+            user("s4", "Great, thanks."),
+            assistant("s5", "B2", "You're welcome."),
+        ]),
+    )
+    .await;
+    let rounds = app.get(&format!("/v1/threads/{thread}/rounds")).await;
+    assert_eq!(rounds.status, StatusCode::OK, "{}", rounds.body);
+    let spans: Vec<(i64, i64, bool)> = rounds.body["rounds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["first_seq"].as_i64().unwrap(),
+                r["last_seq"].as_i64().unwrap(),
+                r["closed"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(spans, [(0, 4, true), (5, 5, true)]);
+    // The split fragments of A1 come back as one assistant turn.
+    let context = app.get(&format!("/v1/threads/{thread}/context")).await;
+    let messages = context.body["messages"].as_array().unwrap();
+    assert_eq!(messages.len(), 4, "{}", context.body);
+    assert_eq!(messages[1]["role"], "assistant");
+    let blocks: Vec<&str> = messages[1]["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(blocks, ["tool_use", "text"]);
+    assert!(anthropic::validate(messages, &AnthropicRules::default()).is_empty());
+    app.finish().await;
+}
+
+async fn a_crash_mid_tool_call_gets_a_synthetic_result_for_both_providers(app: TestApp) {
+    let thread = app.thread("crash").await;
+    append(
+        &app,
+        &thread,
+        json!([
+            user("c0", "What's the weather in Oslo?"),
+            tool_use("c1", "msg_c1", "toolu_crash"),
+        ]),
+    )
+    .await;
+    let context = app
+        .get(&format!("/v1/threads/{thread}/context?provider=anthropic"))
+        .await;
+    assert_eq!(context.status, StatusCode::OK, "{}", context.body);
+    let messages = context.body["messages"].as_array().unwrap();
+    let violations = anthropic::validate(messages, &AnthropicRules::default());
+    assert!(violations.is_empty(), "{violations:?}\n{}", context.body);
+    let last = messages.last().unwrap();
+    assert_eq!(last["role"], "user");
+    assert_eq!(last["content"][0]["tool_use_id"], "toolu_crash");
+    assert_eq!(last["content"][0]["is_error"], true);
+    let repairs = context.body["repairs"].as_array().unwrap();
+    let synthetic = repairs
+        .iter()
+        .find(|r| r["kind"] == "synthetic_tool_result")
+        .expect("a repair says so");
+    assert_eq!(synthetic["seqs"], json!([1]));
+    assert!(context.body["estimated_tokens"].as_u64().unwrap() > 0);
+    assert_eq!(context.body["next_seq"], 2);
+
+    let openai_context = app
+        .get(&format!("/v1/threads/{thread}/context?provider=openai"))
+        .await;
+    let messages = openai_context.body["messages"].as_array().unwrap();
+    assert!(
+        openai::validate(messages).is_empty(),
+        "{}",
+        openai_context.body
+    );
+    assert_eq!(messages.last().unwrap()["role"], "tool");
+    app.finish().await;
+}
+
+async fn the_context_starts_at_the_last_compact_boundary(app: TestApp) {
+    let thread = app.thread("boundary").await;
+    append(&app, &thread, json!([
+        user("b0", "old question"),
+        assistant("b1", "msg_b1", "old answer"),
+        user("b2", "kept question"),
+        assistant("b3", "msg_b3", "kept answer"),
+        {"uuid": "b4", "type": "system", "subtype": "compact_boundary", "content": "Conversation compacted",
+         "compact_metadata": {"trigger": "manual", "pre_tokens": 100, "preserved_segment": {"first_seq": 2, "last_seq": 3}}},
+        {"uuid": "b5", "type": "user", "is_compact_summary": true,
+         "message": {"role": "user", "content": "Summary: the user asked an old question."}},
+        user("b6", "new question"),
+    ]))
+    .await;
+    let context = app.get(&format!("/v1/threads/{thread}/context")).await;
+    assert_eq!(context.status, StatusCode::OK, "{}", context.body);
+    assert_eq!(context.body["boundary"], 4);
+    let text = context.body["messages"].to_string();
+    assert!(!text.contains("old answer"), "{text}");
+    let summary = text.find("Summary: the user asked").expect("the summary");
+    let kept = text.find("kept answer").expect("the preserved round");
+    let new = text
+        .find("new question")
+        .expect("the message after the boundary");
+    assert!(summary < kept && kept < new, "{text}");
+    assert!(anthropic::validate(
+        context.body["messages"].as_array().unwrap(),
+        &AnthropicRules::default()
+    )
+    .is_empty());
+    // Nothing was deleted.
+    let all = app.get(&format!("/v1/threads/{thread}/messages")).await;
+    assert_eq!(
+        all.body["messages"][1]["message"]["content"][0]["text"],
+        "old answer"
+    );
+    // Rounds start at the boundary window by default, anywhere on request.
+    let rounds = app.get(&format!("/v1/threads/{thread}/rounds")).await;
+    assert_eq!(rounds.body["from_seq"], 2);
+    let all_rounds = app
+        .get(&format!("/v1/threads/{thread}/rounds?from_seq=0"))
+        .await;
+    assert_eq!(all_rounds.body["rounds"][0]["first_seq"], 0);
+    app.finish().await;
+}
+
+async fn snipped_messages_leave_the_context_but_not_the_store(app: TestApp) {
+    let thread = app.thread("snip").await;
+    append(
+        &app,
+        &thread,
+        json!([
+            user("n0", "first"),
+            assistant("n1", "msg_n1", "noise one"),
+            user("n2", "second"),
+            assistant("n3", "msg_n3", "noise two"),
+            user("n4", "third"),
+        ]),
+    )
+    .await;
+    let uri = format!("/v1/threads/{thread}/snip");
+    let snip = app
+        .post(
+            &uri,
+            json!({"seqs": [1], "uuids": ["n3"], "uuid": "snip-1"}),
+        )
+        .await;
+    assert_eq!(snip.status, StatusCode::CREATED, "{}", snip.body);
+    assert_eq!(snip.body["snip"]["seq"], 5);
+    assert_eq!(
+        snip.body["snip"]["snip_metadata"]["removed_uuids"],
+        json!(["n1", "n3"])
+    );
+    let again = app
+        .post(
+            &uri,
+            json!({"seqs": [1], "uuids": ["n3"], "uuid": "snip-1"}),
+        )
+        .await;
+    assert_eq!(again.status, StatusCode::OK);
+    assert_eq!(again.body["next_seq"], 6);
+
+    let context = app.get(&format!("/v1/threads/{thread}/context")).await;
+    let text = context.body["messages"].to_string();
+    assert!(!text.contains("noise"), "{text}");
+    assert!(text.contains("first") && text.contains("second") && text.contains("third"));
+    assert!(anthropic::validate(
+        context.body["messages"].as_array().unwrap(),
+        &AnthropicRules::default()
+    )
+    .is_empty());
+    let stored = app.get(&format!("/v1/threads/{thread}/messages")).await;
+    assert_eq!(
+        stored.body["messages"][1]["message"]["content"][0]["text"],
+        "noise one"
+    );
+
+    app.post(&uri, json!({"seqs": [99]}))
+        .await
+        .assert_problem(StatusCode::UNPROCESSABLE_ENTITY, "validation");
+    app.post(&uri, json!({}))
+        .await
+        .assert_problem(StatusCode::UNPROCESSABLE_ENTITY, "validation");
+    app.post("/v1/threads/nope/snip", json!({"seqs": [0]}))
+        .await
+        .assert_problem(StatusCode::NOT_FOUND, "not-found");
+    app.finish().await;
+}
+
+async fn bad_context_options_are_400(app: TestApp) {
+    let thread = app.thread("opts").await;
+    let base = format!("/v1/threads/{thread}/context");
+    app.get(&format!("{base}?provider=gemini"))
+        .await
+        .assert_problem(StatusCode::BAD_REQUEST, "bad-request");
+    app.get(&format!("{base}?thinking=maybe"))
+        .await
+        .assert_problem(StatusCode::BAD_REQUEST, "bad-request");
+    app.get(&format!("{base}?tools=Bash,bad%20name"))
+        .await
+        .assert_problem(StatusCode::BAD_REQUEST, "bad-request");
+    app.get(&format!("{base}?cache=sometimes"))
+        .await
+        .assert_problem(StatusCode::BAD_REQUEST, "bad-request");
+    let empty = app
+        .get(&format!(
+            "{base}?provider=openai&thinking=strip&cache=true&tools=Bash"
+        ))
+        .await;
+    assert_eq!(empty.status, StatusCode::OK);
+    assert_eq!(empty.body["messages"], json!([]));
+    app.get("/v1/threads/nope/context")
+        .await
+        .assert_problem(StatusCode::NOT_FOUND, "not-found");
+    app.get("/v1/threads/nope/rounds")
+        .await
+        .assert_problem(StatusCode::NOT_FOUND, "not-found");
+    app.finish().await;
+}
+
+#[tokio::test]
+async fn the_stateless_normalizer_merges_split_fragments() {
+    let app = TestApp::new(common::Backend::Sqlite).await;
+    let history = json!([
+        user("u0", "Run both."),
+        {"type": "assistant", "message": {"role": "assistant", "id": "X", "content": [{"type": "tool_use", "id": "tu_A", "name": "Bash", "input": {"command": "a"}}]}},
+        tool_result("r1", "tu_A", "done A"),
+        {"type": "assistant", "message": {"role": "assistant", "id": "X", "content": [{"type": "tool_use", "id": "tu_B", "name": "Bash", "input": {"command": "b"}}]}},
+        tool_result("r2", "tu_B", "done B"),
+    ]);
+    let response = app
+        .post("/v1/normalize", json!({"messages": history, "cache": true}))
+        .await;
+    assert_eq!(response.status, StatusCode::OK, "{}", response.body);
+    let messages = response.body["messages"].as_array().unwrap();
+    assert_eq!(messages.len(), 3, "{}", response.body);
+    let uses: Vec<&str> = messages[1]["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(uses, ["tu_A", "tu_B"]);
+    let results: Vec<&str> = messages[2]["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["tool_use_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(results, ["tu_A", "tu_B"]);
+    assert_eq!(
+        messages[2]["content"][1]["cache_control"]["type"],
+        "ephemeral"
+    );
+    let merged = response.body["repairs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["kind"] == "fragments_merged")
+        .unwrap();
+    assert_eq!(merged["seqs"], json!([1, 3]));
+    assert!(anthropic::validate(messages, &AnthropicRules::default()).is_empty());
+
+    app.post("/v1/normalize", json!({"messages": [{"type": "user"}]}))
+        .await
+        .assert_problem(StatusCode::UNPROCESSABLE_ENTITY, "validation");
+    app.post(
+        "/v1/normalize",
+        json!({"messages": [], "provider": "gemini"}),
+    )
+    .await
+    .assert_problem(StatusCode::UNPROCESSABLE_ENTITY, "validation");
+    app.post(
+        "/v1/normalize",
+        json!({"messages": [], "tools": ["ok", "not ok"]}),
+    )
+    .await
+    .assert_problem(StatusCode::UNPROCESSABLE_ENTITY, "validation");
+    app.finish().await;
+}
