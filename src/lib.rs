@@ -9,4 +9,5 @@ pub mod shutdown;
 pub mod store;
 pub mod summarize;
 pub mod telemetry;
+pub mod tree;
 pub mod validate;
