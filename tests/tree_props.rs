@@ -105,7 +105,7 @@ proptest! {
         let (mut node, mut calls) = (start, 0u32);
         loop {
             calls += 1;
-            match plan_zoom(node.first() as i64, node.len() as i64, count).unwrap() {
+            match plan_zoom(node.first() as i64, node.span() as i64, count).unwrap() {
                 ZoomTarget::Message(seq) => {
                     prop_assert_eq!(seq, needle_at);
                     prop_assert!(lines[&NodeId::leaf(seq)].contains(&token));

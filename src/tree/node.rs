@@ -24,7 +24,7 @@ impl NodeId {
     }
 
     /// How many messages the node covers: `n = 2^l`.
-    pub fn len(self) -> u64 {
+    pub fn span(self) -> u64 {
         1u64 << self.level
     }
 
@@ -35,7 +35,7 @@ impl NodeId {
 
     /// One past the last message it covers.
     pub fn end(self) -> u64 {
-        self.first() + self.len()
+        self.first() + self.span()
     }
 
     /// The last message it covers.
@@ -45,7 +45,7 @@ impl NodeId {
 
     /// The node of line `id+n`, when `n` is a power of two and `id` a multiple of it.
     pub fn from_line(id: u64, n: u64) -> Option<Self> {
-        if n == 0 || !n.is_power_of_two() || id % n != 0 {
+        if n == 0 || !n.is_power_of_two() || !id.is_multiple_of(n) {
             return None;
         }
         let level = n.trailing_zeros();
@@ -69,7 +69,7 @@ impl NodeId {
 
     /// Whether `self` and `next` are the left and right children of one parent.
     pub fn is_left_sibling_of(self, next: NodeId) -> bool {
-        self.level == next.level && self.index % 2 == 0 && next.index == self.index + 1
+        self.level == next.level && self.index.is_multiple_of(2) && next.index == self.index + 1
     }
 
     /// A node exists only for a complete block: all of its messages are stored.
@@ -81,7 +81,7 @@ impl NodeId {
 impl fmt::Display for NodeId {
     /// The line's address as the model reads it: `id+n`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}+{}", self.first(), self.len())
+        write!(f, "{}+{}", self.first(), self.span())
     }
 }
 
@@ -126,7 +126,7 @@ mod tests {
     #[test]
     fn a_node_is_its_line_address() {
         let node = NodeId::new(3, 2);
-        assert_eq!((node.first(), node.len(), node.last()), (16, 8, 23));
+        assert_eq!((node.first(), node.span(), node.last()), (16, 8, 23));
         assert_eq!(node.to_string(), "16+8");
         assert_eq!(NodeId::from_line(16, 8), Some(node));
         assert_eq!(NodeId::from_line(5, 1), Some(NodeId::leaf(5)));
