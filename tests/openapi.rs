@@ -63,3 +63,24 @@ fn every_operation_has_an_id_a_tag_and_its_error_responses() {
     }
     assert!(!ids.is_empty());
 }
+
+mod common;
+
+#[tokio::test]
+async fn the_service_serves_its_document_and_a_docs_page() {
+    let app = common::TestApp::new(common::Backend::Sqlite).await;
+    let served = app.get("/openapi.json").await;
+    assert_eq!(served.status, axum::http::StatusCode::OK);
+    let generated: Value = serde_json::from_str(&generated()).unwrap();
+    assert_eq!(served.body, generated);
+    let docs = app.get("/docs").await;
+    assert_eq!(docs.status, axum::http::StatusCode::OK);
+    let html = docs.body.as_str().expect("an HTML page");
+    assert!(html.contains("<html"), "{html:.200}");
+    // Scalar embeds the document in the page.
+    assert!(
+        html.contains("Loupe") && html.contains("openapi"),
+        "{html:.200}"
+    );
+    app.finish().await;
+}
