@@ -18,7 +18,7 @@ mod history;
 use std::time::{Duration, Instant};
 
 use criterion::{BatchSize, Criterion, Throughput};
-use loupe::history::Entry;
+use loupe::history::{normalize, Entry, NormalizeOptions};
 use loupe::store::{AppendRequest, NewThread, Store, StoreOptions, TenantId};
 use tokio::runtime::Runtime;
 
@@ -261,5 +261,67 @@ fn run_backend(
         });
     }
     group.finish();
+
+    // The context at the end of the long thread, whose last boundary leaves 200 messages, against
+    // the same 200 messages in a thread with no history before them: the cost should not depend
+    // on what lies before the boundary.
+    let short = "short".to_owned();
+    new_thread(&short);
+    for thread in [&thread, &short] {
+        let mut tail = vec![compact_boundary(), compact_summary()];
+        tail.extend(batch(
+            template,
+            &format!("{thread}-tail"),
+            &mut next,
+            CONTEXT_TAIL - 2,
+        ));
+        rt.block_on(store.append(
+            &tenant,
+            thread,
+            AppendRequest {
+                entries: tail,
+                expected_next_seq: None,
+            },
+        ))
+        .expect("append the boundary and its tail");
+    }
+    let mut group = c.benchmark_group(format!("{backend}/context"));
+    group
+        .sample_size(20)
+        .measurement_time(Duration::from_secs(5))
+        .warm_up_time(Duration::from_secs(2));
+    let options = NormalizeOptions::default();
+    for (name, thread) in [("after_100000", &thread), ("no_history", &short)] {
+        group.bench_function(name, |b| {
+            b.to_async(rt).iter(|| async {
+                let window = store
+                    .context_window(&tenant, thread, None)
+                    .await
+                    .expect("context window");
+                assert_eq!(window.entries.len(), CONTEXT_TAIL);
+                normalize(&window.entries, &options)
+            })
+        });
+    }
+    group.finish();
     rt.block_on(store.close());
+}
+
+/// Entries after the last compact boundary in the context benchmark (boundary and summary included).
+const CONTEXT_TAIL: usize = 200;
+
+fn compact_boundary() -> Entry {
+    serde_json::from_value(serde_json::json!({
+        "type": "system", "subtype": "compact_boundary", "content": "Conversation compacted",
+        "compact_metadata": {"trigger": "manual", "pre_tokens": 1_000_000}
+    }))
+    .expect("a boundary entry")
+}
+
+fn compact_summary() -> Entry {
+    serde_json::from_value(serde_json::json!({
+        "type": "user", "is_compact_summary": true,
+        "message": {"role": "user", "content": "This session is being continued from a previous conversation. Summary: the user is building Loupe."}
+    }))
+    .expect("a summary entry")
 }
