@@ -57,6 +57,12 @@ pub struct ServeArgs {
     /// Most messages accepted in one append.
     #[arg(long, env = "LOUPE_MAX_BATCH_MESSAGES", default_value_t = 10_000)]
     pub max_batch_messages: usize,
+    /// Seconds a cursor claim's lease lasts when the claim names none.
+    #[arg(long, env = "LOUPE_CURSOR_LEASE_SECS", default_value_t = 60)]
+    pub cursor_lease_secs: u64,
+    /// Longest lease, in seconds, a cursor claim may ask for.
+    #[arg(long, env = "LOUPE_CURSOR_LEASE_MAX_SECS", default_value_t = 3_600)]
+    pub cursor_lease_max_secs: u64,
     /// Seconds in-flight requests get to finish after SIGINT/SIGTERM.
     #[arg(long, env = "LOUPE_SHUTDOWN_GRACE_SECS", default_value_t = 30)]
     pub shutdown_grace_secs: u64,
@@ -77,6 +83,8 @@ impl ServeArgs {
             body_bytes: self.body_limit,
             request_timeout: Duration::from_secs(self.request_timeout_secs),
             max_batch_messages: self.max_batch_messages,
+            cursor_lease_default: Duration::from_secs(self.cursor_lease_secs),
+            cursor_lease_max: Duration::from_secs(self.cursor_lease_max_secs),
             ..Limits::default()
         }
     }

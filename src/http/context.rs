@@ -51,7 +51,7 @@ pub struct ContextOptions {
 }
 
 impl ContextOptions {
-    fn normalize_options(&self) -> Result<NormalizeOptions, ApiError> {
+    pub(crate) fn normalize_options(&self) -> Result<NormalizeOptions, ApiError> {
         let tools = match &self.tools {
             None => None,
             Some(list) => {

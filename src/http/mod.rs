@@ -1,6 +1,7 @@
 //! The REST API: one router per resource, the shared state, and the middleware stack.
 
 pub mod context;
+pub mod cursors;
 pub mod health;
 pub mod messages;
 pub mod problem;
@@ -39,6 +40,10 @@ pub struct Limits {
     pub max_page_size: u32,
     /// Largest page of messages.
     pub max_page_size_messages: u32,
+    /// Lease of a cursor claim that names no `lease_seconds`.
+    pub cursor_lease_default: Duration,
+    /// Longest lease a cursor claim may ask for.
+    pub cursor_lease_max: Duration,
 }
 
 impl Default for Limits {
@@ -50,6 +55,8 @@ impl Default for Limits {
             max_batch_messages: 10_000,
             max_page_size: 200,
             max_page_size_messages: 1_000,
+            cursor_lease_default: Duration::from_secs(60),
+            cursor_lease_max: Duration::from_secs(3_600),
         }
     }
 }
@@ -106,6 +113,7 @@ pub(crate) fn page_limit(requested: Option<u32>, default: u32, max: u32) -> Resu
         (name = "threads", description = "Conversation threads"),
         (name = "messages", description = "The append-only history of a thread"),
         (name = "context", description = "Model-ready views: API rounds, the normalized context, snips"),
+        (name = "cursors", description = "Incremental consumers: named bookmarks, pending batches, leases"),
         (name = "operations", description = "Health and readiness"),
     )
 )]
@@ -116,6 +124,7 @@ fn api_router() -> OpenApiRouter<AppState> {
         .merge(threads::router())
         .merge(messages::router())
         .merge(context::router())
+        .merge(cursors::router())
         .merge(health::router())
 }
 

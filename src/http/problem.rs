@@ -28,6 +28,12 @@ pub enum ProblemKind {
     PartialReplay,
     /// The context window holds too many entries to load: compact the thread.
     WindowTooLarge,
+    /// A cursor's bookmark is not where `expected` says, or the caller's lease was taken over.
+    CursorConflict,
+    /// Another worker holds the cursor's lease; `lease_expires_at` says until when.
+    CursorLeased,
+    /// A cursor cannot move back.
+    CursorBackward,
     PayloadTooLarge,
     UnsupportedMediaType,
     MethodNotAllowed,
@@ -47,6 +53,9 @@ impl ProblemKind {
             ProblemKind::UuidConflict => "uuid-conflict",
             ProblemKind::PartialReplay => "partial-replay",
             ProblemKind::WindowTooLarge => "window-too-large",
+            ProblemKind::CursorConflict => "cursor-conflict",
+            ProblemKind::CursorLeased => "cursor-leased",
+            ProblemKind::CursorBackward => "cursor-backward",
             ProblemKind::PayloadTooLarge => "payload-too-large",
             ProblemKind::UnsupportedMediaType => "unsupported-media-type",
             ProblemKind::MethodNotAllowed => "method-not-allowed",
@@ -59,14 +68,16 @@ impl ProblemKind {
     pub fn status(self) -> StatusCode {
         match self {
             ProblemKind::BadRequest => StatusCode::BAD_REQUEST,
-            ProblemKind::Validation | ProblemKind::WindowTooLarge => {
+            ProblemKind::Validation | ProblemKind::WindowTooLarge | ProblemKind::CursorBackward => {
                 StatusCode::UNPROCESSABLE_ENTITY
             }
             ProblemKind::NotFound => StatusCode::NOT_FOUND,
             ProblemKind::ThreadExists
             | ProblemKind::SeqConflict
             | ProblemKind::UuidConflict
-            | ProblemKind::PartialReplay => StatusCode::CONFLICT,
+            | ProblemKind::PartialReplay
+            | ProblemKind::CursorConflict
+            | ProblemKind::CursorLeased => StatusCode::CONFLICT,
             ProblemKind::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ProblemKind::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ProblemKind::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
@@ -85,6 +96,9 @@ impl ProblemKind {
             ProblemKind::UuidConflict => "Message uuid already used",
             ProblemKind::PartialReplay => "Batch partly stored",
             ProblemKind::WindowTooLarge => "Context too large",
+            ProblemKind::CursorConflict => "The cursor moved",
+            ProblemKind::CursorLeased => "The cursor is leased",
+            ProblemKind::CursorBackward => "A cursor moves forward only",
             ProblemKind::PayloadTooLarge => "Request body too large",
             ProblemKind::UnsupportedMediaType => "Unsupported media type",
             ProblemKind::MethodNotAllowed => "Method not allowed",
@@ -232,6 +246,28 @@ impl From<StoreError> for ApiError {
             StoreError::WindowTooLarge { .. } => {
                 ApiError::new(ProblemKind::WindowTooLarge, error.to_string())
             }
+            StoreError::CursorConflict { ref current, .. } => {
+                let current = current
+                    .as_ref()
+                    .map(|(seq, uuid)| serde_json::json!({"seq": seq, "uuid": uuid}));
+                ApiError::new(ProblemKind::CursorConflict, error.to_string())
+                    .with("current", current.unwrap_or(Value::Null))
+            }
+            StoreError::CursorLeased { expires_at } => {
+                let expires = crate::store::millis_to_datetime(expires_at)
+                    .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+                ApiError::new(
+                    ProblemKind::CursorLeased,
+                    "another worker holds the cursor's lease",
+                )
+                .with("lease_expires_at", expires)
+            }
+            StoreError::CursorBackward {
+                current_seq,
+                target_seq,
+            } => ApiError::new(ProblemKind::CursorBackward, error.to_string())
+                .with("current_seq", current_seq)
+                .with("target_seq", target_seq),
             StoreError::Database(sqlx::Error::PoolTimedOut) => ApiError::new(
                 ProblemKind::Unavailable,
                 "the database is busy; retry shortly",

@@ -9,6 +9,7 @@
 
 mod admin;
 mod context;
+mod cursors;
 mod messages;
 mod threads;
 
@@ -19,6 +20,9 @@ use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
 use sqlx::{AnyPool, ConnectOptions, Executor};
 
 pub use context::{ContextWindow, MAX_WINDOW_ENTRIES};
+pub use cursors::{
+    AdvanceOutcome, AdvanceRequest, Bookmark, Claim, CursorState, Lease, PendingBatch,
+};
 pub use messages::{AppendOutcome, AppendRequest, MessagePage};
 pub use threads::{NewThread, Thread, ThreadPage};
 
@@ -79,6 +83,16 @@ pub enum StoreError {
     NoSuchMessage(String),
     #[error("the window holds {entries} entries, more than {max}; start it later")]
     WindowTooLarge { entries: i64, max: i64 },
+    #[error("{reason}")]
+    CursorConflict {
+        /// The bookmark's (seq, uuid) now; `None` when it has none yet.
+        current: Option<(i64, String)>,
+        reason: &'static str,
+    },
+    #[error("another worker holds the cursor's lease until {expires_at} (Unix ms)")]
+    CursorLeased { expires_at: i64 },
+    #[error("the bookmark is at seq {current_seq}; it cannot move back to seq {target_seq}")]
+    CursorBackward { current_seq: i64, target_seq: i64 },
     #[error("invalid pagination cursor")]
     BadCursor,
     #[error("configuration: {0}")]
@@ -92,7 +106,7 @@ pub enum StoreError {
 }
 
 /// Tables of per-thread data, all keyed by `thread_key`; deleting a thread empties them.
-const THREAD_DATA_TABLES: &[&str] = &["messages"];
+const THREAD_DATA_TABLES: &[&str] = &["messages", "cursors"];
 
 static POSTGRES_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
 static SQLITE_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");

@@ -1,0 +1,481 @@
+//! `/v1/threads/{thread_id}/cursors`: incremental consumers. Each named cursor is a bookmark that
+//! a consumer moves forward once it has processed what follows it; see `docs/CURSORS.md`.
+
+use axum::extract::State;
+use axum::Json;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Deserializer, Serialize};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::{router::OpenApiRouter, routes};
+
+use super::context::ContextOptions;
+use super::problem::{ApiError, ApiJson, ApiPath, ApiQuery, Problem};
+use super::threads::ThreadPath;
+use super::{AppState, Tenant};
+use crate::history::ingest::FieldError;
+use crate::history::model::Entry;
+use crate::history::{normalize, Normalized};
+use crate::store::{
+    millis_to_datetime, now_millis, AdvanceRequest, CursorState, PendingBatch, StoreError,
+};
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list_cursors))
+        .routes(routes!(get_cursor))
+        .routes(routes!(get_pending))
+        .routes(routes!(claim_cursor))
+        .routes(routes!(advance_cursor))
+}
+
+/// Longest cursor name.
+const MAX_CURSOR_NAME_LEN: usize = 64;
+
+/// Default batch size of `pending` and `claim`.
+const DEFAULT_BATCH: u32 = 100;
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct CursorPath {
+    /// The thread's id.
+    pub thread_id: String,
+    /// The consumer's name: 1–64 characters of `[A-Za-z0-9._:-]`.
+    pub name: String,
+}
+
+impl CursorPath {
+    fn checked(self) -> Result<Self, ApiError> {
+        if valid_cursor_name(&self.name) {
+            Ok(self)
+        } else {
+            Err(ApiError::bad_request(format!(
+                "cursor name {:?}: must be 1 to {MAX_CURSOR_NAME_LEN} characters of [A-Za-z0-9._:-]",
+                self.name
+            )))
+        }
+    }
+}
+
+fn valid_cursor_name(name: &str) -> bool {
+    (1..=MAX_CURSOR_NAME_LEN).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct BookmarkResponse {
+    /// The last entry the consumer processed.
+    pub uuid: String,
+    pub seq: i64,
+    /// When the bookmark last moved.
+    pub advanced_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!({"name": "memory", "bookmark": {"uuid": "m-47", "seq": 47,
+    "advanced_at": "2026-11-29T17:00:00Z"}, "new_count": 2, "pending_entries": 2,
+    "lease_expires_at": null}))]
+pub struct CursorResponse {
+    pub name: String,
+    /// `null` until the first advance: everything is new.
+    pub bookmark: Option<BookmarkResponse>,
+    /// Model-visible entries (`user` and `assistant`, counted as stored) after the bookmark.
+    pub new_count: i64,
+    /// Entries of every type after the bookmark.
+    pub pending_entries: i64,
+    /// Until when a worker holds the lease; `null` when nobody does.
+    pub lease_expires_at: Option<DateTime<Utc>>,
+}
+
+impl From<CursorState> for CursorResponse {
+    fn from(state: CursorState) -> Self {
+        CursorResponse {
+            name: state.name,
+            bookmark: state.bookmark.map(|b| BookmarkResponse {
+                uuid: b.uuid,
+                seq: b.seq,
+                advanced_at: millis_to_datetime(b.advanced_at),
+            }),
+            new_count: state.new_count,
+            pending_entries: state.pending_entries,
+            lease_expires_at: state.lease_expires_at.map(millis_to_datetime),
+        }
+    }
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CursorListResponse {
+    /// The thread's cursors that have been claimed or advanced, by name.
+    pub cursors: Vec<CursorResponse>,
+}
+
+/// How a batch is returned.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum BatchFormat {
+    /// The stored entries, as appended.
+    #[default]
+    Raw,
+    /// The batch normalized for a provider, with the options of the context endpoint.
+    Normalized,
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct PendingQuery {
+    /// Most entries in the batch, 1–1000 (default 100).
+    pub limit: Option<u32>,
+    /// `raw` (the default) or `normalized`.
+    #[serde(default)]
+    #[param(value_type = Option<BatchFormat>)]
+    pub format: BatchFormat,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PendingResponse {
+    pub cursor: CursorResponse,
+    pub format: BatchFormat,
+    /// The batch as stored (`format=raw`): every entry after the bookmark, of every type.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub messages: Option<Vec<Entry>>,
+    /// The batch normalized for the provider (`format=normalized`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub normalized: Option<Normalized>,
+    /// Entries in the batch.
+    pub entry_count: usize,
+    pub first_seq: Option<i64>,
+    pub last_seq: Option<i64>,
+    /// Pass as `to` to `advance` once the batch is processed (its last entry); `null` when empty.
+    pub advance_to: Option<String>,
+    /// More entries follow the batch.
+    pub has_more: bool,
+}
+
+impl PendingResponse {
+    fn build(
+        batch: PendingBatch,
+        format: BatchFormat,
+        options: &ContextOptions,
+    ) -> Result<Self, ApiError> {
+        let advance_to = batch.advance_to().map(str::to_owned);
+        let first_seq = batch.entries.first().and_then(|e| e.seq);
+        let last_seq = batch.entries.last().and_then(|e| e.seq);
+        let entry_count = batch.entries.len();
+        let (messages, normalized) = match format {
+            BatchFormat::Raw => (Some(batch.entries), None),
+            BatchFormat::Normalized => (None, Some(normalize_batch(&batch.entries, options)?)),
+        };
+        Ok(PendingResponse {
+            cursor: batch.cursor.into(),
+            format,
+            messages,
+            normalized,
+            entry_count,
+            first_seq,
+            last_seq,
+            advance_to,
+            has_more: batch.has_more,
+        })
+    }
+}
+
+/// Normalizes a batch on its own. A compact boundary inside the batch is not a cut here: the
+/// entries before it are new to the consumer too, so the boundary is left out rather than obeyed.
+fn normalize_batch(entries: &[Entry], options: &ContextOptions) -> Result<Normalized, ApiError> {
+    let options = options.normalize_options()?;
+    let entries: Vec<Entry> = entries
+        .iter()
+        .filter(|e| !e.is_compact_boundary())
+        .cloned()
+        .collect();
+    Ok(normalize(&entries, &options))
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"limit": 50, "lease_seconds": 120}))]
+pub struct ClaimRequest {
+    /// Most entries in the batch, 1–1000 (default 100).
+    pub limit: Option<u32>,
+    /// How long the lease lives, 1 to the server's maximum (default: the server's, 60 s).
+    pub lease_seconds: Option<u64>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct LeaseResponse {
+    /// Pass as `lease` to `advance`.
+    pub token: String,
+    pub expires_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ClaimResponse {
+    #[serde(flatten)]
+    pub batch: PendingResponse,
+    /// `null` when nothing is pending (no lease is taken).
+    pub lease: Option<LeaseResponse>,
+}
+
+fn double_option<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Option<String>>, D::Error> {
+    Option::<String>::deserialize(d).map(Some)
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"to": "m-49", "expected": "m-47"}))]
+pub struct AdvanceCursorRequest {
+    /// The uuid of the last entry processed (a batch's `advance_to`).
+    pub to: String,
+    /// Compare-and-set: the bookmark's uuid as read (`null`: no bookmark yet). When another
+    /// consumer moved it since, 409 `cursor-conflict` and nothing changes. Omitted: no check.
+    #[serde(default, deserialize_with = "double_option")]
+    #[schema(value_type = Option<String>)]
+    pub expected: Option<Option<String>>,
+    /// The token of a claim. Required while a lease is held.
+    pub lease: Option<String>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AdvanceResponse {
+    pub cursor: CursorResponse,
+    /// False when the bookmark already was at `to` (an idempotent repeat).
+    pub moved: bool,
+}
+
+/// List a thread's cursors.
+#[utoipa::path(
+    get, path = "/v1/threads/{thread_id}/cursors", tag = "cursors", operation_id = "listCursors",
+    params(ThreadPath),
+    responses(
+        (status = 200, description = "The cursors, by name", body = CursorListResponse),
+        (status = 404, description = "No such thread (`not-found`)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn list_cursors(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    ApiPath(path): ApiPath<ThreadPath>,
+) -> Result<Json<CursorListResponse>, ApiError> {
+    let cursors = state
+        .store
+        .list_cursors(&tenant, &path.thread_id, now_millis())
+        .await?;
+    Ok(Json(CursorListResponse {
+        cursors: cursors.into_iter().map(Into::into).collect(),
+    }))
+}
+
+/// A cursor's bookmark and the number of model-visible messages after it.
+///
+/// `new_count` is an indexed count (two primary-key reads), whatever the thread's length. A cursor
+/// never used has no bookmark, and every model-visible message is new.
+#[utoipa::path(
+    get, path = "/v1/threads/{thread_id}/cursors/{name}", tag = "cursors", operation_id = "getCursor",
+    params(CursorPath),
+    responses(
+        (status = 200, description = "The cursor", body = CursorResponse),
+        (status = 400, description = "A bad cursor name (`bad-request`)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such thread (`not-found`)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn get_cursor(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    ApiPath(path): ApiPath<CursorPath>,
+) -> Result<Json<CursorResponse>, ApiError> {
+    let path = path.checked()?;
+    let cursor = state
+        .store
+        .cursor(&tenant, &path.thread_id, &path.name, now_millis())
+        .await?;
+    Ok(Json(cursor.into()))
+}
+
+/// The entries after the bookmark, to process before advancing.
+///
+/// The batch holds entries of every type (so a consumer can advance past system entries too), at
+/// most `limit`. Reading takes no lease and moves nothing: a consumer that fails simply does not
+/// advance, and the next read returns the same entries.
+#[utoipa::path(
+    get, path = "/v1/threads/{thread_id}/cursors/{name}/pending", tag = "cursors", operation_id = "getPending",
+    params(CursorPath, PendingQuery, ContextOptions),
+    responses(
+        (status = 200, description = "The pending batch", body = PendingResponse),
+        (status = 400, description = "A bad cursor name, limit or option (`bad-request`)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such thread (`not-found`)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn get_pending(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    ApiPath(path): ApiPath<CursorPath>,
+    ApiQuery(query): ApiQuery<PendingQuery>,
+    ApiQuery(options): ApiQuery<ContextOptions>,
+) -> Result<Json<PendingResponse>, ApiError> {
+    let path = path.checked()?;
+    let limit = super::page_limit(
+        query.limit,
+        DEFAULT_BATCH,
+        state.limits.max_page_size_messages,
+    )?;
+    if query.format == BatchFormat::Normalized {
+        options.normalize_options()?;
+    }
+    let batch = state
+        .store
+        .cursor_pending(&tenant, &path.thread_id, &path.name, limit, now_millis())
+        .await?;
+    Ok(Json(PendingResponse::build(batch, query.format, &options)?))
+}
+
+/// Claim the pending batch for one worker of a consumer.
+///
+/// While the lease lives, other claims get 409 `cursor-leased` and only the holder (passing the
+/// token as `lease`) can advance; advancing releases it. When it expires, the next claim gets the
+/// same batch. Nothing pending: an empty batch and no lease. Takes the query options of `pending`.
+#[utoipa::path(
+    post, path = "/v1/threads/{thread_id}/cursors/{name}/claim", tag = "cursors", operation_id = "claimCursor",
+    params(CursorPath, PendingQuery, ContextOptions),
+    request_body = ClaimRequest,
+    responses(
+        (status = 200, description = "The batch and its lease", body = ClaimResponse),
+        (status = 400, description = "Malformed JSON, a bad cursor name or option (`bad-request`)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such thread (`not-found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Another worker holds the lease (`cursor-leased`; `lease_expires_at` says until when)", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "A bad `limit` or `lease_seconds` (`validation`)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn claim_cursor(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    ApiPath(path): ApiPath<CursorPath>,
+    ApiQuery(query): ApiQuery<PendingQuery>,
+    ApiQuery(options): ApiQuery<ContextOptions>,
+    ApiJson(request): ApiJson<ClaimRequest>,
+) -> Result<Json<ClaimResponse>, ApiError> {
+    let path = path.checked()?;
+    let max_limit = state.limits.max_page_size_messages;
+    let limit = match request.limit.or(query.limit) {
+        None => DEFAULT_BATCH,
+        Some(limit) if (1..=max_limit).contains(&limit) => limit,
+        Some(_) => {
+            return Err(ApiError::field(FieldError {
+                path: "limit".to_owned(),
+                problem: format!("must be between 1 and {max_limit}"),
+            }))
+        }
+    };
+    let max_lease = state.limits.cursor_lease_max.as_secs();
+    let lease_seconds = match request.lease_seconds {
+        None => state.limits.cursor_lease_default.as_secs().min(max_lease),
+        Some(seconds) if (1..=max_lease).contains(&seconds) => seconds,
+        Some(_) => {
+            return Err(ApiError::field(FieldError {
+                path: "lease_seconds".to_owned(),
+                problem: format!("must be between 1 and {max_lease}"),
+            }))
+        }
+    };
+    if query.format == BatchFormat::Normalized {
+        options.normalize_options()?;
+    }
+    let lease_ms = i64::try_from(lease_seconds.saturating_mul(1_000)).unwrap_or(i64::MAX);
+    let claim = state
+        .store
+        .claim_cursor(
+            &tenant,
+            &path.thread_id,
+            &path.name,
+            limit,
+            lease_ms,
+            now_millis(),
+        )
+        .await?;
+    Ok(Json(ClaimResponse {
+        batch: PendingResponse::build(claim.batch, query.format, &options)?,
+        lease: claim.lease.map(|lease| LeaseResponse {
+            token: lease.token,
+            expires_at: millis_to_datetime(lease.expires_at),
+        }),
+    }))
+}
+
+/// Move the bookmark forward, after the consumer processed everything up to `to`.
+///
+/// Forward only: a `to` before the bookmark is 422 `cursor-backward`; `to` at the bookmark is an
+/// idempotent success (`moved: false`). With `expected` it is a compare-and-set. Releases the
+/// lease.
+#[utoipa::path(
+    post, path = "/v1/threads/{thread_id}/cursors/{name}/advance", tag = "cursors", operation_id = "advanceCursor",
+    params(CursorPath),
+    request_body = AdvanceCursorRequest,
+    responses(
+        (status = 200, description = "The bookmark is at `to`", body = AdvanceResponse),
+        (status = 400, description = "Malformed JSON or a bad cursor name (`bad-request`)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such thread (`not-found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`cursor-conflict` (the bookmark is not at `expected`, or the caller's lease was taken over; `current` says where it is) or `cursor-leased` (another worker holds the lease, or the token is missing)", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "`to` is not a message of the thread (`validation`) or lies before the bookmark (`cursor-backward`)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn advance_cursor(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    ApiPath(path): ApiPath<CursorPath>,
+    ApiJson(request): ApiJson<AdvanceCursorRequest>,
+) -> Result<Json<AdvanceResponse>, ApiError> {
+    let path = path.checked()?;
+    let outcome = state
+        .store
+        .advance_cursor(
+            &tenant,
+            &path.thread_id,
+            &path.name,
+            AdvanceRequest {
+                to: request.to,
+                expected: request.expected,
+                lease: request.lease,
+            },
+            now_millis(),
+        )
+        .await
+        .map_err(|error| match error {
+            StoreError::NoSuchMessage(_) => ApiError::field(FieldError {
+                path: "to".to_owned(),
+                problem: error.to_string(),
+            }),
+            other => other.into(),
+        })?;
+    Ok(Json(AdvanceResponse {
+        cursor: outcome.cursor.into(),
+        moved: outcome.moved,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursor_names_are_checked() {
+        assert!(valid_cursor_name("memory"));
+        assert!(valid_cursor_name("index:v2.shard_1-a"));
+        assert!(valid_cursor_name(&"x".repeat(64)));
+        assert!(!valid_cursor_name(""));
+        assert!(!valid_cursor_name(&"x".repeat(65)));
+        assert!(!valid_cursor_name("has space"));
+        assert!(!valid_cursor_name("ünï"));
+    }
+
+    #[test]
+    fn expected_tells_null_from_absent() {
+        let absent: AdvanceCursorRequest = serde_json::from_str(r#"{"to": "a"}"#).unwrap();
+        assert_eq!(absent.expected, None);
+        let null: AdvanceCursorRequest =
+            serde_json::from_str(r#"{"to": "a", "expected": null}"#).unwrap();
+        assert_eq!(null.expected, Some(None));
+        let set: AdvanceCursorRequest =
+            serde_json::from_str(r#"{"to": "a", "expected": "b"}"#).unwrap();
+        assert_eq!(set.expected, Some(Some("b".to_owned())));
+    }
+}
