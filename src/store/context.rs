@@ -1,6 +1,8 @@
 //! Reads for the context view: the entries after the last compact boundary, found by index so
 //! the cost does not grow with the length of the history.
 
+use std::collections::HashSet;
+
 use sqlx::Row;
 
 use super::messages::entry_from_row;
@@ -29,7 +31,8 @@ impl Store {
         thread_id: &str,
         from_seq: Option<i64>,
     ) -> Result<ContextWindow, StoreError> {
-        let (thread_key, next_seq) = self.thread_key_and_next_seq(tenant, thread_id).await?;
+        let head = self.thread_head(tenant, thread_id).await?;
+        let (thread_key, next_seq) = (head.thread_key, head.next_seq);
         let boundary = sqlx::query(
             "SELECT seq, body FROM messages WHERE thread_key = $1 AND subtype = $2 \
              ORDER BY seq DESC LIMIT 1",
@@ -72,7 +75,8 @@ impl Store {
         })
     }
 
-    /// The (seq, uuid) of the named messages; names the first that the thread does not hold.
+    /// The (seq, uuid) of the named messages, in seq order; names the first that the thread does
+    /// not hold.
     pub async fn resolve_messages(
         &self,
         tenant: &TenantId,
@@ -80,46 +84,51 @@ impl Store {
         seqs: &[i64],
         uuids: &[String],
     ) -> Result<Vec<(i64, String)>, StoreError> {
-        let (thread_key, _) = self.thread_key_and_next_seq(tenant, thread_id).await?;
-        let mut found = Vec::with_capacity(seqs.len() + uuids.len());
-        for seq in seqs {
-            let uuid: Option<String> =
-                sqlx::query_scalar("SELECT uuid FROM messages WHERE thread_key = $1 AND seq = $2")
-                    .bind(&thread_key)
-                    .bind(*seq)
-                    .fetch_optional(&self.pool)
-                    .await?;
-            let uuid = uuid.ok_or_else(|| StoreError::NoSuchMessage(format!("seq {seq}")))?;
-            found.push((*seq, uuid));
+        let thread_key = self.thread_head(tenant, thread_id).await?.thread_key;
+        let by_seq = self.messages_where_in(&thread_key, "seq", seqs).await?;
+        let found_seqs: HashSet<i64> = by_seq.iter().map(|(seq, _)| *seq).collect();
+        if let Some(missing) = seqs.iter().find(|seq| !found_seqs.contains(seq)) {
+            return Err(StoreError::NoSuchMessage(format!("seq {missing}")));
         }
-        for uuid in uuids {
-            let seq: Option<i64> =
-                sqlx::query_scalar("SELECT seq FROM messages WHERE thread_key = $1 AND uuid = $2")
-                    .bind(&thread_key)
-                    .bind(uuid)
-                    .fetch_optional(&self.pool)
-                    .await?;
-            let seq = seq.ok_or_else(|| StoreError::NoSuchMessage(format!("uuid {uuid}")))?;
-            found.push((seq, uuid.clone()));
+        let by_uuid = self.messages_where_in(&thread_key, "uuid", uuids).await?;
+        let found_uuids: HashSet<&str> = by_uuid.iter().map(|(_, uuid)| uuid.as_str()).collect();
+        if let Some(missing) = uuids
+            .iter()
+            .find(|uuid| !found_uuids.contains(uuid.as_str()))
+        {
+            return Err(StoreError::NoSuchMessage(format!("uuid {missing}")));
         }
+        let mut found: Vec<(i64, String)> = by_seq.into_iter().chain(by_uuid).collect();
         found.sort_unstable();
         found.dedup();
         Ok(found)
     }
 
-    pub(crate) async fn thread_key_and_next_seq(
+    /// (seq, uuid) of the thread's messages whose `column` is one of `values`, in chunks that keep
+    /// the bind count under every backend's limit.
+    async fn messages_where_in<T>(
         &self,
-        tenant: &TenantId,
-        thread_id: &str,
-    ) -> Result<(String, i64), StoreError> {
-        let row = sqlx::query(
-            "SELECT thread_key, next_seq FROM threads WHERE tenant_id = $1 AND thread_id = $2",
-        )
-        .bind(&tenant.0)
-        .bind(thread_id)
-        .fetch_optional(&self.pool)
-        .await?
-        .ok_or(StoreError::ThreadNotFound)?;
-        Ok((row.try_get("thread_key")?, row.try_get("next_seq")?))
+        thread_key: &str,
+        column: &str,
+        values: &[T],
+    ) -> Result<Vec<(i64, String)>, StoreError>
+    where
+        T: Clone + Send + for<'q> sqlx::Encode<'q, sqlx::Any> + sqlx::Type<sqlx::Any> + 'static,
+    {
+        let mut found = Vec::with_capacity(values.len());
+        for chunk in values.chunks(super::messages::INSERT_CHUNK) {
+            let sql = format!(
+                "SELECT seq, uuid FROM messages WHERE thread_key = $1 AND {column} IN ({})",
+                super::list_placeholders(2, chunk.len())
+            );
+            let mut query = sqlx::query(&sql).bind(thread_key.to_owned());
+            for value in chunk {
+                query = query.bind(value.clone());
+            }
+            for row in query.fetch_all(&self.pool).await? {
+                found.push((row.try_get("seq")?, row.try_get("uuid")?));
+            }
+        }
+        Ok(found)
     }
 }

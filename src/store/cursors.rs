@@ -189,16 +189,12 @@ impl Store {
         tenant: &TenantId,
         thread_id: &str,
     ) -> Result<(String, ThreadCounts), StoreError> {
-        let row = sqlx::query(
-            "SELECT thread_key, next_seq, visible_count FROM threads \
-             WHERE tenant_id = $1 AND thread_id = $2",
-        )
-        .bind(&tenant.0)
-        .bind(thread_id)
-        .fetch_optional(&self.pool)
-        .await?
-        .ok_or(StoreError::ThreadNotFound)?;
-        Ok((row.try_get("thread_key")?, counts_from_row(&row)?))
+        let head = self.thread_head(tenant, thread_id).await?;
+        let counts = ThreadCounts {
+            next_seq: head.next_seq,
+            visible_count: head.visible_count,
+        };
+        Ok((head.thread_key, counts))
     }
 
     async fn cursor_row(&self, thread_key: &str, name: &str) -> Result<CursorRow, StoreError> {

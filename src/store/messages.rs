@@ -35,7 +35,7 @@ pub struct MessagePage {
 }
 
 /// Rows per INSERT statement; keeps the bind count under every backend's limit.
-const INSERT_CHUNK: usize = 200;
+pub(super) const INSERT_CHUNK: usize = 200;
 
 /// An entry ready to be written.
 struct Prepared {
@@ -204,7 +204,8 @@ impl Store {
         after_seq: Option<i64>,
         limit: u32,
     ) -> Result<MessagePage, StoreError> {
-        let (thread_key, next_seq) = self.thread_key_and_next_seq(tenant, thread_id).await?;
+        let head = self.thread_head(tenant, thread_id).await?;
+        let (thread_key, next_seq) = (head.thread_key, head.next_seq);
         let rows = sqlx::query(
             "SELECT seq, body FROM messages WHERE thread_key = $1 AND seq > $2 ORDER BY seq LIMIT $3",
         )

@@ -34,6 +34,15 @@ pub struct ThreadPage {
     pub next_cursor: Option<String>,
 }
 
+/// What a read or write of a thread's data needs first: its internal key and where it stands.
+#[derive(Debug, Clone)]
+pub(crate) struct ThreadHead {
+    pub thread_key: String,
+    pub next_seq: i64,
+    /// User and assistant entries stored so far.
+    pub visible_count: i64,
+}
+
 const THREAD_COLUMNS: &str = "thread_key, thread_id, metadata, next_seq, created_at, updated_at";
 
 fn thread_from_row(row: &AnyRow) -> Result<Thread, StoreError> {
@@ -108,6 +117,28 @@ impl Store {
         .await?
         .ok_or(StoreError::ThreadNotFound)?;
         thread_from_row(&row)
+    }
+
+    /// The head of a tenant's thread: one read by the `(tenant_id, thread_id)` key.
+    pub(crate) async fn thread_head(
+        &self,
+        tenant: &TenantId,
+        thread_id: &str,
+    ) -> Result<ThreadHead, StoreError> {
+        let row = sqlx::query(
+            "SELECT thread_key, next_seq, visible_count FROM threads \
+             WHERE tenant_id = $1 AND thread_id = $2",
+        )
+        .bind(&tenant.0)
+        .bind(thread_id)
+        .fetch_optional(&self.pool)
+        .await?
+        .ok_or(StoreError::ThreadNotFound)?;
+        Ok(ThreadHead {
+            thread_key: row.try_get("thread_key")?,
+            next_seq: row.try_get("next_seq")?,
+            visible_count: row.try_get("visible_count")?,
+        })
     }
 
     pub async fn list_threads(
