@@ -84,7 +84,7 @@ impl ScratchDb {
         println!("postgres: created database {name}");
         ScratchDb {
             admin_url: admin_url.to_owned(),
-            url: with_database(admin_url, &name),
+            url: loupe::store::database_url(admin_url, &name),
             name,
         }
     }
@@ -112,24 +112,6 @@ impl Drop for ScratchDb {
             other => eprintln!("postgres: could not drop database {}: {other:?}", self.name),
         }
     }
-}
-
-/// The admin URL with its database name replaced.
-fn with_database(admin_url: &str, name: &str) -> String {
-    let (base, query) = match admin_url.split_once('?') {
-        Some((base, query)) => (base, Some(query)),
-        None => (admin_url, None),
-    };
-    let slash = base
-        .rfind('/')
-        .filter(|i| *i > "postgres://".len())
-        .unwrap_or(base.len());
-    let mut url = format!("{}/{}", &base[..slash], name);
-    if let Some(query) = query {
-        url.push('?');
-        url.push_str(query);
-    }
-    url
 }
 
 /// `count` entries cycled from the template, with fresh uuids `{tag}-{n}` (n from `*next`).

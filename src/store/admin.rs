@@ -18,6 +18,25 @@ fn checked_name(name: &str) -> Result<&str, StoreError> {
     }
 }
 
+/// A PostgreSQL URL naming another database on the same server: `postgres://u:p@h/a?x` with
+/// `name` gives `postgres://u:p@h/name?x`.
+pub fn database_url(url: &str, name: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((base, query)) => (base, Some(query)),
+        None => (url, None),
+    };
+    let authority_start = base.find("://").map_or(0, |i| i + 3);
+    let path_start = base[authority_start..]
+        .find('/')
+        .map_or(base.len(), |i| authority_start + i);
+    let mut database = format!("{}/{name}", &base[..path_start]);
+    if let Some(query) = query {
+        database.push('?');
+        database.push_str(query);
+    }
+    database
+}
+
 impl Store {
     /// Creates an empty PostgreSQL database next to the one this store is connected to.
     pub async fn create_database(&self, name: &str) -> Result<(), StoreError> {
@@ -53,6 +72,19 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn database_urls_swap_only_the_database_name() {
+        assert_eq!(
+            database_url("postgres://u:p@h:5432/postgres", "t1"),
+            "postgres://u:p@h:5432/t1"
+        );
+        assert_eq!(
+            database_url("postgres://u:p@h/postgres?sslmode=disable", "t1"),
+            "postgres://u:p@h/t1?sslmode=disable"
+        );
+        assert_eq!(database_url("postgres://h", "t1"), "postgres://h/t1");
+    }
 
     #[test]
     fn only_plain_names_are_spliced() {

@@ -72,7 +72,7 @@ impl TestApp {
                 admin.create_database(&name).await.unwrap();
                 admin.close().await;
                 (
-                    with_database(&admin_url, &name),
+                    loupe::store::database_url(&admin_url, &name),
                     Scratch::PostgresDb { admin_url, name },
                 )
             }
@@ -167,23 +167,6 @@ impl TestApp {
             None => {}
         }
     }
-}
-
-fn with_database(admin_url: &str, name: &str) -> String {
-    let (base, query) = match admin_url.split_once('?') {
-        Some((base, query)) => (base, Some(query)),
-        None => (admin_url, None),
-    };
-    let slash = base
-        .rfind('/')
-        .filter(|i| *i > "postgres://".len())
-        .unwrap_or(base.len());
-    let mut url = format!("{}/{}", &base[..slash], name);
-    if let Some(query) = query {
-        url.push('?');
-        url.push_str(query);
-    }
-    url
 }
 
 #[derive(Debug)]
