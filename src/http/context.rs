@@ -61,9 +61,10 @@ impl ContextOptions {
                     .filter(|name| !name.is_empty())
                     .map(str::to_owned)
                     .collect();
-                if let Some(bad) = names.iter().find(|name| !valid_tool_name(name)) {
+                if let Some(bad) = first_invalid_tool(&names) {
                     return Err(ApiError::bad_request(format!(
-                        "tools: {bad:?} is not a tool name (1–64 characters of [a-zA-Z0-9_-])"
+                        "tools: {:?} is not a tool name ({TOOL_NAME_RULE})",
+                        names[bad]
                     )));
                 }
                 Some(names)
@@ -81,11 +82,16 @@ impl ContextOptions {
 }
 
 /// Tool names as the providers accept them (provider-rules A4.10).
-fn valid_tool_name(name: &str) -> bool {
-    (1..=64).contains(&name.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+const TOOL_NAME_RULE: &str = "1–64 characters of [a-zA-Z0-9_-]";
+
+/// The position of the first name that is not a tool name the providers accept.
+fn first_invalid_tool(names: &[String]) -> Option<usize> {
+    names.iter().position(|name| {
+        !(1..=64).contains(&name.len())
+            || !name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    })
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -330,21 +336,15 @@ pub async fn normalize_history(
     for (index, entry) in request.messages.iter().enumerate() {
         check_entry(entry, &format!("messages[{index}]")).map_err(ApiError::field)?;
     }
-    let tools = match request.tools {
-        Some(names) => {
-            if let Some(bad) = names.iter().position(|name| !valid_tool_name(name)) {
-                return Err(ApiError::field(FieldError {
-                    path: format!("tools[{bad}]"),
-                    problem: "a tool name is 1–64 characters of [a-zA-Z0-9_-]".to_owned(),
-                }));
-            }
-            Some(names)
-        }
-        None => None,
-    };
+    if let Some(bad) = request.tools.as_deref().and_then(first_invalid_tool) {
+        return Err(ApiError::field(FieldError {
+            path: format!("tools[{bad}]"),
+            problem: format!("a tool name is {TOOL_NAME_RULE}"),
+        }));
+    }
     let options = NormalizeOptions {
         provider: request.provider,
-        tools,
+        tools: request.tools,
         thinking: request.thinking,
         cache: request.cache,
         advisor: request.advisor,
