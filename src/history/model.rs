@@ -158,6 +158,39 @@ pub mod subtype {
 }
 
 impl Entry {
+    /// An entry of `kind` with every optional field empty and every flag off.
+    pub fn new(kind: EntryKind) -> Self {
+        Entry {
+            seq: None,
+            uuid: None,
+            kind,
+            message: None,
+            is_meta: false,
+            is_virtual: false,
+            is_compact_summary: false,
+            is_api_error: false,
+            subtype: None,
+            content: None,
+            compact_metadata: None,
+            snip_metadata: None,
+            created_at: None,
+            extra: Map::new(),
+        }
+    }
+
+    /// A snip entry hiding `removed_uuids` from every later context.
+    pub fn snip(removed_uuids: Vec<String>) -> Self {
+        Entry {
+            subtype: Some(subtype::SNIP.to_owned()),
+            content: Some(Value::String(format!(
+                "Snipped {} message(s)",
+                removed_uuids.len()
+            ))),
+            snip_metadata: Some(SnipMetadata { removed_uuids }),
+            ..Entry::new(EntryKind::System)
+        }
+    }
+
     /// The provider response id of an assistant entry.
     pub fn response_id(&self) -> Option<&str> {
         self.message.as_ref().and_then(|m| m.id.as_deref())
@@ -170,9 +203,7 @@ impl Entry {
     pub fn is_snip(&self) -> bool {
         self.kind == EntryKind::System && self.subtype.as_deref() == Some(subtype::SNIP)
     }
-}
 
-impl Entry {
     /// The entry's position: its `seq`, or `index` (its position in the slice) when unset.
     pub fn seq_or(&self, index: usize) -> i64 {
         self.seq.unwrap_or(index as i64)

@@ -12,7 +12,7 @@ use super::problem::{ApiError, ApiJson, ApiPath, ApiQuery, Problem};
 use super::threads::ThreadPath;
 use super::{AppState, Tenant};
 use crate::history::ingest::{check_entry, FieldError};
-use crate::history::model::{Entry, EntryKind, SnipMetadata};
+use crate::history::model::Entry;
 use crate::history::{
     group_rounds, normalize, NormalizeOptions, Normalized, Provider, Round, ThinkingMode,
 };
@@ -241,25 +241,8 @@ pub async fn snip_messages(
         .resolve_messages(&tenant, &path.thread_id, &request.seqs, &request.uuids)
         .await?;
     let snip = Entry {
-        seq: None,
         uuid: request.uuid,
-        kind: EntryKind::System,
-        message: None,
-        is_meta: false,
-        is_virtual: false,
-        is_compact_summary: false,
-        is_api_error: false,
-        subtype: Some(crate::history::model::subtype::SNIP.to_owned()),
-        content: Some(serde_json::Value::String(format!(
-            "Snipped {} message(s)",
-            named.len()
-        ))),
-        compact_metadata: None,
-        snip_metadata: Some(SnipMetadata {
-            removed_uuids: named.into_iter().map(|(_, uuid)| uuid).collect(),
-        }),
-        created_at: None,
-        extra: Default::default(),
+        ..Entry::snip(named.into_iter().map(|(_, uuid)| uuid).collect())
     };
     check_entry(&snip, "snip").map_err(ApiError::field)?;
     let outcome = state

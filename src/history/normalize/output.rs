@@ -255,8 +255,6 @@ fn part_to_block(p: &Value) -> Value {
 fn entry(i: usize, kind: EntryKind, role: Role, content: Content, id: Option<String>) -> Entry {
     Entry {
         seq: Some(i as i64),
-        uuid: None,
-        kind,
         message: Some(ApiMessage {
             role,
             content,
@@ -266,16 +264,7 @@ fn entry(i: usize, kind: EntryKind, role: Role, content: Content, id: Option<Str
             usage: None,
             extra: Map::new(),
         }),
-        is_meta: false,
-        is_virtual: false,
-        is_compact_summary: false,
-        is_api_error: false,
-        subtype: None,
-        content: None,
-        compact_metadata: None,
-        snip_metadata: None,
-        created_at: None,
-        extra: Map::new(),
+        ..Entry::new(kind)
     }
 }
 
