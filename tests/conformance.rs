@@ -22,6 +22,7 @@ on_both_backends!(
     deleting_a_thread_removes_its_messages,
     concurrent_writers_get_dense_unique_seqs,
     concurrent_compare_and_append_has_one_winner,
+    probes_answer_and_every_response_carries_a_request_id,
 );
 
 fn seqs(messages: &Value) -> Vec<i64> {
@@ -481,6 +482,43 @@ async fn concurrent_compare_and_append_has_one_winner(app: TestApp) {
         "{statuses:?}"
     );
     assert_eq!(app.get(&uri).await.body["next_seq"], 1);
+    app.finish().await;
+}
+
+async fn probes_answer_and_every_response_carries_a_request_id(app: TestApp) {
+    let health = app.get("/healthz").await;
+    assert_eq!(health.status, StatusCode::OK);
+    assert_eq!(health.body["status"], "ok");
+    let ready = app.get("/readyz").await;
+    assert_eq!(ready.status, StatusCode::OK);
+    let backend = match app.backend {
+        Backend::Sqlite => "sqlite",
+        Backend::Postgres => "postgres",
+    };
+    assert_eq!(ready.body["database"], backend);
+
+    // A generated id on every response, errors included; a caller's own id is echoed.
+    let generated = app.get("/v1/threads/none").await;
+    let id = generated.headers.get("x-request-id").expect("a request id");
+    assert!(uuid::Uuid::parse_str(id.to_str().unwrap()).is_ok());
+    let other = app.get("/v1/threads/none").await;
+    assert_ne!(other.headers.get("x-request-id"), Some(id));
+    let request = Request::builder()
+        .uri("/healthz")
+        .header("x-request-id", "caller-chosen-42")
+        .body(Body::empty())
+        .unwrap();
+    let echoed = app.send(request).await;
+    assert_eq!(
+        echoed.headers.get("x-request-id").unwrap(),
+        "caller-chosen-42"
+    );
+
+    // Not ready once the database is gone.
+    app.store.close().await;
+    app.get("/readyz")
+        .await
+        .assert_problem(StatusCode::SERVICE_UNAVAILABLE, "unavailable");
     app.finish().await;
 }
 

@@ -184,3 +184,44 @@ async fn timeout(
         .into_response(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+    use tower::ServiceExt;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_over_the_time_limit_gets_a_503_problem() {
+        let limits = Arc::new(Limits {
+            request_timeout: Duration::from_secs(1),
+            ..Limits::default()
+        });
+        let app: Router = Router::new()
+            .route(
+                "/slow",
+                get(|| async {
+                    // The paused clock jumps ahead: no real waiting.
+                    tokio::time::sleep(Duration::from_secs(60)).await;
+                    "too late"
+                }),
+            )
+            .route("/fast", get(|| async { "in time" }))
+            .layer(middleware::from_fn_with_state(limits, timeout));
+        let slow = app
+            .clone()
+            .oneshot(Request::builder().uri("/slow").body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(slow.status(), axum::http::StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            slow.headers()[axum::http::header::CONTENT_TYPE],
+            "application/problem+json"
+        );
+        let fast = app
+            .oneshot(Request::builder().uri("/fast").body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(fast.status(), axum::http::StatusCode::OK);
+    }
+}
