@@ -15,16 +15,6 @@ on_both_backends!(
     bad_context_options_are_400,
 );
 
-async fn append(app: &TestApp, thread: &str, messages: Value) {
-    let response = app
-        .post(
-            &format!("/v1/threads/{thread}/messages"),
-            json!({"messages": messages}),
-        )
-        .await;
-    assert_eq!(response.status, StatusCode::CREATED, "{}", response.body);
-}
-
 fn tool_use(uuid: &str, id: &str, tool_id: &str) -> Value {
     json!({"uuid": uuid, "type": "assistant", "message": {"role": "assistant", "id": id,
         "content": [{"type": "tool_use", "id": tool_id, "name": "weather", "input": {"city": "Oslo"}}]}})
@@ -37,8 +27,7 @@ fn tool_result(uuid: &str, tool_id: &str, text: &str) -> Value {
 
 async fn the_seed_example_groups_into_two_rounds(app: TestApp) {
     let thread = app.thread("seed").await;
-    append(
-        &app,
+    app.append(
         &thread,
         json!([
             user("s0", "Check the weather."),
@@ -83,8 +72,7 @@ async fn the_seed_example_groups_into_two_rounds(app: TestApp) {
 
 async fn a_crash_mid_tool_call_gets_a_synthetic_result_for_both_providers(app: TestApp) {
     let thread = app.thread("crash").await;
-    append(
-        &app,
+    app.append(
         &thread,
         json!([
             user("c0", "What's the weather in Oslo?"),
@@ -127,7 +115,7 @@ async fn a_crash_mid_tool_call_gets_a_synthetic_result_for_both_providers(app: T
 
 async fn the_context_starts_at_the_last_compact_boundary(app: TestApp) {
     let thread = app.thread("boundary").await;
-    append(&app, &thread, json!([
+    app.append(&thread, json!([
         user("b0", "old question"),
         assistant("b1", "msg_b1", "old answer"),
         user("b2", "kept question"),
@@ -173,8 +161,7 @@ async fn the_context_starts_at_the_last_compact_boundary(app: TestApp) {
 
 async fn snipped_messages_leave_the_context_but_not_the_store(app: TestApp) {
     let thread = app.thread("snip").await;
-    append(
-        &app,
+    app.append(
         &thread,
         json!([
             user("n0", "first"),

@@ -41,16 +41,6 @@ fn conversation(count: usize) -> Vec<Value> {
         .collect()
 }
 
-async fn append(app: &TestApp, thread: &str, messages: Vec<Value>) {
-    let response = app
-        .post(
-            &format!("/v1/threads/{thread}/messages"),
-            json!({"messages": messages}),
-        )
-        .await;
-    assert_eq!(response.status, StatusCode::CREATED, "{}", response.body);
-}
-
 fn uuids(batch: &Value) -> Vec<String> {
     batch["messages"]
         .as_array()
@@ -64,7 +54,7 @@ async fn the_seed_scenario_counts_two_new_then_none_and_a_failed_run_reads_them_
     app: TestApp,
 ) {
     let thread = app.thread("seed").await;
-    append(&app, &thread, conversation(50)).await;
+    app.append(&thread, conversation(50)).await;
     let cursor = format!("/v1/threads/{thread}/cursors/memory");
 
     let fresh = app.get(&cursor).await;
@@ -113,15 +103,14 @@ async fn the_seed_scenario_counts_two_new_then_none_and_a_failed_run_reads_them_
     assert_eq!(empty.body["advance_to"], Value::Null);
 
     // The next turn is counted from the advanced bookmark.
-    append(&app, &thread, vec![user("m-50", "one more")]).await;
+    app.append(&thread, vec![user("m-50", "one more")]).await;
     assert_eq!(app.get(&cursor).await.body["new_count"], 1);
     app.finish().await;
 }
 
 async fn only_user_and_assistant_entries_are_counted_but_every_entry_is_pending(app: TestApp) {
     let thread = app.thread("kinds").await;
-    append(
-        &app,
+    app.append(
         &thread,
         vec![
             user("k0", "hi"),
@@ -159,14 +148,13 @@ async fn only_user_and_assistant_entries_are_counted_but_every_entry_is_pending(
 
 async fn compaction_and_snips_keep_the_bookmark_and_the_summary_is_counted(app: TestApp) {
     let thread = app.thread("compacted").await;
-    append(&app, &thread, conversation(6)).await;
+    app.append(&thread, conversation(6)).await;
     let cursor = format!("/v1/threads/{thread}/cursors/memory");
     let placed = app
         .post(&format!("{cursor}/advance"), json!({"to": "m-3"}))
         .await;
     assert_eq!(placed.status, StatusCode::OK, "{}", placed.body);
-    append(
-        &app,
+    app.append(
         &thread,
         vec![
             json!({"uuid": "cb", "type": "system", "subtype": "compact_boundary",
@@ -183,7 +171,8 @@ async fn compaction_and_snips_keep_the_bookmark_and_the_summary_is_counted(app: 
         )
         .await;
     assert_eq!(snip.status, StatusCode::CREATED, "{}", snip.body);
-    append(&app, &thread, vec![user("m-6", "after the compaction")]).await;
+    app.append(&thread, vec![user("m-6", "after the compaction")])
+        .await;
 
     // The bookmark (before the boundary) still stands. After it: m-4, m-5 (stored, unread), the
     // summary and m-6 are counted; the boundary and the snip are system entries and are not.
@@ -206,9 +195,8 @@ async fn compaction_and_snips_keep_the_bookmark_and_the_summary_is_counted(app: 
 
 async fn a_normalized_batch_is_ready_for_the_provider(app: TestApp) {
     let thread = app.thread("normalized").await;
-    append(&app, &thread, conversation(4)).await;
-    append(
-        &app,
+    app.append(&thread, conversation(4)).await;
+    app.append(
         &thread,
         vec![
             json!({"uuid": "cb", "type": "system", "subtype": "compact_boundary",
@@ -245,7 +233,7 @@ async fn a_normalized_batch_is_ready_for_the_provider(app: TestApp) {
 
 async fn advancing_to_the_current_position_is_idempotent(app: TestApp) {
     let thread = app.thread("idem").await;
-    append(&app, &thread, conversation(4)).await;
+    app.append(&thread, conversation(4)).await;
     let advance = format!("/v1/threads/{thread}/cursors/memory/advance");
     let first = app.post(&advance, json!({"to": "m-1"})).await;
     assert_eq!(first.body["moved"], true, "{}", first.body);
@@ -263,7 +251,7 @@ async fn advancing_to_the_current_position_is_idempotent(app: TestApp) {
 
 async fn every_error_case_has_its_status_and_type(app: TestApp) {
     let thread = app.thread("errors").await;
-    append(&app, &thread, conversation(6)).await;
+    app.append(&thread, conversation(6)).await;
     let base = format!("/v1/threads/{thread}/cursors");
 
     // Unknown thread: 404 on every route.
@@ -408,7 +396,7 @@ async fn every_error_case_has_its_status_and_type(app: TestApp) {
 
 async fn cursors_are_listed_and_deleted_with_their_thread(app: TestApp) {
     let thread = app.thread("listed").await;
-    append(&app, &thread, conversation(4)).await;
+    app.append(&thread, conversation(4)).await;
     let base = format!("/v1/threads/{thread}/cursors");
     assert_eq!(app.get(&base).await.body["cursors"], json!([]));
     app.post(&format!("{base}/memory/advance"), json!({"to": "m-1"}))
@@ -439,7 +427,7 @@ async fn cursors_are_listed_and_deleted_with_their_thread(app: TestApp) {
 
 async fn an_expired_lease_lets_another_worker_claim_the_same_batch(app: TestApp) {
     let thread = app.thread("expiry").await;
-    append(&app, &thread, conversation(10)).await;
+    app.append(&thread, conversation(10)).await;
     let store = &app.store;
     let tenant = TenantId::default_tenant();
     let t0 = 1_700_000_000_000;
@@ -576,7 +564,7 @@ fn batch_seqs(body: &Value) -> Vec<i64> {
 
 async fn competing_cas_consumers_acknowledge_every_message_exactly_once(app: TestApp) {
     let thread = app.thread("cas-race").await;
-    append(&app, &thread, conversation(RACE_MESSAGES)).await;
+    app.append(&thread, conversation(RACE_MESSAGES)).await;
     let app = Arc::new(app);
     let base = format!("/v1/threads/{thread}/cursors/memory");
     let mut workers = Vec::new();
@@ -634,7 +622,7 @@ async fn competing_cas_consumers_acknowledge_every_message_exactly_once(app: Tes
 
 async fn competing_lease_workers_acknowledge_every_message_exactly_once(app: TestApp) {
     let thread = app.thread("lease-race").await;
-    append(&app, &thread, conversation(RACE_MESSAGES)).await;
+    app.append(&thread, conversation(RACE_MESSAGES)).await;
     let app = Arc::new(app);
     let base = format!("/v1/threads/{thread}/cursors/indexer");
     let mut workers = Vec::new();
@@ -693,7 +681,7 @@ fn xorshift(state: &mut u64) -> u64 {
 
 async fn crashing_and_slow_lease_workers_lose_nothing_and_acknowledge_nothing_twice(app: TestApp) {
     let thread = app.thread("lease-chaos").await;
-    append(&app, &thread, conversation(RACE_MESSAGES)).await;
+    app.append(&thread, conversation(RACE_MESSAGES)).await;
     // A shared simulated clock: waiting workers move it on instead of sleeping.
     let clock = Arc::new(AtomicI64::new(1_700_000_000_000));
     let lease_ms = 1_000;

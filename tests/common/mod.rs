@@ -135,6 +135,18 @@ impl TestApp {
         self.request(Method::DELETE, uri, None).await
     }
 
+    /// Appends a batch (anything that serializes to a JSON array of entries) and asserts it was
+    /// stored.
+    pub async fn append(&self, thread: &str, messages: impl serde::Serialize) {
+        let response = self
+            .post(
+                &format!("/v1/threads/{thread}/messages"),
+                serde_json::json!({ "messages": messages }),
+            )
+            .await;
+        assert_eq!(response.status, StatusCode::CREATED, "{}", response.body);
+    }
+
     /// Creates a thread and returns its id.
     pub async fn thread(&self, id: &str) -> String {
         let response = self
