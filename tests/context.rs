@@ -209,9 +209,13 @@ async fn snipped_messages_leave_the_context_but_not_the_store(app: TestApp) {
         "noise one"
     );
 
-    app.post(&uri, json!({"seqs": [99]}))
-        .await
-        .assert_problem(StatusCode::UNPROCESSABLE_ENTITY, "validation");
+    let missing = app.post(&uri, json!({"seqs": [99]})).await;
+    let problem = missing.assert_problem(StatusCode::UNPROCESSABLE_ENTITY, "validation");
+    assert_eq!(problem["errors"][0]["field"], "seqs");
+    let missing = app.post(&uri, json!({"uuids": ["n0", "nope"]})).await;
+    let problem = missing.assert_problem(StatusCode::UNPROCESSABLE_ENTITY, "validation");
+    assert_eq!(problem["errors"][0]["field"], "uuids");
+    assert!(problem["detail"].as_str().unwrap().contains("nope"));
     app.post(&uri, json!({}))
         .await
         .assert_problem(StatusCode::UNPROCESSABLE_ENTITY, "validation");

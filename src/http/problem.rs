@@ -9,7 +9,7 @@ use serde_json::{Map, Value};
 use utoipa::ToSchema;
 
 use crate::history::ingest::FieldError;
-use crate::store::StoreError;
+use crate::store::{MessageRef, StoreError};
 
 /// Every problem `type` Loupe answers with. The URN is stable: clients switch on it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -239,8 +239,12 @@ impl From<StoreError> for ApiError {
                 })
             }
             StoreError::BadCursor => ApiError::bad_request("invalid cursor"),
-            StoreError::NoSuchMessage(_) => ApiError::field(FieldError {
-                path: "seqs".to_owned(),
+            StoreError::NoSuchMessage(ref named) => ApiError::field(FieldError {
+                path: match named {
+                    MessageRef::Seq(_) => "seqs",
+                    MessageRef::Uuid(_) => "uuids",
+                }
+                .to_owned(),
                 problem: error.to_string(),
             }),
             StoreError::WindowTooLarge { .. } => {

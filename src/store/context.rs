@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use sqlx::Row;
 
 use super::messages::entry_from_row;
-use super::{Store, StoreError, TenantId};
+use super::{MessageRef, Store, StoreError, TenantId};
 use crate::history::model::{subtype, Entry};
 
 /// The stored entries a context is built from.
@@ -88,7 +88,7 @@ impl Store {
         let by_seq = self.messages_where_in(&thread_key, "seq", seqs).await?;
         let found_seqs: HashSet<i64> = by_seq.iter().map(|(seq, _)| *seq).collect();
         if let Some(missing) = seqs.iter().find(|seq| !found_seqs.contains(seq)) {
-            return Err(StoreError::NoSuchMessage(format!("seq {missing}")));
+            return Err(StoreError::NoSuchMessage(MessageRef::Seq(*missing)));
         }
         let by_uuid = self.messages_where_in(&thread_key, "uuid", uuids).await?;
         let found_uuids: HashSet<&str> = by_uuid.iter().map(|(_, uuid)| uuid.as_str()).collect();
@@ -96,7 +96,7 @@ impl Store {
             .iter()
             .find(|uuid| !found_uuids.contains(uuid.as_str()))
         {
-            return Err(StoreError::NoSuchMessage(format!("uuid {missing}")));
+            return Err(StoreError::NoSuchMessage(MessageRef::Uuid(missing.clone())));
         }
         let mut found: Vec<(i64, String)> = by_seq.into_iter().chain(by_uuid).collect();
         found.sort_unstable();

@@ -8,7 +8,7 @@ use sqlx::any::AnyRow;
 use sqlx::{Any, Row};
 
 use super::messages::entry_from_row;
-use super::{Store, StoreError, TenantId};
+use super::{MessageRef, Store, StoreError, TenantId};
 use crate::history::model::Entry;
 
 /// Where a consumer stands: its bookmark and what is new after it.
@@ -330,7 +330,7 @@ impl Store {
         .bind(&request.to)
         .fetch_optional(&self.pool)
         .await?
-        .ok_or_else(|| StoreError::NoSuchMessage(format!("uuid {}", request.to)))?;
+        .ok_or_else(|| StoreError::NoSuchMessage(MessageRef::Uuid(request.to.clone())))?;
         let target_seq: i64 = target.try_get("seq")?;
         let target_rank: i64 = target.try_get("visible_rank")?;
 

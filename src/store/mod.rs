@@ -27,6 +27,22 @@ pub use cursors::{
 pub use messages::{AppendOutcome, AppendRequest, MessagePage};
 pub use threads::{NewThread, Thread, ThreadPage};
 
+/// How a request named a message: by its seq or by its uuid.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MessageRef {
+    Seq(i64),
+    Uuid(String),
+}
+
+impl std::fmt::Display for MessageRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MessageRef::Seq(seq) => write!(f, "seq {seq}"),
+            MessageRef::Uuid(uuid) => write!(f, "uuid {uuid}"),
+        }
+    }
+}
+
 /// Which database a [`Store`] talks to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
@@ -81,7 +97,7 @@ pub enum StoreError {
     #[error("uuid {0:?} appears twice in the batch")]
     DuplicateUuid(String),
     #[error("the thread holds no message with {0}")]
-    NoSuchMessage(String),
+    NoSuchMessage(MessageRef),
     #[error("the window holds {entries} entries, more than {max}; start it later")]
     WindowTooLarge { entries: i64, max: i64 },
     #[error("{reason}")]

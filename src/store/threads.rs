@@ -162,18 +162,16 @@ impl Store {
         .bind(i64::from(limit) + 1)
         .fetch_all(&self.pool)
         .await?;
-        let has_more = rows.len() > limit as usize;
-        let mut threads = Vec::with_capacity(rows.len().min(limit as usize));
-        let mut next_cursor = None;
-        for row in rows.iter().take(limit as usize) {
-            threads.push(thread_from_row(row)?);
-            if has_more {
-                next_cursor = Some(encode_cursor(
-                    row.try_get("created_at")?,
-                    &row.try_get::<String, _>("thread_key")?,
-                ));
-            }
-        }
+        let page = &rows[..rows.len().min(limit as usize)];
+        let threads = page.iter().map(thread_from_row).collect::<Result<_, _>>()?;
+        // A row past the page means more follow: the cursor is the page's last thread.
+        let next_cursor = match page.last() {
+            Some(last) if rows.len() > page.len() => Some(encode_cursor(
+                last.try_get("created_at")?,
+                &last.try_get::<String, _>("thread_key")?,
+            )),
+            _ => None,
+        };
         Ok(ThreadPage {
             threads,
             next_cursor,
