@@ -14,7 +14,7 @@ use super::{AppState, Tenant};
 use crate::history::ingest::{check_entry, FieldError};
 use crate::history::model::Entry;
 use crate::history::{
-    group_rounds, normalize, NormalizeOptions, Normalized, Provider, Round, ThinkingMode,
+    group_rounds, normalize_owned, NormalizeOptions, Normalized, Provider, Round, ThinkingMode,
 };
 use crate::store::AppendRequest;
 
@@ -182,10 +182,11 @@ pub async fn get_context(
         .store
         .context_window(&tenant, &path.thread_id, None)
         .await?;
-    let normalized = normalize(&window.entries, &options);
+    let next_seq = window.next_seq;
+    let normalized = normalize_owned(window.entries, &options);
     Ok(Json(ContextResponse {
         normalized,
-        next_seq: window.next_seq,
+        next_seq,
     }))
 }
 
@@ -338,7 +339,7 @@ pub async fn normalize_history(
     for (index, entry) in entries.iter_mut().enumerate() {
         entry.seq = Some(index as i64);
     }
-    Ok(Json(normalize(&entries, &options)))
+    Ok(Json(normalize_owned(entries, &options)))
 }
 
 #[cfg(test)]
