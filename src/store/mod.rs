@@ -10,6 +10,7 @@
 mod admin;
 mod context;
 mod cursors;
+mod keys;
 mod messages;
 mod threads;
 
@@ -24,6 +25,7 @@ pub use context::{ContextWindow, MAX_WINDOW_ENTRIES};
 pub use cursors::{
     AdvanceOutcome, AdvanceRequest, Bookmark, Claim, CursorState, Lease, PendingBatch,
 };
+pub use keys::{ApiKeyRecord, CreatedKey, KeyIdentity, TenantRecord};
 pub use messages::{AppendOutcome, AppendRequest, MessagePage};
 pub use threads::{NewThread, Thread, ThreadPage};
 
@@ -110,6 +112,10 @@ pub enum StoreError {
     CursorLeased { expires_at: i64 },
     #[error("the bookmark is at seq {current_seq}; it cannot move back to seq {target_seq}")]
     CursorBackward { current_seq: i64, target_seq: i64 },
+    #[error("a tenant with id {0:?} already exists")]
+    TenantExists(String),
+    #[error("API key not found")]
+    KeyNotFound,
     #[error("invalid pagination cursor")]
     BadCursor,
     #[error("configuration: {0}")]
