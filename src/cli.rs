@@ -1,14 +1,13 @@
 //! Command line and configuration: every setting is a flag and an environment variable.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::http::{AppState, Limits};
-use crate::store::{Store, StoreOptions};
+use crate::http::{AppState, AuthMode, Limits};
+use crate::store::{Store, StoreOptions, TenantId};
 
 /// Loupe keeps LLM conversation threads whole and hands them back ready for the model.
 #[derive(Debug, Parser)]
@@ -29,7 +28,80 @@ pub enum Command {
     Migrate(DatabaseArgs),
     /// Print the OpenAPI document.
     Openapi,
+    /// Create, list and revoke API keys.
+    #[command(subcommand)]
+    Keys(KeysCommand),
+    /// Create and list tenants.
+    #[command(subcommand)]
+    Tenants(TenantsCommand),
 }
+
+#[derive(Debug, Subcommand)]
+pub enum KeysCommand {
+    /// Create a key for a tenant (creating the tenant when missing); prints the key once.
+    Create {
+        /// The tenant the key acts for.
+        #[arg(long)]
+        tenant: String,
+        /// What the key is for.
+        #[arg(long)]
+        name: Option<String>,
+        #[command(flatten)]
+        database: DatabaseArgs,
+    },
+    /// List keys (their public prefixes, never the keys).
+    List {
+        /// Only this tenant's keys.
+        #[arg(long)]
+        tenant: Option<String>,
+        #[command(flatten)]
+        database: DatabaseArgs,
+    },
+    /// Revoke a key by its id (`key_…`).
+    Revoke {
+        key_id: String,
+        #[command(flatten)]
+        database: DatabaseArgs,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TenantsCommand {
+    /// Create a tenant.
+    Create {
+        id: String,
+        /// A display name (defaults to the id).
+        #[arg(long)]
+        name: Option<String>,
+        #[command(flatten)]
+        database: DatabaseArgs,
+    },
+    /// List tenants.
+    List {
+        #[command(flatten)]
+        database: DatabaseArgs,
+    },
+}
+
+/// A secret from the command line or the environment; never printed by `Debug`.
+#[derive(Clone)]
+pub struct Secret(pub String);
+
+impl std::str::FromStr for Secret {
+    type Err = String;
+    fn from_str(value: &str) -> Result<Self, Self::Err> {
+        Ok(Secret(value.to_owned()))
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
+
+/// Shortest accepted admin key.
+pub const MIN_ADMIN_KEY_LEN: usize = 16;
 
 #[derive(Debug, Clone, Args)]
 pub struct DatabaseArgs {
@@ -69,6 +141,26 @@ pub struct ServeArgs {
     /// Log format.
     #[arg(long, env = "LOUPE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Pretty)]
     pub log_format: LogFormat,
+    /// The admin key: guards `/v1/admin` and `/metrics`, and turns on keyed mode. At least 16
+    /// characters.
+    #[arg(long, env = "LOUPE_ADMIN_KEY", hide_env_values = true)]
+    pub admin_key: Option<Secret>,
+    /// Serve without API keys on a non-loopback address (anyone who reaches it reads every
+    /// thread).
+    #[arg(long, env = "LOUPE_ALLOW_OPEN")]
+    pub allow_open: bool,
+    /// Requests per second each tenant may send on average (0 turns the limit off).
+    #[arg(long, env = "LOUPE_RATE_LIMIT_PER_SEC", default_value_t = 50.0)]
+    pub rate_limit_per_sec: f64,
+    /// Requests a tenant may send at once above the average rate.
+    #[arg(long, env = "LOUPE_RATE_LIMIT_BURST", default_value_t = 100)]
+    pub rate_limit_burst: u32,
+    /// Most expensive requests (context, rounds, normalize) running at once.
+    #[arg(long, env = "LOUPE_MAX_EXPENSIVE_REQUESTS", default_value_t = 16)]
+    pub max_expensive_requests: usize,
+    /// Milliseconds an expensive request waits for a slot before 503 `overloaded`.
+    #[arg(long, env = "LOUPE_EXPENSIVE_WAIT_MS", default_value_t = 500)]
+    pub expensive_wait_ms: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -85,6 +177,10 @@ impl ServeArgs {
             max_batch_messages: self.max_batch_messages,
             cursor_lease_default: Duration::from_secs(self.cursor_lease_secs),
             cursor_lease_max: Duration::from_secs(self.cursor_lease_max_secs),
+            rate_limit_per_sec: self.rate_limit_per_sec,
+            rate_limit_burst: self.rate_limit_burst,
+            max_expensive_requests: self.max_expensive_requests,
+            expensive_wait: Duration::from_millis(self.expensive_wait_ms),
             ..Limits::default()
         }
     }
@@ -134,18 +230,148 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             println!("{}", crate::http::openapi().to_pretty_json()?);
             Ok(())
         }
+        Some(Command::Keys(command)) => keys(command).await,
+        Some(Command::Tenants(command)) => tenants(command).await,
+    }
+}
+
+fn tenant_arg(id: &str) -> anyhow::Result<TenantId> {
+    crate::auth::check_tenant_id(id).map_err(|problem| anyhow::anyhow!("{id:?}: {problem}"))?;
+    Ok(TenantId(id.to_owned()))
+}
+
+async fn keys(command: KeysCommand) -> anyhow::Result<()> {
+    match command {
+        KeysCommand::Create {
+            tenant,
+            name,
+            database,
+        } => {
+            let tenant = tenant_arg(&tenant)?;
+            let store = database.open().await?;
+            let created = store.create_api_key(&tenant, name.as_deref()).await?;
+            store.close().await;
+            eprintln!(
+                "created key {} for tenant {} (shown only now; Loupe keeps only its hash):",
+                created.record.id, created.record.tenant
+            );
+            println!("{}", created.plaintext);
+            Ok(())
+        }
+        KeysCommand::List { tenant, database } => {
+            let tenant = tenant.as_deref().map(tenant_arg).transpose()?;
+            let store = database.open().await?;
+            let keys = store.list_api_keys(tenant.as_ref()).await?;
+            store.close().await;
+            println!("ID\tTENANT\tPREFIX\tNAME\tCREATED\tREVOKED");
+            for key in keys {
+                println!(
+                    "{}\t{}\tlp_{}_…\t{}\t{}\t{}",
+                    key.id,
+                    key.tenant,
+                    key.prefix,
+                    key.name,
+                    key.created_at.to_rfc3339(),
+                    key.revoked_at
+                        .map(|t| t.to_rfc3339())
+                        .unwrap_or_else(|| "-".to_owned())
+                );
+            }
+            Ok(())
+        }
+        KeysCommand::Revoke { key_id, database } => {
+            let store = database.open().await?;
+            let result = store.revoke_api_key(&key_id).await;
+            store.close().await;
+            result.with_context(|| format!("cannot revoke {key_id}"))?;
+            eprintln!("revoked {key_id}");
+            Ok(())
+        }
+    }
+}
+
+async fn tenants(command: TenantsCommand) -> anyhow::Result<()> {
+    match command {
+        TenantsCommand::Create { id, name, database } => {
+            let tenant = tenant_arg(&id)?;
+            let store = database.open().await?;
+            let result = store.create_tenant(&tenant, name.as_deref()).await;
+            store.close().await;
+            let created = result?;
+            eprintln!("created tenant {}", created.id);
+            Ok(())
+        }
+        TenantsCommand::List { database } => {
+            let store = database.open().await?;
+            let tenants = store.list_tenants().await?;
+            store.close().await;
+            println!("ID\tNAME\tCREATED");
+            for tenant in tenants {
+                println!(
+                    "{}\t{}\t{}",
+                    tenant.id,
+                    tenant.name,
+                    tenant.created_at.to_rfc3339()
+                );
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Open mode may listen only on loopback unless explicitly allowed.
+pub fn check_open_bind(open: bool, addr: SocketAddr, allow_open: bool) -> Result<(), String> {
+    if open && !addr.ip().is_loopback() && !allow_open {
+        Err(format!(
+            "refusing to serve without API keys on {addr}: anyone who reaches it could read every \
+             thread. Create a key (`loupe keys create --tenant T`), set LOUPE_ADMIN_KEY, or pass \
+             --allow-open (LOUPE_ALLOW_OPEN=true)"
+        ))
+    } else {
+        Ok(())
     }
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     crate::telemetry::init(args.log_format);
+    let admin_key = args.admin_key.clone().map(|secret| secret.0);
+    if admin_key
+        .as_ref()
+        .is_some_and(|key| key.chars().count() < MIN_ADMIN_KEY_LEN)
+    {
+        anyhow::bail!("LOUPE_ADMIN_KEY must be at least {MIN_ADMIN_KEY_LEN} characters");
+    }
     let store = args.database.open().await?;
     tracing::info!(backend = store.backend().name(), "database ready");
-    let state = AppState {
-        store: store.clone(),
-        limits: Arc::new(args.limits()),
-    };
+    let has_keys = store
+        .has_active_api_keys()
+        .await
+        .context("cannot read the API keys")?;
+    let auth = AuthMode::resolve(admin_key, has_keys);
+    check_open_bind(auth.is_open(), args.addr, args.allow_open).map_err(anyhow::Error::msg)?;
+    if auth.is_open() {
+        tracing::warn!(
+            addr = %args.addr,
+            "OPEN MODE: no API keys are configured, so every request acts for the single \
+             `default` tenant without authentication. Create a key with `loupe keys create \
+             --tenant T` (or set LOUPE_ADMIN_KEY) and restart to require keys"
+        );
+    } else {
+        tracing::info!(
+            admin_api = matches!(&auth, AuthMode::Keyed { admin_key: Some(_) }),
+            "API keys required"
+        );
+    }
+    let state = AppState::new(store.clone(), args.limits(), auth);
     let app = crate::http::router(state);
+    tokio::spawn(async {
+        // Histogram samples are folded into buckets here, so memory stays flat between scrapes.
+        let mut every = tokio::time::interval(Duration::from_secs(5));
+        loop {
+            every.tick().await;
+            crate::metrics::run_upkeep();
+        }
+    });
     let listener = tokio::net::TcpListener::bind(args.addr)
         .await
         .with_context(|| format!("cannot listen on {}", args.addr))?;
@@ -195,5 +421,45 @@ mod tests {
             Some(Command::Serve(args)) => assert_eq!(args.addr.port(), 9000),
             other => panic!("expected serve, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn key_commands_parse() {
+        let cli = Cli::try_parse_from([
+            "loupe", "keys", "create", "--tenant", "acme", "--name", "ci",
+        ])
+        .unwrap();
+        assert!(matches!(
+            cli.command,
+            Some(Command::Keys(KeysCommand::Create { ref tenant, .. })) if tenant == "acme"
+        ));
+        let cli = Cli::try_parse_from(["loupe", "keys", "revoke", "key_1"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Some(Command::Keys(KeysCommand::Revoke { .. }))
+        ));
+        let cli = Cli::try_parse_from(["loupe", "keys", "list"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Some(Command::Keys(KeysCommand::List { tenant: None, .. }))
+        ));
+    }
+
+    #[test]
+    fn admin_keys_stay_out_of_debug_output() {
+        let cli = Cli::try_parse_from(["loupe", "--admin-key", "super-secret-admin-key"]).unwrap();
+        assert!(!format!("{cli:?}").contains("super-secret"));
+    }
+
+    #[test]
+    fn open_mode_stays_on_loopback_unless_allowed() {
+        let public: SocketAddr = "0.0.0.0:8080".parse().unwrap();
+        let local: SocketAddr = "127.0.0.1:8080".parse().unwrap();
+        let local6: SocketAddr = "[::1]:8080".parse().unwrap();
+        assert!(check_open_bind(true, public, false).is_err());
+        assert!(check_open_bind(true, public, true).is_ok());
+        assert!(check_open_bind(true, local, false).is_ok());
+        assert!(check_open_bind(true, local6, false).is_ok());
+        assert!(check_open_bind(false, public, false).is_ok());
     }
 }

@@ -10,7 +10,7 @@ use utoipa_axum::{router::OpenApiRouter, routes};
 
 use super::problem::{ApiError, ApiJson, ApiPath, ApiQuery, Problem};
 use super::threads::ThreadPath;
-use super::{AppState, Tenant};
+use super::{AppState, ExpensiveSlot, Tenant};
 use crate::history::ingest::{check_entry, FieldError};
 use crate::history::model::Entry;
 use crate::history::{
@@ -122,10 +122,12 @@ pub struct RoundsQuery {
         (status = 200, description = "The rounds", body = RoundsResponse),
         (status = 404, description = "No such thread (`not-found`)", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "The window is too large (`window-too-large`)", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Too many expensive requests at once (`overloaded`); see `Retry-After`", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn get_rounds(
     State(state): State<AppState>,
+    _slot: ExpensiveSlot,
     Tenant(tenant): Tenant,
     ApiPath(path): ApiPath<ThreadPath>,
     ApiQuery(query): ApiQuery<RoundsQuery>,
@@ -169,10 +171,12 @@ pub struct ContextResponse {
         (status = 400, description = "A bad option (`bad-request`)", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such thread (`not-found`)", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "The context is too large to load (`window-too-large`): compact the thread", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Too many expensive requests at once (`overloaded`); see `Retry-After`", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn get_context(
     State(state): State<AppState>,
+    _slot: ExpensiveSlot,
     Tenant(tenant): Tenant,
     ApiPath(path): ApiPath<ThreadPath>,
     ApiQuery(options): ApiQuery<ContextOptions>,
@@ -312,9 +316,11 @@ pub struct NormalizeRequest {
         (status = 400, description = "Malformed JSON (`bad-request`)", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body over the size limit (`payload-too-large`)", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "An invalid entry or option (`validation`)", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Too many expensive requests at once (`overloaded`); see `Retry-After`", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn normalize_history(
+    _slot: ExpensiveSlot,
     ApiJson(request): ApiJson<NormalizeRequest>,
 ) -> Result<Json<Normalized>, ApiError> {
     for (index, entry) in request.messages.iter().enumerate() {
