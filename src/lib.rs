@@ -7,6 +7,7 @@ pub mod cli;
 pub mod history;
 pub mod http;
 pub mod metrics;
+pub mod jobs;
 pub mod shutdown;
 pub mod store;
 pub mod summarize;

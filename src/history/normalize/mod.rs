@@ -80,7 +80,7 @@ pub mod tool_reference;
 pub mod view;
 
 pub use output::entries_from_messages;
-pub use tokens::estimate_tokens;
+pub use tokens::{estimate_entry_tokens, estimate_tokens};
 
 /// The provider whose message format is produced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema, Default)]
