@@ -161,6 +161,62 @@ pub struct ServeArgs {
     /// Milliseconds an expensive request waits for a slot before 503 `overloaded`.
     #[arg(long, env = "LOUPE_EXPENSIVE_WAIT_MS", default_value_t = 500)]
     pub expensive_wait_ms: u64,
+    /// What this process runs: the HTTP API, the background job workers, or both.
+    #[arg(long, env = "LOUPE_ROLE", value_enum, default_value_t = Role::All)]
+    pub role: Role,
+    #[command(flatten)]
+    pub jobs: JobArgs,
+}
+
+/// Background jobs (compaction) and their triggers.
+#[derive(Debug, Clone, Args)]
+pub struct JobArgs {
+    /// Job worker tasks in this process (roles `worker` and `all`).
+    #[arg(long, env = "LOUPE_WORKERS", default_value_t = 2)]
+    pub workers: usize,
+    /// Default auto-compaction threshold in estimated context tokens (0 = off); threads
+    /// override it in their settings. 167,000 = 200,000 − 20,000 output reserve − 13,000 buffer.
+    #[arg(long, env = "LOUPE_AUTO_COMPACT_TOKENS", default_value_t = crate::store::DEFAULT_AUTO_COMPACT_TOKENS)]
+    pub auto_compact_tokens: i64,
+    /// Attempts of a job before it ends `failed`.
+    #[arg(long, env = "LOUPE_JOB_MAX_ATTEMPTS", default_value_t = crate::store::DEFAULT_JOB_MAX_ATTEMPTS)]
+    pub job_max_attempts: i64,
+    /// Seconds a worker's claim on a job lasts without renewal (renewed every third of it);
+    /// a job whose worker died is claimed again after this.
+    #[arg(long, env = "LOUPE_JOB_LEASE_SECS", default_value_t = 300)]
+    pub job_lease_secs: u64,
+    /// First retry delay after a failed attempt, in milliseconds; doubled per attempt.
+    #[arg(long, env = "LOUPE_JOB_BACKOFF_BASE_MS", default_value_t = 5_000)]
+    pub job_backoff_base_ms: u64,
+    /// Longest retry delay, in seconds.
+    #[arg(long, env = "LOUPE_JOB_BACKOFF_MAX_SECS", default_value_t = 300)]
+    pub job_backoff_max_secs: u64,
+    /// Milliseconds between looks for work when no wake-up arrives.
+    #[arg(long, env = "LOUPE_JOB_POLL_MS", default_value_t = 1_000)]
+    pub job_poll_ms: u64,
+}
+
+impl JobArgs {
+    pub fn config(&self) -> crate::jobs::JobsConfig {
+        crate::jobs::JobsConfig {
+            lease: Duration::from_secs(self.job_lease_secs.max(1)),
+            backoff_base: Duration::from_millis(self.job_backoff_base_ms),
+            backoff_max: Duration::from_secs(self.job_backoff_max_secs),
+            poll_interval: Duration::from_millis(self.job_poll_ms.max(10)),
+            ..crate::jobs::JobsConfig::default()
+        }
+    }
+}
+
+/// What a `serve` process runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Role {
+    /// The HTTP API only (jobs are enqueued, never run here).
+    Api,
+    /// Job workers only (no HTTP listener).
+    Worker,
+    /// Both.
+    All,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -187,9 +243,17 @@ impl ServeArgs {
 }
 
 impl DatabaseArgs {
-    pub async fn open(&self) -> anyhow::Result<Store> {
+    pub fn options(&self) -> StoreOptions {
         let mut options = StoreOptions::new(&self.database_url);
         options.max_connections = self.db_max_connections;
+        options
+    }
+
+    pub async fn open(&self) -> anyhow::Result<Store> {
+        self.open_with(self.options()).await
+    }
+
+    pub async fn open_with(&self, options: StoreOptions) -> anyhow::Result<Store> {
         let store = Store::connect(&options)
             .await
             .with_context(|| format!("cannot open the database {}", redact(&self.database_url)))?;
@@ -341,8 +405,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     {
         anyhow::bail!("LOUPE_ADMIN_KEY must be at least {MIN_ADMIN_KEY_LEN} characters");
     }
-    let store = args.database.open().await?;
-    tracing::info!(backend = store.backend().name(), "database ready");
+    let mut options = args.database.options();
+    options.auto_compact_tokens = args.jobs.auto_compact_tokens;
+    options.job_max_attempts = args.jobs.job_max_attempts;
+    let store = args.database.open_with(options).await?;
+    tracing::info!(backend = store.backend().name(), role = ?args.role, "database ready");
     let has_keys = store
         .has_active_api_keys()
         .await
@@ -362,8 +429,6 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             "API keys required"
         );
     }
-    let state = AppState::new(store.clone(), args.limits(), auth);
-    let app = crate::http::router(state);
     tokio::spawn(async {
         // Histogram samples are folded into buckets here, so memory stays flat between scrapes.
         let mut every = tokio::time::interval(Duration::from_secs(5));
@@ -372,26 +437,56 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             crate::metrics::run_upkeep();
         }
     });
-    let listener = tokio::net::TcpListener::bind(args.addr)
-        .await
-        .with_context(|| format!("cannot listen on {}", args.addr))?;
-    tracing::info!(addr = %listener.local_addr()?, "listening");
     let grace = Duration::from_secs(args.shutdown_grace_secs);
     let stop = tokio_util::sync::CancellationToken::new();
+    // Fires when the grace period is over: workers give their running jobs back.
+    let abort = tokio_util::sync::CancellationToken::new();
     tokio::spawn({
-        let stop = stop.clone();
+        let (stop, abort) = (stop.clone(), abort.clone());
         async move {
             crate::shutdown::signal().await;
             stop.cancel();
+            tokio::time::sleep(grace).await;
+            abort.cancel();
         }
     });
-    let server = axum::serve(listener, app).with_graceful_shutdown(stop.clone().cancelled_owned());
-    // In-flight requests finish; a request still running after the grace period is cut off.
-    tokio::select! {
-        result = server => result.context("server error")?,
-        _ = async { stop.cancelled().await; tokio::time::sleep(grace).await } => {
-            tracing::warn!("grace period over; exiting with requests still in flight");
+
+    let mut workers = Vec::new();
+    if args.role != Role::Api && args.jobs.workers > 0 {
+        let summarizer_config = crate::summarize::SummarizerConfig::from_env()
+            .map_err(|e| anyhow::anyhow!("summarizer configuration: {e}"))?;
+        let summarizer = crate::summarize::build(&summarizer_config);
+        tracing::info!(summarizer = %summarizer.name(), workers = args.jobs.workers, "starting job workers");
+        let config = args.jobs.config();
+        let runners = (0..args.jobs.workers)
+            .map(|_| crate::jobs::Runner::new(store.clone(), summarizer.clone(), config.clone()))
+            .collect();
+        workers = crate::jobs::spawn_workers(runners, stop.clone(), abort.clone());
+    }
+
+    if args.role == Role::Worker {
+        stop.cancelled().await;
+    } else {
+        let state = AppState::new(store.clone(), args.limits(), auth);
+        let app = crate::http::router(state);
+        let listener = tokio::net::TcpListener::bind(args.addr)
+            .await
+            .with_context(|| format!("cannot listen on {}", args.addr))?;
+        tracing::info!(addr = %listener.local_addr()?, "listening");
+        let server =
+            axum::serve(listener, app).with_graceful_shutdown(stop.clone().cancelled_owned());
+        // In-flight requests finish; a request still running after the grace period is cut off.
+        tokio::select! {
+            result = server => result.context("server error")?,
+            _ = abort.cancelled() => {
+                tracing::warn!("grace period over; exiting with requests still in flight");
+            }
         }
+    }
+    // Workers stop claiming at once; a running job finishes, or is given back when the grace
+    // period ends.
+    for worker in workers {
+        let _ = worker.await;
     }
     store.close().await;
     tracing::info!("stopped");
@@ -409,6 +504,21 @@ mod tests {
             "postgres://loupe:***@db:5432/loupe"
         );
         assert_eq!(redact("sqlite://data/loupe.db"), "sqlite://data/loupe.db");
+    }
+
+    #[test]
+    fn roles_and_workers_come_from_flags() {
+        let cli = Cli::try_parse_from(["loupe"]).unwrap();
+        assert_eq!(cli.serve.role, Role::All);
+        assert_eq!(cli.serve.jobs.auto_compact_tokens, 167_000);
+        let cli =
+            Cli::try_parse_from(["loupe", "serve", "--role", "worker", "--workers", "4"]).unwrap();
+        match cli.command {
+            Some(Command::Serve(args)) => {
+                assert_eq!((args.role, args.jobs.workers), (Role::Worker, 4));
+            }
+            other => panic!("expected serve, got {other:?}"),
+        }
     }
 
     #[test]

@@ -84,14 +84,16 @@ impl ContextOptions {
 /// Tool names as the providers accept them (provider-rules A4.10).
 const TOOL_NAME_RULE: &str = "1–64 characters of [a-zA-Z0-9_-]";
 
+pub(crate) fn valid_tool_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
 /// The position of the first name that is not a tool name the providers accept.
 fn first_invalid_tool(names: &[String]) -> Option<usize> {
-    names.iter().position(|name| {
-        !(1..=64).contains(&name.len())
-            || !name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-    })
+    names.iter().position(|name| !valid_tool_name(name))
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -162,7 +164,8 @@ pub struct ContextResponse {
 /// The list is what precedes the caller's next user turn. When it ends with a user turn (for
 /// example synthetic tool results), merge the next user content into that turn after its
 /// `tool_result` blocks. `estimated_tokens` is the rough estimate of reference-behaviour §8.1
-/// (characters / 4; images and documents 2,000 each).
+/// (characters / 4; images and documents 2,000 each). The thread's micro-compaction settings
+/// (`/settings`) apply: old results of compactable tools may be replaced by a placeholder.
 #[utoipa::path(
     get, path = "/v1/threads/{thread_id}/context", tag = "context", operation_id = "getContext",
     params(ThreadPath, ContextOptions),
@@ -181,7 +184,12 @@ pub async fn get_context(
     ApiPath(path): ApiPath<ThreadPath>,
     ApiQuery(options): ApiQuery<ContextOptions>,
 ) -> Result<Json<ContextResponse>, ApiError> {
-    let options = options.normalize_options()?;
+    let mut options = options.normalize_options()?;
+    let settings = state
+        .store
+        .thread_settings(&tenant, &path.thread_id)
+        .await?;
+    options.microcompact = super::settings::microcompact_options(&settings);
     let window = state
         .store
         .context_window(&tenant, &path.thread_id, None)

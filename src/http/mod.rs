@@ -5,9 +5,11 @@ pub mod context;
 pub mod cursors;
 pub mod guard;
 pub mod health;
+pub mod jobs;
 pub mod messages;
 pub mod observe;
 pub mod problem;
+pub mod settings;
 pub mod threads;
 
 use std::sync::Arc;
@@ -137,6 +139,7 @@ pub(crate) fn page_limit(requested: Option<u32>, default: u32, max: u32) -> Resu
         (name = "messages", description = "The append-only history of a thread"),
         (name = "context", description = "Model-ready views: API rounds, the normalized context, snips"),
         (name = "cursors", description = "Incremental consumers: named bookmarks, pending batches, leases"),
+        (name = "jobs", description = "Background jobs: compaction"),
         (name = "admin", description = "Tenants and API keys (admin key only)"),
         (name = "operations", description = "Health, readiness and metrics"),
     )
@@ -150,6 +153,8 @@ fn api_router() -> OpenApiRouter<AppState> {
         .merge(context::router())
         .merge(cursors::router())
         .merge(admin::router())
+        .merge(jobs::router())
+        .merge(settings::router())
         .merge(health::router())
         .merge(observe::router())
 }

@@ -298,6 +298,7 @@ impl From<StoreError> for ApiError {
             ),
             StoreError::KeyNotFound => ApiError::not_found("API key"),
             StoreError::BadCursor => ApiError::bad_request("invalid cursor"),
+            StoreError::JobNotFound => ApiError::not_found("job"),
             StoreError::NoSuchMessage(ref named) => ApiError::field(FieldError {
                 path: match named {
                     MessageRef::Seq(_) => "seqs",
