@@ -40,6 +40,30 @@ fn probes(thread: &str) -> Vec<(Method, String, Option<Value>)> {
             format!("{base}/snip"),
             Some(json!({"seqs": [0]})),
         ),
+        (
+            Method::POST,
+            format!("{base}/compact"),
+            Some(json!({"keep_recent_rounds": 0})),
+        ),
+        (Method::GET, format!("{base}/settings"), None),
+        (
+            Method::PUT,
+            format!("{base}/settings"),
+            Some(json!({"auto_compact_tokens": 1000})),
+        ),
+        (Method::GET, format!("{base}/cursors"), None),
+        (Method::GET, format!("{base}/cursors/reader"), None),
+        (Method::GET, format!("{base}/cursors/reader/pending"), None),
+        (
+            Method::POST,
+            format!("{base}/cursors/reader/claim"),
+            Some(json!({"limit": 5})),
+        ),
+        (
+            Method::POST,
+            format!("{base}/cursors/reader/advance"),
+            Some(json!({"to": "b-1"})),
+        ),
         (Method::DELETE, base, None),
     ]
 }
@@ -65,6 +89,24 @@ async fn another_tenants_thread_is_not_found_on_every_endpoint(app: TestApp) {
         )
         .await;
     assert_eq!(appended.status, StatusCode::CREATED, "{}", appended.body);
+    // B has a cursor and settings of its own, so those probes aim at data that exists.
+    let advanced = app
+        .post_as(
+            &key_b,
+            "/v1/threads/b-secret/cursors/reader/advance",
+            json!({"to": "b-1"}),
+        )
+        .await;
+    assert_eq!(advanced.status, StatusCode::OK, "{}", advanced.body);
+    let settings = app
+        .request_as(
+            Some(&key_b),
+            Method::PUT,
+            "/v1/threads/b-secret/settings",
+            Some(json!({"auto_compact_tokens": 5000})),
+        )
+        .await;
+    assert_eq!(settings.status, StatusCode::OK, "{}", settings.body);
     let before_thread = app.get_as(&key_b, "/v1/threads/b-secret").await.body;
     let before_messages = app
         .get_as(&key_b, "/v1/threads/b-secret/messages")

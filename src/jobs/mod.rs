@@ -113,6 +113,20 @@ pub enum StepOutcome {
     },
 }
 
+impl StepOutcome {
+    /// The `outcome` label of the jobs metric.
+    pub fn label(&self) -> &'static str {
+        match self {
+            StepOutcome::Idle => "idle",
+            StepOutcome::Succeeded { .. } => "succeeded",
+            StepOutcome::WillRetry { .. } => "retry",
+            StepOutcome::Failed { .. } => "failed",
+            StepOutcome::LeaseLost { .. } => "lease_lost",
+            StepOutcome::Released { .. } => "released",
+        }
+    }
+}
+
 /// Why an attempt failed.
 #[derive(Debug, thiserror::Error)]
 enum JobError {
@@ -189,15 +203,29 @@ impl Runner {
                 }
             }
         };
-        let Some(outcome) = outcome else {
-            return match self.store.release_job(claimed, clock.now_ms()).await {
+        let step = match outcome {
+            Some(outcome) => self.record(claimed, clock, outcome).await,
+            None => match self.store.release_job(claimed, clock.now_ms()).await {
                 Ok(()) => StepOutcome::Released { job_id },
                 Err(error) => {
                     tracing::warn!(job_id, %error, "cannot release the job");
                     StepOutcome::LeaseLost { job_id }
                 }
-            };
+            },
         };
+        crate::metrics::job_finished(&claimed.job.kind, step.label());
+        step
+    }
+
+    /// Records a finished attempt: success was written by the job itself; a failure is
+    /// written here, as a retry or for good.
+    async fn record(
+        &self,
+        claimed: &ClaimedJob,
+        clock: Clock,
+        outcome: Result<Value, JobError>,
+    ) -> StepOutcome {
+        let job_id = claimed.job.id.clone();
         match outcome {
             Ok(result) => {
                 tracing::info!(job_id, kind = %claimed.job.kind, "job succeeded");

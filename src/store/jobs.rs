@@ -236,7 +236,7 @@ impl Store {
         max_attempts: i64,
         now_ms: i64,
     ) -> Result<EnqueueOutcome, StoreError> {
-        let (thread_key, _) = self.thread_key_and_next_seq(tenant, thread_id).await?;
+        let thread_key = self.thread_head(tenant, thread_id).await?.thread_key;
         self.enqueue_job(
             &NewJob {
                 tenant: tenant.clone(),
@@ -264,13 +264,22 @@ impl Store {
         job_from_row(&row)
     }
 
+    /// Jobs waiting to run (pending, including those backing off before a retry), for the
+    /// queue-depth gauge.
+    pub async fn queued_job_count(&self) -> Result<i64, StoreError> {
+        let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM jobs WHERE state = 'pending'")
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(count)
+    }
+
     /// Every job of a thread, oldest first.
     pub async fn thread_jobs(
         &self,
         tenant: &TenantId,
         thread_id: &str,
     ) -> Result<Vec<Job>, StoreError> {
-        let (thread_key, _) = self.thread_key_and_next_seq(tenant, thread_id).await?;
+        let thread_key = self.thread_head(tenant, thread_id).await?.thread_key;
         let rows = sqlx::query(&format!(
             "SELECT {JOB_COLUMNS} FROM jobs WHERE thread_key = $1 AND tenant_id = $2 \
              ORDER BY created_at, job_id"

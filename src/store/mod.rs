@@ -10,8 +10,8 @@
 mod admin;
 mod context;
 mod cursors;
-mod keys;
 mod jobs;
+mod keys;
 mod messages;
 mod settings;
 mod threads;
@@ -28,10 +28,10 @@ pub use context::{ContextWindow, MAX_WINDOW_ENTRIES};
 pub use cursors::{
     AdvanceOutcome, AdvanceRequest, Bookmark, Claim, CursorState, Lease, PendingBatch,
 };
-pub use keys::{ApiKeyRecord, CreatedKey, KeyIdentity, TenantRecord};
 pub use jobs::{
     ClaimedJob, CompactionWrite, EnqueueOutcome, Job, JobState, NewJob, NOTIFY_CHANNEL,
 };
+pub use keys::{ApiKeyRecord, CreatedKey, KeyIdentity, TenantRecord};
 pub use messages::{AppendOutcome, AppendRequest, MessagePage};
 pub use settings::{MicrocompactSettings, ThreadSettings};
 pub use threads::{NewThread, Thread, ThreadPage};

@@ -33,7 +33,7 @@ impl Store {
         tenant: &TenantId,
         thread_id: &str,
     ) -> Result<ThreadSettings, StoreError> {
-        let (thread_key, _) = self.thread_key_and_next_seq(tenant, thread_id).await?;
+        let thread_key = self.thread_head(tenant, thread_id).await?.thread_key;
         let row = sqlx::query(
             "SELECT auto_compact_tokens, microcompact FROM thread_settings WHERE thread_key = $1",
         )
@@ -60,7 +60,7 @@ impl Store {
         thread_id: &str,
         settings: &ThreadSettings,
     ) -> Result<(), StoreError> {
-        let (thread_key, _) = self.thread_key_and_next_seq(tenant, thread_id).await?;
+        let thread_key = self.thread_head(tenant, thread_id).await?.thread_key;
         let microcompact = settings
             .microcompact
             .as_ref()

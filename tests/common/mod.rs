@@ -44,8 +44,14 @@ pub fn postgres_admin_url() -> String {
 }
 
 impl TestApp {
+    /// An app with the default limits but no rate limit: tests that race many requests
+    /// must not trip it; the guard-rail tests turn it on with their own limits.
     pub async fn new(backend: Backend) -> TestApp {
-        Self::with_limits(backend, Limits::default()).await
+        let limits = Limits {
+            rate_limit_per_sec: 0.0,
+            ..Limits::default()
+        };
+        Self::with_limits(backend, limits).await
     }
 
     pub async fn with_limits(backend: Backend, limits: Limits) -> TestApp {
