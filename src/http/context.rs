@@ -14,7 +14,7 @@ use super::{AppState, ExpensiveSlot, Tenant};
 use crate::history::ingest::{check_entry, FieldError};
 use crate::history::model::Entry;
 use crate::history::{
-    group_rounds, normalize_owned, NormalizeOptions, Normalized, Provider, Round, ThinkingMode,
+    group_rounds, normalize, NormalizeOptions, Normalized, Provider, Round, ThinkingMode,
 };
 use crate::store::AppendRequest;
 
@@ -194,11 +194,10 @@ pub async fn get_context(
         .store
         .context_window(&tenant, &path.thread_id, None)
         .await?;
-    let next_seq = window.next_seq;
-    let normalized = normalize_owned(window.entries, &options);
+    let normalized = normalize(&window.entries, &options);
     Ok(Json(ContextResponse {
         normalized,
-        next_seq,
+        next_seq: window.next_seq,
     }))
 }
 
@@ -353,7 +352,7 @@ pub async fn normalize_history(
     for (index, entry) in entries.iter_mut().enumerate() {
         entry.seq = Some(index as i64);
     }
-    Ok(Json(normalize_owned(entries, &options)))
+    Ok(Json(normalize(&entries, &options)))
 }
 
 #[cfg(test)]
