@@ -10,7 +10,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use loupe::history::{normalize, normalize_owned, Entry, NormalizeOptions, Provider};
+use loupe::history::{normalize, Entry, NormalizeOptions, Provider};
 
 const ENTRIES: usize = 10_000;
 
@@ -52,7 +52,7 @@ fn bench(c: &mut Criterion) {
             |b, opts| {
                 b.iter(|| {
                     let entries: Vec<Entry> = serde_json::from_slice(black_box(&bytes)).unwrap();
-                    let normalized = normalize_owned(entries, opts);
+                    let normalized = normalize(&entries, opts);
                     serde_json::to_vec(&normalized).unwrap()
                 })
             },

@@ -2,9 +2,12 @@
 //!
 //! See `docs/ARCHITECTURE.md` for the module map and the data flows.
 
+pub mod auth;
 pub mod cli;
 pub mod history;
 pub mod http;
+pub mod jobs;
+pub mod metrics;
 pub mod shutdown;
 pub mod store;
 pub mod summarize;

@@ -15,8 +15,7 @@ mod support;
 use std::collections::HashSet;
 
 use loupe::history::{
-    entries_from_messages, normalize, normalize_owned, Entry, NormalizeOptions, Normalized,
-    Provider, ThinkingMode,
+    entries_from_messages, normalize, Entry, NormalizeOptions, Normalized, Provider, ThinkingMode,
 };
 use loupe::validate::{anthropic, openai, AnthropicRules, Violation};
 use proptest::prelude::*;
@@ -141,19 +140,6 @@ fn check(entries: &[Entry], pi: usize, k: &Knobs) -> Result<(), TestCaseError> {
     let opts = options(provider(pi), k);
     let out: Normalized = normalize(entries, &opts);
     let p = &opts.provider;
-
-    // The service normalizes entries it owns; moving blocks must give exactly what copying gives.
-    let owned = normalize_owned(entries.to_vec(), &opts);
-    prop_assert_eq!(
-        &owned.messages,
-        &out.messages,
-        "normalize_owned differs from normalize"
-    );
-    prop_assert_eq!(
-        &owned.repairs,
-        &out.repairs,
-        "normalize_owned reports other repairs"
-    );
 
     // 1. The provider accepts it.
     let v = violations(p, k, &out.messages);

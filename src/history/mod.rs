@@ -9,7 +9,7 @@ pub mod rounds;
 
 pub use model::{ApiMessage, Content, Entry, EntryKind, Role, SnipMetadata};
 pub use normalize::{
-    entries_from_messages, estimate_tokens, normalize, normalize_owned, MicrocompactOptions,
+    entries_from_messages, estimate_entry_tokens, estimate_tokens, normalize, MicrocompactOptions,
     NormalizeOptions, Normalized, Provider, Repair, RepairKind, ThinkingMode,
 };
 pub use rounds::{group_rounds, Round};

@@ -10,11 +10,11 @@ use utoipa_axum::{router::OpenApiRouter, routes};
 
 use super::problem::{ApiError, ApiJson, ApiPath, ApiQuery, Problem};
 use super::threads::ThreadPath;
-use super::{AppState, Tenant};
+use super::{AppState, ExpensiveSlot, Tenant};
 use crate::history::ingest::{check_entry, FieldError};
 use crate::history::model::Entry;
 use crate::history::{
-    group_rounds, normalize_owned, NormalizeOptions, Normalized, Provider, Round, ThinkingMode,
+    group_rounds, normalize, NormalizeOptions, Normalized, Provider, Round, ThinkingMode,
 };
 use crate::store::AppendRequest;
 
@@ -84,14 +84,16 @@ impl ContextOptions {
 /// Tool names as the providers accept them (provider-rules A4.10).
 const TOOL_NAME_RULE: &str = "1–64 characters of [a-zA-Z0-9_-]";
 
+pub(crate) fn valid_tool_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
 /// The position of the first name that is not a tool name the providers accept.
 fn first_invalid_tool(names: &[String]) -> Option<usize> {
-    names.iter().position(|name| {
-        !(1..=64).contains(&name.len())
-            || !name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-    })
+    names.iter().position(|name| !valid_tool_name(name))
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -122,10 +124,12 @@ pub struct RoundsQuery {
         (status = 200, description = "The rounds", body = RoundsResponse),
         (status = 404, description = "No such thread (`not-found`)", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "The window is too large (`window-too-large`)", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Too many expensive requests at once (`overloaded`); see `Retry-After`", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn get_rounds(
     State(state): State<AppState>,
+    _slot: ExpensiveSlot,
     Tenant(tenant): Tenant,
     ApiPath(path): ApiPath<ThreadPath>,
     ApiQuery(query): ApiQuery<RoundsQuery>,
@@ -160,7 +164,8 @@ pub struct ContextResponse {
 /// The list is what precedes the caller's next user turn. When it ends with a user turn (for
 /// example synthetic tool results), merge the next user content into that turn after its
 /// `tool_result` blocks. `estimated_tokens` is the rough estimate of reference-behaviour §8.1
-/// (characters / 4; images and documents 2,000 each).
+/// (characters / 4; images and documents 2,000 each). The thread's micro-compaction settings
+/// (`/settings`) apply: old results of compactable tools may be replaced by a placeholder.
 #[utoipa::path(
     get, path = "/v1/threads/{thread_id}/context", tag = "context", operation_id = "getContext",
     params(ThreadPath, ContextOptions),
@@ -169,24 +174,30 @@ pub struct ContextResponse {
         (status = 400, description = "A bad option (`bad-request`)", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such thread (`not-found`)", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "The context is too large to load (`window-too-large`): compact the thread", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Too many expensive requests at once (`overloaded`); see `Retry-After`", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn get_context(
     State(state): State<AppState>,
+    _slot: ExpensiveSlot,
     Tenant(tenant): Tenant,
     ApiPath(path): ApiPath<ThreadPath>,
     ApiQuery(options): ApiQuery<ContextOptions>,
 ) -> Result<Json<ContextResponse>, ApiError> {
-    let options = options.normalize_options()?;
+    let mut options = options.normalize_options()?;
+    let settings = state
+        .store
+        .thread_settings(&tenant, &path.thread_id)
+        .await?;
+    options.microcompact = super::settings::microcompact_options(&settings);
     let window = state
         .store
         .context_window(&tenant, &path.thread_id, None)
         .await?;
-    let next_seq = window.next_seq;
-    let normalized = normalize_owned(window.entries, &options);
+    let normalized = normalize(&window.entries, &options);
     Ok(Json(ContextResponse {
         normalized,
-        next_seq,
+        next_seq: window.next_seq,
     }))
 }
 
@@ -312,9 +323,11 @@ pub struct NormalizeRequest {
         (status = 400, description = "Malformed JSON (`bad-request`)", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body over the size limit (`payload-too-large`)", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "An invalid entry or option (`validation`)", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Too many expensive requests at once (`overloaded`); see `Retry-After`", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn normalize_history(
+    _slot: ExpensiveSlot,
     ApiJson(request): ApiJson<NormalizeRequest>,
 ) -> Result<Json<Normalized>, ApiError> {
     for (index, entry) in request.messages.iter().enumerate() {
@@ -339,7 +352,7 @@ pub async fn normalize_history(
     for (index, entry) in entries.iter_mut().enumerate() {
         entry.seq = Some(index as i64);
     }
-    Ok(Json(normalize_owned(entries, &options)))
+    Ok(Json(normalize(&entries, &options)))
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@ use super::threads::ThreadPath;
 use super::{AppState, Tenant};
 use crate::history::ingest::FieldError;
 use crate::history::model::Entry;
-use crate::history::{normalize_owned, Normalized};
+use crate::history::{normalize, Normalized};
 use crate::store::{
     millis_to_datetime, now_millis, AdvanceRequest, CursorState, PendingBatch, StoreError,
 };
@@ -189,7 +189,7 @@ fn normalize_batch(entries: &[Entry], options: &ContextOptions) -> Result<Normal
         .filter(|e| !e.is_compact_boundary())
         .cloned()
         .collect();
-    Ok(normalize_owned(entries, &options))
+    Ok(normalize(&entries, &options))
 }
 
 #[derive(Debug, Deserialize, ToSchema)]

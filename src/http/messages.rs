@@ -46,6 +46,10 @@ pub struct AppendMessagesResponse {
     pub next_seq: i64,
     /// True when the whole batch was already stored (an idempotent retry): nothing was written.
     pub replayed: bool,
+    /// Set when this append pushed the context's estimated tokens past the thread's
+    /// auto-compaction threshold: the compaction job (see `GET /v1/jobs/{job_id}`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compaction_job_id: Option<String>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -131,6 +135,7 @@ pub async fn append_messages(
             messages: outcome.messages,
             next_seq: outcome.next_seq,
             replayed: outcome.replayed,
+            compaction_job_id: outcome.auto_compaction_job,
         }),
     ))
 }

@@ -1,10 +1,15 @@
 //! The REST API: one router per resource, the shared state, and the middleware stack.
 
+pub mod admin;
 pub mod context;
 pub mod cursors;
+pub mod guard;
 pub mod health;
+pub mod jobs;
 pub mod messages;
+pub mod observe;
 pub mod problem;
+pub mod settings;
 pub mod threads;
 
 use std::sync::Arc;
@@ -25,6 +30,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_scalar::{Scalar, Servable};
 
 use crate::store::{Store, TenantId};
+pub use guard::{AuthMode, ExpensiveSlot, Guards};
 use problem::{ApiError, ProblemKind};
 
 /// Bounds on what one request may ask for.
@@ -44,6 +50,14 @@ pub struct Limits {
     pub cursor_lease_default: Duration,
     /// Longest lease a cursor claim may ask for.
     pub cursor_lease_max: Duration,
+    /// Requests per second each tenant may send on average (0: no limit).
+    pub rate_limit_per_sec: f64,
+    /// Requests a tenant may send at once above the average rate.
+    pub rate_limit_burst: u32,
+    /// Most expensive requests (context reads, normalization) running at once.
+    pub max_expensive_requests: usize,
+    /// How long an expensive request waits for a slot before 503 `overloaded`.
+    pub expensive_wait: Duration,
 }
 
 impl Default for Limits {
@@ -57,6 +71,10 @@ impl Default for Limits {
             max_page_size_messages: 1_000,
             cursor_lease_default: Duration::from_secs(60),
             cursor_lease_max: Duration::from_secs(3_600),
+            rate_limit_per_sec: 50.0,
+            rate_limit_burst: 100,
+            max_expensive_requests: 16,
+            expensive_wait: Duration::from_millis(500),
         }
     }
 }
@@ -66,6 +84,19 @@ impl Default for Limits {
 pub struct AppState {
     pub store: Store,
     pub limits: Arc<Limits>,
+    pub guards: Arc<Guards>,
+}
+
+impl AppState {
+    /// The state of a service authenticating callers by `auth`.
+    pub fn new(store: Store, limits: Limits, auth: AuthMode) -> Self {
+        let guards = Arc::new(Guards::new(auth, &limits));
+        AppState {
+            store,
+            limits: Arc::new(limits),
+            guards,
+        }
+    }
 }
 
 /// The tenant the request acts for, resolved by the authentication middleware.
@@ -82,12 +113,6 @@ impl<S: Send + Sync> FromRequestParts<S> for Tenant {
             .map(Tenant)
             .ok_or_else(|| ApiError::new(ProblemKind::Internal, "no tenant was resolved"))
     }
-}
-
-/// Open mode: every request acts for the single default tenant.
-async fn open_mode(mut request: Request, next: Next) -> Response {
-    request.extensions_mut().insert(TenantId::default_tenant());
-    next.run(request).await
 }
 
 /// Validates a requested page size against its bounds.
@@ -114,7 +139,9 @@ pub(crate) fn page_limit(requested: Option<u32>, default: u32, max: u32) -> Resu
         (name = "messages", description = "The append-only history of a thread"),
         (name = "context", description = "Model-ready views: API rounds, the normalized context, snips"),
         (name = "cursors", description = "Incremental consumers: named bookmarks, pending batches, leases"),
-        (name = "operations", description = "Health and readiness"),
+        (name = "jobs", description = "Background jobs: compaction"),
+        (name = "admin", description = "Tenants and API keys (admin key only)"),
+        (name = "operations", description = "Health, readiness and metrics"),
     )
 )]
 struct ApiDoc;
@@ -125,17 +152,124 @@ fn api_router() -> OpenApiRouter<AppState> {
         .merge(messages::router())
         .merge(context::router())
         .merge(cursors::router())
+        .merge(admin::router())
+        .merge(jobs::router())
+        .merge(settings::router())
         .merge(health::router())
+        .merge(observe::router())
+}
+
+/// The routes and their OpenAPI document, with the security requirements added.
+fn documented_api() -> (Router<AppState>, utoipa::openapi::OpenApi) {
+    let (router, mut openapi) = api_router().split_for_parts();
+    document_security(&mut openapi);
+    (router, openapi)
 }
 
 /// The OpenAPI document of the whole API.
 pub fn openapi() -> utoipa::openapi::OpenApi {
-    api_router().split_for_parts().1
+    documented_api().1
+}
+
+/// Declares the `bearer` (tenant key) and `admin` schemes and puts them on the operations that
+/// need them, with their 401/403/429 answers. Derived from [`guard::access_of`], the rule the
+/// middleware enforces, so the document cannot drift from it.
+fn document_security(openapi: &mut utoipa::openapi::OpenApi) {
+    use utoipa::openapi::security::{
+        HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme,
+    };
+    use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
+
+    let components = openapi.components.get_or_insert_with(Default::default);
+    components.add_security_scheme(
+        "bearer",
+        SecurityScheme::Http(
+            HttpBuilder::new()
+                .scheme(HttpAuthScheme::Bearer)
+                .bearer_format("lp_<prefix>_<secret>")
+                .description(Some(
+                    "A tenant's API key. Not needed in open mode (no keys configured).",
+                ))
+                .build(),
+        ),
+    );
+    components.add_security_scheme(
+        "admin",
+        SecurityScheme::Http(
+            HttpBuilder::new()
+                .scheme(HttpAuthScheme::Bearer)
+                .description(Some("The admin key, `LOUPE_ADMIN_KEY`."))
+                .build(),
+        ),
+    );
+    let problem = |description: &str| {
+        RefOr::T(
+            ResponseBuilder::new()
+                .description(description)
+                .content(
+                    "application/problem+json",
+                    ContentBuilder::new()
+                        .schema(Some(Ref::from_schema_name("Problem")))
+                        .build(),
+                )
+                .build(),
+        )
+    };
+    for (path, item) in openapi.paths.paths.iter_mut() {
+        let (scheme, extra): (&str, Vec<(&str, &str)>) = match guard::access_of(path) {
+            guard::Access::Public => continue,
+            guard::Access::Tenant => (
+                "bearer",
+                vec![
+                    (
+                        "401",
+                        "No valid API key (`unauthorized`); `WWW-Authenticate: Bearer`",
+                    ),
+                    ("403", "The admin key on a tenant endpoint (`forbidden`)"),
+                    (
+                        "429",
+                        "The tenant's rate limit is exhausted (`rate-limited`); see `Retry-After`",
+                    ),
+                ],
+            ),
+            guard::Access::Admin | guard::Access::Metrics => (
+                "admin",
+                vec![
+                    (
+                        "401",
+                        "No valid admin key (`unauthorized`); `WWW-Authenticate: Bearer`",
+                    ),
+                    (
+                        "403",
+                        "A tenant's key, or the admin API is off (`forbidden`)",
+                    ),
+                ],
+            ),
+        };
+        let operations = [
+            &mut item.get,
+            &mut item.put,
+            &mut item.post,
+            &mut item.delete,
+            &mut item.patch,
+        ];
+        for operation in operations.into_iter().flatten() {
+            operation.security = Some(vec![SecurityRequirement::new(scheme, Vec::<String>::new())]);
+            for (status, description) in &extra {
+                operation
+                    .responses
+                    .responses
+                    .entry((*status).to_owned())
+                    .or_insert_with(|| problem(description));
+            }
+        }
+    }
 }
 
 /// The service: every route, with its middleware.
 pub fn router(state: AppState) -> Router {
-    let (api, openapi) = api_router().split_for_parts();
+    crate::metrics::init();
+    let (api, openapi) = documented_api();
     let openapi = Arc::new(openapi);
     let spec = openapi.clone();
     let request_id = HeaderName::from_static("x-request-id");
@@ -146,12 +280,13 @@ pub fn router(state: AppState) -> Router {
         .method_not_allowed_fallback(|| async {
             ApiError::new(ProblemKind::MethodNotAllowed, "method not allowed on this route")
         })
-        .layer(middleware::from_fn(open_mode))
+        .layer(middleware::from_fn_with_state(state.clone(), guard::guard))
         .layer(DefaultBodyLimit::max(limits.body_bytes))
         .layer(middleware::from_fn_with_state(limits, timeout))
         .layer(CatchPanicLayer::custom(|_| {
             ApiError::new(ProblemKind::Internal, "a handler panicked").into_response()
         }))
+        .layer(middleware::from_fn(observe::record_metrics))
         .layer(PropagateRequestIdLayer::new(request_id.clone()))
         .layer(
             TraceLayer::new_for_http()
@@ -165,6 +300,7 @@ pub fn router(state: AppState) -> Router {
                 })
                 .on_response(DefaultOnResponse::new().level(tracing::Level::INFO)),
         )
+        .layer(middleware::from_fn(observe::problem_request_id))
         .layer(SetRequestIdLayer::new(request_id, MakeRequestUuid))
         .with_state(state)
 }

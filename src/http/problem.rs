@@ -2,7 +2,7 @@
 
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts};
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use serde_json::{Map, Value};
@@ -40,6 +40,15 @@ pub enum ProblemKind {
     Timeout,
     Unavailable,
     Internal,
+    /// No credentials, or credentials that are not a valid, active key.
+    Unauthorized,
+    /// Valid credentials that may not use this endpoint (a tenant key on the admin API).
+    Forbidden,
+    /// The tenant's rate limit is exhausted; `Retry-After` says when to come back.
+    RateLimited,
+    /// Too many expensive requests at once; retry shortly.
+    Overloaded,
+    TenantExists,
 }
 
 impl ProblemKind {
@@ -62,6 +71,11 @@ impl ProblemKind {
             ProblemKind::Timeout => "timeout",
             ProblemKind::Unavailable => "unavailable",
             ProblemKind::Internal => "internal",
+            ProblemKind::Unauthorized => "unauthorized",
+            ProblemKind::Forbidden => "forbidden",
+            ProblemKind::RateLimited => "rate-limited",
+            ProblemKind::Overloaded => "overloaded",
+            ProblemKind::TenantExists => "tenant-exists",
         }
     }
 
@@ -73,6 +87,7 @@ impl ProblemKind {
             }
             ProblemKind::NotFound => StatusCode::NOT_FOUND,
             ProblemKind::ThreadExists
+            | ProblemKind::TenantExists
             | ProblemKind::SeqConflict
             | ProblemKind::UuidConflict
             | ProblemKind::PartialReplay
@@ -81,7 +96,12 @@ impl ProblemKind {
             ProblemKind::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ProblemKind::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ProblemKind::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            ProblemKind::Timeout | ProblemKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ProblemKind::Timeout | ProblemKind::Unavailable | ProblemKind::Overloaded => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            ProblemKind::Unauthorized => StatusCode::UNAUTHORIZED,
+            ProblemKind::Forbidden => StatusCode::FORBIDDEN,
+            ProblemKind::RateLimited => StatusCode::TOO_MANY_REQUESTS,
             ProblemKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -105,6 +125,11 @@ impl ProblemKind {
             ProblemKind::Timeout => "Request timed out",
             ProblemKind::Unavailable => "Service unavailable",
             ProblemKind::Internal => "Internal error",
+            ProblemKind::Unauthorized => "Unauthorized",
+            ProblemKind::Forbidden => "Forbidden",
+            ProblemKind::RateLimited => "Rate limit exceeded",
+            ProblemKind::Overloaded => "Service overloaded",
+            ProblemKind::TenantExists => "Tenant already exists",
         }
     }
 
@@ -141,6 +166,8 @@ pub struct ApiError {
     pub kind: ProblemKind,
     pub detail: String,
     pub extensions: Map<String, Value>,
+    /// Extra response headers (`WWW-Authenticate`, `Retry-After`); boxed to keep errors small.
+    pub headers: Option<Box<HeaderMap>>,
 }
 
 impl ApiError {
@@ -149,7 +176,30 @@ impl ApiError {
             kind,
             detail: detail.into(),
             extensions: Map::new(),
+            headers: None,
         }
+    }
+
+    pub fn with_header(mut self, name: HeaderName, value: HeaderValue) -> Self {
+        self.headers
+            .get_or_insert_with(Default::default)
+            .insert(name, value);
+        self
+    }
+
+    /// 401 `unauthorized`, with the `WWW-Authenticate: Bearer` challenge.
+    pub fn unauthorized(detail: impl Into<String>) -> Self {
+        ApiError::new(ProblemKind::Unauthorized, detail).with_header(
+            header::WWW_AUTHENTICATE,
+            HeaderValue::from_static("Bearer realm=\"loupe\""),
+        )
+    }
+
+    /// A problem telling the caller to come back after `seconds`.
+    pub fn retry_after(kind: ProblemKind, detail: impl Into<String>, seconds: u64) -> Self {
+        ApiError::new(kind, detail)
+            .with("retry_after", seconds)
+            .with_header(header::RETRY_AFTER, HeaderValue::from(seconds))
     }
 
     pub fn with(mut self, key: &str, value: impl Into<Value>) -> Self {
@@ -195,7 +245,11 @@ impl IntoResponse for ApiError {
             // Details of internal failures stay in the log.
             problem.detail = "the server failed to handle the request; see its log".to_owned();
         }
-        problem_response(status, &problem)
+        let mut response = problem_response(status, &problem);
+        if let Some(headers) = self.headers {
+            response.headers_mut().extend(*headers);
+        }
+        response
     }
 }
 
@@ -238,7 +292,13 @@ impl From<StoreError> for ApiError {
                     problem: format!("uuid {uuid:?} appears twice in the batch"),
                 })
             }
+            StoreError::TenantExists(id) => ApiError::new(
+                ProblemKind::TenantExists,
+                format!("a tenant with id {id:?} already exists"),
+            ),
+            StoreError::KeyNotFound => ApiError::not_found("API key"),
             StoreError::BadCursor => ApiError::bad_request("invalid cursor"),
+            StoreError::JobNotFound => ApiError::not_found("job"),
             StoreError::NoSuchMessage(ref named) => ApiError::field(FieldError {
                 path: match named {
                     MessageRef::Seq(_) => "seqs",

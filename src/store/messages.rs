@@ -7,6 +7,7 @@ use sqlx::any::AnyRow;
 use sqlx::{Any, Row};
 
 use super::{now_millis, Store, StoreError, TenantId};
+use crate::history::estimate_entry_tokens;
 use crate::history::model::Entry;
 
 /// A batch to append to one thread.
@@ -25,6 +26,9 @@ pub struct AppendOutcome {
     /// True when every message was already stored (an idempotent retry): nothing was written.
     pub replayed: bool,
     pub next_seq: i64,
+    /// The compaction job this append enqueued (or found pending) because it pushed the
+    /// context's estimated tokens past the auto-compaction threshold.
+    pub auto_compaction_job: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -138,6 +142,7 @@ impl Store {
                 messages,
                 replayed: true,
                 next_seq,
+                auto_compaction_job: None,
             });
         }
 
@@ -150,49 +155,57 @@ impl Store {
             }
         }
 
-        let mut visible = visible_count;
-        let mut messages = Vec::with_capacity(prepared.len());
-        for (chunk_index, chunk) in prepared.chunks(INSERT_CHUNK).enumerate() {
-            let sql = format!(
-                "INSERT INTO messages (thread_key, seq, uuid, kind, subtype, visible_rank, body, content_hash, created_at) VALUES {}",
-                super::values_placeholders(chunk.len(), 9)
-            );
-            let mut insert = sqlx::query(&sql);
-            let base = next_seq + (chunk_index * INSERT_CHUNK) as i64;
-            for (offset, p) in chunk.iter().enumerate() {
-                if p.entry.kind.is_model_visible() {
-                    visible += 1;
-                }
-                insert = insert
-                    .bind(thread_key.clone())
-                    .bind(base + offset as i64)
-                    .bind(p.uuid.clone())
-                    .bind(p.entry.kind.as_str())
-                    .bind(p.entry.subtype.clone())
-                    .bind(visible)
-                    .bind(p.body.clone())
-                    .bind(p.content_hash.clone())
-                    .bind(now.timestamp_millis());
-            }
-            insert.execute(&mut *tx).await?;
-        }
-        for (offset, p) in prepared.into_iter().enumerate() {
-            let mut entry = p.entry;
-            entry.seq = Some(next_seq + offset as i64);
-            messages.push(entry);
-        }
+        let batch_tokens = context_tokens_of(prepared.iter().map(|p| &p.entry));
+        let (messages, visible) =
+            insert_prepared(&mut tx, &thread_key, next_seq, visible_count, prepared, now).await?;
         let new_next_seq = next_seq + messages.len() as i64;
-        sqlx::query("UPDATE threads SET next_seq = $1, visible_count = $2 WHERE thread_key = $3")
-            .bind(new_next_seq)
-            .bind(visible)
-            .bind(&thread_key)
-            .execute(&mut *tx)
-            .await?;
+        // The running estimate of the context: a batch holding a compact boundary starts it over.
+        let (reset, tokens) = match batch_tokens {
+            BatchTokens::Add(tokens) => (0_i64, tokens),
+            BatchTokens::Reset(tokens) => (1_i64, tokens),
+        };
+        let context_tokens: i64 = sqlx::query_scalar(
+            "UPDATE threads SET next_seq = $1, visible_count = $2, \
+             context_tokens = CASE WHEN $3 = 1 THEN $4 ELSE context_tokens + $4 END \
+             WHERE thread_key = $5 RETURNING context_tokens",
+        )
+        .bind(new_next_seq)
+        .bind(visible)
+        .bind(reset)
+        .bind(tokens)
+        .bind(&thread_key)
+        .fetch_one(&mut *tx)
+        .await?;
+        let mut auto_compaction_job = None;
+        if reset == 0 {
+            let threshold = self.auto_compact_threshold(&mut tx, &thread_key).await?;
+            if crosses_threshold(context_tokens - tokens, context_tokens, threshold) {
+                let outcome = super::jobs::enqueue_in(
+                    &mut tx,
+                    self.backend,
+                    &super::NewJob {
+                        tenant: tenant.clone(),
+                        thread_key: Some(thread_key.clone()),
+                        kind: crate::jobs::KIND_COMPACTION.to_owned(),
+                        payload: crate::jobs::CompactionPayload::auto(thread_id).to_value(),
+                        dedup_key: Some(super::jobs::compaction_dedup_key(&thread_key)),
+                        max_attempts: self.job_max_attempts,
+                    },
+                    now.timestamp_millis(),
+                )
+                .await?;
+                auto_compaction_job = Some((outcome.job.id, outcome.created));
+            }
+        }
         tx.commit().await?;
+        if matches!(auto_compaction_job, Some((_, true))) {
+            self.job_signal.notify_one();
+        }
         Ok(AppendOutcome {
             messages,
             replayed: false,
             next_seq: new_next_seq,
+            auto_compaction_job: auto_compaction_job.map(|(id, _)| id),
         })
     }
 
@@ -236,6 +249,112 @@ impl Store {
         let rows = query.fetch_all(&self.pool).await?;
         rows.iter().map(entry_from_row).collect()
     }
+}
+
+/// How a batch changes the running context-token estimate of its thread.
+enum BatchTokens {
+    Add(i64),
+    /// The batch holds a compact boundary: the context restarts at its last one.
+    Reset(i64),
+}
+
+fn context_tokens_of<'a>(entries: impl Iterator<Item = &'a Entry>) -> BatchTokens {
+    let mut tokens = 0_i64;
+    let mut reset = false;
+    for entry in entries {
+        if entry.is_compact_boundary() {
+            reset = true;
+            tokens = 0;
+        }
+        tokens += estimate_entry_tokens(entry) as i64;
+    }
+    if reset {
+        BatchTokens::Reset(tokens)
+    } else {
+        BatchTokens::Add(tokens)
+    }
+}
+
+/// Auto-compaction fires once, on the append that takes the estimate from below the threshold to
+/// at or above it (0 = off).
+fn crosses_threshold(before: i64, after: i64, threshold: i64) -> bool {
+    threshold > 0 && before < threshold && after >= threshold
+}
+
+impl Store {
+    /// The thread's auto-compaction threshold: its own setting, else the server default.
+    async fn auto_compact_threshold(
+        &self,
+        tx: &mut sqlx::Transaction<'_, Any>,
+        thread_key: &str,
+    ) -> Result<i64, StoreError> {
+        let own: Option<Option<i64>> = sqlx::query_scalar(
+            "SELECT auto_compact_tokens FROM thread_settings WHERE thread_key = $1",
+        )
+        .bind(thread_key)
+        .fetch_optional(&mut **tx)
+        .await?;
+        Ok(own.flatten().unwrap_or(self.auto_compact_tokens))
+    }
+}
+
+/// Makes entries ready to write (uuid, fingerprint, `created_at`) and inserts them from
+/// `next_seq` on. Returns the stored entries and the new visible count.
+pub(super) async fn insert_entries(
+    tx: &mut sqlx::Transaction<'_, Any>,
+    thread_key: &str,
+    next_seq: i64,
+    visible_count: i64,
+    entries: Vec<Entry>,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<(Vec<Entry>, i64), StoreError> {
+    let prepared = entries
+        .into_iter()
+        .map(|entry| prepare(entry, now))
+        .collect::<Result<Vec<_>, _>>()?;
+    insert_prepared(tx, thread_key, next_seq, visible_count, prepared, now).await
+}
+
+async fn insert_prepared(
+    tx: &mut sqlx::Transaction<'_, Any>,
+    thread_key: &str,
+    next_seq: i64,
+    visible_count: i64,
+    prepared: Vec<Prepared>,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<(Vec<Entry>, i64), StoreError> {
+    let mut visible = visible_count;
+    let mut messages = Vec::with_capacity(prepared.len());
+    for (chunk_index, chunk) in prepared.chunks(INSERT_CHUNK).enumerate() {
+        let sql = format!(
+            "INSERT INTO messages (thread_key, seq, uuid, kind, subtype, visible_rank, body, content_hash, created_at) VALUES {}",
+            super::values_placeholders(chunk.len(), 9)
+        );
+        let mut insert = sqlx::query(&sql);
+        let base = next_seq + (chunk_index * INSERT_CHUNK) as i64;
+        for (offset, p) in chunk.iter().enumerate() {
+            if p.entry.kind.is_model_visible() {
+                visible += 1;
+            }
+            insert = insert
+                .bind(thread_key.to_owned())
+                .bind(base + offset as i64)
+                .bind(p.uuid.clone())
+                .bind(p.entry.kind.as_str())
+                .bind(p.entry.subtype.clone())
+                .bind(visible)
+                .bind(p.body.clone())
+                .bind(p.content_hash.clone())
+                .bind(now.timestamp_millis());
+        }
+        insert.execute(&mut **tx).await?;
+    }
+    for (offset, p) in prepared.into_iter().enumerate() {
+        let mut entry = p.entry;
+        entry.seq = Some(next_seq + offset as i64);
+        messages.push(entry);
+    }
+    Ok((messages, visible))
 }
 
 /// (seq, content hash) of the batch's uuids that the thread already holds.
@@ -289,6 +408,33 @@ mod tests {
         )
         .unwrap();
         assert_ne!(a.content_hash, other.content_hash);
+    }
+
+    #[test]
+    fn the_threshold_fires_once_when_crossed() {
+        assert!(crosses_threshold(90, 100, 100));
+        assert!(crosses_threshold(0, 500, 100));
+        assert!(!crosses_threshold(100, 150, 100));
+        assert!(!crosses_threshold(10, 50, 100));
+        assert!(!crosses_threshold(0, 500, 0));
+    }
+
+    #[test]
+    fn a_boundary_in_a_batch_restarts_the_estimate() {
+        let e = |v: serde_json::Value| entry(v);
+        let batch = [
+            e(json!({"type": "user", "message": {"role": "user", "content": "abcdefgh"}})),
+            e(json!({"type": "system", "subtype": "compact_boundary", "content": "x"})),
+            e(json!({"type": "user", "message": {"role": "user", "content": "abcd"}})),
+        ];
+        assert!(matches!(
+            context_tokens_of(batch.iter()),
+            BatchTokens::Reset(1)
+        ));
+        assert!(matches!(
+            context_tokens_of(batch[..1].iter()),
+            BatchTokens::Add(2)
+        ));
     }
 
     #[test]

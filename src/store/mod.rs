@@ -10,10 +10,14 @@
 mod admin;
 mod context;
 mod cursors;
+mod jobs;
+mod keys;
 mod messages;
+mod settings;
 mod threads;
 
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
@@ -24,7 +28,12 @@ pub use context::{ContextWindow, MAX_WINDOW_ENTRIES};
 pub use cursors::{
     AdvanceOutcome, AdvanceRequest, Bookmark, Claim, CursorState, Lease, PendingBatch,
 };
+pub use jobs::{
+    ClaimedJob, CompactionWrite, EnqueueOutcome, Job, JobState, NewJob, NOTIFY_CHANNEL,
+};
+pub use keys::{ApiKeyRecord, CreatedKey, KeyIdentity, TenantRecord};
 pub use messages::{AppendOutcome, AppendRequest, MessagePage};
+pub use settings::{MicrocompactSettings, ThreadSettings};
 pub use threads::{NewThread, Thread, ThreadPage};
 
 /// How a request named a message: by its seq or by its uuid.
@@ -110,8 +119,20 @@ pub enum StoreError {
     CursorLeased { expires_at: i64 },
     #[error("the bookmark is at seq {current_seq}; it cannot move back to seq {target_seq}")]
     CursorBackward { current_seq: i64, target_seq: i64 },
+    #[error("a tenant with id {0:?} already exists")]
+    TenantExists(String),
+    #[error("API key not found")]
+    KeyNotFound,
     #[error("invalid pagination cursor")]
     BadCursor,
+    #[error("job not found")]
+    JobNotFound,
+    /// The job's lease was taken over by another claim: this worker may not finish it.
+    #[error("the lease on job {0} is no longer held by this worker")]
+    LeaseLost(String),
+    /// The thread was compacted by someone else since the job read it.
+    #[error("the thread was compacted while the job ran")]
+    BoundaryMoved,
     #[error("configuration: {0}")]
     Config(String),
     #[error("corrupt stored data: {0}")]
@@ -123,7 +144,7 @@ pub enum StoreError {
 }
 
 /// Tables of per-thread data, all keyed by `thread_key`; deleting a thread empties them.
-const THREAD_DATA_TABLES: &[&str] = &["messages", "cursors"];
+const THREAD_DATA_TABLES: &[&str] = &["messages", "cursors", "jobs", "thread_settings"];
 
 static POSTGRES_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
 static SQLITE_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
@@ -133,6 +154,15 @@ static SQLITE_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("./migrations
 pub struct Store {
     pool: AnyPool,
     backend: Backend,
+    /// The database URL, for connections outside the pool (PostgreSQL `LISTEN`).
+    url: Arc<str>,
+    /// Woken after a job is enqueued in this process (workers also poll, and on PostgreSQL
+    /// listen for `NOTIFY` from other processes).
+    job_signal: Arc<tokio::sync::Notify>,
+    /// Server default of the auto-compaction threshold, in estimated tokens; 0 disables it.
+    auto_compact_tokens: i64,
+    /// Attempts a job enqueued by a write (auto-compaction) gets.
+    job_max_attempts: i64,
 }
 
 /// How to open a [`Store`].
@@ -141,7 +171,18 @@ pub struct StoreOptions {
     pub url: String,
     pub max_connections: u32,
     pub acquire_timeout: Duration,
+    /// Default auto-compaction threshold (estimated context tokens); 0 disables it. Threads
+    /// override it in their settings.
+    pub auto_compact_tokens: i64,
+    /// Attempts of jobs the store enqueues itself (auto-compaction).
+    pub job_max_attempts: i64,
 }
+
+/// Reference-behaviour §4.1: effective window (200,000 − 20,000 output reserve) − 13,000.
+pub const DEFAULT_AUTO_COMPACT_TOKENS: i64 = 167_000;
+
+/// Attempts of a job before it ends `failed`.
+pub const DEFAULT_JOB_MAX_ATTEMPTS: i64 = 5;
 
 impl StoreOptions {
     pub fn new(url: impl Into<String>) -> Self {
@@ -149,6 +190,8 @@ impl StoreOptions {
             url: url.into(),
             max_connections: 10,
             acquire_timeout: Duration::from_secs(10),
+            auto_compact_tokens: DEFAULT_AUTO_COMPACT_TOKENS,
+            job_max_attempts: DEFAULT_JOB_MAX_ATTEMPTS,
         }
     }
 }
@@ -181,7 +224,14 @@ impl Store {
             })
             .connect_with(connect_options)
             .await?;
-        Ok(Store { pool, backend })
+        Ok(Store {
+            pool,
+            backend,
+            url: options.url.as_str().into(),
+            job_signal: Arc::new(tokio::sync::Notify::new()),
+            auto_compact_tokens: options.auto_compact_tokens.max(0),
+            job_max_attempts: options.job_max_attempts.max(1),
+        })
     }
 
     /// Applies the migrations of this backend that have not run yet.
@@ -196,6 +246,26 @@ impl Store {
 
     pub fn backend(&self) -> Backend {
         self.backend
+    }
+
+    /// The URL the store was opened with.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Notified when this process enqueues a job.
+    pub fn job_signal(&self) -> Arc<tokio::sync::Notify> {
+        self.job_signal.clone()
+    }
+
+    /// Attempts of a job before it ends `failed`.
+    pub fn job_max_attempts(&self) -> i64 {
+        self.job_max_attempts
+    }
+
+    /// The server's default auto-compaction threshold (0 = off).
+    pub fn default_auto_compact_tokens(&self) -> i64 {
+        self.auto_compact_tokens
     }
 
     /// Checks that the database answers.
@@ -260,11 +330,11 @@ pub(crate) fn values_placeholders(rows: usize, width: usize) -> String {
 }
 
 /// Milliseconds since the Unix epoch, the time type of every table.
-pub(crate) fn now_millis() -> i64 {
+pub fn now_millis() -> i64 {
     chrono::Utc::now().timestamp_millis()
 }
 
-pub(crate) fn millis_to_datetime(millis: i64) -> chrono::DateTime<chrono::Utc> {
+pub fn millis_to_datetime(millis: i64) -> chrono::DateTime<chrono::Utc> {
     chrono::DateTime::from_timestamp_millis(millis).unwrap_or_default()
 }
 

@@ -67,6 +67,7 @@ impl Summarizer for ExtractiveSummarizer {
     }
 
     async fn summarize(&self, req: &SummaryRequest) -> Result<Summary, SummarizeError> {
+        crate::metrics::summarizer_call("extractive");
         Ok(self.summarize_now(req))
     }
 }

@@ -36,9 +36,14 @@ impl Summarizer for WithFallback {
     }
 
     async fn summarize(&self, req: &SummaryRequest) -> Result<Summary, SummarizeError> {
+        let primary = self.primary.name();
+        let backend = crate::metrics::backend_label(&primary);
+        crate::metrics::summarizer_call(backend);
         match self.primary.summarize(req).await {
             Ok(summary) => Ok(summary),
             Err(error) => {
+                crate::metrics::summarizer_failure(backend);
+                crate::metrics::summarizer_call("extractive");
                 tracing::warn!(
                     summarizer = %self.primary.name(),
                     error = %error,

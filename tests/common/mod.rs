@@ -5,13 +5,11 @@
 //! local PostgreSQL and sets the variable.
 #![allow(dead_code)]
 
-use std::sync::Arc;
-
 use axum::body::Body;
 use axum::http::{header, HeaderMap, Method, Request, StatusCode};
 use axum::Router;
 use http_body_util::BodyExt;
-use loupe::http::{AppState, Limits};
+use loupe::http::{AppState, AuthMode, Limits};
 use loupe::store::{Store, StoreOptions};
 use serde_json::Value;
 use tower::ServiceExt;
@@ -32,8 +30,12 @@ pub struct TestApp {
     pub router: Router,
     pub store: Store,
     pub backend: Backend,
+    pub limits: Limits,
     scratch: Option<Scratch>,
 }
+
+/// The admin key of keyed test apps.
+pub const ADMIN_KEY: &str = "test-admin-key-0123456789abcdef";
 
 pub fn postgres_admin_url() -> String {
     std::env::var("TEST_DATABASE_URL").expect(
@@ -42,8 +44,14 @@ pub fn postgres_admin_url() -> String {
 }
 
 impl TestApp {
+    /// An app with the default limits but no rate limit: tests that race many requests
+    /// must not trip it; the guard-rail tests turn it on with their own limits.
     pub async fn new(backend: Backend) -> TestApp {
-        Self::with_limits(backend, Limits::default()).await
+        let limits = Limits {
+            rate_limit_per_sec: 0.0,
+            ..Limits::default()
+        };
+        Self::with_limits(backend, limits).await
     }
 
     pub async fn with_limits(backend: Backend, limits: Limits) -> TestApp {
@@ -81,16 +89,104 @@ impl TestApp {
             .await
             .expect("connect");
         store.migrate().await.expect("migrate");
-        let state = AppState {
-            store: store.clone(),
-            limits: Arc::new(limits),
-        };
+        let state = AppState::new(store.clone(), limits.clone(), AuthMode::Open);
         TestApp {
             router: loupe::http::router(state),
             store,
             backend,
+            limits,
             scratch: Some(scratch),
         }
+    }
+
+    /// The same database behind a service configured anew.
+    pub fn reconfigure(mut self, limits: Limits, auth: AuthMode) -> TestApp {
+        let state = AppState::new(self.store.clone(), limits.clone(), auth);
+        self.router = loupe::http::router(state);
+        self.limits = limits;
+        self
+    }
+
+    /// Keyed mode: tenant requests need an API key, the admin API takes [`ADMIN_KEY`].
+    pub fn keyed(self) -> TestApp {
+        let limits = self.limits.clone();
+        self.keyed_with(limits)
+    }
+
+    pub fn keyed_with(self, limits: Limits) -> TestApp {
+        self.reconfigure(
+            limits,
+            AuthMode::Keyed {
+                admin_key: Some(ADMIN_KEY.to_owned()),
+            },
+        )
+    }
+
+    /// Creates an API key for `tenant` through the admin API; returns the key.
+    pub async fn create_key(&self, tenant: &str) -> String {
+        self.create_key_record(tenant).await["key"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
+
+    /// Creates an API key for `tenant` through the admin API; returns the whole response body.
+    pub async fn create_key_record(&self, tenant: &str) -> Value {
+        let response = self
+            .post_as(
+                ADMIN_KEY,
+                "/v1/admin/keys",
+                serde_json::json!({"tenant": tenant, "name": "test"}),
+            )
+            .await;
+        assert_eq!(response.status, StatusCode::CREATED, "{}", response.body);
+        response.body
+    }
+
+    /// A request with `Authorization: Bearer <key>` (no header when `key` is `None`).
+    pub async fn request_as(
+        &self,
+        key: Option<&str>,
+        method: Method,
+        uri: &str,
+        body: Option<Value>,
+    ) -> TestResponse {
+        let bytes = body.map(|json| serde_json::to_vec(&json).unwrap());
+        let content_type = bytes.as_ref().map(|_| "application/json");
+        self.raw_as(key, method, uri, content_type, bytes.unwrap_or_default())
+            .await
+    }
+
+    /// A request with raw body bytes, for malformed input.
+    pub async fn raw_as(
+        &self,
+        key: Option<&str>,
+        method: Method,
+        uri: &str,
+        content_type: Option<&str>,
+        body: Vec<u8>,
+    ) -> TestResponse {
+        let mut builder = Request::builder().method(method).uri(uri);
+        if let Some(key) = key {
+            builder = builder.header(header::AUTHORIZATION, format!("Bearer {key}"));
+        }
+        if let Some(content_type) = content_type {
+            builder = builder.header(header::CONTENT_TYPE, content_type);
+        }
+        self.send(builder.body(Body::from(body)).unwrap()).await
+    }
+
+    pub async fn get_as(&self, key: &str, uri: &str) -> TestResponse {
+        self.request_as(Some(key), Method::GET, uri, None).await
+    }
+
+    pub async fn post_as(&self, key: &str, uri: &str, body: Value) -> TestResponse {
+        self.request_as(Some(key), Method::POST, uri, Some(body))
+            .await
+    }
+
+    pub async fn delete_as(&self, key: &str, uri: &str) -> TestResponse {
+        self.request_as(Some(key), Method::DELETE, uri, None).await
     }
 
     pub async fn request(&self, method: Method, uri: &str, body: Option<Value>) -> TestResponse {

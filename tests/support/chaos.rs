@@ -1033,7 +1033,8 @@ pub fn entry_texts(e: &Entry) -> Vec<String> {
 }
 
 /// The non-whitespace texts (trimmed) of the user / assistant entries that should reach the
-/// model: after the last compact boundary (plus that boundary's preserved segment), not virtual,
+/// model: after the last compact boundary (plus that boundary's preserved segment, without older
+/// compact summaries in it), not virtual,
 /// not snipped, not synthetic API error assistants. Tool-result texts count as user text.
 pub fn text_inventory(entries: &[Entry]) -> Vec<(i64, String)> {
     let snipped = snipped_uuids(entries);
@@ -1044,7 +1045,13 @@ pub fn text_inventory(entries: &[Entry]) -> Vec<(i64, String)> {
         let seq = e.seq.unwrap_or(i as i64);
         let in_context = match boundary {
             None => true,
-            Some(b) => i > b || preserved.is_some_and(|(a, z)| (a..=z).contains(&seq)),
+            // An older compact summary inside the preserved range is superseded (the view
+            // skips it; see `view::slice_after_boundary`).
+            Some(b) => {
+                i > b
+                    || (preserved.is_some_and(|(a, z)| (a..=z).contains(&seq))
+                        && !e.is_compact_summary)
+            }
         };
         if !in_context
             || !e.kind.is_model_visible()

@@ -11,41 +11,6 @@ use super::media::strip_media_types;
 use super::{Block, Ctx, Msg, NormalizeOptions, Provider, RepairKind, ThinkingMode};
 use crate::history::model::{subtype, Content, Entry, EntryKind, Role};
 
-/// The entries a conversion reads: borrowed (blocks are copied) or owned by the normalization
-/// (blocks are moved out, since each entry appears once in the view).
-pub enum Entries<'a> {
-    Borrowed(&'a [Entry]),
-    Owned(&'a mut [Entry]),
-}
-
-impl Entries<'_> {
-    fn get(&self, i: usize) -> &Entry {
-        match self {
-            Entries::Borrowed(entries) => &entries[i],
-            Entries::Owned(entries) => &entries[i],
-        }
-    }
-
-    /// The content blocks of entry `i`'s message (a string becomes one text block).
-    fn take_blocks(&mut self, i: usize) -> Vec<Value> {
-        let content = match self {
-            Entries::Borrowed(entries) => entries[i].message.as_ref().map(|m| match &m.content {
-                Content::Blocks(items) => Content::Blocks(items.clone()),
-                Content::Text(text) => Content::Text(text.clone()),
-            }),
-            Entries::Owned(entries) => entries[i]
-                .message
-                .as_mut()
-                .map(|m| std::mem::replace(&mut m.content, Content::Blocks(Vec::new()))),
-        };
-        match content {
-            Some(Content::Blocks(items)) => items,
-            Some(Content::Text(text)) => vec![text_block(&text)],
-            None => Vec::new(),
-        }
-    }
-}
-
 /// Steps e/f — converts the view into working messages.
 ///
 /// - `progress` and `system` entries are dropped (not reported: they never reach the model), except
@@ -57,7 +22,7 @@ impl Entries<'_> {
 /// - Block hygiene, see [`sanitize_blocks`]. A user message left empty is dropped; an assistant
 ///   left empty by hygiene is dropped, one *stored* empty is kept (fixed in cleanup).
 pub fn to_messages(
-    mut entries: Entries,
+    entries: &[Entry],
     view: &[usize],
     strip: &HashMap<usize, Vec<&'static str>>,
     opts: &NormalizeOptions,
@@ -65,9 +30,9 @@ pub fn to_messages(
 ) -> Vec<Msg> {
     let mut out = Vec::with_capacity(view.len());
     for &i in view {
-        let e = entries.get(i);
+        let e = &entries[i];
         let src = i as u32;
-        let role = match e.kind {
+        let (role, content) = match e.kind {
             EntryKind::Progress => continue,
             EntryKind::System => {
                 if e.subtype.as_deref() != Some(subtype::LOCAL_COMMAND) {
@@ -79,7 +44,8 @@ pub fn to_messages(
                     Some(Value::Null) | None => continue,
                     Some(other) => vec![text_block(&other.to_string())],
                 };
-                let mut blocks: Vec<Block> = blocks.into_iter().map(|v| Block { v, src }).collect();
+                let blocks: Vec<Block> = blocks.into_iter().map(|v| Block { v, src }).collect();
+                let mut blocks = blocks;
                 sanitize_blocks(&mut blocks, Role::User, opts, ctx);
                 if !blocks.is_empty() {
                     out.push(Msg::new(Role::User, blocks, src));
@@ -87,17 +53,17 @@ pub fn to_messages(
                 continue;
             }
             EntryKind::Assistant if e.is_api_error => continue,
-            EntryKind::Assistant => Role::Assistant,
-            EntryKind::User | EntryKind::Attachment => Role::User,
+            EntryKind::Assistant => (Role::Assistant, e.message.as_ref()),
+            EntryKind::User | EntryKind::Attachment => (Role::User, e.message.as_ref()),
         };
-        let Some(message) = &e.message else { continue };
-        let is_meta = e.is_meta || e.kind == EntryKind::Attachment;
-        let id = message.id.clone();
-        let mut blocks: Vec<Block> = entries
-            .take_blocks(i)
-            .into_iter()
-            .map(|v| Block { v, src })
-            .collect();
+        let Some(message) = content else { continue };
+        let mut blocks: Vec<Block> = match &message.content {
+            Content::Text(t) => vec![Block {
+                v: text_block(t),
+                src,
+            }],
+            Content::Blocks(items) => items.iter().map(|v| Block { v: v.clone(), src }).collect(),
+        };
         let stored_empty = blocks.is_empty();
         if let Some(types) = strip.get(&i) {
             let n = strip_media_types(&mut blocks, types);
@@ -141,9 +107,9 @@ pub fn to_messages(
             }
         }
         let mut msg = Msg::new(role, blocks, src);
-        msg.is_meta = is_meta;
+        msg.is_meta = e.is_meta || e.kind == EntryKind::Attachment;
         if role == Role::Assistant {
-            msg.id = id;
+            msg.id = message.id.clone();
         }
         out.push(msg);
     }
@@ -352,13 +318,7 @@ mod tests {
     fn run(entries: &[Entry], opts: &NormalizeOptions) -> (Vec<Msg>, Vec<RepairKind>) {
         let mut ctx = Ctx::new(entries);
         let idx: Vec<usize> = (0..entries.len()).collect();
-        let m = to_messages(
-            Entries::Borrowed(entries),
-            &idx,
-            &HashMap::new(),
-            opts,
-            &mut ctx,
-        );
+        let m = to_messages(entries, &idx, &HashMap::new(), opts, &mut ctx);
         let k = kinds(&ctx);
         (m, k)
     }
@@ -411,13 +371,7 @@ mod tests {
         let mut ctx = Ctx::new(&e);
         let strip: HashMap<usize, Vec<&'static str>> =
             [(0, vec!["document"]), (1, vec!["document"])].into();
-        let m = to_messages(
-            Entries::Borrowed(&e),
-            &[0, 1],
-            &strip,
-            &NormalizeOptions::default(),
-            &mut ctx,
-        );
+        let m = to_messages(&e, &[0, 1], &strip, &NormalizeOptions::default(), &mut ctx);
         assert_eq!(shape(&m), vec![(Role::User, vec![text("keep")])]);
         assert_eq!(
             kinds(&ctx),

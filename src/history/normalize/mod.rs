@@ -80,7 +80,7 @@ pub mod tool_reference;
 pub mod view;
 
 pub use output::entries_from_messages;
-pub use tokens::estimate_tokens;
+pub use tokens::{estimate_entry_tokens, estimate_tokens};
 
 /// The provider whose message format is produced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema, Default)]
@@ -319,20 +319,15 @@ impl Msg {
 }
 
 /// Repair collector; resolves entry indices to seqs/uuids.
-pub struct Ctx {
-    /// (seq, uuid) of every input entry, by index: what a repair names.
-    ids: Vec<(i64, Option<String>)>,
+pub struct Ctx<'a> {
+    pub entries: &'a [Entry],
     pub repairs: Vec<Repair>,
 }
 
-impl Ctx {
-    pub fn new(entries: &[Entry]) -> Ctx {
+impl<'a> Ctx<'a> {
+    pub fn new(entries: &'a [Entry]) -> Ctx<'a> {
         Ctx {
-            ids: entries
-                .iter()
-                .enumerate()
-                .map(|(i, e)| (e.seq_or(i), e.uuid.clone()))
-                .collect(),
+            entries,
             repairs: Vec::new(),
         }
     }
@@ -350,9 +345,9 @@ impl Ctx {
         let mut seqs = Vec::with_capacity(idx.len());
         let mut uuids = Vec::new();
         for i in idx {
-            if let Some((seq, uuid)) = self.ids.get(i as usize) {
-                seqs.push(*seq);
-                if let Some(u) = uuid {
+            if let Some(e) = self.entries.get(i as usize) {
+                seqs.push(e.seq_or(i as usize));
+                if let Some(u) = &e.uuid {
                     uuids.push(u.clone());
                 }
             }
@@ -375,29 +370,12 @@ impl Ctx {
 /// in pipeline order; routine reductions (dropping progress/system entries, virtual and snipped
 /// messages, API-error records, reduction to `{role, content}`) are not reported.
 pub fn normalize(entries: &[Entry], opts: &NormalizeOptions) -> Normalized {
-    run(convert::Entries::Borrowed(entries), opts)
-}
-
-/// [`normalize`] for a caller that owns the entries: their content blocks are moved into the
-/// output instead of copied (the copy is the largest single cost of normalizing a long history).
-pub fn normalize_owned(mut entries: Vec<Entry>, opts: &NormalizeOptions) -> Normalized {
-    run(convert::Entries::Owned(&mut entries), opts)
-}
-
-fn run(entries: convert::Entries, opts: &NormalizeOptions) -> Normalized {
-    let (view_idx, boundary, strip, mut ctx) = {
-        let all = match &entries {
-            convert::Entries::Borrowed(all) => &all[..],
-            convert::Entries::Owned(all) => &all[..],
-        };
-        let mut ctx = Ctx::new(all);
-        let (view_idx, boundary) = view::slice_after_boundary(all);
-        let view_idx = view::hide_snipped(all, view_idx);
-        let view_idx = view::reorder_attachments(all, view_idx, &mut ctx);
-        let view_idx = view::drop_virtual(all, view_idx);
-        let strip = media::build_strip_map(all, &view_idx);
-        (view_idx, boundary, strip, ctx)
-    };
+    let mut ctx = Ctx::new(entries);
+    let (view_idx, boundary) = view::slice_after_boundary(entries);
+    let view_idx = view::hide_snipped(entries, view_idx);
+    let view_idx = view::reorder_attachments(entries, view_idx, &mut ctx);
+    let view_idx = view::drop_virtual(entries, view_idx);
+    let strip = media::build_strip_map(entries, &view_idx);
     let msgs = convert::to_messages(entries, &view_idx, &strip, opts, &mut ctx);
     let mut msgs = tool_reference::strip_tool_references(msgs, opts.tools.as_deref(), &mut ctx);
     msgs = merge::merge_messages(msgs, &mut ctx);
@@ -493,7 +471,7 @@ pub(crate) mod testutil {
         let mut ctx = Ctx::new(entries);
         let idx: Vec<usize> = (0..entries.len()).collect();
         convert::to_messages(
-            convert::Entries::Borrowed(entries),
+            entries,
             &idx,
             &Default::default(),
             &NormalizeOptions::default(),

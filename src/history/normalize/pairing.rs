@@ -283,7 +283,7 @@ mod tests {
     use super::*;
     use serde_json::{json, Value};
 
-    fn run(e: &[crate::history::Entry]) -> (Vec<(Role, Vec<Value>)>, Ctx) {
+    fn run(e: &[crate::history::Entry]) -> (Vec<(Role, Vec<Value>)>, Ctx<'_>) {
         let mut ctx = Ctx::new(e);
         let m = ensure_tool_result_pairing(msgs(e), &mut ctx);
         (shape(&m), ctx)

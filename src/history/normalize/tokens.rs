@@ -64,10 +64,52 @@ pub fn estimate_tokens(messages: &[Value]) -> u64 {
         .sum()
 }
 
+/// Rough token count of one stored entry as the model would see it (the running estimate behind
+/// automatic compaction): the [`estimate_tokens`] of a user/assistant/attachment message's content,
+/// the text of a `local_command` system entry; 0 for every other entry (progress, boundaries,
+/// snips, virtual and API-error entries never reach the model).
+pub fn estimate_entry_tokens(entry: &crate::history::model::Entry) -> u64 {
+    use crate::history::model::{subtype, EntryKind};
+    if entry.is_virtual || entry.is_api_error_message() {
+        return 0;
+    }
+    match entry.kind {
+        EntryKind::User | EntryKind::Assistant | EntryKind::Attachment => match &entry.message {
+            Some(message) => {
+                let content = serde_json::to_value(&message.content).unwrap_or(Value::Null);
+                content_tokens(Some(&content))
+            }
+            None => 0,
+        },
+        EntryKind::System if entry.subtype.as_deref() == Some(subtype::LOCAL_COMMAND) => {
+            content_tokens(entry.content.as_ref())
+        }
+        _ => 0,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn entry_estimates_count_only_what_the_model_sees() {
+        let entry =
+            |v: Value| -> crate::history::model::Entry { serde_json::from_value(v).unwrap() };
+        let user =
+            entry(json!({"type": "user", "message": {"role": "user", "content": "abcdefgh"}}));
+        assert_eq!(estimate_entry_tokens(&user), 2);
+        let asst = entry(json!({"type": "assistant", "message": {"role": "assistant",
+            "content": [{"type": "text", "text": "abcd"}, {"type": "image", "source": {}}]}}));
+        assert_eq!(estimate_entry_tokens(&asst), 2001);
+        let progress = entry(json!({"type": "progress", "data": "x".repeat(400)}));
+        assert_eq!(estimate_entry_tokens(&progress), 0);
+        let boundary = entry(
+            json!({"type": "system", "subtype": "compact_boundary", "content": "Conversation compacted"}),
+        );
+        assert_eq!(estimate_entry_tokens(&boundary), 0);
+    }
 
     #[test]
     fn rough_rounds_like_math_round() {

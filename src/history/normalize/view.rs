@@ -13,9 +13,9 @@ use crate::history::model::{Content, Entry, EntryKind};
 /// Finds the last compact boundary. Without `compact_metadata.preserved_segment` the view is the
 /// boundary and everything after it. With `preserved_segment {first_seq: A, last_seq: B}` the view
 /// is: the boundary, the `is_compact_summary` user entries directly after it, the entries whose seq
-/// is in `[A, B]` (kept by reference, stored before the boundary), then every other entry after the
-/// boundary; the last two groups in seq order. No boundary: every entry. Returns the indices and
-/// the boundary's seq.
+/// is in `[A, B]` (kept by reference, stored before the boundary) except older compact boundaries
+/// and compact summaries inside that range, then every other entry after the boundary; the last
+/// two groups in seq order. No boundary: every entry. Returns the indices and the boundary's seq.
 pub fn slice_after_boundary(entries: &[Entry]) -> (Vec<usize>, Option<i64>) {
     let Some(b) = entries.iter().rposition(Entry::is_compact_boundary) else {
         return ((0..entries.len()).collect(), None);
@@ -31,8 +31,12 @@ pub fn slice_after_boundary(entries: &[Entry]) -> (Vec<usize>, Option<i64>) {
         j += 1;
     }
     let in_segment = |i: usize| (first..=last).contains(&entries[i].seq_or(i));
+    // A kept range that reaches back past an earlier compaction spans that compaction's boundary
+    // and summary; they are history by now (the new summary folds the old one in), so a preserved
+    // segment never brings back an older boundary or summary.
+    let superseded = |i: usize| entries[i].is_compact_boundary() || entries[i].is_compact_summary;
     let mut kept: Vec<usize> = (0..entries.len())
-        .filter(|&i| i != b && !(b < i && i < j) && in_segment(i))
+        .filter(|&i| i != b && !(b < i && i < j) && in_segment(i) && !superseded(i))
         .collect();
     kept.sort_by_key(|&i| entries[i].seq_or(i));
     let mut rest: Vec<usize> = (j..entries.len()).filter(|&i| !in_segment(i)).collect();
@@ -189,6 +193,33 @@ mod tests {
         let (view, b) = slice_after_boundary(&e);
         assert_eq!(b, Some(5));
         assert_eq!(seqs(&e, &view), vec![5, 6, 2, 3, 7, 8]);
+    }
+
+    #[test]
+    fn a_preserved_segment_never_brings_back_an_older_boundary_or_summary() {
+        let mut old_boundary = system(2, "compact_boundary", json!("Conversation compacted"));
+        old_boundary.compact_metadata =
+            Some(json!({"preserved_segment": {"first_seq": 0, "last_seq": 1}}));
+        let mut old_summary = user(3, json!("Old summary"));
+        old_summary.is_compact_summary = true;
+        let mut boundary = system(6, "compact_boundary", json!("Conversation compacted"));
+        boundary.compact_metadata =
+            Some(json!({"preserved_segment": {"first_seq": 1, "last_seq": 5}}));
+        let mut summary = user(7, json!("New summary"));
+        summary.is_compact_summary = true;
+        let e = vec![
+            user(0, json!("old")),
+            asst(1, "X", json!([text("kept from before")])),
+            old_boundary,
+            old_summary,
+            user(4, json!("p")),
+            asst(5, "Y", json!([text("kept")])),
+            boundary,
+            summary,
+            user(8, json!("next")),
+        ];
+        let (view, _) = slice_after_boundary(&e);
+        assert_eq!(seqs(&e, &view), vec![6, 7, 1, 4, 5, 8]);
     }
 
     #[test]

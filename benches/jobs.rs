@@ -1,0 +1,225 @@
+//! Job queue throughput and compaction latency, timed plainly (no statistics framework).
+//!
+//! `BENCH_DATABASE_URL` (or `TEST_DATABASE_URL`) names a PostgreSQL role that may create
+//! databases; each measurement runs in a fresh database, dropped afterwards. SQLite runs in a
+//! temporary file. Run: `cargo bench --bench jobs` (release profile).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use loupe::history::Entry;
+use loupe::jobs::{Clock, CompactionPayload, JobsConfig, Runner, StepOutcome, KIND_NOOP};
+use loupe::store::{now_millis, AppendRequest, NewJob, NewThread, Store, StoreOptions, TenantId};
+use loupe::summarize::ExtractiveSummarizer;
+use serde_json::json;
+
+const NOOP_JOBS: usize = 2_000;
+const THREAD_MESSAGES: usize = 10_000;
+
+struct Scratch {
+    store: Store,
+    drop: Option<(String, String)>,
+    file: Option<std::path::PathBuf>,
+}
+
+async fn postgres(admin_url: &str) -> Scratch {
+    let name = format!("loupe_bench_{}", uuid::Uuid::new_v4().simple());
+    let admin = Store::connect(&StoreOptions::new(admin_url)).await.unwrap();
+    admin.create_database(&name).await.unwrap();
+    admin.close().await;
+    let base = admin_url.rsplit_once('/').unwrap().0;
+    let store = Store::connect(&StoreOptions::new(format!("{base}/{name}")))
+        .await
+        .unwrap();
+    store.migrate().await.unwrap();
+    Scratch {
+        store,
+        drop: Some((admin_url.to_owned(), name)),
+        file: None,
+    }
+}
+
+async fn sqlite() -> Scratch {
+    let path =
+        std::env::temp_dir().join(format!("loupe-bench-{}.db", uuid::Uuid::new_v4().simple()));
+    let store = Store::connect(&StoreOptions::new(format!("sqlite://{}", path.display())))
+        .await
+        .unwrap();
+    store.migrate().await.unwrap();
+    Scratch {
+        store,
+        drop: None,
+        file: Some(path),
+    }
+}
+
+impl Scratch {
+    async fn finish(self) {
+        self.store.close().await;
+        if let Some((admin_url, name)) = self.drop {
+            let admin = Store::connect(&StoreOptions::new(&admin_url))
+                .await
+                .unwrap();
+            admin.drop_database(&name).await.unwrap();
+            admin.close().await;
+        }
+        if let Some(path) = self.file {
+            for suffix in ["", "-wal", "-shm"] {
+                let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+            }
+        }
+    }
+}
+
+fn runner(store: &Store) -> Runner {
+    Runner::new(
+        store.clone(),
+        Arc::new(ExtractiveSummarizer::new()),
+        JobsConfig::default(),
+    )
+}
+
+/// Jobs claimed and completed per second by `workers` concurrent workers.
+async fn noop_throughput(store: &Store, workers: usize) -> (usize, Duration) {
+    let now = now_millis();
+    for _ in 0..NOOP_JOBS {
+        store
+            .enqueue_job(
+                &NewJob {
+                    tenant: TenantId::default_tenant(),
+                    thread_key: None,
+                    kind: KIND_NOOP.to_owned(),
+                    payload: json!({}),
+                    dedup_key: None,
+                    max_attempts: 3,
+                },
+                now,
+            )
+            .await
+            .unwrap();
+    }
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..workers)
+        .map(|_| {
+            let runner = runner(store);
+            tokio::spawn(async move {
+                let mut done = 0;
+                while let StepOutcome::Succeeded { .. } = runner.step(Clock::System).await.unwrap()
+                {
+                    done += 1;
+                }
+                done
+            })
+        })
+        .collect();
+    let mut done = 0;
+    for task in tasks {
+        done += task.await.unwrap();
+    }
+    (done, started.elapsed())
+}
+
+/// Appends a 10,000-message thread (2,500 tool-use rounds), then times one compaction job.
+async fn compaction(store: &Store) -> Duration {
+    let tenant = TenantId::default_tenant();
+    let thread = store
+        .create_thread(&tenant, NewThread::default())
+        .await
+        .unwrap();
+    let mut batch = Vec::new();
+    for i in 0..THREAD_MESSAGES / 4 {
+        let entries = [
+            json!({"type": "user", "message": {"role": "user", "content": format!("Please look at file {i} and fix the failing test.")}}),
+            json!({"type": "assistant", "message": {"role": "assistant", "id": format!("msg_{i}"),
+                "content": [{"type": "tool_use", "id": format!("toolu_{i}"), "name": "Read", "input": {"path": format!("src/f{i}.rs")}}]}}),
+            json!({"type": "user", "message": {"role": "user", "content": [{"type": "tool_result",
+                "tool_use_id": format!("toolu_{i}"), "content": format!("fn f{i}() {{ todo!() }}\n").repeat(20)}]}}),
+            json!({"type": "assistant", "message": {"role": "assistant", "id": format!("msg_{i}"),
+                "content": [{"type": "text", "text": format!("Fixed f{i} because the test expected a value.")}]}}),
+        ];
+        batch.extend(
+            entries
+                .into_iter()
+                .map(|v| serde_json::from_value::<Entry>(v).unwrap()),
+        );
+        if batch.len() >= 1_000 {
+            store
+                .append(
+                    &tenant,
+                    &thread.id,
+                    AppendRequest {
+                        entries: std::mem::take(&mut batch),
+                        expected_next_seq: None,
+                    },
+                )
+                .await
+                .unwrap();
+        }
+    }
+    store
+        .enqueue_compaction(
+            &tenant,
+            &thread.id,
+            CompactionPayload::manual(&thread.id, 2, None).to_value(),
+            3,
+            now_millis(),
+        )
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let outcome = runner(store).step(Clock::System).await.unwrap();
+    let elapsed = started.elapsed();
+    assert!(
+        matches!(outcome, StepOutcome::Succeeded { .. }),
+        "{outcome:?}"
+    );
+    elapsed
+}
+
+#[tokio::main(flavor = "multi_thread")]
+async fn main() {
+    // `cargo bench` passes `--bench`; `cargo test --benches` passes nothing: run a short smoke.
+    let url = std::env::var("BENCH_DATABASE_URL")
+        .or_else(|_| std::env::var("TEST_DATABASE_URL"))
+        .ok();
+    for workers in [1, 4] {
+        let Some(url) = &url else {
+            println!("noop jobs: set BENCH_DATABASE_URL (PostgreSQL) to measure");
+            break;
+        };
+        let scratch = postgres(url).await;
+        let (done, elapsed) = noop_throughput(&scratch.store, workers).await;
+        println!(
+            "postgres noop jobs, {workers} worker(s): {done} in {:.2} s = {:.0} jobs/s",
+            elapsed.as_secs_f64(),
+            done as f64 / elapsed.as_secs_f64()
+        );
+        scratch.finish().await;
+    }
+    for workers in [1, 4] {
+        let scratch = sqlite().await;
+        let (done, elapsed) = noop_throughput(&scratch.store, workers).await;
+        println!(
+            "sqlite noop jobs, {workers} worker(s): {done} in {:.2} s = {:.0} jobs/s",
+            elapsed.as_secs_f64(),
+            done as f64 / elapsed.as_secs_f64()
+        );
+        scratch.finish().await;
+    }
+    if let Some(url) = &url {
+        let scratch = postgres(url).await;
+        let elapsed = compaction(&scratch.store).await;
+        println!(
+            "postgres compaction of a {THREAD_MESSAGES}-message thread (extractive): {:.0} ms",
+            elapsed.as_secs_f64() * 1000.0
+        );
+        scratch.finish().await;
+    }
+    let scratch = sqlite().await;
+    let elapsed = compaction(&scratch.store).await;
+    println!(
+        "sqlite compaction of a {THREAD_MESSAGES}-message thread (extractive): {:.0} ms",
+        elapsed.as_secs_f64() * 1000.0
+    );
+    scratch.finish().await;
+}

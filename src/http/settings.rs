@@ -1,0 +1,209 @@
+//! `/v1/threads/{thread_id}/settings`: the auto-compaction threshold and micro-compaction of the
+//! context view.
+
+use axum::extract::State;
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+use utoipa_axum::{router::OpenApiRouter, routes};
+
+use super::context::valid_tool_name;
+use super::problem::{ApiError, ApiJson, ApiPath, Problem};
+use super::threads::ThreadPath;
+use super::{AppState, Tenant};
+use crate::history::ingest::FieldError;
+use crate::history::MicrocompactOptions;
+use crate::store::{MicrocompactSettings, ThreadSettings};
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(get_settings, put_settings))
+}
+
+/// Most compactable tool names, and most recent results kept, in micro-compaction settings.
+const MAX_TOOLS: usize = 256;
+const MAX_KEEP_RECENT: u64 = 100_000;
+
+/// Micro-compaction of the context view: results of `tools` older than the last `keep_recent`
+/// compactable calls, at least `min_bytes` long, are replaced by
+/// `[Old tool result content cleared: <tool>, <bytes> bytes]`. Storage is never changed.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MicrocompactBody {
+    /// Off unless enabled.
+    pub enabled: bool,
+    /// Compactable tool names (default: Read, Bash, PowerShell, Grep, Glob, WebSearch, WebFetch,
+    /// Edit, Write).
+    pub tools: Option<Vec<String>>,
+    /// Most recent compactable calls whose results are kept (default 5).
+    pub keep_recent: Option<u64>,
+    /// Results shorter than this many bytes are kept (default 2000).
+    pub min_bytes: Option<u64>,
+}
+
+/// A thread's settings. `null` (or absent) means the server default.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"auto_compact_tokens": 100000,
+    "microcompact": {"enabled": true, "tools": ["Read", "Bash", "Grep"], "keep_recent": 3, "min_bytes": 1000}}))]
+pub struct ThreadSettingsBody {
+    /// Auto-compaction threshold in estimated context tokens; 0 turns auto-compaction off for
+    /// the thread. Default: the server's `LOUPE_AUTO_COMPACT_TOKENS` (167,000).
+    pub auto_compact_tokens: Option<i64>,
+    pub microcompact: Option<MicrocompactBody>,
+}
+
+/// The values in force, defaults filled in.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EffectiveSettings {
+    /// 0 = off.
+    pub auto_compact_tokens: i64,
+    pub microcompact: MicrocompactBody,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ThreadSettingsResponse {
+    /// What was set for the thread.
+    #[serde(flatten)]
+    pub stored: ThreadSettingsBody,
+    pub effective: EffectiveSettings,
+}
+
+/// The micro-compaction options of a thread's context, when it is enabled.
+pub fn microcompact_options(settings: &ThreadSettings) -> Option<MicrocompactOptions> {
+    let stored = settings.microcompact.as_ref().filter(|m| m.enabled)?;
+    let defaults = MicrocompactOptions::default();
+    Some(MicrocompactOptions {
+        tools: stored.tools.clone().unwrap_or(defaults.tools),
+        keep_recent: stored
+            .keep_recent
+            .map_or(defaults.keep_recent, |n| n as usize),
+        min_bytes: stored.min_bytes.map_or(defaults.min_bytes, |n| n as usize),
+    })
+}
+
+fn response(settings: ThreadSettings, default_threshold: i64) -> ThreadSettingsResponse {
+    let defaults = MicrocompactOptions::default();
+    let stored_mc = settings.microcompact.clone();
+    let effective_mc = MicrocompactBody {
+        enabled: stored_mc.as_ref().is_some_and(|m| m.enabled),
+        tools: Some(
+            stored_mc
+                .as_ref()
+                .and_then(|m| m.tools.clone())
+                .unwrap_or(defaults.tools),
+        ),
+        keep_recent: Some(
+            stored_mc
+                .as_ref()
+                .and_then(|m| m.keep_recent)
+                .unwrap_or(defaults.keep_recent as u64),
+        ),
+        min_bytes: Some(
+            stored_mc
+                .as_ref()
+                .and_then(|m| m.min_bytes)
+                .unwrap_or(defaults.min_bytes as u64),
+        ),
+    };
+    ThreadSettingsResponse {
+        effective: EffectiveSettings {
+            auto_compact_tokens: settings.auto_compact_tokens.unwrap_or(default_threshold),
+            microcompact: effective_mc,
+        },
+        stored: ThreadSettingsBody {
+            auto_compact_tokens: settings.auto_compact_tokens,
+            microcompact: stored_mc.map(|m| MicrocompactBody {
+                enabled: m.enabled,
+                tools: m.tools,
+                keep_recent: m.keep_recent,
+                min_bytes: m.min_bytes,
+            }),
+        },
+    }
+}
+
+/// The thread's settings, as stored and in force.
+#[utoipa::path(
+    get, path = "/v1/threads/{thread_id}/settings", tag = "threads", operation_id = "getThreadSettings",
+    params(ThreadPath),
+    responses(
+        (status = 200, description = "The settings", body = ThreadSettingsResponse),
+        (status = 404, description = "No such thread (`not-found`)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn get_settings(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    ApiPath(path): ApiPath<ThreadPath>,
+) -> Result<Json<ThreadSettingsResponse>, ApiError> {
+    let settings = state
+        .store
+        .thread_settings(&tenant, &path.thread_id)
+        .await?;
+    Ok(Json(response(
+        settings,
+        state.store.default_auto_compact_tokens(),
+    )))
+}
+
+/// Replace the thread's settings (fields left out go back to the server defaults).
+#[utoipa::path(
+    put, path = "/v1/threads/{thread_id}/settings", tag = "threads", operation_id = "putThreadSettings",
+    params(ThreadPath),
+    request_body = ThreadSettingsBody,
+    responses(
+        (status = 200, description = "The settings now in force", body = ThreadSettingsResponse),
+        (status = 400, description = "Malformed JSON (`bad-request`)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such thread (`not-found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "A bad value (`validation`)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn put_settings(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    ApiPath(path): ApiPath<ThreadPath>,
+    ApiJson(body): ApiJson<ThreadSettingsBody>,
+) -> Result<Json<ThreadSettingsResponse>, ApiError> {
+    let invalid = |path: &str, problem: &str| {
+        ApiError::field(FieldError {
+            path: path.to_owned(),
+            problem: problem.to_owned(),
+        })
+    };
+    if body.auto_compact_tokens.is_some_and(|n| n < 0) {
+        return Err(invalid("auto_compact_tokens", "must be 0 (off) or more"));
+    }
+    if let Some(mc) = &body.microcompact {
+        if let Some(tools) = &mc.tools {
+            if tools.len() > MAX_TOOLS {
+                return Err(invalid("microcompact.tools", "at most 256 tool names"));
+            }
+            if let Some(bad) = tools.iter().position(|t| !valid_tool_name(t)) {
+                return Err(invalid(
+                    &format!("microcompact.tools[{bad}]"),
+                    "a tool name is 1–64 characters of [a-zA-Z0-9_-]",
+                ));
+            }
+        }
+        if mc.keep_recent.is_some_and(|n| n > MAX_KEEP_RECENT) {
+            return Err(invalid("microcompact.keep_recent", "at most 100000"));
+        }
+    }
+    let settings = ThreadSettings {
+        auto_compact_tokens: body.auto_compact_tokens,
+        microcompact: body.microcompact.map(|m| MicrocompactSettings {
+            enabled: m.enabled,
+            tools: m.tools,
+            keep_recent: m.keep_recent,
+            min_bytes: m.min_bytes,
+        }),
+    };
+    state
+        .store
+        .put_thread_settings(&tenant, &path.thread_id, &settings)
+        .await?;
+    Ok(Json(response(
+        settings,
+        state.store.default_auto_compact_tokens(),
+    )))
+}

@@ -1,0 +1,308 @@
+//! The compaction job: summarize the current context up to a round boundary and append, in one
+//! write, a compact boundary and the summary. The kept rounds are referenced by the boundary's
+//! `preserved_segment`, never copied.
+//!
+//! The job reads the thread, calls the summarizer with no transaction open, then writes the
+//! boundary and the summary atomically with the job's completion (fenced by its lease). Entries
+//! appended while the summarizer ran lie between the read and the new boundary; the preserved
+//! segment runs up to the seq just before the boundary, so they stay in the context, in order.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Map, Value};
+
+use crate::history::model::{subtype, ApiMessage, Content, Entry, EntryKind, Role};
+use crate::history::normalize::view;
+use crate::history::{estimate_entry_tokens, group_rounds};
+
+/// Reference-behaviour §4.3: the first words of the summary message.
+pub const SUMMARY_PREFIX: &str = "This session is being continued from a previous conversation that ran out of context. The summary below covers the earlier portion of the conversation.\n\n";
+
+/// Rounds kept whole after the summary when the request does not say.
+pub const DEFAULT_KEEP_RECENT_ROUNDS: u32 = 2;
+
+/// What a compaction job was asked to do.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CompactionPayload {
+    pub thread_id: String,
+    /// `manual` (the compact endpoint) or `auto` (the threshold was crossed).
+    pub trigger: String,
+    pub keep_recent_rounds: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instructions: Option<String>,
+}
+
+impl CompactionPayload {
+    pub fn manual(thread_id: &str, keep_recent_rounds: u32, instructions: Option<String>) -> Self {
+        CompactionPayload {
+            thread_id: thread_id.to_owned(),
+            trigger: "manual".to_owned(),
+            keep_recent_rounds,
+            instructions,
+        }
+    }
+
+    pub fn auto(thread_id: &str) -> Self {
+        CompactionPayload {
+            thread_id: thread_id.to_owned(),
+            trigger: "auto".to_owned(),
+            keep_recent_rounds: DEFAULT_KEEP_RECENT_ROUNDS,
+            instructions: None,
+        }
+    }
+
+    pub fn to_value(&self) -> Value {
+        serde_json::to_value(self).unwrap_or(Value::Null)
+    }
+}
+
+/// Where to cut the current context, computed from the entries the store returned for it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CompactionPlan {
+    /// The entries to summarize: the view before the cut, without boundaries and old summaries.
+    pub to_summarize: Vec<Entry>,
+    /// The text of the summary the previous compaction wrote (without its prefix).
+    pub previous_summary: Option<String>,
+    /// The seq of the first kept entry; `None` when no round is kept.
+    pub first_kept_seq: Option<i64>,
+    /// Estimated tokens of the current context (the boundary's `pre_tokens`).
+    pub pre_tokens: u64,
+    /// Estimated tokens of the kept rounds.
+    pub kept_tokens: u64,
+    pub rounds: usize,
+}
+
+/// Why there is nothing to compact.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NothingToSummarize {
+    pub rounds: usize,
+    pub keep_recent_rounds: u32,
+}
+
+/// Plans a compaction of the current view of `entries` (as [`crate::store::Store::context_window`]
+/// returns them), keeping the last `keep_recent_rounds` rounds. The cut is always at a round
+/// start. Older boundaries and summaries inside the view are never kept (the view skips them in a
+/// preserved range; see [`view::slice_after_boundary`]); the previous summary is folded in.
+pub fn plan(
+    entries: &[Entry],
+    keep_recent_rounds: u32,
+) -> Result<CompactionPlan, NothingToSummarize> {
+    let (indices, _) = view::slice_after_boundary(entries);
+    let indices = view::hide_snipped(entries, indices);
+    let view: Vec<Entry> = indices.iter().map(|&i| entries[i].clone()).collect();
+    let rounds = group_rounds(&view);
+    let nothing = NothingToSummarize {
+        rounds: rounds.len(),
+        keep_recent_rounds,
+    };
+    let keep = keep_recent_rounds as usize;
+    if rounds.len() <= keep {
+        return Err(nothing);
+    }
+    let cut = if keep == 0 {
+        view.len()
+    } else {
+        rounds[rounds.len() - keep].first_index
+    };
+    let superseded = |e: &Entry| e.is_compact_boundary() || e.is_compact_summary;
+    let to_summarize: Vec<Entry> = view[..cut]
+        .iter()
+        .filter(|e| !superseded(e))
+        .cloned()
+        .collect();
+    if !to_summarize.iter().any(|e| e.kind.is_model_visible()) {
+        return Err(nothing);
+    }
+    let previous: Vec<String> = view[..cut]
+        .iter()
+        .filter(|e| e.is_compact_summary)
+        .filter_map(|e| e.first_text())
+        .map(|text| text.strip_prefix(SUMMARY_PREFIX).unwrap_or(text).to_owned())
+        .collect();
+    let kept = &view[cut..];
+    Ok(CompactionPlan {
+        to_summarize,
+        previous_summary: (!previous.is_empty()).then(|| previous.join("\n\n")),
+        first_kept_seq: kept.iter().filter_map(|e| e.seq).min(),
+        pre_tokens: view.iter().map(estimate_entry_tokens).sum(),
+        kept_tokens: kept.iter().map(estimate_entry_tokens).sum(),
+        rounds: rounds.len(),
+    })
+}
+
+/// What the boundary records besides its position.
+#[derive(Debug, Clone)]
+pub struct BoundaryInfo<'a> {
+    pub trigger: &'a str,
+    pub pre_tokens: u64,
+    pub messages_summarized: usize,
+    pub summarizer: &'a str,
+    pub job_id: &'a str,
+    /// The preserved segment `[first_seq, last_seq]`, when anything is kept.
+    pub preserved: Option<(i64, i64)>,
+}
+
+/// The `compact_boundary` system entry.
+pub fn boundary_entry(info: &BoundaryInfo<'_>) -> Entry {
+    let mut metadata = json!({
+        "trigger": info.trigger,
+        "pre_tokens": info.pre_tokens,
+        "messages_summarized": info.messages_summarized,
+        "summarizer": info.summarizer,
+        "job_id": info.job_id,
+    });
+    if let Some((first, last)) = info.preserved {
+        metadata["preserved_segment"] = json!({"first_seq": first, "last_seq": last});
+    }
+    Entry {
+        seq: None,
+        uuid: None,
+        kind: EntryKind::System,
+        message: None,
+        is_meta: false,
+        is_virtual: false,
+        is_compact_summary: false,
+        is_api_error: false,
+        subtype: Some(subtype::COMPACT_BOUNDARY.to_owned()),
+        content: Some(Value::String("Conversation compacted".to_owned())),
+        compact_metadata: Some(metadata),
+        snip_metadata: None,
+        created_at: None,
+        extra: Map::new(),
+    }
+}
+
+/// The summary as a user message with `is_compact_summary` (reference-behaviour §4.3 text).
+pub fn summary_entry(summary: &str) -> Entry {
+    Entry {
+        seq: None,
+        uuid: None,
+        kind: EntryKind::User,
+        message: Some(ApiMessage {
+            role: Role::User,
+            content: Content::Text(format!("{SUMMARY_PREFIX}{summary}")),
+            id: None,
+            model: None,
+            stop_reason: None,
+            usage: None,
+            extra: Map::new(),
+        }),
+        is_meta: false,
+        is_virtual: false,
+        is_compact_summary: true,
+        is_api_error: false,
+        subtype: None,
+        content: None,
+        compact_metadata: None,
+        snip_metadata: None,
+        created_at: None,
+        extra: Map::new(),
+    }
+}
+
+/// The preserved segment of a boundary written at `boundary_seq`: from the first kept entry (or,
+/// when no round is kept, from the first entry appended while the job ran) up to the entry just
+/// before the boundary. `None` when that range is empty.
+pub fn preserved_segment(
+    first_kept_seq: Option<i64>,
+    read_next_seq: i64,
+    boundary_seq: i64,
+) -> Option<(i64, i64)> {
+    let first = first_kept_seq.unwrap_or(read_next_seq);
+    let last = boundary_seq - 1;
+    (first <= last).then_some((first, last))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(v: Value) -> Entry {
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn user(seq: i64, text: &str) -> Entry {
+        entry(json!({"seq": seq, "type": "user", "message": {"role": "user", "content": text}}))
+    }
+
+    fn asst(seq: i64, id: &str) -> Entry {
+        entry(json!({"seq": seq, "type": "assistant",
+            "message": {"role": "assistant", "id": id, "content": [{"type": "text", "text": "ok"}]}}))
+    }
+
+    #[test]
+    fn cuts_at_a_round_start_and_keeps_the_last_rounds() {
+        let e = vec![
+            user(0, "a"),
+            asst(1, "A"),
+            user(2, "b"),
+            asst(3, "B"),
+            user(4, "c"),
+            asst(5, "C"),
+        ];
+        // Rounds: [0,1,2], [3,4], [5].
+        let p = plan(&e, 2).unwrap();
+        assert_eq!(p.rounds, 3);
+        assert_eq!(p.first_kept_seq, Some(3));
+        assert_eq!(
+            p.to_summarize
+                .iter()
+                .map(|e| e.seq.unwrap())
+                .collect::<Vec<_>>(),
+            [0, 1, 2]
+        );
+        assert_eq!(
+            plan(&e, 3),
+            Err(NothingToSummarize {
+                rounds: 3,
+                keep_recent_rounds: 3
+            })
+        );
+        let all = plan(&e, 0).unwrap();
+        assert_eq!((all.to_summarize.len(), all.first_kept_seq), (6, None));
+    }
+
+    #[test]
+    fn a_second_compaction_folds_the_first_summary_and_skips_the_old_boundary() {
+        let mut b = boundary_entry(&BoundaryInfo {
+            trigger: "manual",
+            pre_tokens: 0,
+            messages_summarized: 2,
+            summarizer: "extractive",
+            job_id: "j",
+            preserved: Some((3, 5)),
+        });
+        b.seq = Some(6);
+        let mut s = summary_entry("FIRST");
+        s.seq = Some(7);
+        let e = vec![
+            asst(3, "B"),
+            user(4, "c"),
+            asst(5, "C"),
+            b,
+            s,
+            user(8, "d"),
+            asst(9, "D"),
+            user(10, "e"),
+        ];
+        // View: 6, 7, 3, 4, 5, 8, 9, 10 — rounds [6,7] (no assistant yet: joins the first),
+        // then [3,4], [5,8], [9,10].
+        let p = plan(&e, 2).unwrap();
+        assert_eq!(p.previous_summary.as_deref(), Some("FIRST"));
+        assert_eq!(p.first_kept_seq, Some(5));
+        assert_eq!(
+            p.to_summarize
+                .iter()
+                .map(|e| e.seq.unwrap())
+                .collect::<Vec<_>>(),
+            [3, 4]
+        );
+        assert_eq!(preserved_segment(p.first_kept_seq, 11, 12), Some((5, 11)));
+    }
+
+    #[test]
+    fn the_preserved_segment_covers_what_was_appended_during_the_job() {
+        assert_eq!(preserved_segment(Some(4), 10, 12), Some((4, 11)));
+        assert_eq!(preserved_segment(None, 10, 12), Some((10, 11)));
+        assert_eq!(preserved_segment(None, 10, 10), None);
+    }
+}

@@ -1,0 +1,448 @@
+//! Background jobs: tokio workers in the same binary, sharing the durable queue in the database.
+//!
+//! [`Runner::step`] is one unit of work — claim a job, run it, record the outcome — and takes the
+//! time from a [`Clock`], so tests drive the queue step by step with injected time and never
+//! sleep. [`spawn_workers`] runs `N` loops of it, woken when a job is enqueued (an in-process
+//! `Notify`; on PostgreSQL also `LISTEN`/`NOTIFY` across processes) and polling as a fallback.
+//!
+//! Lifecycle (see `docs/COMPACTION.md`): `pending` → (claimed) `running` → `succeeded`, or on an
+//! error back to `pending` after a bounded exponential backoff, or `failed` after the last
+//! attempt. A running job whose lease expires (its worker died) is claimed again.
+
+pub mod compaction;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::history::normalize::tokens::rough;
+use crate::store::{
+    Backend, ClaimedJob, CompactionWrite, JobState, Store, StoreError, TenantId, NOTIFY_CHANNEL,
+};
+use crate::summarize::{Purpose, SummarizeError, Summarizer, SummaryRequest};
+pub use compaction::CompactionPayload;
+
+/// Summarizes a thread and appends a compact boundary.
+pub const KIND_COMPACTION: &str = "compaction";
+/// Does nothing (benchmarks and tests of the queue).
+pub const KIND_NOOP: &str = "noop";
+
+/// Where the workers' time comes from.
+#[derive(Debug, Clone, Copy)]
+pub enum Clock {
+    System,
+    /// Every timestamp of the step is this one (tests).
+    Fixed(i64),
+}
+
+impl Clock {
+    pub fn now_ms(self) -> i64 {
+        match self {
+            Clock::System => chrono::Utc::now().timestamp_millis(),
+            Clock::Fixed(ms) => ms,
+        }
+    }
+}
+
+/// Settings of the workers.
+#[derive(Debug, Clone)]
+pub struct JobsConfig {
+    /// How long a claim holds a job without renewal; a running worker renews it every third.
+    pub lease: Duration,
+    /// First retry delay, doubled per failed attempt, capped at `backoff_max`.
+    pub backoff_base: Duration,
+    pub backoff_max: Duration,
+    /// How often an idle worker looks for work when no wake-up arrives.
+    pub poll_interval: Duration,
+    /// Byte budget of a compaction summary.
+    pub summary_max_bytes: usize,
+}
+
+impl Default for JobsConfig {
+    fn default() -> Self {
+        JobsConfig {
+            lease: Duration::from_secs(300),
+            backoff_base: Duration::from_secs(5),
+            backoff_max: Duration::from_secs(300),
+            poll_interval: Duration::from_secs(1),
+            summary_max_bytes: 24_000,
+        }
+    }
+}
+
+impl JobsConfig {
+    /// The delay before the retry that follows failed attempt number `attempts` (1-based):
+    /// `base · 2^(attempts−1)`, at most `backoff_max`.
+    pub fn backoff(&self, attempts: i64) -> Duration {
+        let exponent = attempts.saturating_sub(1).clamp(0, 20) as u32;
+        self.backoff_base
+            .saturating_mul(2u32.saturating_pow(exponent))
+            .min(self.backoff_max)
+    }
+}
+
+/// What one step did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StepOutcome {
+    /// No job was claimable.
+    Idle,
+    Succeeded {
+        job_id: String,
+        result: Value,
+    },
+    /// The attempt failed; the job is pending again.
+    WillRetry {
+        job_id: String,
+        error: String,
+    },
+    /// The last attempt failed.
+    Failed {
+        job_id: String,
+        error: String,
+    },
+    /// The lease was taken over while the job ran: its outcome was discarded.
+    LeaseLost {
+        job_id: String,
+    },
+    /// Shutdown: the job was given back unfinished.
+    Released {
+        job_id: String,
+    },
+}
+
+impl StepOutcome {
+    /// The `outcome` label of the jobs metric.
+    pub fn label(&self) -> &'static str {
+        match self {
+            StepOutcome::Idle => "idle",
+            StepOutcome::Succeeded { .. } => "succeeded",
+            StepOutcome::WillRetry { .. } => "retry",
+            StepOutcome::Failed { .. } => "failed",
+            StepOutcome::LeaseLost { .. } => "lease_lost",
+            StepOutcome::Released { .. } => "released",
+        }
+    }
+}
+
+/// Why an attempt failed.
+#[derive(Debug, thiserror::Error)]
+enum JobError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("summarizer: {0}")]
+    Summarize(#[from] SummarizeError),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Runs jobs. One per worker (the worker id names its claims).
+pub struct Runner {
+    pub store: Store,
+    pub summarizer: Arc<dyn Summarizer>,
+    pub config: JobsConfig,
+    pub worker_id: String,
+}
+
+impl Runner {
+    pub fn new(store: Store, summarizer: Arc<dyn Summarizer>, config: JobsConfig) -> Self {
+        Runner {
+            store,
+            summarizer,
+            config,
+            worker_id: format!("worker-{}", uuid::Uuid::new_v4().simple()),
+        }
+    }
+
+    fn lease_ms(&self) -> i64 {
+        self.config.lease.as_millis() as i64
+    }
+
+    /// Claims one job and runs it to its outcome. Store errors outside a job are returned.
+    pub async fn step(&self, clock: Clock) -> Result<StepOutcome, StoreError> {
+        self.step_until(clock, &CancellationToken::new()).await
+    }
+
+    /// [`Runner::step`] that gives the job back when `abort` fires before it is done.
+    pub async fn step_until(
+        &self,
+        clock: Clock,
+        abort: &CancellationToken,
+    ) -> Result<StepOutcome, StoreError> {
+        let Some(claimed) = self
+            .store
+            .claim_job(&self.worker_id, clock.now_ms(), self.lease_ms())
+            .await?
+        else {
+            return Ok(StepOutcome::Idle);
+        };
+        Ok(self.run_claimed(&claimed, clock, abort).await)
+    }
+
+    /// Runs a claimed job and records its outcome (fenced by the claim's lease).
+    pub async fn run_claimed(
+        &self,
+        claimed: &ClaimedJob,
+        clock: Clock,
+        abort: &CancellationToken,
+    ) -> StepOutcome {
+        let job_id = claimed.job.id.clone();
+        let work = self.execute(claimed, clock);
+        tokio::pin!(work);
+        let renew_every = (self.config.lease / 3).max(Duration::from_millis(10));
+        let outcome = loop {
+            tokio::select! {
+                outcome = &mut work => break Some(outcome),
+                _ = abort.cancelled() => break None,
+                _ = tokio::time::sleep(renew_every), if matches!(clock, Clock::System) => {
+                    if let Err(error) = self.store.extend_lease(claimed, clock.now_ms(), self.lease_ms()).await {
+                        tracing::warn!(job_id, %error, "cannot renew the job's lease");
+                    }
+                }
+            }
+        };
+        let step = match outcome {
+            Some(outcome) => self.record(claimed, clock, outcome).await,
+            None => match self.store.release_job(claimed, clock.now_ms()).await {
+                Ok(()) => StepOutcome::Released { job_id },
+                Err(error) => {
+                    tracing::warn!(job_id, %error, "cannot release the job");
+                    StepOutcome::LeaseLost { job_id }
+                }
+            },
+        };
+        crate::metrics::job_finished(&claimed.job.kind, step.label());
+        step
+    }
+
+    /// Records a finished attempt: success was written by the job itself; a failure is
+    /// written here, as a retry or for good.
+    async fn record(
+        &self,
+        claimed: &ClaimedJob,
+        clock: Clock,
+        outcome: Result<Value, JobError>,
+    ) -> StepOutcome {
+        let job_id = claimed.job.id.clone();
+        match outcome {
+            Ok(result) => {
+                tracing::info!(job_id, kind = %claimed.job.kind, "job succeeded");
+                StepOutcome::Succeeded { job_id, result }
+            }
+            Err(JobError::Store(StoreError::LeaseLost(_))) => {
+                tracing::warn!(
+                    job_id,
+                    "the job's lease was taken over; its outcome is discarded"
+                );
+                StepOutcome::LeaseLost { job_id }
+            }
+            Err(error) => {
+                let error = error.to_string();
+                let now = clock.now_ms();
+                let retry_at = now + self.config.backoff(claimed.job.attempts).as_millis() as i64;
+                match self.store.fail_job(claimed, &error, retry_at, now).await {
+                    Ok(JobState::Failed) => {
+                        tracing::warn!(job_id, %error, "job failed for good");
+                        StepOutcome::Failed { job_id, error }
+                    }
+                    Ok(_) => {
+                        tracing::info!(job_id, %error, retry_at, "job attempt failed; will retry");
+                        StepOutcome::WillRetry { job_id, error }
+                    }
+                    Err(store_error) => {
+                        tracing::warn!(job_id, %store_error, "cannot record the job's failure");
+                        StepOutcome::LeaseLost { job_id }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Runs the job; a success is recorded here (atomically with the job's own write).
+    async fn execute(&self, claimed: &ClaimedJob, clock: Clock) -> Result<Value, JobError> {
+        match claimed.job.kind.as_str() {
+            KIND_NOOP => {
+                let result = json!({"ok": true});
+                self.store
+                    .complete_job(claimed, &result, clock.now_ms())
+                    .await?;
+                Ok(result)
+            }
+            KIND_COMPACTION => self.compact(claimed, clock).await,
+            other => Err(JobError::Invalid(format!("unknown job kind {other:?}"))),
+        }
+    }
+
+    async fn compact(&self, claimed: &ClaimedJob, clock: Clock) -> Result<Value, JobError> {
+        let payload: CompactionPayload = serde_json::from_value(claimed.job.payload.clone())
+            .map_err(|e| JobError::Invalid(format!("bad compaction payload: {e}")))?;
+        let tenant = TenantId(claimed.job.tenant_id.clone());
+        // Read (no transaction stays open past here).
+        let window = self
+            .store
+            .context_window(&tenant, &payload.thread_id, None)
+            .await?;
+        let plan = match compaction::plan(&window.entries, payload.keep_recent_rounds) {
+            Ok(plan) => plan,
+            Err(nothing) => {
+                let result = json!({
+                    "compacted": false,
+                    "reason": format!(
+                        "nothing to summarize: the context has {} round(s) and {} are kept",
+                        nothing.rounds, nothing.keep_recent_rounds
+                    ),
+                    "rounds": nothing.rounds,
+                });
+                self.store
+                    .complete_job(claimed, &result, clock.now_ms())
+                    .await?;
+                return Ok(result);
+            }
+        };
+        // Summarize, outside any transaction.
+        let request = SummaryRequest {
+            entries: plan.to_summarize.clone(),
+            previous_summary: plan.previous_summary.clone(),
+            instructions: payload.instructions.clone(),
+            max_bytes: self.config.summary_max_bytes,
+            purpose: Purpose::Compaction,
+        };
+        let summary = self.summarizer.summarize(&request).await?;
+        let summary_entry = compaction::summary_entry(&summary.text);
+        let summary_tokens = rough(summary_entry.first_text().unwrap_or_default());
+        // Write the boundary and the summary, and complete the job, in one transaction.
+        let write = CompactionWrite {
+            expected_boundary_seq: window.boundary_seq,
+            read_next_seq: window.next_seq,
+            base_tokens: (summary_tokens + plan.kept_tokens) as i64,
+        };
+        let messages_summarized = plan.to_summarize.len();
+        let job_id = claimed.job.id.clone();
+        let (_, result) = self
+            .store
+            .write_compaction(claimed, &write, clock.now_ms(), |next_seq| {
+                let preserved = compaction::preserved_segment(
+                    plan.first_kept_seq,
+                    window.next_seq,
+                    next_seq,
+                );
+                let boundary = compaction::boundary_entry(&compaction::BoundaryInfo {
+                    trigger: &payload.trigger,
+                    pre_tokens: plan.pre_tokens,
+                    messages_summarized,
+                    summarizer: &summary.summarizer,
+                    job_id: &job_id,
+                    preserved,
+                });
+                let result = json!({
+                    "compacted": true,
+                    "boundary_seq": next_seq,
+                    "summary_seq": next_seq + 1,
+                    "preserved_segment": preserved.map(|(first, last)| json!({"first_seq": first, "last_seq": last})),
+                    "messages_summarized": messages_summarized,
+                    "pre_tokens": plan.pre_tokens,
+                    "summarizer": summary.summarizer,
+                    "summarizer_calls": summary.calls,
+                });
+                (vec![boundary, summary_entry], result)
+            })
+            .await?;
+        Ok(result)
+    }
+}
+
+/// Runs `runners.len()` worker loops until `stop` fires; a job still running when `abort` fires
+/// is given back. On PostgreSQL, a listener wakes the workers on `NOTIFY` from any process.
+pub fn spawn_workers(
+    runners: Vec<Runner>,
+    stop: CancellationToken,
+    abort: CancellationToken,
+) -> Vec<JoinHandle<()>> {
+    let mut handles = Vec::new();
+    let Some(first) = runners.first() else {
+        return handles;
+    };
+    let signal = first.store.job_signal();
+    if first.store.backend() == Backend::Postgres {
+        handles.push(tokio::spawn(listen(
+            first.store.url().to_owned(),
+            signal.clone(),
+            stop.clone(),
+        )));
+    }
+    for runner in runners {
+        let (stop, abort, signal) = (stop.clone(), abort.clone(), signal.clone());
+        handles.push(tokio::spawn(async move {
+            tracing::info!(worker = %runner.worker_id, "job worker started");
+            while !stop.is_cancelled() {
+                let idle = match runner.step_until(Clock::System, &abort).await {
+                    Ok(StepOutcome::Idle) => true,
+                    Ok(_) => false,
+                    Err(error) => {
+                        tracing::warn!(%error, "cannot claim a job");
+                        true
+                    }
+                };
+                if idle {
+                    tokio::select! {
+                        _ = stop.cancelled() => {}
+                        _ = signal.notified() => {}
+                        _ = tokio::time::sleep(runner.config.poll_interval) => {}
+                    }
+                }
+            }
+            tracing::info!(worker = %runner.worker_id, "job worker stopped");
+        }));
+    }
+    handles
+}
+
+/// Forwards PostgreSQL `NOTIFY loupe_jobs` to the in-process signal, reconnecting on errors.
+async fn listen(url: String, signal: Arc<tokio::sync::Notify>, stop: CancellationToken) {
+    while !stop.is_cancelled() {
+        let listener = async {
+            let mut listener = sqlx::postgres::PgListener::connect(&url).await?;
+            listener.listen(NOTIFY_CHANNEL).await?;
+            Ok::<_, sqlx::Error>(listener)
+        };
+        match listener.await {
+            Ok(mut listener) => loop {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    notification = listener.recv() => match notification {
+                        Ok(_) => signal.notify_one(),
+                        Err(error) => {
+                            tracing::warn!(%error, "job listener lost its connection");
+                            break;
+                        }
+                    }
+                }
+            },
+            Err(error) => tracing::warn!(%error, "cannot listen for job notifications"),
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_secs(5)) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_and_is_capped() {
+        let config = JobsConfig {
+            backoff_base: Duration::from_secs(5),
+            backoff_max: Duration::from_secs(60),
+            ..JobsConfig::default()
+        };
+        let delays: Vec<u64> = (1..=6).map(|n| config.backoff(n).as_secs()).collect();
+        assert_eq!(delays, [5, 10, 20, 40, 60, 60]);
+        assert_eq!(config.backoff(0).as_secs(), 5);
+        assert_eq!(config.backoff(i64::MAX).as_secs(), 60);
+    }
+}

@@ -1,0 +1,84 @@
+//! Per-thread settings: the auto-compaction threshold and micro-compaction of the context view.
+
+use serde::{Deserialize, Serialize};
+use sqlx::Row;
+
+use super::{now_millis, Store, StoreError, TenantId};
+
+/// A thread's stored settings; `None` means "the server default".
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ThreadSettings {
+    /// Auto-compaction threshold in estimated context tokens (0 = off for this thread).
+    pub auto_compact_tokens: Option<i64>,
+    pub microcompact: Option<MicrocompactSettings>,
+}
+
+/// Micro-compaction of old tool results in the context view (never in storage). Unset fields take
+/// the defaults of [`crate::history::MicrocompactOptions`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MicrocompactSettings {
+    pub enabled: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep_recent: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_bytes: Option<u64>,
+}
+
+impl Store {
+    /// The thread's settings (all defaults when none were stored).
+    pub async fn thread_settings(
+        &self,
+        tenant: &TenantId,
+        thread_id: &str,
+    ) -> Result<ThreadSettings, StoreError> {
+        let thread_key = self.thread_head(tenant, thread_id).await?.thread_key;
+        let row = sqlx::query(
+            "SELECT auto_compact_tokens, microcompact FROM thread_settings WHERE thread_key = $1",
+        )
+        .bind(&thread_key)
+        .fetch_optional(&self.pool)
+        .await?;
+        let Some(row) = row else {
+            return Ok(ThreadSettings::default());
+        };
+        let microcompact: Option<String> = row.try_get("microcompact")?;
+        Ok(ThreadSettings {
+            auto_compact_tokens: row.try_get("auto_compact_tokens")?,
+            microcompact: microcompact
+                .map(|json| serde_json::from_str(&json))
+                .transpose()
+                .map_err(|e| StoreError::Corrupt(format!("microcompact settings: {e}")))?,
+        })
+    }
+
+    /// Replaces the thread's settings.
+    pub async fn put_thread_settings(
+        &self,
+        tenant: &TenantId,
+        thread_id: &str,
+        settings: &ThreadSettings,
+    ) -> Result<(), StoreError> {
+        let thread_key = self.thread_head(tenant, thread_id).await?.thread_key;
+        let microcompact = settings
+            .microcompact
+            .as_ref()
+            .map(serde_json::to_string)
+            .transpose()
+            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        sqlx::query(
+            "INSERT INTO thread_settings (thread_key, auto_compact_tokens, microcompact, updated_at) \
+             VALUES ($1, $2, $3, $4) ON CONFLICT (thread_key) DO UPDATE SET \
+             auto_compact_tokens = excluded.auto_compact_tokens, \
+             microcompact = excluded.microcompact, updated_at = excluded.updated_at",
+        )
+        .bind(&thread_key)
+        .bind(settings.auto_compact_tokens)
+        .bind(microcompact)
+        .bind(now_millis())
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+}
