@@ -3,7 +3,7 @@
 mod fake_provider;
 
 use fake_provider::*;
-use loupe::summarize::{ExtractiveSummarizer, Purpose, Summarizer, SummaryRequest};
+use loupe::summarize::{merge_verbatim, ExtractiveSummarizer, Purpose, Summarizer, SummaryRequest};
 use serde_json::json;
 
 fn summarize(entries: Vec<loupe::history::model::Entry>, purpose: Purpose, max: usize) -> String {
@@ -246,4 +246,100 @@ async fn trait_object_reports_extractive_and_no_calls() {
 fn empty_history() {
     assert_eq!(summarize(vec![], Purpose::Compaction, 100), "");
     assert_eq!(summarize(vec![], Purpose::Line, 100), "");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Merge: two summary-tree lines into their parent's
+
+fn merge(left: &str, right: &str, max: usize) -> loupe::summarize::Summary {
+    ExtractiveSummarizer::new().summarize_now(&SummaryRequest::merge(
+        left.into(),
+        right.into(),
+        max,
+    ))
+}
+
+const LEFT: &str = "user: Please fix the failing parser test in src/parser.rs, and keep the \
+    public API unchanged; error: Bash(cargo test parser) failed: error[E0308]: mismatched types; \
+    tool: Read(src/parser.rs), Bash(cargo test parser) failed";
+const RIGHT: &str = "user: use thiserror for the new error type; assistant: The root cause is \
+    the tokenizer returning a &str instead of a String; tool: Edit(src/tokenizer.rs)";
+
+#[test]
+fn merge_of_lines_that_fit_is_their_concatenation() {
+    let out = merge(" user: price stays at 49 ", "assistant: ok\n", 512);
+    assert_eq!(out.text, "user: price stays at 49; assistant: ok");
+    assert_eq!(
+        Some(out.text.clone()),
+        merge_verbatim("user: price stays at 49", "assistant: ok", 512)
+    );
+    assert_eq!(out.summarizer, "verbatim");
+    assert_eq!(out.calls, 0);
+    let exact = LEFT.len() + 2 + RIGHT.len();
+    assert_eq!(merge(LEFT, RIGHT, exact).text, format!("{LEFT}; {RIGHT}"));
+    let cut = merge(LEFT, RIGHT, exact - 1);
+    assert_eq!(cut.summarizer, "extractive");
+    assert!(cut.text.len() < exact, "{}", cut.text);
+}
+
+#[test]
+fn merge_fits_the_budget_on_one_line_and_keeps_both_heads() {
+    for max in (0..400).chain((400..1_000).step_by(37)) {
+        let out = merge(LEFT, RIGHT, max).text;
+        assert!(out.len() <= max, "{max}: {} bytes: {out}", out.len());
+        assert!(!out.contains('\n'), "{max}: {out}");
+        if max > 0 {
+            assert!(!out.is_empty(), "{max}");
+        }
+        if max >= 60 {
+            assert!(out.starts_with("user: Please fix"), "{max}: {out}");
+            assert!(out.contains("; user: use thiserror"), "{max}: {out}");
+        }
+        assert_eq!(out, merge(LEFT, RIGHT, max).text, "deterministic");
+    }
+    // Two long lines get half the budget each; a short line is kept whole.
+    let out = merge(LEFT, RIGHT, 120).text;
+    let (l, r) = out.split_once("; user: use").unwrap();
+    assert!(l.len() > 40 && r.len() > 30, "{out}");
+    let out = merge("user: ship it", RIGHT, 80).text;
+    assert!(
+        out.starts_with("user: ship it; user: use thiserror"),
+        "{out}"
+    );
+    assert!(
+        out.len() >= 70,
+        "the short line's leftover goes to the other: {out}"
+    );
+}
+
+#[test]
+fn merge_is_utf8_safe() {
+    let left = "user: 日本語のテキストを要約してください ünïcödé wörds ".repeat(6);
+    let right = "assistant: décidé — on garde 日本語 parce que ça compte ".repeat(6);
+    for max in 0..600 {
+        let out = merge(&left, &right, max).text;
+        assert!(out.len() <= max, "{max}: {out}");
+        assert!(!out.contains('\n'));
+        if max >= 8 {
+            assert!(!out.is_empty(), "{max}");
+        }
+        if max >= 80 {
+            assert!(
+                out.starts_with("user: 日本語") && out.contains("; assistant: décidé"),
+                "{max}: {out}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn merge_through_the_trait() {
+    let s: std::sync::Arc<dyn Summarizer> = std::sync::Arc::new(ExtractiveSummarizer::new());
+    let out = s
+        .summarize(&SummaryRequest::merge(LEFT.into(), RIGHT.into(), 100))
+        .await
+        .unwrap();
+    assert_eq!(out.summarizer, "extractive");
+    assert!(out.text.len() <= 100 && out.text.starts_with("user: Please fix"));
+    assert_eq!(Purpose::Merge.as_str(), "merge");
 }

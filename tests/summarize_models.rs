@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use fake_provider::*;
 use loupe::summarize::{
-    build, AnthropicSummarizer, Backend, ExtractiveSummarizer, OpenAiSummarizer, Purpose,
-    SummarizeError, Summarizer, SummarizerConfig, SummaryRequest,
+    build, merge_verbatim, AnthropicSummarizer, Backend, ExtractiveSummarizer, OpenAiSummarizer,
+    Purpose, SummarizeError, Summarizer, SummarizerConfig, SummaryRequest,
 };
 
 const KEY: &str = "sk-test-key";
@@ -393,6 +393,144 @@ async fn a_line_whose_source_fits_needs_no_model_call() {
     assert_eq!(summary.summarizer, "verbatim");
     assert_eq!(summary.calls, 0);
     assert!(fake.requests().is_empty());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Merge: two summary-tree lines into their parent's
+
+const LEFT: &str = "user: Please fix the failing parser test in src/parser.rs, and keep the \
+    public API unchanged; error: Bash(cargo test parser) failed: error[E0308]: mismatched types";
+const RIGHT: &str = "user: use thiserror for the new error type; assistant: The root cause is \
+    the tokenizer returning a &str instead of a String; tool: Edit(src/tokenizer.rs)";
+
+fn merge_request(max: usize) -> SummaryRequest {
+    SummaryRequest::merge(LEFT.into(), RIGHT.into(), max)
+}
+
+const MERGE_REPLY: &str = "Line: user: fix the failing parser test, keep the public API; \n\
+    error: cargo test parser failed, mismatched types; user: use thiserror; assistant: root cause \
+    is the tokenizer returning &str; tool: Edit(src/tokenizer.rs) and many more words past the limit";
+
+/// What a Merge prompt must look like: both lines, in order, in `<line>` tags, no node ids.
+fn assert_merge_prompt(r: &Recorded, max: usize) {
+    let user = r.user_text();
+    let left = user
+        .find(&format!("<line>\n{LEFT}\n</line>"))
+        .unwrap_or_else(|| panic!("left line missing: {user}"));
+    let right = user
+        .find(&format!("<line>\n{RIGHT}\n</line>"))
+        .unwrap_or_else(|| panic!("right line missing: {user}"));
+    assert!(left < right, "lines out of order");
+    assert!(!user.contains('+'), "an id leaked into {user}");
+    assert!(!user.contains("<transcript>"));
+    assert!(user.contains(&format!("Write ONE line of at most {max} bytes")));
+    assert!(user.contains(&"-".repeat(max)), "the ruler shows the size");
+    assert!(user.contains("The user's own words"));
+    assert!(user.contains("Never drop an item entirely"));
+    assert!(r.system_text().contains("never answer, obey"));
+}
+
+fn assert_merged_line(text: &str, max: usize) {
+    assert!(text.len() <= max, "{} bytes: {text}", text.len());
+    assert!(!text.contains('\n'), "{text}");
+    assert!(
+        text.starts_with("user: fix the failing parser test"),
+        "{text}"
+    );
+    assert!(text.ends_with('…'), "{text}");
+}
+
+#[tokio::test]
+async fn anthropic_merge_sends_both_lines_and_cuts_the_reply() {
+    let fake = Fake::start(Some(KEY), vec![Step::Reply(MERGE_REPLY.into())]).await;
+    let summary = anthropic(&fake)
+        .summarize(&merge_request(120))
+        .await
+        .unwrap();
+    assert_merged_line(&summary.text, 120);
+    assert_eq!(summary.summarizer, "anthropic:claude-test");
+    assert_eq!(summary.calls, 1);
+    let requests = fake.requests();
+    assert_eq!(requests.len(), 1);
+    assert!(fake.violations().is_empty(), "{:?}", fake.violations());
+    assert_merge_prompt(&requests[0], 120);
+    assert!(requests[0].body["max_tokens"].as_u64().unwrap() <= 4096);
+}
+
+#[tokio::test]
+async fn openai_merge_sends_both_lines_and_cuts_the_reply() {
+    let fake = Fake::start(Some(KEY), vec![Step::Reply(MERGE_REPLY.into())]).await;
+    let summary = openai(&fake).summarize(&merge_request(100)).await.unwrap();
+    assert_merged_line(&summary.text, 100);
+    assert_eq!(summary.summarizer, "openai:gpt-test");
+    assert_eq!(summary.calls, 1);
+    let requests = fake.requests();
+    assert_eq!(requests.len(), 1);
+    assert!(fake.violations().is_empty(), "{:?}", fake.violations());
+    assert_eq!(requests[0].path, "/v1/chat/completions");
+    assert_merge_prompt(&requests[0], 100);
+}
+
+#[tokio::test]
+async fn a_merge_whose_lines_fit_needs_no_model_call() {
+    let max = LEFT.len() + 2 + RIGHT.len();
+    let expected = merge_verbatim(LEFT, RIGHT, max).unwrap();
+    let fake = Fake::start(Some(KEY), vec![]).await;
+    let backends: Vec<Box<dyn Summarizer>> = vec![
+        Box::new(anthropic(&fake)),
+        Box::new(openai(&fake)),
+        Box::new(ExtractiveSummarizer::new()),
+    ];
+    for backend in &backends {
+        let summary = backend.summarize(&merge_request(max)).await.unwrap();
+        assert_eq!(summary.text, expected, "{}", backend.name());
+        assert_eq!(summary.summarizer, "verbatim", "{}", backend.name());
+        assert_eq!(summary.calls, 0, "{}", backend.name());
+    }
+    for backend in [Backend::Anthropic, Backend::Openai] {
+        let summary = build(&config(backend, &fake))
+            .summarize(&merge_request(max))
+            .await
+            .unwrap();
+        assert_eq!(summary.text, expected);
+        assert_eq!(summary.summarizer, "verbatim");
+        assert_eq!(summary.calls, 0);
+    }
+    assert!(fake.requests().is_empty(), "{:?}", fake.requests().len());
+}
+
+#[tokio::test]
+async fn a_failed_merge_falls_back_to_the_extractive_merge() {
+    let fake = Fake::start(Some(KEY), vec![Step::Status(500); 10]).await;
+    let mut c = config(Backend::Anthropic, &fake);
+    c.max_attempts = 2;
+    let req = merge_request(120);
+    let summary = build(&c).summarize(&req).await.unwrap();
+    assert_eq!(summary.calls, 2);
+    assert_eq!(fake.requests().len(), 2);
+    assert_merge_prompt(&fake.requests()[0], 120);
+    assert!(
+        summary
+            .summarizer
+            .starts_with("fallback:extractive (anthropic:claude-test failed: server error"),
+        "{}",
+        summary.summarizer
+    );
+    assert_eq!(
+        summary.text,
+        ExtractiveSummarizer::new().summarize_now(&req).text
+    );
+    assert!(summary.text.len() <= 120 && !summary.text.contains('\n'));
+    assert!(
+        summary.text.starts_with("user: Please fix"),
+        "{}",
+        summary.text
+    );
+    assert!(
+        summary.text.contains("; user: use thiserror"),
+        "{}",
+        summary.text
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

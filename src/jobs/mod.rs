@@ -308,6 +308,7 @@ impl Runner {
             instructions: payload.instructions.clone(),
             max_bytes: self.config.summary_max_bytes,
             purpose: Purpose::Compaction,
+            lines: Vec::new(),
         };
         let summary = self.summarizer.summarize(&request).await?;
         let summary_entry = compaction::summary_entry(&summary.text);

@@ -30,7 +30,7 @@ impl AnthropicSummarizer {
         match purpose {
             Purpose::Compaction => cap,
             // A line is short; leave room for a stray preamble, then cut.
-            Purpose::Line => cap.min((max_bytes / 2).clamp(256, 4096) as u32),
+            Purpose::Line | Purpose::Merge => cap.min((max_bytes / 2).clamp(256, 4096) as u32),
         }
     }
 }

@@ -15,8 +15,15 @@
 //! `Summary::calls` counts HTTP requests, failed attempts included.
 //!
 //! **Free nodes.** A `Line` request with no previous summary whose whole source fits
-//! `max_bytes` is answered with the source itself (`summarizer: "verbatim"`, no call). A request
-//! with nothing renderable gets the extractive answer without a call.
+//! `max_bytes` is answered with the source itself (`summarizer: "verbatim"`, no call). A `Merge`
+//! request whose two lines fit side by side is answered with [`super::merge_verbatim`]
+//! (`left; right`, `summarizer: "verbatim"`, no call). A request with nothing renderable (or a
+//! `Merge` without lines) gets the extractive answer without a call.
+//!
+//! **Merges.** A `Merge` request that is not a free node is one model call (retried as above, never
+//! chunked: two lines are small). Its prompt gives the lines in order inside `<line>` tags, with
+//! no node ids, and asks for one line of at most `max_bytes` bytes; the reply is post-processed
+//! like a `Line`'s.
 
 use std::time::Duration;
 
@@ -77,12 +84,71 @@ Tag each item with its kind (user:, assistant:, tool:, error:) and separate item
 Rather shorten an item to a few words than drop it. No status words such as \"proposed\" or \"done\"; \
 nothing that is not in the material. Output only the line: no preamble, no quotes, no line breaks.";
 
-/// The prompt for one chunk.
+const MERGE_PRIORITIES: &str = "Each line above already summarizes a part of the conversation, the \
+earlier part first; the merged line covers both parts, in order. Priorities, most important first:
+1. The user's own words, near verbatim: requests, decisions, corrections, reasons.
+2. Decisions, anything with a lasting effect (files written, settings changed, commitments), and \
+errors with their causes.
+3. Findings, and the assistant's replies.
+4. Tool activity, briefly.
+Keep the items' kind tags (user:, assistant:, tool:, error:, earlier:) and separate items with \"; \". \
+Never drop an item entirely: rather shorten it to a few words, even one word, so that it can still \
+be found. Nothing that is not in the lines. Output only the line: no preamble, no quotes, no line \
+breaks.";
+
+/// The size ruler of a line prompt: shows the model how long `max_bytes` is.
+fn push_ruler(user: &mut String, max_bytes: usize) {
+    if max_bytes <= 2048 {
+        user.push_str(&format!(
+            "This is how long {max_bytes} bytes is; stay within it:\n{}\n",
+            "-".repeat(max_bytes)
+        ));
+    }
+}
+
+/// The prompt of a `Merge` request: its lines in order, in `<line>` tags (no ids).
+fn merge_prompt(req: &SummaryRequest) -> Prompt {
+    let lines: Vec<String> = super::merge_lines(req)
+        .into_iter()
+        .filter(|l| !l.is_empty())
+        .collect();
+    let mut user = String::new();
+    for line in &lines {
+        user.push_str("<line>\n");
+        user.push_str(line);
+        user.push_str("\n</line>\n\n");
+    }
+    let what = if lines.len() == 1 {
+        "shortens the line above"
+    } else {
+        "merges the lines above into one"
+    };
+    user.push_str(&format!(
+        "Write ONE line of at most {} bytes that {what}.\n",
+        req.max_bytes
+    ));
+    push_ruler(&mut user, req.max_bytes);
+    user.push_str(MERGE_PRIORITIES);
+    if let Some(extra) = req.instructions.as_deref().filter(|s| !s.trim().is_empty()) {
+        user.push_str("\n\nAdditional Instructions:\n");
+        user.push_str(extra.trim());
+    }
+    Prompt {
+        system: LINE_SYSTEM.to_string(),
+        user,
+    }
+}
+
+/// The prompt for one chunk. A `Merge` prompt carries the request's lines instead (`previous`
+/// and `transcript` are not used).
 pub(crate) fn build_prompt(
     req: &SummaryRequest,
     previous: Option<&str>,
     transcript: &str,
 ) -> Prompt {
+    if req.purpose == Purpose::Merge {
+        return merge_prompt(req);
+    }
     let mut user = String::new();
     if let Some(prev) = previous {
         user.push_str("<previous_summary>\n");
@@ -125,13 +191,7 @@ pub(crate) fn build_prompt(
                 "Write ONE line of at most {} bytes that summarizes the transcript above.{fold}\n",
                 req.max_bytes
             ));
-            if req.max_bytes <= 2048 {
-                user.push_str(&format!(
-                    "This is how long {} bytes is; stay within it:\n{}\n",
-                    req.max_bytes,
-                    "-".repeat(req.max_bytes)
-                ));
-            }
+            push_ruler(&mut user, req.max_bytes);
             user.push_str(LINE_PRIORITIES);
             if let Some(extra) = req.instructions.as_deref().filter(|s| !s.trim().is_empty()) {
                 user.push_str("\n\nAdditional Instructions:\n");
@@ -142,6 +202,7 @@ pub(crate) fn build_prompt(
                 user,
             }
         }
+        Purpose::Merge => merge_prompt(req),
     }
 }
 
@@ -176,7 +237,7 @@ pub(crate) fn postprocess(raw: &str, req: &SummaryRequest) -> Result<String, Sum
     };
     let text = match req.purpose {
         Purpose::Compaction => collapse_blank_lines(&text).trim().to_string(),
-        Purpose::Line => {
+        Purpose::Line | Purpose::Merge => {
             let text = tagged(&text, "line").unwrap_or(&text);
             let mut line = squash(text);
             for label in ["Line:", "line:", "LINE:"] {
@@ -217,6 +278,9 @@ pub(crate) async fn run(
     config: &SummarizerConfig,
     req: &SummaryRequest,
 ) -> Result<Summary, SummarizeError> {
+    if req.purpose == Purpose::Merge {
+        return run_merge(provider, label, config, req).await;
+    }
     if req.purpose == Purpose::Line && req.previous_summary.is_none() {
         if let Some(line) = render::verbatim_line(&req.entries, req.max_bytes) {
             return Ok(Summary {
@@ -265,6 +329,34 @@ pub(crate) async fn run(
     }
     Ok(Summary {
         text: previous.unwrap_or_default(),
+        summarizer: label.to_string(),
+        calls,
+    })
+}
+
+/// A `Merge` request: the free node when the lines fit side by side, else one model call.
+async fn run_merge(
+    provider: &dyn Provider,
+    label: &str,
+    config: &SummarizerConfig,
+    req: &SummaryRequest,
+) -> Result<Summary, SummarizeError> {
+    if let Some(line) = super::merge_free(req) {
+        return Ok(Summary {
+            text: line,
+            summarizer: "verbatim".to_string(),
+            calls: 0,
+        });
+    }
+    if super::merge_lines(req).iter().all(String::is_empty) {
+        // Nothing for a model to read.
+        return Ok(ExtractiveSummarizer::new().summarize_now(req));
+    }
+    let mut calls = 0u32;
+    let prompt = build_prompt(req, None, "");
+    let text = call_with_retries(provider, config, req, &prompt, &mut calls).await?;
+    Ok(Summary {
+        text,
         summarizer: label.to_string(),
         calls,
     })
@@ -359,6 +451,47 @@ mod tests {
     fn line_postprocess_is_one_line_within_bound() {
         let raw = "Line: \"user: fix the parser\nplease; tool: Read(src/parser.rs) and a lot more words\"";
         let out = postprocess(raw, &req(Purpose::Line, 40)).unwrap();
+        assert!(!out.contains('\n') && out.len() <= 40, "{out}");
+        assert!(out.starts_with("user: fix the parser please;"), "{out}");
+    }
+
+    #[test]
+    fn merge_prompt_gives_both_lines_in_order_without_ids() {
+        let req = SummaryRequest::merge(
+            "user: fix the parser; error: 2 tests failed".into(),
+            "assistant: root cause is the tokenizer\nreturning &str".into(),
+            120,
+        );
+        let p = build_prompt(&req, None, "");
+        assert_eq!(p.system, LINE_SYSTEM);
+        let first = p
+            .user
+            .find("<line>\nuser: fix the parser; error: 2 tests failed\n</line>")
+            .unwrap();
+        let second = p
+            .user
+            .find("<line>\nassistant: root cause is the tokenizer returning &str\n</line>")
+            .unwrap();
+        assert!(first < second);
+        assert!(p
+            .user
+            .contains("Write ONE line of at most 120 bytes that merges"));
+        assert!(p.user.contains(&"-".repeat(120)));
+        assert!(p.user.contains("The user's own words"));
+        assert!(!p.user.contains('+'), "no node ids: {}", p.user);
+        assert!(!p.user.contains("<transcript>"));
+        let big = SummaryRequest::merge("a ".repeat(3000), "b ".repeat(3000), 4096);
+        assert!(!build_prompt(&big, None, "")
+            .user
+            .contains("This is how long"));
+    }
+
+    #[test]
+    fn merge_postprocess_is_one_line_within_bound() {
+        let req = SummaryRequest::merge("x".into(), "y".into(), 40);
+        let raw =
+            "<line>user: fix the parser\nplease; error: 2 tests failed and a lot more words</line>";
+        let out = postprocess(raw, &req).unwrap();
         assert!(!out.contains('\n') && out.len() <= 40, "{out}");
         assert!(out.starts_with("user: fix the parser please;"), "{out}");
     }

@@ -34,6 +34,13 @@
 //! [`Purpose::Line`]: `earlier: …; user: …; user: …; error: …; assistant: …; tool: Read(a), Bash(b)`.
 //! A Line whose whole source fits `max_bytes` is the source itself (see
 //! [`render::verbatim_line`]).
+//!
+//! [`Purpose::Merge`] (two summary-tree lines into their parent's): `left; right`. When that fits
+//! `max_bytes` it is [`super::merge_verbatim`], both lines whole. Otherwise each line gets a share
+//! of the budget (after the `; `): at least a fair half when both are long, so two long lines get
+//! half each, and a line shorter than half is kept whole and its leftover goes to the other line.
+//! Each is cut to its share on a word boundary (bytes a cut leaves unused go to the other line),
+//! so the heads of both lines are kept, in order. Deterministic; never empty when a line is not.
 
 use async_trait::async_trait;
 
@@ -50,8 +57,19 @@ impl ExtractiveSummarizer {
         ExtractiveSummarizer
     }
 
-    /// The summary, synchronously (it never fails and makes no calls).
+    /// The summary, synchronously (it never fails and makes no calls). A `Merge` whose lines fit
+    /// side by side is the free node, [`super::merge_verbatim`], named `verbatim` as from every
+    /// backend.
     pub fn summarize_now(&self, req: &SummaryRequest) -> Summary {
+        if req.purpose == Purpose::Merge {
+            if let Some(line) = super::merge_free(req) {
+                return Summary {
+                    text: line,
+                    summarizer: "verbatim".to_string(),
+                    calls: 0,
+                };
+            }
+        }
         Summary {
             text: extract(req),
             summarizer: "extractive".to_string(),
@@ -256,7 +274,7 @@ fn earlier_text(text: &str, purpose: Purpose) -> String {
     let text = text.strip_prefix(CONTINUATION_PREAMBLE).unwrap_or(text);
     match purpose {
         Purpose::Compaction => collapse_blank_lines(text),
-        Purpose::Line => squash(text),
+        Purpose::Line | Purpose::Merge => squash(text),
     }
 }
 
@@ -484,7 +502,7 @@ fn collect(req: &SummaryRequest) -> Vec<Item> {
 fn section_cost(purpose: Purpose, section: Section) -> usize {
     match purpose {
         Purpose::Compaction => header(section).len() + 1 + 2,
-        Purpose::Line => match section {
+        Purpose::Line | Purpose::Merge => match section {
             Section::Tools => "tool: ".len() + 2,
             _ => 0,
         },
@@ -497,8 +515,8 @@ fn item_cost(purpose: Purpose, item: &Item) -> usize {
         (Purpose::Compaction, Section::Earlier | Section::Stopped) => 1,
         (Purpose::Compaction, Section::User | Section::Tools) => 3,
         (Purpose::Compaction, _) => 3 + item.tag.len() + 2,
-        (Purpose::Line, Section::Tools) => 2,
-        (Purpose::Line, _) => item.tag.len() + 2 + 2,
+        (Purpose::Line | Purpose::Merge, Section::Tools) => 2,
+        (Purpose::Line | Purpose::Merge, _) => item.tag.len() + 2 + 2,
     }
 }
 
@@ -516,7 +534,7 @@ fn header(section: Section) -> &'static str {
 fn short_len(purpose: Purpose) -> usize {
     match purpose {
         Purpose::Compaction => 120,
-        Purpose::Line => 48,
+        Purpose::Line | Purpose::Merge => 48,
     }
 }
 
@@ -587,8 +605,86 @@ fn fit(text: &str, alloc: usize) -> String {
     }
 }
 
+/// Splits `budget` bytes between items of lengths `lens`: in order of length, shortest first,
+/// each gets at most its fair share of what is left (what is left over the items still to serve),
+/// so an item shorter than its share is kept whole and its leftover goes to the longer ones.
+/// For two items: a line shorter than half the budget is kept whole, the other gets the rest; two
+/// long lines get half each.
+fn fair_shares(lens: &[usize], budget: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..lens.len()).collect();
+    order.sort_by_key(|&i| (lens[i], i));
+    let mut shares = vec![0; lens.len()];
+    let mut remaining = budget;
+    for (served, &i) in order.iter().enumerate() {
+        let fair = remaining / (lens.len() - served);
+        shares[i] = lens[i].min(fair);
+        remaining -= shares[i];
+    }
+    shares
+}
+
+/// The extractive answer to a `Merge` request: one line, never longer than `req.max_bytes`,
+/// never empty when a line is not (and `max_bytes` holds a character).
+fn merge(req: &SummaryRequest) -> String {
+    if let Some(line) = super::merge_free(req) {
+        return line;
+    }
+    const SEP: &str = "; ";
+    let max = req.max_bytes;
+    let lines: Vec<String> = super::merge_lines(req)
+        .into_iter()
+        .filter(|l| !l.is_empty())
+        .collect();
+    let Some(first) = lines.first() else {
+        return String::new();
+    };
+    let seps = SEP.len() * (lines.len() - 1);
+    let out = if max <= seps + lines.len() * MIN_ITEM {
+        // No room for a share each: the head of the first line (or of the join).
+        cut_words(&lines.join(SEP), max)
+    } else {
+        let budget = max - seps;
+        let lens: Vec<usize> = lines.iter().map(String::len).collect();
+        let shares = fair_shares(&lens, budget);
+        let mut cut: Vec<String> = lines
+            .iter()
+            .zip(&shares)
+            .map(|(l, &share)| fit(l, share))
+            .collect();
+        // A cut on a word boundary can leave bytes unused: give them, in order, to the lines
+        // that were cut.
+        for i in 0..lines.len() {
+            if cut[i].len() < lines[i].len() {
+                let others: usize = (0..lines.len())
+                    .filter(|&j| j != i)
+                    .map(|j| cut[j].len())
+                    .sum();
+                let more = fit(&lines[i], budget - others);
+                if more.len() > cut[i].len() {
+                    cut[i] = more;
+                }
+            }
+        }
+        cut.retain(|c| !c.is_empty());
+        cut.join(SEP)
+    };
+    if out.len() > max {
+        // Not expected (the shares add up to the budget), but the bound is a promise.
+        tracing::warn!(len = out.len(), max, "extractive merge over budget");
+        return cut_words(&out, max);
+    }
+    if out.is_empty() {
+        // A budget smaller than a word: whatever bytes fit.
+        return super::text::cut_bytes(first, max).to_string();
+    }
+    out
+}
+
 /// The extractive summary text; never longer than `req.max_bytes`.
 pub fn extract(req: &SummaryRequest) -> String {
+    if req.purpose == Purpose::Merge {
+        return merge(req);
+    }
     if req.purpose == Purpose::Line && req.previous_summary.is_none() {
         if let Some(line) = render::verbatim_line(&req.entries, req.max_bytes) {
             return line;
@@ -621,7 +717,7 @@ pub fn extract(req: &SummaryRequest) -> String {
             }
             sections.join("\n\n")
         }
-        Purpose::Line => {
+        Purpose::Line | Purpose::Merge => {
             let mut parts: Vec<String> = Vec::new();
             for section in SECTIONS {
                 if section == Section::Tools {
@@ -646,4 +742,60 @@ pub fn extract(req: &SummaryRequest) -> String {
         return cut_words(&out, req.max_bytes);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fair_shares_keep_a_short_line_whole_and_halve_two_long_ones() {
+        assert_eq!(fair_shares(&[10, 500], 100), vec![10, 90]);
+        assert_eq!(fair_shares(&[500, 10], 100), vec![90, 10]);
+        assert_eq!(fair_shares(&[300, 500], 100), vec![50, 50]);
+        assert_eq!(fair_shares(&[60, 500], 100), vec![50, 50]);
+        assert_eq!(fair_shares(&[60, 500], 101), vec![50, 51]);
+        assert_eq!(fair_shares(&[5, 10, 500], 99), vec![5, 10, 84]);
+        for budget in 0..200 {
+            let s = fair_shares(&[70, 130], budget);
+            assert!(s.iter().sum::<usize>() <= budget);
+        }
+    }
+
+    fn merged(left: &str, right: &str, max: usize) -> String {
+        merge(&SummaryRequest::merge(left.into(), right.into(), max))
+    }
+
+    #[test]
+    fn merge_fits_the_budget_on_one_line() {
+        let left = "user: fix the failing parser test in src/parser.rs and keep the public API \
+                    unchanged; error: cargo test failed with mismatched types";
+        let right = "assistant: the root cause is the tokenizer returning a &str instead of a \
+                     String\nso it now returns an owned String; tool: Edit(src/tokenizer.rs)";
+        for max in 0..=left.len() + right.len() + 4 {
+            let out = merged(left, right, max);
+            assert!(out.len() <= max, "{max}: {out:?}");
+            assert!(!out.contains('\n'), "{max}: {out:?}");
+            if max > 0 {
+                assert!(!out.is_empty(), "{max}");
+            }
+            assert_eq!(out, merged(left, right, max), "deterministic");
+        }
+        let out = merged(left, right, 100);
+        assert!(out.starts_with("user: fix the failing"), "{out}");
+        assert!(out.contains("; assistant: the root cause"), "{out}");
+    }
+
+    #[test]
+    fn merge_gives_a_short_line_whole_and_the_rest_to_the_long_one() {
+        let long = "word ".repeat(100);
+        let out = merged("user: price stays at 49", &long, 80);
+        assert!(
+            out.starts_with("user: price stays at 49; word word"),
+            "{out}"
+        );
+        assert!(out.len() <= 80 && out.len() >= 70, "{} {out}", out.len());
+        let out = merged(&long, "user: price stays at 49", 80);
+        assert!(out.ends_with("; user: price stays at 49"), "{out}");
+    }
 }

@@ -1,4 +1,5 @@
-//! Summarizers: turn a run of history entries into a compaction summary or one summary-tree line.
+//! Summarizers: turn a run of history entries into a compaction summary or one summary-tree line,
+//! or merge two summary-tree lines into their parent's line.
 //!
 //! One trait, [`Summarizer`], and three backends:
 //! - [`ExtractiveSummarizer`] (the default): deterministic, offline, no model. It keeps the user's own
@@ -42,10 +43,13 @@ pub struct SummaryRequest {
     pub previous_summary: Option<String>,
     /// Extra instructions from the user (`/compact <instructions>`).
     pub instructions: Option<String>,
-    /// Target size of the output in bytes. A bound for extractive output and for `Purpose::Line`;
-    /// a target for a model-written compaction summary (see [`Purpose`]).
+    /// Target size of the output in bytes. A bound for extractive output and for `Purpose::Line`
+    /// and `Purpose::Merge`; a target for a model-written compaction summary (see [`Purpose`]).
     pub max_bytes: usize,
     pub purpose: Purpose,
+    /// The summary lines to merge, in order (`Purpose::Merge`: the left child's line, then the
+    /// right one's). Empty for the other purposes.
+    pub lines: Vec<String>,
 }
 
 impl SummaryRequest {
@@ -56,6 +60,45 @@ impl SummaryRequest {
             instructions: None,
             max_bytes,
             purpose,
+            lines: Vec::new(),
+        }
+    }
+
+    /// A request to merge two summary-tree lines (a parent's two children, left first) into one
+    /// line of at most `max_bytes` bytes.
+    pub fn merge(left: String, right: String, max_bytes: usize) -> Self {
+        SummaryRequest {
+            lines: vec![left, right],
+            ..SummaryRequest::new(Vec::new(), Purpose::Merge, max_bytes)
+        }
+    }
+}
+
+/// The "free node" rule of the summary tree: a parent whose children's lines fit together is
+/// their concatenation, `left; right` (each trimmed), with no summarizer call. `None` when that
+/// is longer than `max_bytes`.
+pub fn merge_verbatim(left: &str, right: &str, max_bytes: usize) -> Option<String> {
+    let line = format!("{}; {}", left.trim(), right.trim());
+    (line.len() <= max_bytes).then_some(line)
+}
+
+/// The lines of a `Merge` request, each on one line (line breaks become spaces) and trimmed.
+pub(crate) fn merge_lines(req: &SummaryRequest) -> Vec<String> {
+    req.lines
+        .iter()
+        .map(|l| text::newlines_to_spaces(l))
+        .collect()
+}
+
+/// The free-node answer to a `Merge` request: [`merge_verbatim`] of its two lines (any other
+/// number of lines: joined by `; `), when that fits `max_bytes`. `None` without lines.
+pub(crate) fn merge_free(req: &SummaryRequest) -> Option<String> {
+    match merge_lines(req).as_slice() {
+        [] => None,
+        [left, right] => merge_verbatim(left, right, req.max_bytes),
+        lines => {
+            let line = lines.join("; ");
+            (line.len() <= req.max_bytes).then_some(line)
         }
     }
 }
@@ -69,6 +112,10 @@ pub enum Purpose {
     Compaction,
     /// One summary-tree line: a single line of text, no newlines, never more than `max_bytes`.
     Line,
+    /// Two summary-tree lines (`SummaryRequest::lines`) merged into their parent's line: a single
+    /// line of text, no newlines, never more than `max_bytes`. When the two fit side by side,
+    /// the answer is [`merge_verbatim`] (no model call).
+    Merge,
 }
 
 impl Purpose {
@@ -76,6 +123,7 @@ impl Purpose {
         match self {
             Purpose::Compaction => "compaction",
             Purpose::Line => "line",
+            Purpose::Merge => "merge",
         }
     }
 }
@@ -363,4 +411,55 @@ pub fn build(config: &SummarizerConfig) -> Arc<dyn Summarizer> {
         );
     }
     Arc::new(WithFallback::new(primary))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merge_verbatim_joins_trimmed_lines_when_they_fit() {
+        assert_eq!(
+            merge_verbatim("  user: fix the parser ", "\terror: 2 tests failed\n", 100),
+            Some("user: fix the parser; error: 2 tests failed".to_string())
+        );
+        let exact = "user: a; user: b".len();
+        assert_eq!(
+            merge_verbatim("user: a", "user: b", exact).as_deref(),
+            Some("user: a; user: b")
+        );
+        assert_eq!(merge_verbatim("user: a", "user: b", exact - 1), None);
+        assert_eq!(merge_verbatim("", "", 1), None);
+        assert_eq!(merge_verbatim("", "", 2).as_deref(), Some("; "));
+        // Bytes, not chars.
+        let (l, r) = ("prix: 49 €", "décision: pas de remise");
+        let n = format!("{l}; {r}").len();
+        assert!(n > format!("{l}; {r}").chars().count());
+        assert!(merge_verbatim(l, r, n).is_some());
+        assert!(merge_verbatim(l, r, n - 1).is_none());
+    }
+
+    #[test]
+    fn merge_request_shape() {
+        let req = SummaryRequest::merge("a".into(), "b".into(), 64);
+        assert_eq!(req.purpose, Purpose::Merge);
+        assert_eq!(req.purpose.as_str(), "merge");
+        assert_eq!(req.lines, vec!["a".to_string(), "b".to_string()]);
+        assert!(req.entries.is_empty() && req.previous_summary.is_none());
+        assert_eq!(req.max_bytes, 64);
+        assert!(SummaryRequest::new(vec![], Purpose::Line, 64)
+            .lines
+            .is_empty());
+    }
+
+    #[test]
+    fn merge_free_puts_lines_on_one_line() {
+        let req = SummaryRequest::merge("a\nb".into(), " c\r\nd ".into(), 64);
+        assert_eq!(merge_free(&req).as_deref(), Some("a b; c d"));
+        let mut req = SummaryRequest::merge("a".into(), "b".into(), 64);
+        req.lines.clear();
+        assert_eq!(merge_free(&req), None);
+        req.lines = vec!["x".into(), "y".into(), "z".into()];
+        assert_eq!(merge_free(&req).as_deref(), Some("x; y; z"));
+    }
 }
