@@ -5,6 +5,7 @@
 pub mod ingest;
 pub mod model;
 pub mod normalize;
+pub mod render;
 pub mod rounds;
 
 pub use model::{ApiMessage, Content, Entry, EntryKind, Role, SnipMetadata};

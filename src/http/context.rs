@@ -5,10 +5,11 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::{router::OpenApiRouter, routes};
 
-use super::problem::{ApiError, ApiJson, ApiPath, ApiQuery, Problem};
+use super::problem::{ApiError, ApiJson, ApiPath, ApiQuery, Problem, ProblemKind};
 use super::threads::ThreadPath;
 use super::{AppState, ExpensiveSlot, Tenant};
 use crate::history::ingest::{check_entry, FieldError};
@@ -48,6 +49,20 @@ pub struct ContextOptions {
     /// The provider supports advisor blocks; when false (the default) they are stripped.
     #[serde(default)]
     pub advisor: bool,
+    /// `full` (the default): the messages after the last compact boundary. `outline` (threads in
+    /// outline mode): the old messages as summary lines, then the recent ones whole.
+    #[serde(default)]
+    #[param(value_type = Option<ContextView>)]
+    pub view: ContextView,
+}
+
+/// Which context to build.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ContextView {
+    #[default]
+    Full,
+    Outline,
 }
 
 impl ContextOptions {
@@ -156,6 +171,22 @@ pub struct ContextResponse {
     pub normalized: Normalized,
     /// The thread's next seq when the context was read.
     pub next_seq: i64,
+    /// Tools Loupe adds to the request, in the provider's shape: the zoom tool, for an outlined
+    /// thread whose outline has a line (and never before: see docs/TREE.md on its cache cost).
+    #[schema(value_type = Vec<Object>)]
+    pub tools: Vec<Value>,
+    /// For `view=outline`: the outline's boundary and version (equal versions, equal prefix).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub outline: Option<OutlineRef>,
+}
+
+/// Where the outline ends and which state it was rendered from.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OutlineRef {
+    /// The outline covers `[0, boundary)`; the messages from `boundary` on follow whole.
+    pub boundary: u64,
+    pub lines: usize,
+    pub version: i64,
 }
 
 /// The API-ready context: the messages after the last compact boundary, repaired so the provider
@@ -184,12 +215,16 @@ pub async fn get_context(
     ApiPath(path): ApiPath<ThreadPath>,
     ApiQuery(options): ApiQuery<ContextOptions>,
 ) -> Result<Json<ContextResponse>, ApiError> {
+    let view = options.view;
     let mut options = options.normalize_options()?;
     let settings = state
         .store
         .thread_settings(&tenant, &path.thread_id)
         .await?;
     options.microcompact = super::settings::microcompact_options(&settings);
+    if view == ContextView::Outline {
+        return outline_context(&state, &tenant, &path.thread_id, &options).await;
+    }
     let window = state
         .store
         .context_window(&tenant, &path.thread_id, None)
@@ -198,6 +233,45 @@ pub async fn get_context(
     Ok(Json(ContextResponse {
         normalized,
         next_seq: window.next_seq,
+        tools: Vec::new(),
+        outline: None,
+    }))
+}
+
+/// The outlined context: the stored outline's lines, then the messages from its boundary on.
+async fn outline_context(
+    state: &AppState,
+    tenant: &crate::store::TenantId,
+    thread_id: &str,
+    options: &NormalizeOptions,
+) -> Result<Json<ContextResponse>, ApiError> {
+    let snapshot = state.store.outline_snapshot(tenant, thread_id).await?;
+    if !snapshot.options.enabled {
+        return Err(ApiError::new(
+            ProblemKind::OutlineDisabled,
+            "view=outline needs outline mode: set `outline.enabled` in the thread's settings",
+        ));
+    }
+    let boundary = snapshot.outline.boundary();
+    let window = state
+        .store
+        .context_window(tenant, thread_id, Some(boundary as i64))
+        .await?;
+    let normalized = crate::tree::view::outlined_context(&snapshot.lines, window.entries, options);
+    let tools = if snapshot.lines.is_empty() {
+        Vec::new()
+    } else {
+        vec![crate::tree::view::zoom_tool(options.provider)]
+    };
+    Ok(Json(ContextResponse {
+        normalized,
+        next_seq: window.next_seq,
+        tools,
+        outline: Some(OutlineRef {
+            boundary,
+            lines: snapshot.lines.len(),
+            version: snapshot.version,
+        }),
     }))
 }
 

@@ -11,6 +11,7 @@ pub mod observe;
 pub mod problem;
 pub mod settings;
 pub mod threads;
+pub mod tree;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -140,6 +141,7 @@ pub(crate) fn page_limit(requested: Option<u32>, default: u32, max: u32) -> Resu
         (name = "context", description = "Model-ready views: API rounds, the normalized context, snips"),
         (name = "cursors", description = "Incremental consumers: named bookmarks, pending batches, leases"),
         (name = "jobs", description = "Background jobs: compaction"),
+        (name = "tree", description = "The summary tree: the outline and zoom(id, n)"),
         (name = "admin", description = "Tenants and API keys (admin key only)"),
         (name = "operations", description = "Health, readiness and metrics"),
     )
@@ -155,6 +157,7 @@ fn api_router() -> OpenApiRouter<AppState> {
         .merge(admin::router())
         .merge(jobs::router())
         .merge(settings::router())
+        .merge(tree::router())
         .merge(health::router())
         .merge(observe::router())
 }

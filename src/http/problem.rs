@@ -49,6 +49,7 @@ pub enum ProblemKind {
     /// Too many expensive requests at once; retry shortly.
     Overloaded,
     TenantExists,
+    OutlineDisabled,
 }
 
 impl ProblemKind {
@@ -76,6 +77,7 @@ impl ProblemKind {
             ProblemKind::RateLimited => "rate-limited",
             ProblemKind::Overloaded => "overloaded",
             ProblemKind::TenantExists => "tenant-exists",
+            ProblemKind::OutlineDisabled => "outline-disabled",
         }
     }
 
@@ -92,7 +94,8 @@ impl ProblemKind {
             | ProblemKind::UuidConflict
             | ProblemKind::PartialReplay
             | ProblemKind::CursorConflict
-            | ProblemKind::CursorLeased => StatusCode::CONFLICT,
+            | ProblemKind::CursorLeased
+            | ProblemKind::OutlineDisabled => StatusCode::CONFLICT,
             ProblemKind::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ProblemKind::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ProblemKind::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
@@ -128,6 +131,7 @@ impl ProblemKind {
             ProblemKind::Unauthorized => "Unauthorized",
             ProblemKind::Forbidden => "Forbidden",
             ProblemKind::RateLimited => "Rate limit exceeded",
+            ProblemKind::OutlineDisabled => "The thread is not in outline mode",
             ProblemKind::Overloaded => "Service overloaded",
             ProblemKind::TenantExists => "Tenant already exists",
         }

@@ -14,6 +14,7 @@ use super::{AppState, Tenant};
 use crate::history::ingest::FieldError;
 use crate::history::MicrocompactOptions;
 use crate::store::{MicrocompactSettings, ThreadSettings};
+use crate::tree::OutlineOptions;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(get_settings, put_settings))
@@ -22,6 +23,9 @@ pub fn router() -> OpenApiRouter<AppState> {
 /// Most compactable tool names, and most recent results kept, in micro-compaction settings.
 const MAX_TOOLS: usize = 256;
 const MAX_KEEP_RECENT: u64 = 100_000;
+const MAX_LINE_BYTES: usize = 16_384;
+const MAX_OUTLINE_BYTES: usize = 10_000_000;
+const MAX_TAIL_TOKENS: u64 = 10_000_000;
 
 /// Micro-compaction of the context view: results of `tools` older than the last `keep_recent`
 /// compactable calls, at least `min_bytes` long, are replaced by
@@ -40,6 +44,44 @@ pub struct MicrocompactBody {
     pub min_bytes: Option<u64>,
 }
 
+/// Outline mode: the context's `view=outline` sends the old messages as summary lines, coarser
+/// with age, and the tree of lines is built in the background. Unset sizes take the defaults.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OutlineBody {
+    /// Off unless enabled. Turning it on builds the tree of what is already stored.
+    pub enabled: bool,
+    /// Target bytes of one line (default 512, at least 64).
+    pub line_bytes: Option<usize>,
+    /// Bytes of all the outline's lines; past it, old lines merge in a batch down to half
+    /// (default 64,000).
+    pub budget_bytes: Option<usize>,
+    /// Estimated tokens of the messages sent whole after the outline; past it, whole rounds move
+    /// into the outline down to half (default 16,000).
+    pub tail_tokens: Option<u64>,
+}
+
+impl OutlineBody {
+    fn options(&self) -> OutlineOptions {
+        let defaults = OutlineOptions::default();
+        OutlineOptions {
+            enabled: self.enabled,
+            line_bytes: self.line_bytes.unwrap_or(defaults.line_bytes),
+            budget_bytes: self.budget_bytes.unwrap_or(defaults.budget_bytes),
+            tail_tokens: self.tail_tokens.unwrap_or(defaults.tail_tokens),
+        }
+    }
+
+    pub(crate) fn from_options(options: OutlineOptions) -> Self {
+        OutlineBody {
+            enabled: options.enabled,
+            line_bytes: Some(options.line_bytes),
+            budget_bytes: Some(options.budget_bytes),
+            tail_tokens: Some(options.tail_tokens),
+        }
+    }
+}
+
 /// A thread's settings. `null` (or absent) means the server default.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -50,6 +92,7 @@ pub struct ThreadSettingsBody {
     /// the thread. Default: the server's `LOUPE_AUTO_COMPACT_TOKENS` (167,000).
     pub auto_compact_tokens: Option<i64>,
     pub microcompact: Option<MicrocompactBody>,
+    pub outline: Option<OutlineBody>,
 }
 
 /// The values in force, defaults filled in.
@@ -58,6 +101,7 @@ pub struct EffectiveSettings {
     /// 0 = off.
     pub auto_compact_tokens: i64,
     pub microcompact: MicrocompactBody,
+    pub outline: OutlineBody,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -109,8 +153,10 @@ fn response(settings: ThreadSettings, default_threshold: i64) -> ThreadSettingsR
         effective: EffectiveSettings {
             auto_compact_tokens: settings.auto_compact_tokens.unwrap_or(default_threshold),
             microcompact: effective_mc,
+            outline: OutlineBody::from_options(settings.outline.unwrap_or_default()),
         },
         stored: ThreadSettingsBody {
+            outline: settings.outline.map(OutlineBody::from_options),
             auto_compact_tokens: settings.auto_compact_tokens,
             microcompact: stored_mc.map(|m| MicrocompactBody {
                 enabled: m.enabled,
@@ -189,7 +235,24 @@ pub async fn put_settings(
             return Err(invalid("microcompact.keep_recent", "at most 100000"));
         }
     }
+    let outline = body.outline.as_ref().map(OutlineBody::options);
+    if let Some(outline) = &outline {
+        if !(OutlineOptions::MIN_LINE_BYTES..=MAX_LINE_BYTES).contains(&outline.line_bytes) {
+            return Err(invalid("outline.line_bytes", "between 64 and 16384"));
+        }
+        if outline.budget_bytes < 4 * outline.line_bytes || outline.budget_bytes > MAX_OUTLINE_BYTES
+        {
+            return Err(invalid(
+                "outline.budget_bytes",
+                "at least 4 lines (4 × line_bytes) and at most 10,000,000",
+            ));
+        }
+        if !(1..=MAX_TAIL_TOKENS).contains(&outline.tail_tokens) {
+            return Err(invalid("outline.tail_tokens", "between 1 and 10,000,000"));
+        }
+    }
     let settings = ThreadSettings {
+        outline,
         auto_compact_tokens: body.auto_compact_tokens,
         microcompact: body.microcompact.map(|m| MicrocompactSettings {
             enabled: m.enabled,

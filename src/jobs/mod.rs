@@ -10,6 +10,7 @@
 //! attempt. A running job whose lease expires (its worker died) is claimed again.
 
 pub mod compaction;
+pub mod tree;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,6 +30,8 @@ pub use compaction::CompactionPayload;
 pub const KIND_COMPACTION: &str = "compaction";
 /// Does nothing (benchmarks and tests of the queue).
 pub const KIND_NOOP: &str = "noop";
+/// Builds a thread's summary-tree nodes and advances its outline.
+pub const KIND_TREE: &str = "tree";
 
 /// Where the workers' time comes from.
 #[derive(Debug, Clone, Copy)]
@@ -129,7 +132,7 @@ impl StepOutcome {
 
 /// Why an attempt failed.
 #[derive(Debug, thiserror::Error)]
-enum JobError {
+pub(crate) enum JobError {
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("summarizer: {0}")]
@@ -271,6 +274,7 @@ impl Runner {
                 Ok(result)
             }
             KIND_COMPACTION => self.compact(claimed, clock).await,
+            KIND_TREE => self.run_tree(claimed, clock).await,
             other => Err(JobError::Invalid(format!("unknown job kind {other:?}"))),
         }
     }

@@ -210,7 +210,71 @@ pub(crate) fn compaction_dedup_key(thread_key: &str) -> String {
     format!("compaction:{thread_key}")
 }
 
+/// The dedup key of a thread's tree job: one pending tree job per thread (a running one drops
+/// its key when it starts, see [`Store::drop_dedup_key`], so appends during a run queue the next).
+pub(crate) fn tree_dedup_key(thread_key: &str) -> String {
+    format!("tree:{thread_key}")
+}
+
+/// Enqueues the thread's tree job (build the missing nodes, advance the outline) in the caller's
+/// transaction, or finds the pending one.
+pub(crate) async fn enqueue_tree_in(
+    tx: &mut Transaction<'_, Any>,
+    backend: Backend,
+    tenant: &TenantId,
+    thread_key: &str,
+    max_attempts: i64,
+) -> Result<EnqueueOutcome, StoreError> {
+    enqueue_in(
+        tx,
+        backend,
+        &NewJob {
+            tenant: tenant.clone(),
+            thread_key: Some(thread_key.to_owned()),
+            kind: crate::jobs::KIND_TREE.to_owned(),
+            payload: serde_json::json!({}),
+            dedup_key: Some(tree_dedup_key(thread_key)),
+            max_attempts,
+        },
+        super::now_millis(),
+    )
+    .await
+}
+
 impl Store {
+    /// Frees a running job's dedup key, so the next trigger enqueues a new job instead of
+    /// finding this one (for jobs that must see writes made while they run).
+    pub async fn drop_dedup_key(&self, job_id: &str) -> Result<(), StoreError> {
+        sqlx::query("UPDATE jobs SET dedup_key = NULL WHERE job_id = $1")
+            .bind(job_id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Enqueues the thread's tree job and wakes this process's workers.
+    pub async fn enqueue_tree(
+        &self,
+        tenant: &TenantId,
+        thread_id: &str,
+    ) -> Result<EnqueueOutcome, StoreError> {
+        let thread_key = self.thread_head(tenant, thread_id).await?.thread_key;
+        let mut tx = self.pool.begin().await?;
+        let outcome = enqueue_tree_in(
+            &mut tx,
+            self.backend,
+            tenant,
+            &thread_key,
+            self.job_max_attempts,
+        )
+        .await?;
+        tx.commit().await?;
+        if outcome.created {
+            self.job_signal.notify_one();
+        }
+        Ok(outcome)
+    }
+
     /// Enqueues a job in a transaction of its own and wakes this process's workers.
     pub async fn enqueue_job(
         &self,

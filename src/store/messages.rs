@@ -197,8 +197,21 @@ impl Store {
                 auto_compaction_job = Some((outcome.job.id, outcome.created));
             }
         }
+        let tree_job = if self.outline_enabled_in(&mut tx, &thread_key).await? {
+            let outcome = super::jobs::enqueue_tree_in(
+                &mut tx,
+                self.backend,
+                tenant,
+                &thread_key,
+                self.job_max_attempts,
+            )
+            .await?;
+            outcome.created
+        } else {
+            false
+        };
         tx.commit().await?;
-        if matches!(auto_compaction_job, Some((_, true))) {
+        if matches!(auto_compaction_job, Some((_, true))) || tree_job {
             self.job_signal.notify_one();
         }
         Ok(AppendOutcome {
@@ -282,6 +295,23 @@ fn crosses_threshold(before: i64, after: i64, threshold: i64) -> bool {
 }
 
 impl Store {
+    /// Whether the thread is in outline mode (its appends enqueue tree jobs).
+    async fn outline_enabled_in(
+        &self,
+        tx: &mut sqlx::Transaction<'_, Any>,
+        thread_key: &str,
+    ) -> Result<bool, StoreError> {
+        let json: Option<Option<String>> =
+            sqlx::query_scalar("SELECT outline FROM thread_settings WHERE thread_key = $1")
+                .bind(thread_key)
+                .fetch_optional(&mut **tx)
+                .await?;
+        Ok(json
+            .flatten()
+            .and_then(|json| serde_json::from_str::<crate::tree::OutlineOptions>(&json).ok())
+            .is_some_and(|options| options.enabled))
+    }
+
     /// The thread's auto-compaction threshold: its own setting, else the server default.
     async fn auto_compact_threshold(
         &self,

@@ -15,6 +15,7 @@ mod keys;
 mod messages;
 mod settings;
 mod threads;
+mod tree;
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -35,6 +36,7 @@ pub use keys::{ApiKeyRecord, CreatedKey, KeyIdentity, TenantRecord};
 pub use messages::{AppendOutcome, AppendRequest, MessagePage};
 pub use settings::{MicrocompactSettings, ThreadSettings};
 pub use threads::{NewThread, Thread, ThreadPage};
+pub use tree::{NewNode, OutlineSnapshot, TreeStatus, ZoomRead};
 
 /// How a request named a message: by its seq or by its uuid.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -144,7 +146,14 @@ pub enum StoreError {
 }
 
 /// Tables of per-thread data, all keyed by `thread_key`; deleting a thread empties them.
-const THREAD_DATA_TABLES: &[&str] = &["messages", "cursors", "jobs", "thread_settings"];
+const THREAD_DATA_TABLES: &[&str] = &[
+    "messages",
+    "cursors",
+    "jobs",
+    "thread_settings",
+    "tree_nodes",
+    "outlines",
+];
 
 static POSTGRES_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
 static SQLITE_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");

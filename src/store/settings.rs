@@ -11,6 +11,8 @@ pub struct ThreadSettings {
     /// Auto-compaction threshold in estimated context tokens (0 = off for this thread).
     pub auto_compact_tokens: Option<i64>,
     pub microcompact: Option<MicrocompactSettings>,
+    /// Outline mode and its budgets (see [`crate::tree::policy`]).
+    pub outline: Option<crate::tree::OutlineOptions>,
 }
 
 /// Micro-compaction of old tool results in the context view (never in storage). Unset fields take
@@ -35,7 +37,8 @@ impl Store {
     ) -> Result<ThreadSettings, StoreError> {
         let thread_key = self.thread_head(tenant, thread_id).await?.thread_key;
         let row = sqlx::query(
-            "SELECT auto_compact_tokens, microcompact FROM thread_settings WHERE thread_key = $1",
+            "SELECT auto_compact_tokens, microcompact, outline FROM thread_settings \
+             WHERE thread_key = $1",
         )
         .bind(&thread_key)
         .fetch_optional(&self.pool)
@@ -44,7 +47,12 @@ impl Store {
             return Ok(ThreadSettings::default());
         };
         let microcompact: Option<String> = row.try_get("microcompact")?;
+        let outline: Option<String> = row.try_get("outline")?;
         Ok(ThreadSettings {
+            outline: outline
+                .map(|json| serde_json::from_str(&json))
+                .transpose()
+                .map_err(|e| StoreError::Corrupt(format!("outline settings: {e}")))?,
             auto_compact_tokens: row.try_get("auto_compact_tokens")?,
             microcompact: microcompact
                 .map(|json| serde_json::from_str(&json))
@@ -67,18 +75,46 @@ impl Store {
             .map(serde_json::to_string)
             .transpose()
             .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        let outline = settings
+            .outline
+            .as_ref()
+            .map(serde_json::to_string)
+            .transpose()
+            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        let mut tx = self.pool.begin().await?;
         sqlx::query(
-            "INSERT INTO thread_settings (thread_key, auto_compact_tokens, microcompact, updated_at) \
-             VALUES ($1, $2, $3, $4) ON CONFLICT (thread_key) DO UPDATE SET \
+            "INSERT INTO thread_settings (thread_key, auto_compact_tokens, microcompact, outline, \
+             updated_at) VALUES ($1, $2, $3, $4, $5) ON CONFLICT (thread_key) DO UPDATE SET \
              auto_compact_tokens = excluded.auto_compact_tokens, \
-             microcompact = excluded.microcompact, updated_at = excluded.updated_at",
+             microcompact = excluded.microcompact, outline = excluded.outline, \
+             updated_at = excluded.updated_at",
         )
         .bind(&thread_key)
         .bind(settings.auto_compact_tokens)
         .bind(microcompact)
+        .bind(outline)
         .bind(now_millis())
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await?;
+        // Turning the outline on builds the tree of what is already stored.
+        let job = if settings.outline.is_some_and(|o| o.enabled) {
+            Some(
+                super::jobs::enqueue_tree_in(
+                    &mut tx,
+                    self.backend,
+                    tenant,
+                    &thread_key,
+                    self.job_max_attempts,
+                )
+                .await?,
+            )
+        } else {
+            None
+        };
+        tx.commit().await?;
+        if job.is_some_and(|outcome| outcome.created) {
+            self.job_signal.notify_one();
+        }
         Ok(())
     }
 }

@@ -1,0 +1,213 @@
+//! The summary tree over HTTP: `zoom` (the tool the model calls) and the outline page.
+
+use axum::extract::State;
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::ToSchema;
+use utoipa_axum::{router::OpenApiRouter, routes};
+
+use super::problem::{ApiError, ApiJson, ApiPath, Problem};
+use super::settings::OutlineBody;
+use super::threads::ThreadPath;
+use super::{AppState, Tenant};
+use crate::history::model::Entry;
+use crate::history::render::entry_text;
+use crate::store::ZoomRead;
+use crate::tree::{render_line, NodeId, ZoomError};
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(zoom))
+        .routes(routes!(get_outline))
+}
+
+/// The zoom tool's input, as the model wrote it.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"id": 0, "n": 2}))]
+pub struct ZoomRequest {
+    /// The line's first message, as in `id+n`.
+    pub id: i64,
+    /// How many messages the line covers, as in `id+n`.
+    pub n: i64,
+}
+
+/// One line of the outline or of a zoom.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct LineDto {
+    pub id: u64,
+    pub n: u64,
+    pub text: String,
+}
+
+impl LineDto {
+    fn new(node: NodeId, text: String) -> Self {
+        LineDto {
+            id: node.first(),
+            n: node.span(),
+            text,
+        }
+    }
+}
+
+/// The answer to `zoom(id, n)`, ready to send back as the tool result.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ZoomResponse {
+    /// The tool result's text: the two lines (`id+n|text`, one per line), the message written
+    /// whole as `id+1|…`, or an error sentence the model can correct.
+    pub content: String,
+    /// Whether `content` is an error (send the tool result with `is_error: true`).
+    pub is_error: bool,
+    /// The two lines, for `n > 1`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub lines: Vec<LineDto>,
+    /// The stored entry, for `n = 1` (for a client that sends files as blocks, not text).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<Entry>,
+}
+
+impl ZoomResponse {
+    fn error(error: ZoomError) -> Self {
+        ZoomResponse {
+            content: error.to_string(),
+            is_error: true,
+            lines: Vec::new(),
+            message: None,
+        }
+    }
+}
+
+/// `zoom(id, n)`: open line `id+n` into the two lines it was made from (`n/2` messages each), or,
+/// with `n = 1`, read message `id` whole. A model's mistake (a malformed line, no such line or
+/// message, halves not built yet) is a 200 answer with `is_error: true` and a sentence it can
+/// correct; only the caller's mistakes (no thread, a body that is not `{id, n}`) are problems.
+/// Two indexed reads, whatever the size of the thread.
+#[utoipa::path(
+    post, path = "/v1/threads/{thread_id}/zoom", tag = "tree", operation_id = "zoom",
+    params(ThreadPath),
+    request_body = ZoomRequest,
+    responses(
+        (status = 200, description = "The tool result", body = ZoomResponse),
+        (status = 400, description = "Malformed JSON (`bad-request`)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such thread (`not-found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Not `{id, n}` with integers (`validation`)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn zoom(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    ApiPath(path): ApiPath<ThreadPath>,
+    ApiJson(body): ApiJson<ZoomRequest>,
+) -> Result<Json<ZoomResponse>, ApiError> {
+    let read = state
+        .store
+        .zoom_read(&tenant, &path.thread_id, body.id, body.n)
+        .await?;
+    let no_line = || ZoomError::NoSuchLine {
+        id: body.id,
+        n: body.n,
+    };
+    let response = match read {
+        Err(error) => ZoomResponse::error(error),
+        Ok(ZoomRead::Message(None))
+        | Ok(ZoomRead::Halves(None, _))
+        | Ok(ZoomRead::Halves(_, None)) => ZoomResponse::error(no_line()),
+        Ok(ZoomRead::Message(Some(entry))) => ZoomResponse {
+            content: format!("{}+1|{}", body.id, entry_text(&entry)),
+            is_error: false,
+            lines: Vec::new(),
+            message: Some(*entry),
+        },
+        Ok(ZoomRead::Halves(Some((left, left_text)), Some((right, right_text)))) => ZoomResponse {
+            content: format!(
+                "{}\n{}",
+                render_line(left, &left_text),
+                render_line(right, &right_text)
+            ),
+            is_error: false,
+            lines: vec![
+                LineDto::new(left, left_text),
+                LineDto::new(right, right_text),
+            ],
+            message: None,
+        },
+    };
+    Ok(Json(response))
+}
+
+/// How far the background build has come.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct BuildStatus {
+    /// Nodes written so far (every level).
+    pub nodes: i64,
+    /// Model calls those nodes cost (free and extractive nodes cost none).
+    pub summarizer_calls: i64,
+    /// The thread's latest tree job: `pending`, `running`, `succeeded` or `failed`.
+    pub last_job_state: Option<String>,
+    /// Its last error, if its last attempt failed.
+    pub last_error: Option<String>,
+}
+
+/// The outline for people and dashboards.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OutlineResponse {
+    pub options: OutlineBody,
+    /// The outline covers the messages `[0, boundary)`; the rest are sent whole.
+    pub boundary: u64,
+    pub next_seq: i64,
+    /// Bumped on every change of the outline; equal versions render identical bytes.
+    pub version: i64,
+    pub lines: Vec<LineDto>,
+    /// Bytes of the rendered lines (`id+n|text` and a newline each).
+    pub line_bytes: usize,
+    pub build: BuildStatus,
+    /// The zoom tool definition, once the outline has a line (it is then in the context's tools).
+    #[schema(value_type = Option<Object>)]
+    pub zoom_tool: Option<Value>,
+}
+
+/// The thread's outline: its lines, the boundary, and the build status.
+#[utoipa::path(
+    get, path = "/v1/threads/{thread_id}/outline", tag = "tree", operation_id = "getOutline",
+    params(ThreadPath),
+    responses(
+        (status = 200, description = "The outline", body = OutlineResponse),
+        (status = 404, description = "No such thread (`not-found`)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn get_outline(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    ApiPath(path): ApiPath<ThreadPath>,
+) -> Result<Json<OutlineResponse>, ApiError> {
+    let snapshot = state
+        .store
+        .outline_snapshot(&tenant, &path.thread_id)
+        .await?;
+    let status = state.store.tree_status(&snapshot.thread_key).await?;
+    let line_bytes = snapshot
+        .lines
+        .iter()
+        .map(|(node, text)| render_line(*node, text).len() + 1)
+        .sum();
+    Ok(Json(OutlineResponse {
+        options: OutlineBody::from_options(snapshot.options),
+        boundary: snapshot.outline.boundary(),
+        next_seq: snapshot.next_seq,
+        version: snapshot.version,
+        zoom_tool: (!snapshot.lines.is_empty()).then(crate::tree::zoom::tool_definition),
+        lines: snapshot
+            .lines
+            .into_iter()
+            .map(|(node, text)| LineDto::new(node, text))
+            .collect(),
+        line_bytes,
+        build: BuildStatus {
+            nodes: status.nodes,
+            summarizer_calls: status.calls,
+            last_job_state: status.last_job_state,
+            last_error: status.last_error,
+        },
+    }))
+}

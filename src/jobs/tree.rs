@@ -1,0 +1,301 @@
+//! The tree job: writes the summary-tree nodes whose sources exist, then advances the outline.
+//!
+//! One job per thread at a time is pending (the key is dropped when a run starts, so appends
+//! made during the run queue the next one). A run builds, in order, every missing level-0 line
+//! and every parent whose two children exist; each node is its own write (write-once), so a
+//! failed run is retried from where it stopped and a duplicate run writes nothing new. No
+//! transaction is open across a summarizer call.
+//!
+//! Then the outline moves: when the tail is over its token budget, whole rounds move into the
+//! outline (an epoch), and when the lines are over their byte budget, the most overdue sibling
+//! pairs whose parent exists merge in one batch down to half the budget. The new state is
+//! stored by compare-and-set, so a concurrent run cannot lose a change.
+
+use std::collections::{HashMap, HashSet};
+
+use serde_json::{json, Value};
+
+use super::{Clock, JobError, Runner};
+use crate::history::group_rounds;
+use crate::history::model::{Entry, EntryKind};
+use crate::history::normalize::estimate_entry_tokens;
+use crate::store::{ClaimedJob, NewNode};
+use crate::summarize::text::squash;
+use crate::summarize::{merge_verbatim, render, Purpose, SummaryRequest};
+use crate::tree::{advance, next_boundary, render_line, NodeId, Outline, OutlineOptions, Tail};
+
+/// Entries read at a time while building level 0 or profiling the tail.
+const CHUNK: u64 = 1024;
+
+/// What a run did.
+#[derive(Debug, Default)]
+struct Progress {
+    written: u64,
+    calls: u64,
+}
+
+/// A level-0 line's text for an entry, when it needs no summarizer: the rendered turn when it
+/// fits `line_bytes`, or a bracketed note for an entry the model never sees.
+pub fn free_leaf_text(entry: &Entry, line_bytes: usize) -> Result<String, String> {
+    let visible = matches!(
+        entry.kind,
+        EntryKind::User | EntryKind::Assistant | EntryKind::Attachment
+    ) && entry.message.is_some();
+    if !visible {
+        // A bracketed note, e.g. `(system: compact_boundary)`.
+        return Ok(crate::history::render::entry_text(entry));
+    }
+    let source = squash(&render::transcript_items(std::slice::from_ref(entry)).join("; "));
+    if source.is_empty() {
+        return Ok(format!("({}: no content)", entry.kind.as_str()));
+    }
+    if source.len() <= line_bytes {
+        Ok(source)
+    } else {
+        Err(source)
+    }
+}
+
+impl Runner {
+    pub(super) async fn run_tree(
+        &self,
+        claimed: &ClaimedJob,
+        clock: Clock,
+    ) -> Result<Value, JobError> {
+        let thread_key = claimed
+            .job
+            .thread_key
+            .clone()
+            .ok_or_else(|| JobError::Invalid("a tree job names no thread".to_owned()))?;
+        self.store.drop_dedup_key(&claimed.job.id).await?;
+        let mut progress = Progress::default();
+        let mut next_seq = None;
+        let mut outline_version = 0;
+        loop {
+            let options = self
+                .store
+                .outline_options_of(&thread_key)
+                .await?
+                .unwrap_or_default();
+            if !options.enabled {
+                break;
+            }
+            let t = self.store.next_seq_by_key(&thread_key).await?.max(0) as u64;
+            if next_seq == Some(t) {
+                break;
+            }
+            self.build_nodes(&thread_key, t, &options, &mut progress)
+                .await?;
+            outline_version = self.advance_outline(&thread_key, t, &options).await?;
+            // Appends made during the run are built before the job reports done.
+            next_seq = Some(t);
+        }
+        let result = json!({
+            "nodes_written": progress.written,
+            "summarizer_calls": progress.calls,
+            "next_seq": next_seq,
+            "outline_version": outline_version,
+        });
+        self.store
+            .complete_job(claimed, &result, clock.now_ms())
+            .await?;
+        Ok(result)
+    }
+
+    /// Writes every missing node below `t`, level by level, in index order.
+    async fn build_nodes(
+        &self,
+        thread_key: &str,
+        t: u64,
+        options: &OutlineOptions,
+        progress: &mut Progress,
+    ) -> Result<(), JobError> {
+        if t == 0 {
+            return Ok(());
+        }
+        let max_level = t.ilog2();
+        let frontier = self.store.tree_frontier(thread_key, max_level).await?;
+        let line_bytes = options.line_bytes.max(OutlineOptions::MIN_LINE_BYTES);
+        let mut next = frontier[0];
+        while next < t {
+            let end = (next + CHUNK).min(t);
+            let mut batch = Vec::new();
+            for entry in self.store.entries_between(thread_key, next, end).await? {
+                let seq = entry.seq.unwrap_or_default() as u64;
+                let node = match free_leaf_text(&entry, line_bytes) {
+                    Ok(text) => NewNode::verbatim(NodeId::leaf(seq), text),
+                    Err(_) => {
+                        let request = SummaryRequest::new(vec![entry], Purpose::Line, line_bytes);
+                        match self.summarizer.summarize(&request).await {
+                            Ok(summary) => NewNode::summary(NodeId::leaf(seq), summary),
+                            Err(error) => {
+                                // What was built before the failure is kept: the retry goes on
+                                // from there.
+                                self.write_nodes(thread_key, &batch, progress).await?;
+                                return Err(error.into());
+                            }
+                        }
+                    }
+                };
+                batch.push(node);
+            }
+            self.write_nodes(thread_key, &batch, progress).await?;
+            next = end;
+        }
+        for level in 1..=max_level {
+            let count = t >> level;
+            let mut index = frontier[level as usize];
+            while index < count {
+                let end = (index + CHUNK).min(count);
+                let children = self
+                    .store
+                    .tree_level_texts(thread_key, level - 1, index * 2, end * 2)
+                    .await?;
+                let mut batch = Vec::new();
+                for i in index..end {
+                    let node = NodeId::new(level, i);
+                    let (Some(left), Some(right)) =
+                        (children.get(&(2 * i)), children.get(&(2 * i + 1)))
+                    else {
+                        self.write_nodes(thread_key, &batch, progress).await?;
+                        return Err(JobError::Invalid(format!(
+                            "the children of node {node} are not built"
+                        )));
+                    };
+                    let new = match merge_verbatim(left, right, line_bytes) {
+                        Some(text) => NewNode::verbatim(node, text),
+                        None => {
+                            let request =
+                                SummaryRequest::merge(left.clone(), right.clone(), line_bytes);
+                            match self.summarizer.summarize(&request).await {
+                                Ok(summary) => NewNode::summary(node, summary),
+                                Err(error) => {
+                                    self.write_nodes(thread_key, &batch, progress).await?;
+                                    return Err(error.into());
+                                }
+                            }
+                        }
+                    };
+                    batch.push(new);
+                }
+                self.write_nodes(thread_key, &batch, progress).await?;
+                index = end;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes a batch of nodes (write-once: nodes another run wrote first are left as they are).
+    async fn write_nodes(
+        &self,
+        thread_key: &str,
+        batch: &[NewNode],
+        progress: &mut Progress,
+    ) -> Result<(), JobError> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        progress.written += self.store.put_tree_nodes(thread_key, batch).await?;
+        progress.calls += batch.iter().map(|node| u64::from(node.calls)).sum::<u64>();
+        Ok(())
+    }
+
+    /// Moves the tail into the outline and folds it, as the policy says; returns the outline's
+    /// version after the run.
+    async fn advance_outline(
+        &self,
+        thread_key: &str,
+        t: u64,
+        options: &OutlineOptions,
+    ) -> Result<i64, JobError> {
+        // Compare-and-set: a concurrent run that changed the outline first makes this one read
+        // again (a handful of tries; the loser's change is recomputed from the winner's state).
+        for _ in 0..5 {
+            let (outline, version) = self.store.outline_state(thread_key).await?;
+            let start = outline.boundary();
+            let built_below = self.store.tree_frontier(thread_key, 0).await?[0];
+            let (tokens, round_starts) = self.tail_profile(thread_key, start, t).await?;
+            let tail = Tail {
+                start,
+                tokens: &tokens,
+                round_starts: &round_starts,
+            };
+            let boundary = next_boundary(tail, options.tail_tokens, built_below.min(t));
+            let mut extended = outline.clone();
+            extended.extend_to(boundary);
+            let texts = self.candidate_texts(thread_key, &extended).await?;
+            let bytes = |node: NodeId| {
+                texts
+                    .get(&node)
+                    .map(|text| render_line(node, text).len() + 1)
+            };
+            let next = advance(&outline, t, tail, options, built_below, &bytes);
+            if next == outline {
+                return Ok(version);
+            }
+            if self.store.save_outline(thread_key, &next, version).await? {
+                return Ok(version + 1);
+            }
+        }
+        Err(JobError::Invalid(
+            "the outline kept changing under this run".to_owned(),
+        ))
+    }
+
+    /// Estimated tokens of each entry in `[start, t)` and the seqs where rounds start, read in
+    /// chunks. Each chunk after the first is grouped with the previous chunk's last assistant in
+    /// front, so a round spanning chunks is seen whole.
+    async fn tail_profile(
+        &self,
+        thread_key: &str,
+        start: u64,
+        t: u64,
+    ) -> Result<(Vec<u64>, Vec<u64>), JobError> {
+        let mut tokens = Vec::with_capacity((t - start) as usize);
+        let mut round_starts = vec![start];
+        let mut last_assistant: Option<Entry> = None;
+        let mut at = start;
+        while at < t {
+            let end = (at + CHUNK).min(t);
+            let entries = self.store.entries_between(thread_key, at, end).await?;
+            tokens.extend(entries.iter().map(estimate_entry_tokens));
+            let carried = usize::from(last_assistant.is_some());
+            let mut grouped: Vec<Entry> = last_assistant.take().into_iter().collect();
+            grouped.extend(entries);
+            for round in group_rounds(&grouped) {
+                if round.first_index >= carried.max(1) {
+                    round_starts.push(round.first_seq as u64);
+                }
+            }
+            last_assistant = grouped
+                .into_iter()
+                .rev()
+                .find(|entry| entry.kind == EntryKind::Assistant);
+            at = end;
+        }
+        round_starts.dedup();
+        Ok((tokens, round_starts))
+    }
+
+    /// The texts of the outline's tiles and of every ancestor a fold could merge them into.
+    async fn candidate_texts(
+        &self,
+        thread_key: &str,
+        outline: &Outline,
+    ) -> Result<HashMap<NodeId, String>, JobError> {
+        let boundary = outline.boundary();
+        let mut wanted: HashSet<NodeId> = HashSet::new();
+        for tile in &outline.tiles {
+            let mut node = *tile;
+            wanted.insert(node);
+            while node.level < 62 {
+                node = node.parent();
+                if node.end() > boundary || !wanted.insert(node) {
+                    break;
+                }
+            }
+        }
+        let nodes: Vec<NodeId> = wanted.into_iter().collect();
+        Ok(self.store.tree_node_texts(thread_key, &nodes).await?)
+    }
+}

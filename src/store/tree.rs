@@ -1,0 +1,423 @@
+//! Summary-tree nodes and the outline's stored state.
+//!
+//! Nodes are written once, keyed by `(thread_key, level, idx)`: an insert that finds the key
+//! taken writes nothing, so a duplicate or retried job cannot change a line. The outline's state
+//! (its tiles) is a single row per thread, replaced by compare-and-set on its version.
+
+use std::collections::HashMap;
+
+use sqlx::Row;
+
+use super::messages::entry_from_row;
+use super::{now_millis, Store, StoreError, TenantId};
+use crate::history::model::Entry;
+use crate::tree::{NodeId, Outline, OutlineOptions};
+
+/// The outline's stored state and what a reader needs to render it.
+#[derive(Debug, Clone)]
+pub struct OutlineSnapshot {
+    pub thread_key: String,
+    pub next_seq: i64,
+    pub options: OutlineOptions,
+    pub outline: Outline,
+    /// 0 when no state was stored yet.
+    pub version: i64,
+    /// The text of every tile, in order (a tile whose node is missing is left out; a stored
+    /// outline only ever holds built nodes).
+    pub lines: Vec<(NodeId, String)>,
+}
+
+/// What `zoom` read: two indexed reads, whatever the size of the thread.
+#[derive(Debug, Clone)]
+pub enum ZoomRead {
+    Message(Option<Box<Entry>>),
+    /// The two halves, each with its text when built.
+    Halves(Option<(NodeId, String)>, Option<(NodeId, String)>),
+}
+
+/// A node to write.
+#[derive(Debug, Clone)]
+pub struct NewNode {
+    pub node: NodeId,
+    pub text: String,
+    pub summarizer: String,
+    pub calls: u32,
+}
+
+impl NewNode {
+    /// A free node: its source, word for word.
+    pub fn verbatim(node: NodeId, text: String) -> Self {
+        NewNode {
+            node,
+            text,
+            summarizer: "verbatim".to_owned(),
+            calls: 0,
+        }
+    }
+
+    pub fn summary(node: NodeId, summary: crate::summarize::Summary) -> Self {
+        NewNode {
+            node,
+            text: summary.text,
+            summarizer: summary.summarizer,
+            calls: summary.calls,
+        }
+    }
+}
+
+/// Rows per multi-row insert (7 parameters each, well under every backend's limit).
+const NODE_INSERT_ROWS: usize = 200;
+
+/// The tree's build status.
+#[derive(Debug, Clone)]
+pub struct TreeStatus {
+    pub nodes: i64,
+    pub calls: i64,
+    pub last_job_state: Option<String>,
+    pub last_error: Option<String>,
+}
+
+impl Store {
+    /// Nodes written, the model calls they cost, and the latest tree job's state.
+    pub async fn tree_status(&self, thread_key: &str) -> Result<TreeStatus, StoreError> {
+        let (calls, nodes) = self.tree_costs(thread_key).await?;
+        let job = sqlx::query(
+            "SELECT state, last_error FROM jobs WHERE thread_key = $1 AND kind = $2 \
+             ORDER BY created_at DESC, job_id DESC LIMIT 1",
+        )
+        .bind(thread_key)
+        .bind(crate::jobs::KIND_TREE)
+        .fetch_optional(&self.pool)
+        .await?;
+        let (last_job_state, last_error) = match job {
+            Some(row) => (Some(row.try_get("state")?), row.try_get("last_error")?),
+            None => (None, None),
+        };
+        Ok(TreeStatus {
+            nodes,
+            calls,
+            last_job_state,
+            last_error,
+        })
+    }
+
+    /// The next index to build at each level `0..=max_level` (nodes are built in order, so the
+    /// built nodes of a level are `0..next`).
+    pub async fn tree_frontier(
+        &self,
+        thread_key: &str,
+        max_level: u32,
+    ) -> Result<Vec<u64>, StoreError> {
+        let mut frontier = Vec::with_capacity(max_level as usize + 1);
+        for level in 0..=max_level {
+            let max: Option<i64> = sqlx::query_scalar(
+                "SELECT MAX(idx) FROM tree_nodes WHERE thread_key = $1 AND level = $2",
+            )
+            .bind(thread_key)
+            .bind(i64::from(level))
+            .fetch_one(&self.pool)
+            .await?;
+            frontier.push(max.map_or(0, |idx| idx as u64 + 1));
+        }
+        Ok(frontier)
+    }
+
+    /// The texts of the nodes of `level` with index in `[from, to)`, by index.
+    pub async fn tree_level_texts(
+        &self,
+        thread_key: &str,
+        level: u32,
+        from: u64,
+        to: u64,
+    ) -> Result<HashMap<u64, String>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT idx, text FROM tree_nodes WHERE thread_key = $1 AND level = $2 \
+             AND idx >= $3 AND idx < $4",
+        )
+        .bind(thread_key)
+        .bind(i64::from(level))
+        .bind(from as i64)
+        .bind(to as i64)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                let idx: i64 = row.try_get("idx")?;
+                Ok((idx as u64, row.try_get("text")?))
+            })
+            .collect()
+    }
+
+    /// Writes nodes once, in one transaction; returns how many were new (a node already written
+    /// keeps its stored line).
+    pub async fn put_tree_nodes(
+        &self,
+        thread_key: &str,
+        nodes: &[NewNode],
+    ) -> Result<u64, StoreError> {
+        let now = now_millis();
+        let mut written = 0;
+        let mut tx = self.pool.begin().await?;
+        for chunk in nodes.chunks(NODE_INSERT_ROWS) {
+            let rows: Vec<String> = (0..chunk.len())
+                .map(|row| {
+                    let p = row * 7;
+                    format!(
+                        "(${}, ${}, ${}, ${}, ${}, ${}, ${})",
+                        p + 1,
+                        p + 2,
+                        p + 3,
+                        p + 4,
+                        p + 5,
+                        p + 6,
+                        p + 7
+                    )
+                })
+                .collect();
+            let sql = format!(
+                "INSERT INTO tree_nodes (thread_key, level, idx, text, summarizer, calls, \
+                 created_at) VALUES {} ON CONFLICT (thread_key, level, idx) DO NOTHING",
+                rows.join(", ")
+            );
+            let mut query = sqlx::query(&sql);
+            for node in chunk {
+                query = query
+                    .bind(thread_key)
+                    .bind(i64::from(node.node.level))
+                    .bind(node.node.index as i64)
+                    .bind(&node.text)
+                    .bind(&node.summarizer)
+                    .bind(i64::from(node.calls))
+                    .bind(now);
+            }
+            written += query.execute(&mut *tx).await?.rows_affected();
+        }
+        tx.commit().await?;
+        Ok(written)
+    }
+
+    /// The stored entries with seq in `[start, end)`, in order.
+    pub async fn entries_between(
+        &self,
+        thread_key: &str,
+        start: u64,
+        end: u64,
+    ) -> Result<Vec<Entry>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT seq, body FROM messages WHERE thread_key = $1 AND seq >= $2 AND seq < $3 \
+             ORDER BY seq",
+        )
+        .bind(thread_key)
+        .bind(start as i64)
+        .bind(end as i64)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(entry_from_row).collect()
+    }
+
+    /// Model calls the thread's nodes cost, and how many nodes there are.
+    pub async fn tree_costs(&self, thread_key: &str) -> Result<(i64, i64), StoreError> {
+        let row = sqlx::query(
+            "SELECT COUNT(*) AS nodes, CAST(COALESCE(SUM(calls), 0) AS BIGINT) AS calls FROM tree_nodes \
+             WHERE thread_key = $1",
+        )
+        .bind(thread_key)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok((row.try_get("calls")?, row.try_get("nodes")?))
+    }
+
+    /// The outline's stored tiles and version (an empty outline at version 0 when none).
+    pub async fn outline_state(&self, thread_key: &str) -> Result<(Outline, i64), StoreError> {
+        let row = sqlx::query("SELECT tiles, version FROM outlines WHERE thread_key = $1")
+            .bind(thread_key)
+            .fetch_optional(&self.pool)
+            .await?;
+        let Some(row) = row else {
+            return Ok((Outline::default(), 0));
+        };
+        let tiles: String = row.try_get("tiles")?;
+        let pairs: Vec<(u32, u64)> = serde_json::from_str(&tiles)
+            .map_err(|e| StoreError::Corrupt(format!("outline tiles: {e}")))?;
+        let outline = Outline::new(
+            pairs
+                .into_iter()
+                .map(|(level, index)| NodeId::new(level, index))
+                .collect(),
+        );
+        Ok((outline, row.try_get("version")?))
+    }
+
+    /// Replaces the outline's state if it is still at `expected_version`; `false` when another
+    /// writer changed it first (the caller reads again).
+    pub async fn save_outline(
+        &self,
+        thread_key: &str,
+        outline: &Outline,
+        expected_version: i64,
+    ) -> Result<bool, StoreError> {
+        let tiles: Vec<(u32, u64)> = outline.tiles.iter().map(|n| (n.level, n.index)).collect();
+        let tiles =
+            serde_json::to_string(&tiles).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        let now = now_millis();
+        let boundary = outline.boundary() as i64;
+        let changed = if expected_version == 0 {
+            sqlx::query(
+                "INSERT INTO outlines (thread_key, tiles, boundary, version, updated_at) \
+                 VALUES ($1, $2, $3, 1, $4) ON CONFLICT (thread_key) DO NOTHING",
+            )
+            .bind(thread_key)
+            .bind(&tiles)
+            .bind(boundary)
+            .bind(now)
+            .execute(&self.pool)
+            .await?
+        } else {
+            sqlx::query(
+                "UPDATE outlines SET tiles = $1, boundary = $2, version = version + 1, \
+                 updated_at = $3 WHERE thread_key = $4 AND version = $5",
+            )
+            .bind(&tiles)
+            .bind(boundary)
+            .bind(now)
+            .bind(thread_key)
+            .bind(expected_version)
+            .execute(&self.pool)
+            .await?
+        };
+        Ok(changed.rows_affected() == 1)
+    }
+
+    /// Texts of the given nodes (one indexed query per level present).
+    pub async fn tree_node_texts(
+        &self,
+        thread_key: &str,
+        nodes: &[NodeId],
+    ) -> Result<HashMap<NodeId, String>, StoreError> {
+        let mut by_level: HashMap<u32, Vec<u64>> = HashMap::new();
+        for node in nodes {
+            by_level.entry(node.level).or_default().push(node.index);
+        }
+        let mut texts = HashMap::with_capacity(nodes.len());
+        for (level, indexes) in by_level {
+            for chunk in indexes.chunks(500) {
+                let placeholders: Vec<String> =
+                    (0..chunk.len()).map(|i| format!("${}", i + 3)).collect();
+                let sql = format!(
+                    "SELECT idx, text FROM tree_nodes WHERE thread_key = $1 AND level = $2 \
+                     AND idx IN ({})",
+                    placeholders.join(", ")
+                );
+                let mut query = sqlx::query(&sql).bind(thread_key).bind(i64::from(level));
+                for index in chunk {
+                    query = query.bind(*index as i64);
+                }
+                for row in query.fetch_all(&self.pool).await? {
+                    let idx: i64 = row.try_get("idx")?;
+                    texts.insert(NodeId::new(level, idx as u64), row.try_get("text")?);
+                }
+            }
+        }
+        Ok(texts)
+    }
+
+    /// The thread's outline with its lines' texts, for the context view and the outline page.
+    pub async fn outline_snapshot(
+        &self,
+        tenant: &TenantId,
+        thread_id: &str,
+    ) -> Result<OutlineSnapshot, StoreError> {
+        let head = self.thread_head(tenant, thread_id).await?;
+        let options = self
+            .outline_options_of(&head.thread_key)
+            .await?
+            .unwrap_or_default();
+        let (outline, version) = self.outline_state(&head.thread_key).await?;
+        let texts = self
+            .tree_node_texts(&head.thread_key, &outline.tiles)
+            .await?;
+        let lines = outline
+            .tiles
+            .iter()
+            .filter_map(|node| texts.get(node).map(|text| (*node, text.clone())))
+            .collect();
+        Ok(OutlineSnapshot {
+            thread_key: head.thread_key,
+            next_seq: head.next_seq,
+            options,
+            outline,
+            version,
+            lines,
+        })
+    }
+
+    /// `zoom(id, n)` on the thread: the thread's head, then two indexed reads at most, whatever
+    /// the size of the thread. The inner error is the model's mistake, in words it can correct.
+    pub async fn zoom_read(
+        &self,
+        tenant: &TenantId,
+        thread_id: &str,
+        id: i64,
+        n: i64,
+    ) -> Result<Result<ZoomRead, crate::tree::ZoomError>, StoreError> {
+        let head = self.thread_head(tenant, thread_id).await?;
+        let target = match crate::tree::plan_zoom(id, n, head.next_seq.max(0) as u64) {
+            Ok(target) => target,
+            Err(error) => return Ok(Err(error)),
+        };
+        Ok(Ok(match target {
+            crate::tree::ZoomTarget::Message(seq) => {
+                let row = sqlx::query(
+                    "SELECT seq, body FROM messages WHERE thread_key = $1 AND seq = $2",
+                )
+                .bind(&head.thread_key)
+                .bind(seq as i64)
+                .fetch_optional(&self.pool)
+                .await?;
+                ZoomRead::Message(row.map(|row| entry_from_row(&row).map(Box::new)).transpose()?)
+            }
+            crate::tree::ZoomTarget::Halves(left, right) => {
+                let text = |node: NodeId| {
+                    sqlx::query_scalar::<_, String>(
+                        "SELECT text FROM tree_nodes WHERE thread_key = $1 AND level = $2 \
+                         AND idx = $3",
+                    )
+                    .bind(head.thread_key.clone())
+                    .bind(i64::from(node.level))
+                    .bind(node.index as i64)
+                    .fetch_optional(&self.pool)
+                };
+                ZoomRead::Halves(
+                    text(left).await?.map(|t| (left, t)),
+                    text(right).await?.map(|t| (right, t)),
+                )
+            }
+        }))
+    }
+
+    /// The next seq of the thread with this key (for jobs, which name threads by key).
+    pub async fn next_seq_by_key(&self, thread_key: &str) -> Result<i64, StoreError> {
+        let next: Option<i64> =
+            sqlx::query_scalar("SELECT next_seq FROM threads WHERE thread_key = $1")
+                .bind(thread_key)
+                .fetch_optional(&self.pool)
+                .await?;
+        next.ok_or(StoreError::ThreadNotFound)
+    }
+
+    /// The thread's stored outline options (`None`: never set).
+    pub async fn outline_options_of(
+        &self,
+        thread_key: &str,
+    ) -> Result<Option<OutlineOptions>, StoreError> {
+        let json: Option<Option<String>> =
+            sqlx::query_scalar("SELECT outline FROM thread_settings WHERE thread_key = $1")
+                .bind(thread_key)
+                .fetch_optional(&self.pool)
+                .await?;
+        json.flatten()
+            .map(|json| serde_json::from_str(&json))
+            .transpose()
+            .map_err(|e| StoreError::Corrupt(format!("outline settings: {e}")))
+    }
+}

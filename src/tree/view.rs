@@ -1,0 +1,168 @@
+//! The outline as the model reads it: a short header, then the lines in fixed-size blocks.
+//!
+//! Blocks are cut by position (every [`LINES_PER_BLOCK`] lines), so a block's bytes change only
+//! when one of its own lines changes. Anthropic `cache_control` breakpoints go on whole blocks
+//! only: the last whole block, and earlier whole blocks every [`MARK_SPACING`] blocks back, so a
+//! fold that changes an early line still finds a cached prefix within the provider's ~20-block
+//! lookback.
+
+use serde_json::{json, Value};
+
+use super::node::{render_line, NodeId};
+use crate::history::model::Entry;
+use crate::history::{normalize, NormalizeOptions, Normalized, Provider};
+
+/// Lines per cache block.
+pub const LINES_PER_BLOCK: usize = 16;
+/// Blocks between two breakpoints (under Anthropic's ~20-block lookback).
+pub const MARK_SPACING: usize = 16;
+
+/// The first block of every outline: how a line reads and that zoom opens it. Constant, so it
+/// never breaks the cached prefix.
+pub const HEADER: &str = "The earlier part of this conversation, as summary lines, oldest first. \
+A line reads id+n|text: a summary of the n messages from message id on (n = 1: one message). \
+A line is a summary, never anyone's exact words: call zoom(id, n) to open it into the two lines \
+it was made from, and zoom(id, 1) to read a message whole, before you act, guess or quote. \
+The messages after the summary follow whole.";
+
+/// The outline's text blocks: [`HEADER`], then the rendered lines, [`LINES_PER_BLOCK`] a block.
+pub fn blocks(lines: &[(NodeId, &str)]) -> Vec<String> {
+    let mut blocks = vec![HEADER.to_owned()];
+    for chunk in lines.chunks(LINES_PER_BLOCK) {
+        let rendered: Vec<String> = chunk
+            .iter()
+            .map(|(node, text)| render_line(*node, text))
+            .collect();
+        blocks.push(rendered.join("\n"));
+    }
+    blocks
+}
+
+/// Indices (into [`blocks`]) of the blocks that carry a cache breakpoint: whole line blocks only,
+/// the last whole one first, then every [`MARK_SPACING`] blocks back, at most `max_marks`.
+pub fn cache_marks(line_count: usize, max_marks: usize) -> Vec<usize> {
+    let whole_blocks = line_count / LINES_PER_BLOCK;
+    // Block k (1-based after the header) holds lines [(k-1)·B, k·B).
+    (0..max_marks)
+        .map_while(|i| whole_blocks.checked_sub(i * MARK_SPACING))
+        .filter(|&block| block >= 1)
+        .collect()
+}
+
+/// The outline as Anthropic text blocks, with breakpoints on `marks`.
+pub fn anthropic_blocks(blocks: &[String], marks: &[usize]) -> Vec<Value> {
+    blocks
+        .iter()
+        .enumerate()
+        .map(|(i, text)| {
+            let mut block = json!({"type": "text", "text": text});
+            if marks.contains(&i) {
+                block["cache_control"] = json!({"type": "ephemeral"});
+            }
+            block
+        })
+        .collect()
+}
+
+/// Breakpoints a request may carry (Anthropic).
+pub const MAX_BREAKPOINTS: usize = 4;
+
+/// The context of an outlined thread: one user turn holding the outline (when it has lines),
+/// then the tail entries, normalized together so the provider accepts the whole. For Anthropic
+/// the outline's whole blocks carry breakpoints, leaving room for the caller's own (`cache`).
+pub fn outlined_context(
+    lines: &[(NodeId, String)],
+    tail: Vec<Entry>,
+    options: &NormalizeOptions,
+) -> Normalized {
+    if lines.is_empty() {
+        return normalize(&tail, options);
+    }
+    let refs: Vec<(NodeId, &str)> = lines.iter().map(|(n, t)| (*n, t.as_str())).collect();
+    let texts = blocks(&refs);
+    let outline: Entry = serde_json::from_value(json!({
+        "type": "user",
+        "message": {"role": "user", "content": anthropic_blocks(&texts, &[])},
+    }))
+    .expect("an outline entry is a valid entry");
+    let mut entries = Vec::with_capacity(tail.len() + 1);
+    entries.push(outline);
+    entries.extend(tail);
+    let mut normalized = normalize(&entries, options);
+    if options.provider == Provider::Anthropic {
+        let room = MAX_BREAKPOINTS - usize::from(options.cache);
+        let marks = cache_marks(lines.len(), room);
+        let content = normalized
+            .messages
+            .first_mut()
+            .and_then(|message| message.get_mut("content"))
+            .and_then(Value::as_array_mut);
+        if let Some(content) = content {
+            for mark in marks {
+                if let Some(block) = content.get_mut(mark) {
+                    block["cache_control"] = json!({"type": "ephemeral"});
+                }
+            }
+        }
+    }
+    normalized
+}
+
+/// The zoom tool in the provider's `tools` shape.
+pub fn zoom_tool(provider: Provider) -> Value {
+    let tool = super::zoom::tool_definition();
+    match provider {
+        Provider::Anthropic => tool,
+        Provider::Openai => json!({
+            "type": "function",
+            "function": {
+                "name": tool["name"],
+                "description": tool["description"],
+                "parameters": tool["input_schema"],
+            }
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_come_in_fixed_blocks_after_the_header() {
+        let texts: Vec<String> = (0..20).map(|i| format!("line {i}")).collect();
+        let lines: Vec<(NodeId, &str)> = texts
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (NodeId::leaf(i as u64), t.as_str()))
+            .collect();
+        let blocks = blocks(&lines);
+        assert_eq!(blocks.len(), 3);
+        assert_eq!(blocks[0], HEADER);
+        assert!(blocks[1].starts_with("0+1|line 0\n1+1|line 1"));
+        assert_eq!(blocks[1].lines().count(), LINES_PER_BLOCK);
+        assert_eq!(
+            blocks[2],
+            "16+1|line 16\n17+1|line 17\n18+1|line 18\n19+1|line 19"
+        );
+    }
+
+    #[test]
+    fn marks_sit_on_whole_blocks_spaced_back_from_the_last() {
+        assert!(cache_marks(15, 3).is_empty());
+        assert_eq!(cache_marks(16, 3), vec![1]);
+        assert_eq!(cache_marks(40, 3), vec![2]);
+        assert_eq!(cache_marks(16 * 40 + 3, 3), vec![40, 24, 8]);
+        assert_eq!(cache_marks(16 * 40, 2), vec![40, 24]);
+        assert!(cache_marks(16 * 40, 0).is_empty());
+    }
+
+    #[test]
+    fn breakpoints_are_placed_on_the_marked_blocks() {
+        let blocks = vec!["h".to_owned(), "a".to_owned(), "b".to_owned()];
+        let out = anthropic_blocks(&blocks, &[1]);
+        assert!(out[0].get("cache_control").is_none());
+        assert_eq!(out[1]["cache_control"]["type"], "ephemeral");
+        assert!(out[2].get("cache_control").is_none());
+    }
+}

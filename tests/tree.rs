@@ -1,0 +1,476 @@
+//! The summary tree, the outline and zoom, through the job runner and the HTTP API, on both
+//! backends. Jobs run by `Runner::step`: no test sleeps.
+
+mod common;
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use axum::http::{Method, StatusCode};
+use common::{assistant, user, TestApp};
+use loupe::jobs::{Clock, JobsConfig, Runner, StepOutcome};
+use loupe::store::TenantId;
+use loupe::summarize::{
+    ExtractiveSummarizer, Purpose, SummarizeError, Summarizer, Summary, SummaryRequest,
+};
+use loupe::tree::view::HEADER;
+use loupe::validate::{anthropic, openai, AnthropicRules};
+use serde_json::{json, Value};
+
+on_both_backends!(
+    zoom_is_offered_once_the_thread_is_summarized_and_answers_the_seed_cases,
+    a_scripted_agent_follows_a_planted_token_down_to_its_message,
+    a_duplicate_run_writes_nothing_and_a_failed_node_is_retried,
+    the_outline_prefix_is_stable_between_changes,
+    outline_view_needs_outline_mode,
+);
+
+fn config() -> JobsConfig {
+    JobsConfig {
+        // Retries are due at once, so a test can run them without waiting.
+        backoff_base: Duration::ZERO,
+        ..JobsConfig::default()
+    }
+}
+
+fn runner(app: &TestApp, summarizer: Arc<dyn Summarizer>) -> Runner {
+    Runner::new(app.store.clone(), summarizer, config())
+}
+
+/// Runs jobs until none is left; panics on a job that does not succeed.
+async fn drain(runner: &Runner) -> Vec<Value> {
+    let mut results = Vec::new();
+    for _ in 0..1_000 {
+        match runner.step(Clock::System).await.unwrap() {
+            StepOutcome::Idle => return results,
+            StepOutcome::Succeeded { result, .. } => results.push(result),
+            other => panic!("a tree job did not succeed: {other:?}"),
+        }
+    }
+    panic!("the jobs never drained");
+}
+
+async fn outline_on(app: &TestApp, thread: &str, options: Value) {
+    let response = app
+        .request(
+            Method::PUT,
+            &format!("/v1/threads/{thread}/settings"),
+            Some(json!({ "outline": options })),
+        )
+        .await;
+    assert_eq!(response.status, StatusCode::OK, "{}", response.body);
+}
+
+/// Exchange `i`: a user turn and an assistant answer (its own response id, so every answer
+/// starts a round).
+fn exchange(i: usize, question: &str, answer: &str) -> Vec<Value> {
+    vec![
+        user(&format!("u{i}"), question),
+        assistant(&format!("a{i}"), &format!("msg_{i}"), answer),
+    ]
+}
+
+async fn zoom(app: &TestApp, thread: &str, id: i64, n: i64) -> Value {
+    let response = app
+        .post(
+            &format!("/v1/threads/{thread}/zoom"),
+            json!({"id": id, "n": n}),
+        )
+        .await;
+    assert_eq!(response.status, StatusCode::OK, "{}", response.body);
+    response.body
+}
+
+fn assert_valid(context: &Value, provider: &str) {
+    let messages = context["messages"].as_array().unwrap();
+    let violations = match provider {
+        "openai" => openai::validate(messages),
+        _ => anthropic::validate(messages, &AnthropicRules::default()),
+    };
+    assert!(violations.is_empty(), "{violations:?}\n{context}");
+}
+
+const FIRST_QUESTION: &str = "Ana: what exactly do we charge at launch, and why that price? \
+    We said 49 last week but the spreadsheet still says 59.";
+
+async fn zoom_is_offered_once_the_thread_is_summarized_and_answers_the_seed_cases(app: TestApp) {
+    let thread = app.thread("seed").await;
+    outline_on(
+        &app,
+        &thread,
+        json!({"enabled": true, "line_bytes": 64, "budget_bytes": 4000, "tail_tokens": 60}),
+    )
+    .await;
+    let runner = runner(&app, Arc::new(ExtractiveSummarizer::new()));
+    app.append(&thread, exchange(0, FIRST_QUESTION, "ok")).await;
+    drain(&runner).await;
+
+    // A chat of one exchange is not summarized: no lines, no zoom tool.
+    let context = app
+        .get(&format!("/v1/threads/{thread}/context?view=outline"))
+        .await;
+    assert_eq!(context.status, StatusCode::OK, "{}", context.body);
+    assert_eq!(context.body["tools"], json!([]));
+    assert_eq!(context.body["outline"]["lines"], 0);
+    assert_eq!(context.body["messages"].as_array().unwrap().len(), 2);
+
+    for i in 1..6 {
+        app.append(
+            &thread,
+            exchange(
+                i,
+                &format!("Question {i}: and what about the plan for region {i}?"),
+                &format!("Answer {i}: region {i} follows the same price."),
+            ),
+        )
+        .await;
+        drain(&runner).await;
+    }
+    for provider in ["anthropic", "openai"] {
+        let context = app
+            .get(&format!(
+                "/v1/threads/{thread}/context?view=outline&provider={provider}"
+            ))
+            .await;
+        assert_eq!(context.status, StatusCode::OK, "{}", context.body);
+        let tools = context.body["tools"].as_array().unwrap();
+        assert_eq!(tools.len(), 1, "{}", context.body);
+        let name = match provider {
+            "openai" => &tools[0]["function"]["name"],
+            _ => &tools[0]["name"],
+        };
+        assert_eq!(name, "zoom");
+        assert!(context.body["outline"]["lines"].as_u64().unwrap() >= 1);
+        let boundary = context.body["outline"]["boundary"].as_u64().unwrap();
+        // The boundary is a round boundary: an answer with a new response id starts the tail.
+        assert!(boundary >= 3 && boundary % 2 == 1, "{boundary}");
+        assert_valid(&context.body, provider);
+        let first = &context.body["messages"][0];
+        assert_eq!(first["role"], "user");
+        let text = first["content"]
+            .as_str()
+            .or_else(|| first["content"][0]["text"].as_str())
+            .unwrap_or_else(|| panic!("{first}"));
+        assert!(text.starts_with(HEADER), "{text}");
+    }
+
+    // zoom(0, 2): the two lines 0+1 and 1+1. Message 0 is longer than a line, so it was
+    // summarized; message 1 fits, so it is its own line, word for word.
+    let answer = zoom(&app, &thread, 0, 2).await;
+    assert_eq!(answer["is_error"], false);
+    let content = answer["content"].as_str().unwrap();
+    let lines: Vec<&str> = content.lines().collect();
+    assert_eq!(lines.len(), 2, "{content}");
+    assert!(lines[0].starts_with("0+1|"), "{content}");
+    assert!(lines[0].len() <= "0+1|".len() + 64, "{content}");
+    assert_eq!(lines[1], "1+1|assistant: ok");
+    // zoom(0, 1): the first message whole.
+    let answer = zoom(&app, &thread, 0, 1).await;
+    assert_eq!(answer["is_error"], false);
+    assert_eq!(answer["content"], format!("0+1|user: {FIRST_QUESTION}"));
+    assert_eq!(answer["message"]["uuid"], "u0");
+    // zoom(1, 2) is not a line; zoom(64, 1) is no message of this chat.
+    let answer = zoom(&app, &thread, 1, 2).await;
+    assert_eq!(answer["is_error"], true);
+    assert_eq!(
+        answer["content"],
+        "Error: zoom takes a line's id and n, as written: id+n."
+    );
+    let answer = zoom(&app, &thread, 64, 1).await;
+    assert_eq!(answer["is_error"], true);
+    assert_eq!(answer["content"], "Error: no line 64+1 here.");
+    // Not {id, n} with integers: the caller's mistake, a problem.
+    app.post(&format!("/v1/threads/{thread}/zoom"), json!({"id": "0"}))
+        .await
+        .assert_problem(StatusCode::UNPROCESSABLE_ENTITY, "validation");
+
+    let outline = app.get(&format!("/v1/threads/{thread}/outline")).await;
+    assert_eq!(outline.status, StatusCode::OK, "{}", outline.body);
+    assert_eq!(outline.body["build"]["last_job_state"], "succeeded");
+    assert_eq!(outline.body["zoom_tool"]["name"], "zoom");
+    assert_eq!(
+        outline.body["boundary"],
+        context_boundary(&app, &thread).await
+    );
+    app.finish().await;
+}
+
+async fn context_boundary(app: &TestApp, thread: &str) -> Value {
+    app.get(&format!("/v1/threads/{thread}/context?view=outline"))
+        .await
+        .body["outline"]["boundary"]
+        .clone()
+}
+
+/// A deterministic summarizer that keeps every `NEEDLE-<n>` token it reads, then the first words.
+struct NeedleKeeper;
+
+fn needles(text: &str) -> Vec<String> {
+    text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+        .filter(|word| word.starts_with("NEEDLE-"))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[async_trait]
+impl Summarizer for NeedleKeeper {
+    fn name(&self) -> String {
+        "needle-keeper".to_owned()
+    }
+
+    async fn summarize(&self, req: &SummaryRequest) -> Result<Summary, SummarizeError> {
+        let source = match req.purpose {
+            Purpose::Merge => req.lines.join(" "),
+            _ => loupe::summarize::render::transcript_items(&req.entries).join(" "),
+        };
+        let mut words = needles(&source);
+        words.extend(source.split_whitespace().map(str::to_owned));
+        let mut text = String::new();
+        for word in words {
+            if text.len() + word.len() + 1 > req.max_bytes {
+                break;
+            }
+            if !text.is_empty() {
+                text.push(' ');
+            }
+            text.push_str(&word);
+        }
+        Ok(Summary {
+            text,
+            summarizer: self.name(),
+            calls: 0,
+        })
+    }
+}
+
+async fn a_scripted_agent_follows_a_planted_token_down_to_its_message(app: TestApp) {
+    let runner = runner(&app, Arc::new(NeedleKeeper));
+    for planted in [0usize, 5, 22, 37] {
+        let thread = app.thread(&format!("needle-{planted}")).await;
+        outline_on(
+            &app,
+            &thread,
+            json!({"enabled": true, "line_bytes": 96, "budget_bytes": 900, "tail_tokens": 120}),
+        )
+        .await;
+        for i in 0..32 {
+            let filler = "the weather report and other chatter about nothing in particular";
+            let question = if 2 * i == planted {
+                format!("Remember the code NEEDLE-{planted} for the vault. {filler}")
+            } else {
+                format!("Question {i}: {filler}")
+            };
+            let answer = if 2 * i + 1 == planted {
+                format!("Noted: NEEDLE-{planted}. {filler}")
+            } else {
+                format!("Answer {i}: {filler}")
+            };
+            app.append(&thread, exchange(i, &question, &answer)).await;
+            drain(&runner).await;
+        }
+        let token = format!("NEEDLE-{planted}");
+        let outline = app.get(&format!("/v1/threads/{thread}/outline")).await;
+        let lines = outline.body["lines"].as_array().unwrap();
+        let boundary = outline.body["boundary"].as_u64().unwrap();
+        assert!(boundary as usize > planted, "{}", outline.body);
+        assert!(
+            lines.iter().any(|l| l["n"].as_u64().unwrap() > 1),
+            "the outline folded: {}",
+            outline.body
+        );
+        // The scripted agent: the line that mentions the token, then the half that does.
+        let mut line = lines
+            .iter()
+            .find(|l| needles(l["text"].as_str().unwrap()).contains(&token))
+            .unwrap_or_else(|| panic!("no line keeps {token}: {}", outline.body))
+            .clone();
+        let n = line["n"].as_u64().unwrap();
+        let mut calls = 0;
+        loop {
+            let (id, n) = (line["id"].as_i64().unwrap(), line["n"].as_i64().unwrap());
+            let answer = zoom(&app, &thread, id, n).await;
+            calls += 1;
+            assert_eq!(answer["is_error"], false, "{answer}");
+            if n == 1 {
+                assert_eq!(id as usize, planted);
+                assert!(answer["content"].as_str().unwrap().contains(&token));
+                break;
+            }
+            line = answer["lines"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|l| needles(l["text"].as_str().unwrap()).contains(&token))
+                .unwrap_or_else(|| panic!("neither half keeps {token}: {answer}"))
+                .clone();
+        }
+        assert_eq!(calls, n.ilog2() + 1, "from a line of {n} messages");
+    }
+    app.finish().await;
+}
+
+/// Fails its first `failures` calls, then writes like the extractive summarizer.
+struct Flaky {
+    failures: u32,
+    calls: AtomicU32,
+}
+
+#[async_trait]
+impl Summarizer for Flaky {
+    fn name(&self) -> String {
+        "flaky".to_owned()
+    }
+
+    async fn summarize(&self, req: &SummaryRequest) -> Result<Summary, SummarizeError> {
+        if self.calls.fetch_add(1, Ordering::SeqCst) < self.failures {
+            return Err(SummarizeError::Server {
+                status: 503,
+                message: "overloaded".to_owned(),
+            });
+        }
+        ExtractiveSummarizer::new().summarize(req).await
+    }
+}
+
+async fn a_duplicate_run_writes_nothing_and_a_failed_node_is_retried(app: TestApp) {
+    let thread = app.thread("retry").await;
+    outline_on(
+        &app,
+        &thread,
+        json!({"enabled": true, "line_bytes": 64, "budget_bytes": 4000, "tail_tokens": 100000}),
+    )
+    .await;
+    let long = "a long message that does not fit in one line of sixty-four bytes at all, \
+        so the summarizer writes its line";
+    app.append(
+        &thread,
+        vec![user("u0", "hi"), user("u1", long), user("u2", "yo")],
+    )
+    .await;
+    let flaky = Runner::new(
+        app.store.clone(),
+        Arc::new(Flaky {
+            failures: 1,
+            calls: AtomicU32::new(0),
+        }),
+        config(),
+    );
+    match flaky.step(Clock::System).await.unwrap() {
+        StepOutcome::WillRetry { error, .. } => assert!(error.contains("overloaded"), "{error}"),
+        other => panic!("expected a retry, got {other:?}"),
+    }
+    // The node before the failure was kept; the retry writes the rest.
+    let status = app.get(&format!("/v1/threads/{thread}/outline")).await;
+    assert_eq!(status.body["build"]["nodes"], 1, "{}", status.body);
+    assert!(status.body["build"]["last_error"].is_string());
+    let results = drain(&flaky).await;
+    assert_eq!(results.len(), 1);
+    // Three leaves and the parent 0+2 (2+1 has no sibling yet).
+    assert_eq!(results[0]["nodes_written"], 3, "{}", results[0]);
+    let before = app.get(&format!("/v1/threads/{thread}/outline")).await.body;
+    assert_eq!(before["build"]["nodes"], 4);
+
+    // A duplicate run writes nothing new.
+    app.store
+        .enqueue_tree(&TenantId::default_tenant(), &thread)
+        .await
+        .unwrap();
+    let results = drain(&flaky).await;
+    assert_eq!(results.len(), 1);
+    assert_eq!(results[0]["nodes_written"], 0, "{}", results[0]);
+    let after = app.get(&format!("/v1/threads/{thread}/outline")).await.body;
+    assert_eq!(after["build"]["nodes"], before["build"]["nodes"]);
+    assert_eq!(
+        zoom(&app, &thread, 0, 2).await,
+        zoom(&app, &thread, 0, 2).await
+    );
+    app.finish().await;
+}
+
+async fn the_outline_prefix_is_stable_between_changes(app: TestApp) {
+    let thread = app.thread("stable").await;
+    outline_on(
+        &app,
+        &thread,
+        json!({"enabled": true, "line_bytes": 64, "budget_bytes": 2000, "tail_tokens": 80}),
+    )
+    .await;
+    let runner = runner(&app, Arc::new(ExtractiveSummarizer::new()));
+    for i in 0..12 {
+        app.append(
+            &thread,
+            exchange(
+                i,
+                &format!("question {i} about the plan"),
+                &format!("answer {i}"),
+            ),
+        )
+        .await;
+    }
+    drain(&runner).await;
+    let uri = format!("/v1/threads/{thread}/context?view=outline&cache=true");
+    let first = app.get(&uri).await.body;
+    let second = app.get(&uri).await.body;
+    assert_eq!(first, second, "consecutive reads are identical");
+    // Breakpoints: at most four in the request.
+    let marks = first.to_string().matches("cache_control").count();
+    assert!((1..=4).contains(&marks), "{marks} breakpoints");
+    // A new exchange within the tail budget only extends the request at its end.
+    app.append(&thread, exchange(12, "one more", "fine")).await;
+    drain(&runner).await;
+    let third = app.get(&uri).await.body;
+    if third["outline"]["version"] == first["outline"]["version"] {
+        let (a, b) = (
+            first["messages"].as_array().unwrap(),
+            third["messages"].as_array().unwrap(),
+        );
+        assert_eq!(a[0], b[0], "the outline turn is unchanged");
+    }
+    app.finish().await;
+}
+
+async fn outline_view_needs_outline_mode(app: TestApp) {
+    let thread = app.thread("plain").await;
+    app.append(&thread, exchange(0, "hello", "hi")).await;
+    app.get(&format!("/v1/threads/{thread}/context?view=outline"))
+        .await
+        .assert_problem(StatusCode::CONFLICT, "outline-disabled");
+    app.get(&format!("/v1/threads/{thread}/context?view=sideways"))
+        .await
+        .assert_problem(StatusCode::BAD_REQUEST, "bad-request");
+    // The plain view offers no tools.
+    let context = app.get(&format!("/v1/threads/{thread}/context")).await;
+    assert_eq!(context.body["tools"], json!([]));
+    // Bad outline settings are 422s.
+    for (options, field) in [
+        (
+            json!({"enabled": true, "line_bytes": 8}),
+            "outline.line_bytes",
+        ),
+        (
+            json!({"enabled": true, "line_bytes": 512, "budget_bytes": 1000}),
+            "outline.budget_bytes",
+        ),
+        (
+            json!({"enabled": true, "tail_tokens": 0}),
+            "outline.tail_tokens",
+        ),
+    ] {
+        let response = app
+            .request(
+                Method::PUT,
+                &format!("/v1/threads/{thread}/settings"),
+                Some(json!({ "outline": options })),
+            )
+            .await;
+        response.assert_problem(StatusCode::UNPROCESSABLE_ENTITY, "validation");
+        assert_eq!(
+            response.body["errors"][0]["field"], field,
+            "{}",
+            response.body
+        );
+    }
+    app.finish().await;
+}
