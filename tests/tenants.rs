@@ -51,6 +51,13 @@ fn probes(thread: &str) -> Vec<(Method, String, Option<Value>)> {
             format!("{base}/settings"),
             Some(json!({"auto_compact_tokens": 1000})),
         ),
+        (
+            Method::POST,
+            format!("{base}/zoom"),
+            Some(json!({"id": 0, "n": 1})),
+        ),
+        (Method::GET, format!("{base}/outline"), None),
+        (Method::GET, format!("{base}/context?view=outline"), None),
         (Method::GET, format!("{base}/cursors"), None),
         (Method::GET, format!("{base}/cursors/reader"), None),
         (Method::GET, format!("{base}/cursors/reader/pending"), None),

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use loupe::tree::{plan_zoom, NodeId, Outline, ZoomTarget};
+use loupe::tree::{advance, plan_zoom, NodeId, Outline, OutlineOptions, Tail, ZoomTarget};
 use proptest::prelude::*;
 
 /// A deterministic summarizer that keeps a planted token: a parent's line keeps the needle when a
@@ -118,5 +118,75 @@ proptest! {
             }
         }
         prop_assert_eq!(calls, start.level + 1, "log2(n) + 1 zooms for line {}", start);
+    }
+
+    /// The job's step, `policy::advance`, over a growing thread of random message sizes and
+    /// rounds: the boundary only moves to a round start whose lines exist, the tail moves in
+    /// epochs (an over-budget tail ends at a quarter of the budget, unless one round is larger),
+    /// the outline tiles `[0, b)`, never splits, stays within its budget once parents exist, and
+    /// every message under it is `log2(n) + 1` zooms from the line that holds it.
+    #[test]
+    fn the_outline_advances_in_epochs_at_round_starts(
+        messages in prop::collection::vec((1u64..400, any::<bool>()), 1..400),
+        batch in 1usize..12,
+        budget in 300usize..3000,
+        tail_budget in 50u64..2000,
+        lag in 0u64..4,
+    ) {
+        let options = OutlineOptions { enabled: true, line_bytes: 64, budget_bytes: budget, tail_tokens: tail_budget };
+        let tokens: Vec<u64> = messages.iter().map(|(t, _)| *t).collect();
+        // A round starts at every message flagged so (and at 0).
+        let starts: Vec<u64> = messages.iter().enumerate()
+            .filter(|(i, (_, start))| *i == 0 || *start)
+            .map(|(i, _)| i as u64)
+            .collect();
+        let mut outline = Outline::default();
+        let mut t = 0u64;
+        while (t as usize) < messages.len() {
+            t = (t + batch as u64).min(messages.len() as u64);
+            let lines = build_tree(t, None);
+            let bytes = |node: NodeId| lines.get(&node).map(|text| node.to_string().len() + 2 + text.len());
+            let start = outline.boundary();
+            let round_starts: Vec<u64> = starts.iter().copied().filter(|&s| s >= start && s < t).collect();
+            let tail = Tail { start, tokens: &tokens[start as usize..t as usize], round_starts: &round_starts };
+            let built_below = t.saturating_sub(lag);
+            let before = outline.clone();
+            outline = advance(&before, t, tail, &options, built_below, &bytes);
+            let b = outline.boundary();
+            prop_assert!(outline.is_tiling());
+            prop_assert!(b >= start && b <= built_below.max(start));
+            prop_assert!(b == start || starts.contains(&b), "boundary {} is no round start", b);
+            prop_assert!(is_coarsening(&before, &outline));
+            let tail_tokens: u64 = tokens[start as usize..t as usize].iter().sum();
+            if b > start {
+                prop_assert!(tail_tokens > tail_budget, "moved a tail within its budget");
+                let rest: u64 = tokens[b as usize..t as usize].iter().sum();
+                // A quarter of the budget, unless the next round start would have been past the
+                // lines or this is the last round start (one round larger than that).
+                let later_start = starts.iter().any(|&s| s > b && s < t && s <= built_below);
+                prop_assert!(rest <= tail_budget / 4 || !later_start, "rest {} > {}", rest, tail_budget / 4);
+            }
+            let total = outline.bytes(&bytes).unwrap();
+            let mergeable = outline.tiles.windows(2).any(|pair| {
+                pair[0].is_left_sibling_of(pair[1]) && lines.contains_key(&pair[0].parent())
+            });
+            prop_assert!(total <= budget || !mergeable, "over budget with a mergeable pair");
+            for tile in &outline.tiles {
+                // Any message under the tile: log2(n) zooms into halves, then zoom(m, 1).
+                let target = tile.first() + (tile.span() - 1) / 2;
+                let (mut node, mut calls) = (*tile, 0u32);
+                loop {
+                    calls += 1;
+                    match plan_zoom(node.first() as i64, node.span() as i64, t).unwrap() {
+                        ZoomTarget::Message(seq) => { prop_assert_eq!(seq, target); break; }
+                        ZoomTarget::Halves(left, right) => {
+                            prop_assert!(lines.contains_key(&left) && lines.contains_key(&right));
+                            node = if target < right.first() { left } else { right };
+                        }
+                    }
+                }
+                prop_assert_eq!(calls, tile.level + 1);
+            }
+        }
     }
 }

@@ -54,10 +54,10 @@ pub struct OutlineBody {
     /// Target bytes of one line (default 512, at least 64).
     pub line_bytes: Option<usize>,
     /// Bytes of all the outline's lines; past it, old lines merge in a batch down to half
-    /// (default 64,000).
+    /// (default 128,000).
     pub budget_bytes: Option<usize>,
     /// Estimated tokens of the messages sent whole after the outline; past it, whole rounds move
-    /// into the outline down to half (default 16,000).
+    /// into the outline down to a quarter (default 32,000).
     pub tail_tokens: Option<u64>,
 }
 

@@ -141,6 +141,8 @@ pub async fn zoom(
 pub struct BuildStatus {
     /// Nodes written so far (every level).
     pub nodes: i64,
+    /// Nodes a summarizer wrote (the others are free: their source fit a line, word for word).
+    pub summarized_nodes: i64,
     /// Model calls those nodes cost (free and extractive nodes cost none).
     pub summarizer_calls: i64,
     /// The thread's latest tree job: `pending`, `running`, `succeeded` or `failed`.
@@ -205,6 +207,7 @@ pub async fn get_outline(
         line_bytes,
         build: BuildStatus {
             nodes: status.nodes,
+            summarized_nodes: status.summarized,
             summarizer_calls: status.calls,
             last_job_state: status.last_job_state,
             last_error: status.last_error,

@@ -73,6 +73,7 @@ const NODE_INSERT_ROWS: usize = 200;
 pub struct TreeStatus {
     pub nodes: i64,
     pub calls: i64,
+    pub summarized: i64,
     pub last_job_state: Option<String>,
     pub last_error: Option<String>,
 }
@@ -80,7 +81,7 @@ pub struct TreeStatus {
 impl Store {
     /// Nodes written, the model calls they cost, and the latest tree job's state.
     pub async fn tree_status(&self, thread_key: &str) -> Result<TreeStatus, StoreError> {
-        let (calls, nodes) = self.tree_costs(thread_key).await?;
+        let (nodes, calls, summarized) = self.tree_costs(thread_key).await?;
         let job = sqlx::query(
             "SELECT state, last_error FROM jobs WHERE thread_key = $1 AND kind = $2 \
              ORDER BY created_at DESC, job_id DESC LIMIT 1",
@@ -96,6 +97,7 @@ impl Store {
         Ok(TreeStatus {
             nodes,
             calls,
+            summarized,
             last_job_state,
             last_error,
         })
@@ -215,16 +217,23 @@ impl Store {
         rows.iter().map(entry_from_row).collect()
     }
 
-    /// Model calls the thread's nodes cost, and how many nodes there are.
-    pub async fn tree_costs(&self, thread_key: &str) -> Result<(i64, i64), StoreError> {
+    /// How many nodes the thread has, the model calls they cost, and how many a summarizer
+    /// wrote (the rest are free nodes, their source word for word).
+    async fn tree_costs(&self, thread_key: &str) -> Result<(i64, i64, i64), StoreError> {
         let row = sqlx::query(
-            "SELECT COUNT(*) AS nodes, CAST(COALESCE(SUM(calls), 0) AS BIGINT) AS calls FROM tree_nodes \
-             WHERE thread_key = $1",
+            "SELECT COUNT(*) AS nodes, \
+             CAST(COALESCE(SUM(calls), 0) AS BIGINT) AS calls, \
+             CAST(COALESCE(SUM(CASE WHEN summarizer = 'verbatim' THEN 0 ELSE 1 END), 0) AS BIGINT) \
+             AS summarized FROM tree_nodes WHERE thread_key = $1",
         )
         .bind(thread_key)
         .fetch_one(&self.pool)
         .await?;
-        Ok((row.try_get("calls")?, row.try_get("nodes")?))
+        Ok((
+            row.try_get("nodes")?,
+            row.try_get("calls")?,
+            row.try_get("summarized")?,
+        ))
     }
 
     /// The outline's stored tiles and version (an empty outline at version 0 when none).
@@ -374,7 +383,10 @@ impl Store {
                 .bind(seq as i64)
                 .fetch_optional(&self.pool)
                 .await?;
-                ZoomRead::Message(row.map(|row| entry_from_row(&row).map(Box::new)).transpose()?)
+                ZoomRead::Message(
+                    row.map(|row| entry_from_row(&row).map(Box::new))
+                        .transpose()?,
+                )
             }
             crate::tree::ZoomTarget::Halves(left, right) => {
                 let text = |node: NodeId| {
