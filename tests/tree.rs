@@ -336,12 +336,16 @@ impl Summarizer for Flaky {
 
 async fn a_duplicate_run_writes_nothing_and_a_failed_node_is_retried(app: TestApp) {
     let thread = app.thread("retry").await;
-    outline_on(
-        &app,
-        &thread,
-        json!({"enabled": true, "line_bytes": 64, "budget_bytes": 4000, "tail_tokens": 100000}),
-    )
-    .await;
+    // A threshold every append crosses: an outlined thread is still never auto-compacted.
+    let response = app
+        .request(
+            Method::PUT,
+            &format!("/v1/threads/{thread}/settings"),
+            Some(json!({"auto_compact_tokens": 1, "outline":
+                {"enabled": true, "line_bytes": 64, "budget_bytes": 4000, "tail_tokens": 100000}})),
+        )
+        .await;
+    assert_eq!(response.status, StatusCode::OK, "{}", response.body);
     let long = "a long message that does not fit in one line of sixty-four bytes at all, \
         so the summarizer writes its line";
     app.append(
@@ -382,6 +386,14 @@ async fn a_duplicate_run_writes_nothing_and_a_failed_node_is_retried(app: TestAp
     assert_eq!(results[0]["nodes_written"], 0, "{}", results[0]);
     let after = app.get(&format!("/v1/threads/{thread}/outline")).await.body;
     assert_eq!(after["build"]["nodes"], before["build"]["nodes"]);
+    // Succeeded tree jobs are pruned down to the latest; no compaction was ever enqueued.
+    let jobs = app
+        .store
+        .thread_jobs(&TenantId::default_tenant(), &thread)
+        .await
+        .unwrap();
+    let kinds: Vec<&str> = jobs.iter().map(|job| job.kind.as_str()).collect();
+    assert_eq!(kinds, ["tree"], "{jobs:?}");
     assert_eq!(
         zoom(&app, &thread, 0, 2).await,
         zoom(&app, &thread, 0, 2).await

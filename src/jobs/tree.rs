@@ -99,6 +99,9 @@ impl Runner {
         self.store
             .complete_job(claimed, &result, clock.now_ms())
             .await?;
+        self.store
+            .prune_succeeded_jobs(&thread_key, super::KIND_TREE, &claimed.job.id)
+            .await?;
         Ok(result)
     }
 

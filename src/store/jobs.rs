@@ -252,6 +252,27 @@ impl Store {
         Ok(())
     }
 
+    /// Deletes the thread's succeeded jobs of `kind` other than `keep`: jobs that run after
+    /// every append (tree jobs) would otherwise grow the table by a row per message. Failed jobs
+    /// stay, with their errors, for people to read.
+    pub async fn prune_succeeded_jobs(
+        &self,
+        thread_key: &str,
+        kind: &str,
+        keep: &str,
+    ) -> Result<u64, StoreError> {
+        Ok(sqlx::query(
+            "DELETE FROM jobs WHERE thread_key = $1 AND kind = $2 AND state = 'succeeded' \
+             AND job_id <> $3",
+        )
+        .bind(thread_key)
+        .bind(kind)
+        .bind(keep)
+        .execute(&self.pool)
+        .await?
+        .rows_affected())
+    }
+
     /// Enqueues the thread's tree job and wakes this process's workers.
     pub async fn enqueue_tree(
         &self,

@@ -177,8 +177,11 @@ impl Store {
         .fetch_one(&mut *tx)
         .await?;
         let mut auto_compaction_job = None;
-        if reset == 0 {
-            let threshold = self.auto_compact_threshold(&mut tx, &thread_key).await?;
+        let triggers = self.append_triggers(&mut tx, &thread_key).await?;
+        // An outlined thread is never auto-compacted: its outline keeps the context small, and a
+        // compact boundary in its tail would cut the tail short.
+        if reset == 0 && !triggers.outlined {
+            let threshold = triggers.auto_compact_tokens;
             if crosses_threshold(context_tokens - tokens, context_tokens, threshold) {
                 let outcome = super::jobs::enqueue_in(
                     &mut tx,
@@ -197,7 +200,7 @@ impl Store {
                 auto_compaction_job = Some((outcome.job.id, outcome.created));
             }
         }
-        let tree_job = if self.outline_enabled_in(&mut tx, &thread_key).await? {
+        let tree_job = if triggers.outlined {
             let outcome = super::jobs::enqueue_tree_in(
                 &mut tx,
                 self.backend,
@@ -290,41 +293,40 @@ fn context_tokens_of<'a>(entries: impl Iterator<Item = &'a Entry>) -> BatchToken
 
 /// Auto-compaction fires once, on the append that takes the estimate from below the threshold to
 /// at or above it (0 = off).
+/// What an append may trigger.
+struct AppendTriggers {
+    auto_compact_tokens: i64,
+    outlined: bool,
+}
+
 fn crosses_threshold(before: i64, after: i64, threshold: i64) -> bool {
     threshold > 0 && before < threshold && after >= threshold
 }
 
 impl Store {
-    /// Whether the thread is in outline mode (its appends enqueue tree jobs).
-    async fn outline_enabled_in(
+    /// What an append may trigger, from the thread's settings (one read): its auto-compaction
+    /// threshold (its own, else the server default) and whether it is outlined.
+    async fn append_triggers(
         &self,
         tx: &mut sqlx::Transaction<'_, Any>,
         thread_key: &str,
-    ) -> Result<bool, StoreError> {
-        let json: Option<Option<String>> =
-            sqlx::query_scalar("SELECT outline FROM thread_settings WHERE thread_key = $1")
-                .bind(thread_key)
-                .fetch_optional(&mut **tx)
-                .await?;
-        Ok(json
-            .flatten()
-            .and_then(|json| serde_json::from_str::<crate::tree::OutlineOptions>(&json).ok())
-            .is_some_and(|options| options.enabled))
-    }
-
-    /// The thread's auto-compaction threshold: its own setting, else the server default.
-    async fn auto_compact_threshold(
-        &self,
-        tx: &mut sqlx::Transaction<'_, Any>,
-        thread_key: &str,
-    ) -> Result<i64, StoreError> {
-        let own: Option<Option<i64>> = sqlx::query_scalar(
-            "SELECT auto_compact_tokens FROM thread_settings WHERE thread_key = $1",
+    ) -> Result<AppendTriggers, StoreError> {
+        let row = sqlx::query(
+            "SELECT auto_compact_tokens, outline FROM thread_settings WHERE thread_key = $1",
         )
         .bind(thread_key)
         .fetch_optional(&mut **tx)
         .await?;
-        Ok(own.flatten().unwrap_or(self.auto_compact_tokens))
+        let (own, outline): (Option<i64>, Option<String>) = match row {
+            Some(row) => (row.try_get("auto_compact_tokens")?, row.try_get("outline")?),
+            None => (None, None),
+        };
+        Ok(AppendTriggers {
+            auto_compact_tokens: own.unwrap_or(self.auto_compact_tokens),
+            outlined: outline
+                .and_then(|json| serde_json::from_str::<crate::tree::OutlineOptions>(&json).ok())
+                .is_some_and(|options| options.enabled),
+        })
     }
 }
 
