@@ -6,8 +6,7 @@
 //! rounds whose level-0 lines exist. Between epochs the tail only grows at its end, so every
 //! request shares its whole prefix with the previous one; an epoch costs one request most of its
 //! cached prefix, so epochs are made rare: a large tail budget, emptied to a quarter each time.
-//! (Measured by tests/tree_replay.rs on a 5,000-message replay: tail 16,000 tokens emptied to
-//! half, 93.9% average prefix share; 32,000 emptied to a quarter with 128,000-byte lines, 96.3%.)
+//! (Measured by tests/tree_replay.rs on a 5,000-message replay; see docs/TREE.md.)
 
 use serde::{Deserialize, Serialize};
 
