@@ -56,6 +56,30 @@ expect 422 "invalid message"
 call GET "/v1/threads/does-not-exist-$$"
 expect 404 "unknown thread"
 
+# Outline mode through the server's own workers: a tiny tail budget moves old rounds into lines.
+call PUT "/v1/threads/$thread/settings" '{"outline": {"enabled": true, "line_bytes": 64, "budget_bytes": 4000, "tail_tokens": 20}}'
+expect 200 "outline on"
+for i in 2 3 4 5; do
+  call POST "/v1/threads/$thread/messages" "{\"messages\": [
+    {\"uuid\": \"smoke-q$i\", \"type\": \"user\", \"message\": {\"role\": \"user\", \"content\": \"Question $i about the launch plan and its price\"}},
+    {\"uuid\": \"smoke-a$i\", \"type\": \"assistant\", \"message\": {\"role\": \"assistant\", \"id\": \"msg_smoke_$i\",
+     \"content\": [{\"type\": \"text\", \"text\": \"Answer $i: the plan holds at 49\"}]}}]}"
+  expect 201 "append $i"
+done
+for _ in $(seq 1 50); do
+  call GET "/v1/threads/$thread/outline"
+  expect 200 "outline"
+  [[ $(jq '.lines | length' <<<"$body") -gt 0 ]] && break
+  sleep 0.2
+done
+[[ $(jq '.lines | length' <<<"$body") -gt 0 ]] || fail "the workers wrote no outline: $body"
+call GET "/v1/threads/$thread/context?view=outline"
+expect 200 "outlined context"
+[[ $(jq -r '.tools[0].name' <<<"$body") == "zoom" ]] || fail "no zoom tool: $body"
+call POST "/v1/threads/$thread/zoom" '{"id": 0, "n": 1}'
+expect 200 "zoom"
+[[ $(jq -r .content <<<"$body") == "0+1|user: What is 50 * 50?" ]] || fail "zoom(0, 1): $body"
+
 call DELETE "/v1/threads/$thread"
 expect 204 "delete"
 echo "smoke: ok ($base)"
