@@ -52,14 +52,17 @@ async fn drain(runner: &Runner) -> Vec<Value> {
     panic!("the jobs never drained");
 }
 
+async fn put_settings(app: &TestApp, thread: &str, settings: Value) -> common::TestResponse {
+    app.request(
+        Method::PUT,
+        &format!("/v1/threads/{thread}/settings"),
+        Some(settings),
+    )
+    .await
+}
+
 async fn outline_on(app: &TestApp, thread: &str, options: Value) {
-    let response = app
-        .request(
-            Method::PUT,
-            &format!("/v1/threads/{thread}/settings"),
-            Some(json!({ "outline": options })),
-        )
-        .await;
+    let response = put_settings(app, thread, json!({ "outline": options })).await;
     assert_eq!(response.status, StatusCode::OK, "{}", response.body);
 }
 
@@ -337,14 +340,13 @@ impl Summarizer for Flaky {
 async fn a_duplicate_run_writes_nothing_and_a_failed_node_is_retried(app: TestApp) {
     let thread = app.thread("retry").await;
     // A threshold every append crosses: an outlined thread is still never auto-compacted.
-    let response = app
-        .request(
-            Method::PUT,
-            &format!("/v1/threads/{thread}/settings"),
-            Some(json!({"auto_compact_tokens": 1, "outline":
-                {"enabled": true, "line_bytes": 64, "budget_bytes": 4000, "tail_tokens": 100000}})),
-        )
-        .await;
+    let response = put_settings(
+        &app,
+        &thread,
+        json!({"auto_compact_tokens": 1, "outline":
+            {"enabled": true, "line_bytes": 64, "budget_bytes": 4000, "tail_tokens": 100000}}),
+    )
+    .await;
     assert_eq!(response.status, StatusCode::OK, "{}", response.body);
     let long = "a long message that does not fit in one line of sixty-four bytes at all, \
         so the summarizer writes its line";
@@ -470,13 +472,7 @@ async fn outline_view_needs_outline_mode(app: TestApp) {
             "outline.tail_tokens",
         ),
     ] {
-        let response = app
-            .request(
-                Method::PUT,
-                &format!("/v1/threads/{thread}/settings"),
-                Some(json!({ "outline": options })),
-            )
-            .await;
+        let response = put_settings(&app, &thread, json!({ "outline": options })).await;
         response.assert_problem(StatusCode::UNPROCESSABLE_ENTITY, "validation");
         assert_eq!(
             response.body["errors"][0]["field"], field,

@@ -127,15 +127,25 @@ fn merge_prompt(req: &SummaryRequest) -> Prompt {
         "Write ONE line of at most {} bytes that {what}.\n",
         req.max_bytes
     ));
+    line_prompt(user, req, MERGE_PRIORITIES)
+}
+
+/// The end every one-line prompt shares: the byte ruler, the priorities, the caller's extra
+/// instructions, under the line system prompt.
+fn line_prompt(mut user: String, req: &SummaryRequest, priorities: &str) -> Prompt {
     push_ruler(&mut user, req.max_bytes);
-    user.push_str(MERGE_PRIORITIES);
-    if let Some(extra) = req.instructions.as_deref().filter(|s| !s.trim().is_empty()) {
-        user.push_str("\n\nAdditional Instructions:\n");
-        user.push_str(extra.trim());
-    }
+    user.push_str(priorities);
+    push_instructions(&mut user, req);
     Prompt {
         system: LINE_SYSTEM.to_string(),
         user,
+    }
+}
+
+fn push_instructions(user: &mut String, req: &SummaryRequest) {
+    if let Some(extra) = req.instructions.as_deref().filter(|s| !s.trim().is_empty()) {
+        user.push_str("\n\nAdditional Instructions:\n");
+        user.push_str(extra.trim());
     }
 }
 
@@ -173,10 +183,7 @@ pub(crate) fn build_prompt(
                 req.max_bytes,
                 req.max_bytes / 4
             ));
-            if let Some(extra) = req.instructions.as_deref().filter(|s| !s.trim().is_empty()) {
-                user.push_str("\n\nAdditional Instructions:\n");
-                user.push_str(extra.trim());
-            }
+            push_instructions(&mut user, req);
             user.push_str(
                 "\n\nREMINDER: Respond with plain text only, an <analysis> block followed by a \
                  <summary> block. Do not call tools.",
@@ -191,16 +198,7 @@ pub(crate) fn build_prompt(
                 "Write ONE line of at most {} bytes that summarizes the transcript above.{fold}\n",
                 req.max_bytes
             ));
-            push_ruler(&mut user, req.max_bytes);
-            user.push_str(LINE_PRIORITIES);
-            if let Some(extra) = req.instructions.as_deref().filter(|s| !s.trim().is_empty()) {
-                user.push_str("\n\nAdditional Instructions:\n");
-                user.push_str(extra.trim());
-            }
-            Prompt {
-                system: LINE_SYSTEM.to_string(),
-                user,
-            }
+            line_prompt(user, req, LINE_PRIORITIES)
         }
         Purpose::Merge => merge_prompt(req),
     }
