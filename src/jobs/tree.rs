@@ -56,6 +56,40 @@ pub fn free_leaf_text(entry: &Entry, line_bytes: usize) -> Result<String, String
     }
 }
 
+/// Finds where rounds start in a run of entries read chunk by chunk: each chunk is grouped with
+/// the last assistant seen before it in front, so a round spanning chunks is seen whole. The
+/// run's first entry is taken as a round start by the caller.
+#[derive(Debug, Default)]
+pub struct RoundScanner {
+    last_assistant: Option<Entry>,
+}
+
+impl RoundScanner {
+    /// The seqs of the rounds that start in `chunk` (not counting the run's first entry).
+    pub fn scan(&mut self, chunk: Vec<Entry>) -> Vec<u64> {
+        let carried = usize::from(self.last_assistant.is_some());
+        let mut grouped: Vec<Entry> = self.last_assistant.clone().into_iter().collect();
+        grouped.extend(chunk);
+        // The round at index 0 is never new here: it is the carried assistant's, or, before any
+        // assistant, the round the run started with (the first assistant continues it).
+        let starts = group_rounds(&grouped)
+            .into_iter()
+            .filter(|round| round.first_index >= 1)
+            .map(|round| round.first_seq as u64)
+            .collect();
+        // A chunk without an assistant keeps the one carried from before.
+        if let Some(latest) = grouped
+            .into_iter()
+            .skip(carried)
+            .rev()
+            .find(|entry| entry.kind == EntryKind::Assistant)
+        {
+            self.last_assistant = Some(latest);
+        }
+        starts
+    }
+}
+
 impl Runner {
     pub(super) async fn run_tree(
         &self,
@@ -256,24 +290,13 @@ impl Runner {
     ) -> Result<(Vec<u64>, Vec<u64>), JobError> {
         let mut tokens = Vec::with_capacity((t - start) as usize);
         let mut round_starts = vec![start];
-        let mut last_assistant: Option<Entry> = None;
+        let mut scanner = RoundScanner::default();
         let mut at = start;
         while at < t {
             let end = (at + CHUNK).min(t);
             let entries = self.store.entries_between(thread_key, at, end).await?;
             tokens.extend(entries.iter().map(estimate_entry_tokens));
-            let carried = usize::from(last_assistant.is_some());
-            let mut grouped: Vec<Entry> = last_assistant.take().into_iter().collect();
-            grouped.extend(entries);
-            for round in group_rounds(&grouped) {
-                if round.first_index >= carried.max(1) {
-                    round_starts.push(round.first_seq as u64);
-                }
-            }
-            last_assistant = grouped
-                .into_iter()
-                .rev()
-                .find(|entry| entry.kind == EntryKind::Assistant);
+            round_starts.extend(scanner.scan(entries));
             at = end;
         }
         round_starts.dedup();
@@ -300,5 +323,47 @@ impl Runner {
         }
         let nodes: Vec<NodeId> = wanted.into_iter().collect();
         Ok(self.store.tree_node_texts(thread_key, &nodes).await?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn entries(kinds: &str) -> Vec<Entry> {
+        // `u` a user turn, `a<x>` an assistant fragment of response x.
+        let mut out = Vec::new();
+        for (seq, token) in kinds.split(' ').enumerate() {
+            let value = match token.strip_prefix('a') {
+                Some(id) => {
+                    json!({"seq": seq, "type": "assistant", "message": {"role": "assistant",
+                    "id": format!("msg_{id}"), "content": [{"type": "text", "text": "x"}]}})
+                }
+                None => {
+                    json!({"seq": seq, "type": "user", "message": {"role": "user", "content": "q"}})
+                }
+            };
+            out.push(serde_json::from_value(value).unwrap());
+        }
+        out
+    }
+
+    #[test]
+    fn scanning_in_chunks_finds_the_rounds_of_the_whole() {
+        let all = entries("u a1 u a1 u a2 u u u a3 u a3 a4 u a5 u");
+        let whole: Vec<u64> = group_rounds(&all)
+            .into_iter()
+            .skip(1)
+            .map(|round| round.first_seq as u64)
+            .collect();
+        for size in 1..all.len() {
+            let mut scanner = RoundScanner::default();
+            let found: Vec<u64> = all
+                .chunks(size)
+                .flat_map(|chunk| scanner.scan(chunk.to_vec()))
+                .collect();
+            assert_eq!(found, whole, "chunks of {size}");
+        }
     }
 }
