@@ -260,12 +260,14 @@ impl Runner {
             let boundary = next_boundary(tail, options.tail_tokens, built_below.min(t));
             let mut extended = outline.clone();
             extended.extend_to(boundary);
-            let texts = self.candidate_texts(thread_key, &extended).await?;
-            let bytes = |node: NodeId| {
-                texts
-                    .get(&node)
-                    .map(|text| render_line(node, text).len() + 1)
-            };
+            // Each line's rendered size, measured once: the fold asks for sizes many times.
+            let sizes: HashMap<NodeId, usize> = self
+                .candidate_texts(thread_key, &extended)
+                .await?
+                .into_iter()
+                .map(|(node, text)| (node, render_line(node, &text).len() + 1))
+                .collect();
+            let bytes = |node: NodeId| sizes.get(&node).copied();
             let next = advance(&outline, t, tail, options, built_below, &bytes);
             if next == outline {
                 return Ok(version);

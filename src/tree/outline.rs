@@ -7,6 +7,9 @@
 //! lines fit well under the budget (a sawtooth), so between batches every request's outline is a
 //! prefix-stable extension of the previous one and the provider's prompt cache keeps hitting.
 
+use std::cmp::Ordering;
+use std::collections::BinaryHeap;
+
 use super::node::NodeId;
 
 /// The nodes of an outline, in order; they tile `[0, boundary())` with no gap or overlap.
@@ -54,6 +57,8 @@ impl Outline {
     ///
     /// A pair's overdue-ness is `(T − last) / 2^l`: how long ago its last message was, relative to
     /// its size, so old small lines merge before recent or large ones; ties go to the oldest pair.
+    /// Candidate pairs wait in a priority queue (stale ones are skipped when popped), so a fold
+    /// of `n` tiles costs `O(n log n)`, also when a long thread is outlined at once.
     pub fn fold(
         &mut self,
         message_count: u64,
@@ -68,46 +73,85 @@ impl Outline {
         if total <= budget {
             return merged;
         }
+        // The tiles as a linked list: merging a pair empties the right slot.
+        let len = self.tiles.len();
+        let mut slots: Vec<Option<NodeId>> = self.tiles.iter().copied().map(Some).collect();
+        let mut prev: Vec<Option<usize>> = (0..len).map(|i| i.checked_sub(1)).collect();
+        let mut next: Vec<Option<usize>> =
+            (0..len).map(|i| (i + 1 < len).then_some(i + 1)).collect();
+        let candidate = |slots: &[Option<NodeId>], next: &[Option<usize>], at: usize| {
+            let left = slots[at]?;
+            let right = slots[next[at]?]?;
+            (left.is_left_sibling_of(right) && line_bytes(left.parent()).is_some()).then(|| {
+                Candidate {
+                    age: u128::from(message_count.saturating_sub(right.last())),
+                    level: left.level,
+                    at,
+                    left,
+                    right,
+                }
+            })
+        };
+        let mut queue: BinaryHeap<Candidate> = (0..len)
+            .filter_map(|at| candidate(&slots, &next, at))
+            .collect();
         while total > target {
-            let Some(at) = self.most_overdue_pair(message_count, line_bytes) else {
+            let Some(pair) = queue.pop() else {
                 break;
             };
-            let (left, right) = (self.tiles[at], self.tiles[at + 1]);
-            let parent = left.parent();
+            let Some(right_at) = next[pair.at] else {
+                continue;
+            };
+            if slots[pair.at] != Some(pair.left) || slots[right_at] != Some(pair.right) {
+                continue; // stale: one of the two was merged since
+            }
+            let parent = pair.left.parent();
             let parent_bytes = line_bytes(parent).unwrap_or_default();
-            let child_bytes =
-                line_bytes(left).unwrap_or_default() + line_bytes(right).unwrap_or_default();
+            let child_bytes = line_bytes(pair.left).unwrap_or_default()
+                + line_bytes(pair.right).unwrap_or_default();
             total = (total + parent_bytes).saturating_sub(child_bytes);
-            self.tiles.splice(at..at + 2, [parent]);
+            slots[pair.at] = Some(parent);
+            slots[right_at] = None;
+            next[pair.at] = next[right_at];
+            if let Some(after) = next[right_at] {
+                prev[after] = Some(pair.at);
+            }
             merged.push(parent);
+            for at in [prev[pair.at], Some(pair.at)].into_iter().flatten() {
+                if let Some(candidate) = candidate(&slots, &next, at) {
+                    queue.push(candidate);
+                }
+            }
         }
+        self.tiles = slots.into_iter().flatten().collect();
         merged
     }
+}
 
-    /// The position of the left tile of the most overdue mergeable pair.
-    fn most_overdue_pair(
-        &self,
-        message_count: u64,
-        line_bytes: &impl Fn(NodeId) -> Option<usize>,
-    ) -> Option<usize> {
-        let mut best: Option<(usize, u128, u32)> = None;
-        for at in 0..self.tiles.len().saturating_sub(1) {
-            let (left, right) = (self.tiles[at], self.tiles[at + 1]);
-            if !left.is_left_sibling_of(right) || line_bytes(left.parent()).is_none() {
-                continue;
-            }
-            let age = u128::from(message_count.saturating_sub(right.last()));
-            let level = left.level;
-            // Compare age_a / 2^la with age_b / 2^lb without division: age_a·2^lb vs age_b·2^la.
-            let more_overdue = match best {
-                None => true,
-                Some((_, best_age, best_level)) => (age << best_level) > (best_age << level),
-            };
-            if more_overdue {
-                best = Some((at, age, level));
-            }
-        }
-        best.map(|(at, _, _)| at)
+/// A pair of sibling tiles that may merge, ordered most overdue first, then oldest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Candidate {
+    /// `T − last`: messages since the pair's last one.
+    age: u128,
+    level: u32,
+    /// The left tile's slot.
+    at: usize,
+    left: NodeId,
+    right: NodeId,
+}
+
+impl Ord for Candidate {
+    fn cmp(&self, other: &Self) -> Ordering {
+        // age_a / 2^la against age_b / 2^lb without division: age_a·2^lb against age_b·2^la.
+        (self.age << other.level)
+            .cmp(&(other.age << self.level))
+            .then_with(|| other.left.first().cmp(&self.left.first()))
+    }
+}
+
+impl PartialOrd for Candidate {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
     }
 }
 
@@ -115,6 +159,77 @@ impl Outline {
 mod tests {
     use super::*;
     use std::collections::HashSet;
+
+    /// The fold as first written (a full scan for the most overdue pair before every merge): the
+    /// oracle the queue-based fold must match merge for merge.
+    fn fold_by_scanning(
+        outline: &mut Outline,
+        t: u64,
+        budget: usize,
+        target: usize,
+        bytes: &impl Fn(NodeId) -> Option<usize>,
+    ) -> Vec<NodeId> {
+        let mut merged = Vec::new();
+        let Some(mut total) = outline.bytes(bytes) else {
+            return merged;
+        };
+        if total <= budget {
+            return merged;
+        }
+        while total > target {
+            let mut best: Option<(usize, u128, u32)> = None;
+            for at in 0..outline.tiles.len().saturating_sub(1) {
+                let (left, right) = (outline.tiles[at], outline.tiles[at + 1]);
+                if !left.is_left_sibling_of(right) || bytes(left.parent()).is_none() {
+                    continue;
+                }
+                let age = u128::from(t.saturating_sub(right.last()));
+                let better = match best {
+                    None => true,
+                    Some((_, best_age, best_level)) => {
+                        (age << best_level) > (best_age << left.level)
+                    }
+                };
+                if better {
+                    best = Some((at, age, left.level));
+                }
+            }
+            let Some((at, _, _)) = best else {
+                break;
+            };
+            let (left, right) = (outline.tiles[at], outline.tiles[at + 1]);
+            total = (total + bytes(left.parent()).unwrap_or_default())
+                .saturating_sub(bytes(left).unwrap_or_default() + bytes(right).unwrap_or_default());
+            outline.tiles.splice(at..at + 2, [left.parent()]);
+            merged.push(left.parent());
+        }
+        merged
+    }
+
+    #[test]
+    fn the_queue_merges_exactly_as_the_full_scan() {
+        // Deterministic sizes that vary by node, parents missing above some levels.
+        for (count, budget, max_level) in [
+            (37u64, 300, 9),
+            (200, 900, 3),
+            (513, 2_000, 10),
+            (64, 100, 6),
+        ] {
+            let bytes = |node: NodeId| {
+                (node.level <= max_level && node.end() <= count)
+                    .then_some(8 + ((node.first() * 7 + u64::from(node.level) * 13) % 23) as usize)
+            };
+            for start in [0, count / 3] {
+                let mut by_queue = Outline::new(crate::tree::decompose(0, start));
+                by_queue.extend_to(count);
+                let mut by_scan = by_queue.clone();
+                let queued = by_queue.fold(count, budget, budget / 2, &bytes);
+                let scanned = fold_by_scanning(&mut by_scan, count, budget, budget / 2, &bytes);
+                assert_eq!(queued, scanned, "count {count}, budget {budget}");
+                assert_eq!(by_queue, by_scan);
+            }
+        }
+    }
 
     fn names(outline: &Outline) -> Vec<String> {
         outline.tiles.iter().map(|n| n.to_string()).collect()

@@ -68,14 +68,19 @@ pub fn next_boundary(tail: Tail<'_>, budget: u64, built_below: u64) -> u64 {
     }
     let target = budget / 4;
     let end = tail.start + tail.tokens.len() as u64;
-    let suffix = |from: u64| -> u64 { tail.tokens[(from - tail.start) as usize..].iter().sum() };
+    // Tokens from the candidate start to the end, kept as the starts go up (one pass).
+    let (mut suffix, mut at) = (total, tail.start);
     let mut chosen = tail.start;
     for &start in tail.round_starts {
         if start <= tail.start || start >= end || start > built_below {
             continue;
         }
+        suffix -= tail.tokens[(at - tail.start) as usize..(start - tail.start) as usize]
+            .iter()
+            .sum::<u64>();
+        at = start;
         chosen = start;
-        if suffix(start) <= target {
+        if suffix <= target {
             break;
         }
     }
