@@ -85,14 +85,19 @@ pub fn bearer_token(header: &str) -> Option<&str> {
         .then_some(token)
 }
 
-/// A tenant id: 1–64 characters of `[A-Za-z0-9._:-]`.
-pub fn check_tenant_id(id: &str) -> Result<(), String> {
-    let valid = !id.is_empty()
-        && id.len() <= MAX_TENANT_ID_LEN
+/// Whether `id` is 1 to `max_len` characters of `[A-Za-z0-9._:-]`: the alphabet of every id a
+/// caller chooses (tenants, threads), safe in paths and logs.
+pub fn is_identifier(id: &str, max_len: usize) -> bool {
+    !id.is_empty()
+        && id.len() <= max_len
         && id
             .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'));
-    if valid {
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
+}
+
+/// A tenant id: 1–64 characters of `[A-Za-z0-9._:-]`.
+pub fn check_tenant_id(id: &str) -> Result<(), String> {
+    if is_identifier(id, MAX_TENANT_ID_LEN) {
         Ok(())
     } else {
         Err(format!(

@@ -84,12 +84,7 @@ pub struct ThreadPath {
 }
 
 fn check_thread_id(id: &str) -> Result<(), ApiError> {
-    let valid = !id.is_empty()
-        && id.len() <= MAX_THREAD_ID_LEN
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'));
-    if valid {
+    if crate::auth::is_identifier(id, MAX_THREAD_ID_LEN) {
         Ok(())
     } else {
         Err(ApiError::field(FieldError {
