@@ -157,6 +157,21 @@ pub mod subtype {
     pub const SNIP: &str = "snip";
 }
 
+impl ApiMessage {
+    /// A message with only a role and content (no provider id, model or usage).
+    pub fn new(role: Role, content: Content) -> Self {
+        ApiMessage {
+            role,
+            content,
+            id: None,
+            model: None,
+            stop_reason: None,
+            usage: None,
+            extra: Map::new(),
+        }
+    }
+}
+
 impl Entry {
     /// An entry of `kind` with every optional field empty and every flag off.
     pub fn new(kind: EntryKind) -> Self {

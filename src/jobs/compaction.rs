@@ -8,7 +8,7 @@
 //! segment runs up to the seq just before the boundary, so they stay in the context, in order.
 
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 use crate::history::model::{subtype, ApiMessage, Content, Entry, EntryKind, Role};
 use crate::history::normalize::view;
@@ -154,48 +154,22 @@ pub fn boundary_entry(info: &BoundaryInfo<'_>) -> Entry {
         metadata["preserved_segment"] = json!({"first_seq": first, "last_seq": last});
     }
     Entry {
-        seq: None,
-        uuid: None,
-        kind: EntryKind::System,
-        message: None,
-        is_meta: false,
-        is_virtual: false,
-        is_compact_summary: false,
-        is_api_error: false,
         subtype: Some(subtype::COMPACT_BOUNDARY.to_owned()),
         content: Some(Value::String("Conversation compacted".to_owned())),
         compact_metadata: Some(metadata),
-        snip_metadata: None,
-        created_at: None,
-        extra: Map::new(),
+        ..Entry::new(EntryKind::System)
     }
 }
 
 /// The summary as a user message with `is_compact_summary` (reference-behaviour §4.3 text).
 pub fn summary_entry(summary: &str) -> Entry {
     Entry {
-        seq: None,
-        uuid: None,
-        kind: EntryKind::User,
-        message: Some(ApiMessage {
-            role: Role::User,
-            content: Content::Text(format!("{SUMMARY_PREFIX}{summary}")),
-            id: None,
-            model: None,
-            stop_reason: None,
-            usage: None,
-            extra: Map::new(),
-        }),
-        is_meta: false,
-        is_virtual: false,
+        message: Some(ApiMessage::new(
+            Role::User,
+            Content::Text(format!("{SUMMARY_PREFIX}{summary}")),
+        )),
         is_compact_summary: true,
-        is_api_error: false,
-        subtype: None,
-        content: None,
-        compact_metadata: None,
-        snip_metadata: None,
-        created_at: None,
-        extra: Map::new(),
+        ..Entry::new(EntryKind::User)
     }
 }
 

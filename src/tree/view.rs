@@ -9,7 +9,7 @@
 use serde_json::{json, Value};
 
 use super::node::{render_line, NodeId};
-use crate::history::model::Entry;
+use crate::history::model::{ApiMessage, Content, Entry, EntryKind, Role};
 use crate::history::{normalize, NormalizeOptions, Normalized, Provider};
 
 /// Lines per cache block.
@@ -80,11 +80,13 @@ pub fn outlined_context(
     }
     let refs: Vec<(NodeId, &str)> = lines.iter().map(|(n, t)| (*n, t.as_str())).collect();
     let texts = blocks(&refs);
-    let outline: Entry = serde_json::from_value(json!({
-        "type": "user",
-        "message": {"role": "user", "content": anthropic_blocks(&texts, &[])},
-    }))
-    .expect("an outline entry is a valid entry");
+    let outline = Entry {
+        message: Some(ApiMessage::new(
+            Role::User,
+            Content::Blocks(anthropic_blocks(&texts, &[])),
+        )),
+        ..Entry::new(EntryKind::User)
+    };
     let mut entries = Vec::with_capacity(tail.len() + 1);
     entries.push(outline);
     entries.extend(tail);

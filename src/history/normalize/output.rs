@@ -256,13 +256,8 @@ fn entry(i: usize, kind: EntryKind, role: Role, content: Content, id: Option<Str
     Entry {
         seq: Some(i as i64),
         message: Some(ApiMessage {
-            role,
-            content,
             id,
-            model: None,
-            stop_reason: None,
-            usage: None,
-            extra: Map::new(),
+            ..ApiMessage::new(role, content)
         }),
         ..Entry::new(kind)
     }
