@@ -3,7 +3,9 @@
 
 use std::collections::HashMap;
 
-use loupe::tree::{advance, plan_zoom, NodeId, Outline, OutlineOptions, Tail, ZoomTarget};
+use loupe::tree::{
+    advance, next_boundary, plan_zoom, NodeId, Outline, OutlineOptions, Tail, ZoomTarget,
+};
 use proptest::prelude::*;
 
 /// A deterministic summarizer that keeps a planted token: a parent's line keeps the needle when a
@@ -151,7 +153,8 @@ proptest! {
             let tail = Tail { start, tokens: &tokens[start as usize..t as usize], round_starts: &round_starts };
             let built_below = t.saturating_sub(lag);
             let before = outline.clone();
-            outline = advance(&before, t, tail, &options, built_below, &bytes);
+            let boundary = next_boundary(tail, options.tail_tokens, built_below);
+            outline = advance(&before, t, boundary, &options, &bytes);
             let b = outline.boundary();
             prop_assert!(outline.is_tiling());
             prop_assert!(b >= start && b <= built_below.max(start));

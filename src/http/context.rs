@@ -223,7 +223,8 @@ pub async fn get_context(
         .await?;
     options.microcompact = super::settings::microcompact_options(&settings);
     if view == ContextView::Outline {
-        return outline_context(&state, &tenant, &path.thread_id, &options).await;
+        let outline = settings.outline.unwrap_or_default();
+        return outline_context(&state, &tenant, &path.thread_id, &outline, &options).await;
     }
     let window = state
         .store
@@ -243,15 +244,16 @@ async fn outline_context(
     state: &AppState,
     tenant: &crate::store::TenantId,
     thread_id: &str,
+    outline: &crate::tree::OutlineOptions,
     options: &NormalizeOptions,
 ) -> Result<Json<ContextResponse>, ApiError> {
-    let snapshot = state.store.outline_snapshot(tenant, thread_id).await?;
-    if !snapshot.options.enabled {
+    if !outline.enabled {
         return Err(ApiError::new(
             ProblemKind::OutlineDisabled,
             "view=outline needs outline mode: set `outline.enabled` in the thread's settings",
         ));
     }
+    let snapshot = state.store.outline_snapshot(tenant, thread_id).await?;
     let boundary = snapshot.outline.boundary();
     let window = state
         .store

@@ -183,6 +183,10 @@ pub async fn get_outline(
     Tenant(tenant): Tenant,
     ApiPath(path): ApiPath<ThreadPath>,
 ) -> Result<Json<OutlineResponse>, ApiError> {
+    let settings = state
+        .store
+        .thread_settings(&tenant, &path.thread_id)
+        .await?;
     let snapshot = state
         .store
         .outline_snapshot(&tenant, &path.thread_id)
@@ -194,7 +198,7 @@ pub async fn get_outline(
         .map(|(node, text)| render_line(*node, text).len() + 1)
         .sum();
     Ok(Json(OutlineResponse {
-        options: OutlineBody::from_options(snapshot.options),
+        options: OutlineBody::from_options(settings.outline.unwrap_or_default()),
         boundary: snapshot.outline.boundary(),
         next_seq: snapshot.next_seq,
         version: snapshot.version,

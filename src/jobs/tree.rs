@@ -250,14 +250,14 @@ impl Runner {
         for _ in 0..5 {
             let (outline, version) = self.store.outline_state(thread_key).await?;
             let start = outline.boundary();
-            let built_below = self.store.tree_frontier(thread_key, 0).await?[0];
             let (tokens, round_starts) = self.tail_profile(thread_key, start, t).await?;
             let tail = Tail {
                 start,
                 tokens: &tokens,
                 round_starts: &round_starts,
             };
-            let boundary = next_boundary(tail, options.tail_tokens, built_below.min(t));
+            // The run has just built every level-0 line below `t`.
+            let boundary = next_boundary(tail, options.tail_tokens, t);
             let mut extended = outline.clone();
             extended.extend_to(boundary);
             // Each line's rendered size, measured once: the fold asks for sizes many times.
@@ -268,7 +268,7 @@ impl Runner {
                 .map(|(node, text)| (node, render_line(node, &text).len() + 1))
                 .collect();
             let bytes = |node: NodeId| sizes.get(&node).copied();
-            let next = advance(&outline, t, tail, options, built_below, &bytes);
+            let next = advance(&outline, t, boundary, options, &bytes);
             if next == outline {
                 return Ok(version);
             }

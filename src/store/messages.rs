@@ -323,8 +323,7 @@ impl Store {
         };
         Ok(AppendTriggers {
             auto_compact_tokens: own.unwrap_or(self.auto_compact_tokens),
-            outlined: outline
-                .and_then(|json| serde_json::from_str::<crate::tree::OutlineOptions>(&json).ok())
+            outlined: super::settings::outline_column(outline)?
                 .is_some_and(|options| options.enabled),
         })
     }

@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 use sqlx::Row;
 
 use super::{now_millis, Store, StoreError, TenantId};
+use crate::tree::OutlineOptions;
 
 /// A thread's stored settings; `None` means "the server default".
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -12,7 +13,7 @@ pub struct ThreadSettings {
     pub auto_compact_tokens: Option<i64>,
     pub microcompact: Option<MicrocompactSettings>,
     /// Outline mode and its budgets (see [`crate::tree::policy`]).
-    pub outline: Option<crate::tree::OutlineOptions>,
+    pub outline: Option<OutlineOptions>,
 }
 
 /// Micro-compaction of old tool results in the context view (never in storage). Unset fields take
@@ -26,6 +27,13 @@ pub struct MicrocompactSettings {
     pub keep_recent: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_bytes: Option<u64>,
+}
+
+/// The `outline` column: the thread's outline options, `None` when never set.
+pub(super) fn outline_column(json: Option<String>) -> Result<Option<OutlineOptions>, StoreError> {
+    json.map(|json| serde_json::from_str(&json))
+        .transpose()
+        .map_err(|e| StoreError::Corrupt(format!("outline settings: {e}")))
 }
 
 impl Store {
@@ -49,10 +57,7 @@ impl Store {
         let microcompact: Option<String> = row.try_get("microcompact")?;
         let outline: Option<String> = row.try_get("outline")?;
         Ok(ThreadSettings {
-            outline: outline
-                .map(|json| serde_json::from_str(&json))
-                .transpose()
-                .map_err(|e| StoreError::Corrupt(format!("outline settings: {e}")))?,
+            outline: outline_column(outline)?,
             auto_compact_tokens: row.try_get("auto_compact_tokens")?,
             microcompact: microcompact
                 .map(|json| serde_json::from_str(&json))

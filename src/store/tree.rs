@@ -18,7 +18,6 @@ use crate::tree::{NodeId, Outline, OutlineOptions};
 pub struct OutlineSnapshot {
     pub thread_key: String,
     pub next_seq: i64,
-    pub options: OutlineOptions,
     pub outline: Outline,
     /// 0 when no state was stored yet.
     pub version: i64,
@@ -330,17 +329,14 @@ impl Store {
         Ok(texts)
     }
 
-    /// The thread's outline with its lines' texts, for the context view and the outline page.
+    /// The thread's outline with its lines' texts, for the context view and the outline page
+    /// (the options are in the thread's settings, which both callers read anyway).
     pub async fn outline_snapshot(
         &self,
         tenant: &TenantId,
         thread_id: &str,
     ) -> Result<OutlineSnapshot, StoreError> {
         let head = self.thread_head(tenant, thread_id).await?;
-        let options = self
-            .outline_options_of(&head.thread_key)
-            .await?
-            .unwrap_or_default();
         let (outline, version) = self.outline_state(&head.thread_key).await?;
         let texts = self
             .tree_node_texts(&head.thread_key, &outline.tiles)
@@ -353,7 +349,6 @@ impl Store {
         Ok(OutlineSnapshot {
             thread_key: head.thread_key,
             next_seq: head.next_seq,
-            options,
             outline,
             version,
             lines,
@@ -427,9 +422,6 @@ impl Store {
                 .bind(thread_key)
                 .fetch_optional(&self.pool)
                 .await?;
-        json.flatten()
-            .map(|json| serde_json::from_str(&json))
-            .transpose()
-            .map_err(|e| StoreError::Corrupt(format!("outline settings: {e}")))
+        super::settings::outline_column(json.flatten())
     }
 }

@@ -87,18 +87,16 @@ pub fn next_boundary(tail: Tail<'_>, budget: u64, built_below: u64) -> u64 {
     chosen
 }
 
-/// The outline after `t` messages: the tail moved in as [`next_boundary`] says, then folded
-/// into the byte budget (down to half of it) as [`Outline::fold`] says. `line_bytes` gives the
-/// rendered size of a built node (`None`: not built).
+/// The outline after `t` messages: the tail up to `boundary` (from [`next_boundary`]) moved in,
+/// then folded into the byte budget, down to half of it ([`Outline::fold`]). `line_bytes` gives
+/// the rendered size of a built node (`None`: not built).
 pub fn advance(
     outline: &Outline,
     t: u64,
-    tail: Tail<'_>,
+    boundary: u64,
     options: &OutlineOptions,
-    built_below: u64,
     line_bytes: &impl Fn(NodeId) -> Option<usize>,
 ) -> Outline {
-    let boundary = next_boundary(tail, options.tail_tokens, built_below.min(t));
     let mut next = outline.clone();
     next.extend_to(boundary);
     next.fold(
