@@ -18,6 +18,7 @@ use loupe::summarize::{
 use loupe::tree::view::HEADER;
 use loupe::validate::{anthropic, openai, AnthropicRules};
 use serde_json::{json, Value};
+use tower::ServiceExt;
 
 on_both_backends!(
     zoom_is_offered_once_the_thread_is_summarized_and_answers_the_seed_cases,
@@ -428,20 +429,69 @@ async fn the_outline_prefix_is_stable_between_changes(app: TestApp) {
     let first = app.get(&uri).await.body;
     let second = app.get(&uri).await.body;
     assert_eq!(first, second, "consecutive reads are identical");
-    // Breakpoints: at most four in the request.
+    // After a restart (a new connection, a new router) the bytes are the same: the state is
+    // stored, not recomputed.
+    let restarted = app.restarted_router().await;
+    let response = restarted
+        .oneshot(
+            axum::http::Request::get(uri.as_str())
+                .body(axum::body::Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let bytes = http_body_util::BodyExt::collect(response.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    assert_eq!(
+        serde_json::from_slice::<Value>(&bytes).unwrap(),
+        first,
+        "a restart renders the same context"
+    );
+    // Breakpoints: the caller's one on the last block, plus the outline's on whole 16-line
+    // blocks; at most four in the request.
+    let lines = first["outline"]["lines"].as_u64().unwrap() as usize;
+    assert!(lines >= 16, "enough lines for a whole block: {lines}");
+    let block_marks = loupe::tree::view::cache_marks(lines, 3);
     let marks = first.to_string().matches("cache_control").count();
-    assert!((1..=4).contains(&marks), "{marks} breakpoints");
-    // A new exchange within the tail budget only extends the request at its end.
+    assert_eq!(marks, 1 + block_marks.len(), "{first}");
+    assert!(marks <= 4);
+    for block in &block_marks {
+        assert_eq!(
+            first["messages"][0]["content"][*block]["cache_control"]["type"], "ephemeral",
+            "block {block}"
+        );
+    }
+    // With the tail budget raised (no epoch can come), a new exchange only extends the request
+    // at its end: the outline's version stays, and every message but the last is unchanged (the
+    // caller's breakpoint moves to the new last block).
+    outline_on(
+        &app,
+        &thread,
+        json!({"enabled": true, "line_bytes": 64, "budget_bytes": 2000, "tail_tokens": 100000}),
+    )
+    .await;
+    drain(&runner).await;
+    assert_eq!(
+        app.get(&uri).await.body,
+        first,
+        "new options alone change nothing"
+    );
     app.append(&thread, exchange(12, "one more", "fine")).await;
     drain(&runner).await;
     let third = app.get(&uri).await.body;
-    if third["outline"]["version"] == first["outline"]["version"] {
-        let (a, b) = (
-            first["messages"].as_array().unwrap(),
-            third["messages"].as_array().unwrap(),
-        );
-        assert_eq!(a[0], b[0], "the outline turn is unchanged");
-    }
+    assert_eq!(third["outline"]["version"], first["outline"]["version"]);
+    let (a, b) = (
+        first["messages"].as_array().unwrap(),
+        third["messages"].as_array().unwrap(),
+    );
+    assert_eq!(b.len(), a.len() + 2);
+    assert_eq!(
+        a[..a.len() - 1],
+        b[..a.len() - 1],
+        "the earlier messages are unchanged"
+    );
     app.finish().await;
 }
 

@@ -31,6 +31,8 @@ pub struct TestApp {
     pub store: Store,
     pub backend: Backend,
     pub limits: Limits,
+    /// The database's URL, for a second connection (a "restart").
+    pub url: String,
     scratch: Option<Scratch>,
 }
 
@@ -95,6 +97,7 @@ impl TestApp {
             store,
             backend,
             limits,
+            url,
             scratch: Some(scratch),
         }
     }
@@ -250,6 +253,14 @@ impl TestApp {
             .await;
         assert_eq!(response.status, StatusCode::CREATED, "{:?}", response.body);
         id.to_owned()
+    }
+
+    /// A router over a new connection to the same database, as after a restart (open mode).
+    pub async fn restarted_router(&self) -> Router {
+        let store = Store::connect(&StoreOptions::new(&self.url))
+            .await
+            .expect("connect again");
+        loupe::http::router(AppState::new(store, self.limits.clone(), AuthMode::Open))
     }
 
     /// Drops the test's database. Call at the end of a test; a failed test leaves it behind
