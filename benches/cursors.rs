@@ -19,22 +19,21 @@
 //! Under `cargo test --benches` (criterion's test mode, no `--bench` argument) the long thread
 //! holds 2,000 messages instead, so the check stays quick.
 
+#[path = "support/common.rs"]
+mod common;
 #[path = "support/history.rs"]
 mod history;
 
 use std::time::{Duration, Instant};
 
-use axum::body::{Body, Bytes};
-use axum::http::{header, Method, Request, StatusCode};
+use axum::body::Bytes;
+use axum::http::{Method, StatusCode};
 use axum::Router;
 use criterion::Criterion;
-use http_body_util::BodyExt;
 use loupe::history::Entry;
-use loupe::http::{AppState, AuthMode, Limits};
 use loupe::store::{AppendRequest, NewThread, Store, StoreOptions, TenantId};
 use serde_json::{json, Value};
 use tokio::runtime::Runtime;
-use tower::ServiceExt;
 
 const SETUP_BATCH: usize = 1000;
 const SHORT: usize = 1_000;
@@ -54,122 +53,21 @@ fn main() {
         .map(|v| serde_json::from_value(v).unwrap())
         .collect();
 
-    // SQLite: a file of its own in the temporary directory.
-    let path = std::env::temp_dir()
-        .join("loupe-bench")
-        .join(format!("{}.db", uuid::Uuid::new_v4().simple()));
-    let url = format!("sqlite://{}", path.display());
-    run_backend(&mut c, &rt, "sqlite", &url, &template, long);
-    for suffix in ["", "-wal", "-shm"] {
-        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
-    }
-
-    // PostgreSQL: a fresh database, dropped afterwards (also when a benchmark panics).
-    match std::env::var("TEST_DATABASE_URL") {
-        Err(_) => println!(
-            "NOTICE: TEST_DATABASE_URL is not set: the PostgreSQL benchmarks are skipped \
-             (set it to a role that may create databases, e.g. \
-             postgres://loupe:loupe@127.0.0.1:5432/postgres)"
-        ),
-        Ok(admin_url) => {
-            let db = ScratchDb::create(&rt, &admin_url);
-            run_backend(&mut c, &rt, "postgres", &db.url, &template, long);
-            drop(db);
-        }
+    // SQLite: a file of its own; PostgreSQL: a fresh database (both removed afterwards, also
+    // when a benchmark panics).
+    let db = common::ScratchDb::sqlite();
+    run_backend(&mut c, &rt, "sqlite", &db.url, &template, long);
+    drop(db);
+    if let Some(admin_url) = common::admin_url() {
+        let db = common::ScratchDb::postgres(&admin_url);
+        run_backend(&mut c, &rt, "postgres", &db.url, &template, long);
+        drop(db);
     }
     c.final_summary();
 }
 
-/// A PostgreSQL database that exists for this run.
-struct ScratchDb {
-    admin_url: String,
-    name: String,
-    url: String,
-}
-
-impl ScratchDb {
-    fn create(rt: &Runtime, admin_url: &str) -> ScratchDb {
-        let name = format!("loupe_bench_{}", uuid::Uuid::new_v4().simple());
-        rt.block_on(async {
-            let admin = Store::connect(&StoreOptions::new(admin_url))
-                .await
-                .expect("connect to TEST_DATABASE_URL");
-            admin.create_database(&name).await.expect("create database");
-            admin.close().await;
-        });
-        println!("postgres: created database {name}");
-        ScratchDb {
-            admin_url: admin_url.to_owned(),
-            url: loupe::store::database_url(admin_url, &name),
-            name,
-        }
-    }
-}
-
-impl Drop for ScratchDb {
-    fn drop(&mut self) {
-        // A runtime of its own: this may run while unwinding out of the benchmark's runtime.
-        let (admin_url, name) = (self.admin_url.clone(), self.name.clone());
-        let dropped = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async {
-                let admin = Store::connect(&StoreOptions::new(&admin_url)).await?;
-                admin.drop_database(&name).await?;
-                admin.close().await;
-                Ok::<_, loupe::store::StoreError>(())
-            })
-        })
-        .join();
-        match dropped {
-            Ok(Ok(())) => println!("postgres: dropped database {}", self.name),
-            other => eprintln!("postgres: could not drop database {}: {other:?}", self.name),
-        }
-    }
-}
-
-/// Entry `n` of a thread: the template's entry `n` (cycled) with the uuid `{thread}-{n}`.
-fn entry(template: &[Entry], thread: &str, n: usize) -> Entry {
-    let mut e = template[n % template.len()].clone();
-    e.seq = None;
-    e.uuid = Some(format!("{thread}-{n}"));
-    e
-}
-
-/// One request through the router; the status and the whole body.
-async fn send(
-    router: &Router,
-    method: Method,
-    uri: &str,
-    body: Option<Value>,
-) -> (StatusCode, Bytes) {
-    let mut request = Request::builder().method(method).uri(uri);
-    let body = match body {
-        Some(json) => {
-            request = request.header(header::CONTENT_TYPE, "application/json");
-            Body::from(serde_json::to_vec(&json).unwrap())
-        }
-        None => Body::empty(),
-    };
-    let response = router
-        .clone()
-        .oneshot(request.body(body).unwrap())
-        .await
-        .expect("the router answers");
-    let status = response.status();
-    let bytes = response
-        .into_body()
-        .collect()
-        .await
-        .expect("the body")
-        .to_bytes();
-    (status, bytes)
-}
-
 async fn get_ok(router: &Router, uri: &str) -> Bytes {
-    let (status, body) = send(router, Method::GET, uri, None).await;
+    let (status, body) = common::send(router, Method::GET, uri, None).await;
     assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
     body
 }
@@ -202,7 +100,7 @@ fn prepare_thread(
         while next < len {
             let count = SETUP_BATCH.min(len - next);
             let entries = (next..next + count)
-                .map(|n| entry(template, &thread, n))
+                .map(|n| common::cycled(template, &thread, n))
                 .collect();
             store
                 .append(
@@ -223,7 +121,7 @@ fn prepare_thread(
     let cursor = format!("/v1/threads/{thread}/cursors/{CURSOR}");
     let middle = len / 2 - 1;
     rt.block_on(async {
-        let (status, body) = send(
+        let (status, body) = common::send(
             router,
             Method::POST,
             &format!("{cursor}/advance"),
@@ -264,11 +162,7 @@ fn run_backend(
         store.migrate().await.expect("migrate");
         store
     });
-    let limits = Limits {
-        rate_limit_per_sec: 0.0,
-        ..Default::default()
-    };
-    let router = loupe::http::router(AppState::new(store.clone(), limits, AuthMode::Open));
+    let router = common::router(&store);
     let cursors: Vec<(usize, String)> = [SHORT, long]
         .into_iter()
         .map(|len| {

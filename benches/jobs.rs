@@ -4,6 +4,9 @@
 //! databases; each measurement runs in a fresh database, dropped afterwards. SQLite runs in a
 //! temporary file. Run: `cargo bench --bench jobs` (release profile).
 
+#[path = "support/common.rs"]
+mod common;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -13,63 +16,10 @@ use loupe::store::{now_millis, AppendRequest, NewJob, NewThread, Store, StoreOpt
 use loupe::summarize::ExtractiveSummarizer;
 use serde_json::json;
 
+use common::Scratch;
+
 const NOOP_JOBS: usize = 2_000;
 const THREAD_MESSAGES: usize = 10_000;
-
-struct Scratch {
-    store: Store,
-    drop: Option<(String, String)>,
-    file: Option<std::path::PathBuf>,
-}
-
-async fn postgres(admin_url: &str) -> Scratch {
-    let name = format!("loupe_bench_{}", uuid::Uuid::new_v4().simple());
-    let admin = Store::connect(&StoreOptions::new(admin_url)).await.unwrap();
-    admin.create_database(&name).await.unwrap();
-    admin.close().await;
-    let base = admin_url.rsplit_once('/').unwrap().0;
-    let store = Store::connect(&StoreOptions::new(format!("{base}/{name}")))
-        .await
-        .unwrap();
-    store.migrate().await.unwrap();
-    Scratch {
-        store,
-        drop: Some((admin_url.to_owned(), name)),
-        file: None,
-    }
-}
-
-async fn sqlite() -> Scratch {
-    let path =
-        std::env::temp_dir().join(format!("loupe-bench-{}.db", uuid::Uuid::new_v4().simple()));
-    let store = Store::connect(&StoreOptions::new(format!("sqlite://{}", path.display())))
-        .await
-        .unwrap();
-    store.migrate().await.unwrap();
-    Scratch {
-        store,
-        drop: None,
-        file: Some(path),
-    }
-}
-
-impl Scratch {
-    async fn finish(self) {
-        self.store.close().await;
-        if let Some((admin_url, name)) = self.drop {
-            let admin = Store::connect(&StoreOptions::new(&admin_url))
-                .await
-                .unwrap();
-            admin.drop_database(&name).await.unwrap();
-            admin.close().await;
-        }
-        if let Some(path) = self.file {
-            for suffix in ["", "-wal", "-shm"] {
-                let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
-            }
-        }
-    }
-}
 
 fn runner(store: &Store) -> Runner {
     Runner::new(
@@ -179,15 +129,12 @@ async fn compaction(store: &Store) -> Duration {
 #[tokio::main(flavor = "multi_thread")]
 async fn main() {
     // `cargo bench` passes `--bench`; `cargo test --benches` passes nothing: run a short smoke.
-    let url = std::env::var("BENCH_DATABASE_URL")
-        .or_else(|_| std::env::var("TEST_DATABASE_URL"))
-        .ok();
+    let url = common::admin_url();
     for workers in [1, 4] {
         let Some(url) = &url else {
-            println!("noop jobs: set BENCH_DATABASE_URL (PostgreSQL) to measure");
             break;
         };
-        let scratch = postgres(url).await;
+        let scratch = Scratch::postgres(url, StoreOptions::new("")).await;
         let (done, elapsed) = noop_throughput(&scratch.store, workers).await;
         println!(
             "postgres noop jobs, {workers} worker(s): {done} in {:.2} s = {:.0} jobs/s",
@@ -197,7 +144,7 @@ async fn main() {
         scratch.finish().await;
     }
     for workers in [1, 4] {
-        let scratch = sqlite().await;
+        let scratch = Scratch::sqlite(StoreOptions::new("")).await;
         let (done, elapsed) = noop_throughput(&scratch.store, workers).await;
         println!(
             "sqlite noop jobs, {workers} worker(s): {done} in {:.2} s = {:.0} jobs/s",
@@ -207,7 +154,7 @@ async fn main() {
         scratch.finish().await;
     }
     if let Some(url) = &url {
-        let scratch = postgres(url).await;
+        let scratch = Scratch::postgres(url, StoreOptions::new("")).await;
         let elapsed = compaction(&scratch.store).await;
         println!(
             "postgres compaction of a {THREAD_MESSAGES}-message thread (extractive): {:.0} ms",
@@ -215,7 +162,7 @@ async fn main() {
         );
         scratch.finish().await;
     }
-    let scratch = sqlite().await;
+    let scratch = Scratch::sqlite(StoreOptions::new("")).await;
     let elapsed = compaction(&scratch.store).await;
     println!(
         "sqlite compaction of a {THREAD_MESSAGES}-message thread (extractive): {:.0} ms",

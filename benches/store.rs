@@ -12,6 +12,8 @@
 //! Under `cargo test --benches` (criterion's test mode, no `--bench` argument) the big thread
 //! holds 2,000 messages instead, so the check stays quick.
 
+#[path = "support/common.rs"]
+mod common;
 #[path = "support/history.rs"]
 mod history;
 
@@ -38,93 +40,17 @@ fn main() {
         .map(|v| serde_json::from_value(v).unwrap())
         .collect();
 
-    // SQLite: a file of its own in the temporary directory.
-    let path = std::env::temp_dir()
-        .join("loupe-bench")
-        .join(format!("{}.db", uuid::Uuid::new_v4().simple()));
-    let url = format!("sqlite://{}", path.display());
-    run_backend(&mut c, &rt, "sqlite", &url, &template, thread_len);
-    for suffix in ["", "-wal", "-shm"] {
-        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
-    }
-
-    // PostgreSQL: a fresh database, dropped afterwards (also when a benchmark panics).
-    match std::env::var("TEST_DATABASE_URL") {
-        Err(_) => println!(
-            "NOTICE: TEST_DATABASE_URL is not set: the PostgreSQL benchmarks are skipped \
-             (set it to a role that may create databases, e.g. \
-             postgres://loupe:loupe@127.0.0.1:5432/postgres)"
-        ),
-        Ok(admin_url) => {
-            let db = ScratchDb::create(&rt, &admin_url);
-            run_backend(&mut c, &rt, "postgres", &db.url, &template, thread_len);
-            drop(db);
-        }
+    // SQLite: a file of its own; PostgreSQL: a fresh database (both removed afterwards, also
+    // when a benchmark panics).
+    let db = common::ScratchDb::sqlite();
+    run_backend(&mut c, &rt, "sqlite", &db.url, &template, thread_len);
+    drop(db);
+    if let Some(admin_url) = common::admin_url() {
+        let db = common::ScratchDb::postgres(&admin_url);
+        run_backend(&mut c, &rt, "postgres", &db.url, &template, thread_len);
+        drop(db);
     }
     c.final_summary();
-}
-
-/// A PostgreSQL database that exists for this run.
-struct ScratchDb {
-    admin_url: String,
-    name: String,
-    url: String,
-}
-
-impl ScratchDb {
-    fn create(rt: &Runtime, admin_url: &str) -> ScratchDb {
-        let name = format!("loupe_bench_{}", uuid::Uuid::new_v4().simple());
-        rt.block_on(async {
-            let admin = Store::connect(&StoreOptions::new(admin_url))
-                .await
-                .expect("connect to TEST_DATABASE_URL");
-            admin.create_database(&name).await.expect("create database");
-            admin.close().await;
-        });
-        println!("postgres: created database {name}");
-        ScratchDb {
-            admin_url: admin_url.to_owned(),
-            url: loupe::store::database_url(admin_url, &name),
-            name,
-        }
-    }
-}
-
-impl Drop for ScratchDb {
-    fn drop(&mut self) {
-        // A runtime of its own: this may run while unwinding out of the benchmark's runtime.
-        let (admin_url, name) = (self.admin_url.clone(), self.name.clone());
-        let dropped = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async {
-                let admin = Store::connect(&StoreOptions::new(&admin_url)).await?;
-                admin.drop_database(&name).await?;
-                admin.close().await;
-                Ok::<_, loupe::store::StoreError>(())
-            })
-        })
-        .join();
-        match dropped {
-            Ok(Ok(())) => println!("postgres: dropped database {}", self.name),
-            other => eprintln!("postgres: could not drop database {}: {other:?}", self.name),
-        }
-    }
-}
-
-/// `count` entries cycled from the template, with fresh uuids `{tag}-{n}` (n from `*next`).
-fn batch(template: &[Entry], tag: &str, next: &mut usize, count: usize) -> Vec<Entry> {
-    (0..count)
-        .map(|_| {
-            let mut e = template[*next % template.len()].clone();
-            e.seq = None;
-            e.uuid = Some(format!("{tag}-{next}"));
-            *next += 1;
-            e
-        })
-        .collect()
 }
 
 fn run_backend(
@@ -167,7 +93,7 @@ fn run_backend(
         group.throughput(Throughput::Elements(size as u64));
         group.bench_function(format!("batch_{size}"), |b| {
             b.to_async(rt).iter_batched(
-                || batch(template, &thread, &mut next, size),
+                || common::batch(template, &thread, &mut next, size),
                 |entries| {
                     let (store, tenant, thread) = (store.clone(), tenant.clone(), thread.clone());
                     async move {
@@ -199,7 +125,7 @@ fn run_backend(
     rt.block_on(async {
         while next < thread_len {
             let count = SETUP_BATCH.min(thread_len - next);
-            let entries = batch(template, "long", &mut next, count);
+            let entries = common::batch(template, "long", &mut next, count);
             store
                 .append(
                     &tenant,
@@ -251,7 +177,7 @@ fn run_backend(
     new_thread(&short);
     for thread in [&thread, &short] {
         let mut tail = vec![compact_boundary(), compact_summary()];
-        tail.extend(batch(
+        tail.extend(common::batch(
             template,
             &format!("{thread}-tail"),
             &mut next,

@@ -31,8 +31,12 @@
 //!    `messages` of `GET …/context?view=outline` against those of `GET …/context` (the whole
 //!    history normalized; auto-compaction is off).
 
+#[path = "support/common.rs"]
+mod common;
 #[path = "support/history.rs"]
 mod history;
+
+use common::Scratch;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -40,12 +44,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use axum::body::Body;
-use axum::http::{header, Method, Request, StatusCode};
+use axum::http::{Method, StatusCode};
 use axum::Router;
-use http_body_util::BodyExt;
 use loupe::history::Entry;
-use loupe::http::{AppState, AuthMode, Limits};
 use loupe::jobs::{Clock, JobsConfig, Runner, StepOutcome};
 use loupe::store::{
     AppendRequest, NewThread, Store, StoreOptions, TenantId, ThreadSettings, ZoomRead,
@@ -57,7 +58,6 @@ use loupe::tree::OutlineOptions;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
-use tower::ServiceExt;
 
 /// Messages per append while building the long thread.
 const BATCH: usize = 1_000;
@@ -126,40 +126,35 @@ fn main() {
         .into_iter()
         .map(|v| serde_json::from_value(v).unwrap())
         .collect();
-    let admin_url = std::env::var("BENCH_DATABASE_URL")
-        .or_else(|_| std::env::var("TEST_DATABASE_URL"))
-        .ok();
+
     // Parts 1 and 2 on these backends (`TREE_BENCH_BACKENDS`, default both).
     let backends =
         std::env::var("TREE_BENCH_BACKENDS").unwrap_or_else(|_| "sqlite,postgres".into());
     let on = |name: &str| backends.split(',').any(|b| b.trim() == name);
+    let admin_url = if on("postgres") {
+        common::admin_url()
+    } else {
+        None
+    };
     rt.block_on(async {
         if on("sqlite") {
-            let scratch = Scratch::sqlite().await;
+            let scratch = Scratch::sqlite(store_options()).await;
             build_and_zoom(&scratch.store, &template, &sizes).await;
             for &messages in &sizes.bulk {
                 bulk_enable(&scratch.store, &template, messages).await;
             }
             scratch.finish().await;
         }
-        match &admin_url {
-            _ if !on("postgres") => {}
-            None => println!(
-                "NOTICE: neither BENCH_DATABASE_URL nor TEST_DATABASE_URL is set: the PostgreSQL \
-                 measurements are skipped (set one to a role that may create databases, e.g. \
-                 postgres://loupe:loupe@127.0.0.1:5432/postgres)"
-            ),
-            Some(url) => {
-                let scratch = Scratch::postgres(url).await;
-                build_and_zoom(&scratch.store, &template, &sizes).await;
-                for &messages in &sizes.bulk {
-                    bulk_enable(&scratch.store, &template, messages).await;
-                }
-                scratch.finish().await;
+        if let Some(url) = &admin_url {
+            let scratch = Scratch::postgres(url, store_options()).await;
+            build_and_zoom(&scratch.store, &template, &sizes).await;
+            for &messages in &sizes.bulk {
+                bulk_enable(&scratch.store, &template, messages).await;
             }
+            scratch.finish().await;
         }
         if sizes.conversation > 0 {
-            let scratch = Scratch::sqlite().await;
+            let scratch = Scratch::sqlite(store_options()).await;
             conversation(&scratch.store, sizes.conversation).await;
             scratch.finish().await;
         }
@@ -173,70 +168,11 @@ fn load_average() -> String {
         .unwrap_or_else(|_| "unknown".to_owned())
 }
 
-/// A database that exists for this run: a temporary SQLite file, or a fresh PostgreSQL database.
-struct Scratch {
-    store: Store,
-    drop: Option<(String, String)>,
-    file: Option<std::path::PathBuf>,
-}
-
 /// Auto-compaction off: a compaction job would append to the threads being measured.
-fn store_options(url: &str) -> StoreOptions {
+fn store_options() -> StoreOptions {
     StoreOptions {
         auto_compact_tokens: 0,
-        ..StoreOptions::new(url)
-    }
-}
-
-impl Scratch {
-    async fn sqlite() -> Scratch {
-        let path = std::env::temp_dir()
-            .join("loupe-bench")
-            .join(format!("tree-{}.db", uuid::Uuid::new_v4().simple()));
-        let store = Store::connect(&store_options(&format!("sqlite://{}", path.display())))
-            .await
-            .expect("open SQLite");
-        store.migrate().await.expect("migrate");
-        Scratch {
-            store,
-            drop: None,
-            file: Some(path),
-        }
-    }
-
-    async fn postgres(admin_url: &str) -> Scratch {
-        let name = format!("loupe_bench_{}", uuid::Uuid::new_v4().simple());
-        let admin = Store::connect(&StoreOptions::new(admin_url))
-            .await
-            .expect("connect to the PostgreSQL admin URL");
-        admin.create_database(&name).await.expect("create database");
-        admin.close().await;
-        println!("postgres: created database {name}");
-        let url = loupe::store::database_url(admin_url, &name);
-        let store = Store::connect(&store_options(&url)).await.expect("connect");
-        store.migrate().await.expect("migrate");
-        Scratch {
-            store,
-            drop: Some((admin_url.to_owned(), name)),
-            file: None,
-        }
-    }
-
-    async fn finish(self) {
-        self.store.close().await;
-        if let Some((admin_url, name)) = self.drop {
-            let admin = Store::connect(&StoreOptions::new(&admin_url))
-                .await
-                .unwrap();
-            admin.drop_database(&name).await.unwrap();
-            admin.close().await;
-            println!("postgres: dropped database {name}");
-        }
-        if let Some(path) = self.file {
-            for suffix in ["", "-wal", "-shm"] {
-                let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
-            }
-        }
+        ..StoreOptions::new("")
     }
 }
 
@@ -370,55 +306,9 @@ async fn append(store: &Store, thread: &str, entries: Vec<Entry>) {
     assert_eq!(outcome.messages.len(), count);
 }
 
-/// `count` entries cycled from the template, with fresh uuids `{tag}-{n}` (n from `*next`).
-fn batch(template: &[Entry], tag: &str, next: &mut usize, count: usize) -> Vec<Entry> {
-    (0..count)
-        .map(|_| {
-            let mut e = template[*next % template.len()].clone();
-            e.seq = None;
-            e.uuid = Some(format!("{tag}-{next}"));
-            *next += 1;
-            e
-        })
-        .collect()
-}
-
 /// Nodes of a complete tree over `t` messages: `⌊t/2^l⌋` at every level.
 fn tree_size(t: u64) -> u64 {
     (0..=t.ilog2()).map(|level| t >> level).sum()
-}
-
-fn router(store: &Store) -> Router {
-    let limits = Limits {
-        rate_limit_per_sec: 0.0,
-        ..Limits::default()
-    };
-    loupe::http::router(AppState::new(store.clone(), limits, AuthMode::Open))
-}
-
-/// A request through the router; the response body is read whole.
-async fn send(
-    router: &Router,
-    method: Method,
-    uri: &str,
-    body: Option<Value>,
-) -> (StatusCode, Vec<u8>) {
-    let mut builder = Request::builder().method(method).uri(uri);
-    let body = match body {
-        Some(json) => {
-            builder = builder.header(header::CONTENT_TYPE, "application/json");
-            Body::from(serde_json::to_vec(&json).unwrap())
-        }
-        None => Body::empty(),
-    };
-    let response = router
-        .clone()
-        .oneshot(builder.body(body).unwrap())
-        .await
-        .unwrap();
-    let status = response.status();
-    let bytes = response.into_body().collect().await.unwrap().to_bytes();
-    (status, bytes.to_vec())
 }
 
 /// Nearest-rank percentile of sorted durations.
@@ -492,7 +382,7 @@ async fn build_and_zoom(store: &Store, template: &[Entry], sizes: &Sizes) {
     let mut built = Drained::default();
     while next < sizes.messages {
         let count = BATCH.min(sizes.messages - next);
-        let entries = batch(template, thread, &mut next, count);
+        let entries = common::batch(template, thread, &mut next, count);
         let started = Instant::now();
         append(store, thread, entries).await;
         appending += started.elapsed();
@@ -575,14 +465,14 @@ async fn build_and_zoom(store: &Store, template: &[Entry], sizes: &Sizes) {
     );
 
     // Zoom through the router: routing, JSON in and out, the answer's rendering.
-    let router = router(store);
+    let router = common::router(store);
     let uri = format!("/v1/threads/{thread}/zoom");
     let plan = zoom_plan(t, sizes.zooms, 43);
     let mut by_level: BTreeMap<u32, Vec<Duration>> = BTreeMap::new();
     for &(level, id, n) in &plan {
         let started = Instant::now();
         let (status, body) =
-            send(&router, Method::POST, &uri, Some(json!({"id": id, "n": n}))).await;
+            common::send(&router, Method::POST, &uri, Some(json!({"id": id, "n": n}))).await;
         let elapsed = started.elapsed();
         assert_eq!(status, StatusCode::OK);
         let body: Value = serde_json::from_slice(&body).unwrap();
@@ -609,7 +499,7 @@ async fn bulk_enable(store: &Store, template: &[Entry], messages: usize) {
     let mut next = 0usize;
     while next < messages {
         let count = BATCH.min(messages - next);
-        let entries = batch(template, thread, &mut next, count);
+        let entries = common::batch(template, thread, &mut next, count);
         append(store, thread, entries).await;
     }
     outline_on(store, thread).await;
@@ -705,7 +595,7 @@ async fn conversation(store: &Store, messages: usize) {
     outline_on(store, thread).await;
     let counting = Arc::new(Counting::default());
     let runner = runner(store, counting.clone());
-    let router = router(store);
+    let router = common::router(store);
     let exchanges = conversation_exchanges(messages);
     let exchange_count = exchanges.len();
     let history_bytes: usize = exchanges
@@ -795,7 +685,7 @@ async fn checkpoint(
 ) -> Checkpoint {
     let read = |uri: String| async move {
         let started = Instant::now();
-        let (status, body) = send(router, Method::GET, &uri, None).await;
+        let (status, body) = common::send(router, Method::GET, &uri, None).await;
         let elapsed = started.elapsed();
         let body: Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(status, StatusCode::OK, "{uri}: {body}");
