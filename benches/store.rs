@@ -40,16 +40,9 @@ fn main() {
         .map(|v| serde_json::from_value(v).unwrap())
         .collect();
 
-    // SQLite: a file of its own; PostgreSQL: a fresh database (both removed afterwards, also
-    // when a benchmark panics).
-    let db = common::ScratchDb::sqlite();
-    run_backend(&mut c, &rt, "sqlite", &db.url, &template, thread_len);
-    drop(db);
-    if let Some(admin_url) = common::admin_url() {
-        let db = common::ScratchDb::postgres(&admin_url);
-        run_backend(&mut c, &rt, "postgres", &db.url, &template, thread_len);
-        drop(db);
-    }
+    common::on_each_backend(|backend, url| {
+        run_backend(&mut c, &rt, backend, url, &template, thread_len)
+    });
     c.final_summary();
 }
 

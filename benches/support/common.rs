@@ -213,3 +213,16 @@ impl Scratch {
         drop(self.db);
     }
 }
+
+/// Runs `run(backend, url)` on a scratch SQLite database, then, when an admin URL is set, on a
+/// scratch PostgreSQL database; each is removed afterwards (also when `run` panics).
+pub fn on_each_backend(mut run: impl FnMut(&str, &str)) {
+    let db = ScratchDb::sqlite();
+    run("sqlite", &db.url);
+    drop(db);
+    if let Some(admin_url) = admin_url() {
+        let db = ScratchDb::postgres(&admin_url);
+        run("postgres", &db.url);
+        drop(db);
+    }
+}

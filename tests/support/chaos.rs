@@ -329,15 +329,7 @@ fn blank_entry(kind: EntryKind) -> Entry {
 }
 
 fn message(role: Role, content: Content) -> ApiMessage {
-    ApiMessage {
-        role,
-        content,
-        id: None,
-        model: None,
-        stop_reason: None,
-        usage: None,
-        extra: Map::new(),
-    }
+    ApiMessage::new(role, content)
 }
 
 fn blocks_of(e: &Entry) -> &[Value] {
