@@ -6,15 +6,19 @@ use serde_json::Value;
 
 use super::model::{Content, Entry, EntryKind};
 
+/// Whether the entry carries a message the model reads (a user, assistant or attachment entry
+/// with its message); the others are bookkeeping.
+pub fn is_message(entry: &Entry) -> bool {
+    matches!(
+        entry.kind,
+        EntryKind::User | EntryKind::Assistant | EntryKind::Attachment
+    ) && entry.message.is_some()
+}
+
 /// The entry as text: `user: …`, `assistant: …`, `attachment: …`, or a bracketed note for an
 /// entry the model never sees (`(progress)`, `(system: compact_boundary)`).
 pub fn entry_text(entry: &Entry) -> String {
-    let Some(message) = entry.message.as_ref().filter(|_| {
-        matches!(
-            entry.kind,
-            EntryKind::User | EntryKind::Assistant | EntryKind::Attachment
-        )
-    }) else {
+    let Some(message) = entry.message.as_ref().filter(|_| is_message(entry)) else {
         let subtype = entry
             .subtype
             .as_deref()

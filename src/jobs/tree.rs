@@ -19,6 +19,7 @@ use super::{Clock, JobError, Runner};
 use crate::history::group_rounds;
 use crate::history::model::{Entry, EntryKind};
 use crate::history::normalize::estimate_entry_tokens;
+use crate::history::render as render_whole;
 use crate::store::{ClaimedJob, NewNode};
 use crate::summarize::text::squash;
 use crate::summarize::{merge_verbatim, render, Purpose, SummaryRequest};
@@ -34,26 +35,18 @@ struct Progress {
     calls: u64,
 }
 
-/// A level-0 line's text for an entry, when it needs no summarizer: the rendered turn when it
-/// fits `line_bytes`, or a bracketed note for an entry the model never sees.
-pub fn free_leaf_text(entry: &Entry, line_bytes: usize) -> Result<String, String> {
-    let visible = matches!(
-        entry.kind,
-        EntryKind::User | EntryKind::Assistant | EntryKind::Attachment
-    ) && entry.message.is_some();
-    if !visible {
+/// A level-0 line's text when it needs no summarizer (a free node): the rendered turn when it
+/// fits `line_bytes`, or a bracketed note for an entry the model never sees; `None` otherwise.
+pub fn free_leaf_text(entry: &Entry, line_bytes: usize) -> Option<String> {
+    if !render_whole::is_message(entry) {
         // A bracketed note, e.g. `(system: compact_boundary)`.
-        return Ok(crate::history::render::entry_text(entry));
+        return Some(render_whole::entry_text(entry));
     }
     let source = squash(&render::transcript_items(std::slice::from_ref(entry)).join("; "));
     if source.is_empty() {
-        return Ok(format!("({}: no content)", entry.kind.as_str()));
+        return Some(format!("({}: no content)", entry.kind.as_str()));
     }
-    if source.len() <= line_bytes {
-        Ok(source)
-    } else {
-        Err(source)
-    }
+    (source.len() <= line_bytes).then_some(source)
 }
 
 /// Finds where rounds start in a run of entries read chunk by chunk: each chunk is grouped with
@@ -160,8 +153,8 @@ impl Runner {
             for entry in self.store.entries_between(thread_key, next, end).await? {
                 let seq = entry.seq.unwrap_or_default() as u64;
                 let node = match free_leaf_text(&entry, line_bytes) {
-                    Ok(text) => NewNode::verbatim(NodeId::leaf(seq), text),
-                    Err(_) => {
+                    Some(text) => NewNode::verbatim(NodeId::leaf(seq), text),
+                    None => {
                         let request = SummaryRequest::new(vec![entry], Purpose::Line, line_bytes);
                         match self.summarizer.summarize(&request).await {
                             Ok(summary) => NewNode::summary(NodeId::leaf(seq), summary),
@@ -349,6 +342,16 @@ mod tests {
             out.push(serde_json::from_value(value).unwrap());
         }
         out
+    }
+
+    #[test]
+    fn a_leaf_that_fits_is_its_source_word_for_word() {
+        let short = entries("u").remove(0);
+        assert_eq!(free_leaf_text(&short, 64).as_deref(), Some("user: q"));
+        // Too long for the line: the summarizer writes it.
+        assert_eq!(free_leaf_text(&short, 4), None);
+        let note: Entry = serde_json::from_value(json!({"type": "progress"})).unwrap();
+        assert_eq!(free_leaf_text(&note, 4).as_deref(), Some("(progress)"));
     }
 
     #[test]
