@@ -251,6 +251,11 @@ impl Runner {
             };
             // The run has just built every level-0 line below `t`.
             let boundary = next_boundary(tail, options.tail_tokens, t);
+            // Most appends move nothing: no epoch, and lines within budget (the fold only starts
+            // past it). Then the tiles' own texts settle it, without their ancestors'.
+            if boundary == start && self.lines_fit(thread_key, &outline, options).await? {
+                return Ok(version);
+            }
             let mut extended = outline.clone();
             extended.extend_to(boundary);
             // Each line's rendered size, measured once: the fold asks for sizes many times.
@@ -296,6 +301,24 @@ impl Runner {
         }
         round_starts.dedup();
         Ok((tokens, round_starts))
+    }
+
+    /// Whether the outline's lines fit their byte budget.
+    async fn lines_fit(
+        &self,
+        thread_key: &str,
+        outline: &Outline,
+        options: &OutlineOptions,
+    ) -> Result<bool, JobError> {
+        let texts = self
+            .store
+            .tree_node_texts(thread_key, &outline.tiles)
+            .await?;
+        let bytes: usize = texts
+            .iter()
+            .map(|(node, text)| render_line(*node, text).len() + 1)
+            .sum();
+        Ok(bytes <= options.budget_bytes)
     }
 
     /// The texts of the outline's tiles and of every ancestor a fold could merge them into.
