@@ -7,4 +7,4 @@ if [[ -z ${TEST_DATABASE_URL:-} ]]; then
   source scripts/postgres.sh
   ensure_postgres
 fi
-cargo test --locked "$@"
+cargo test --locked --workspace "$@"

@@ -13,4 +13,3 @@ pub mod store;
 pub mod summarize;
 pub mod telemetry;
 pub mod tree;
-pub mod validate;

@@ -2,17 +2,15 @@
 //! naive conversion breaks the validator in most cases, and every kind of chaos shows up), clean
 //! histories pass, and the validator catches the providers' documented error examples.
 
-mod support;
-
 use std::collections::{BTreeMap, HashMap, HashSet};
 
+use crate::chaos::{self, naive_messages, text_inventory};
 use loupe::history::{Content, Entry, EntryKind};
-use loupe::validate::{anthropic, openai, AnthropicRules, Violation};
+use loupe_validate::{anthropic, openai, AnthropicRules, Violation};
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 use serde_json::{json, Value};
-use support::chaos::{self, naive_messages, text_inventory};
 
 fn thinking_on() -> AnthropicRules {
     AnthropicRules {

@@ -1,4 +1,4 @@
-//! Performance smoke check (run with `cargo test --release --test perf -- --ignored --nocapture`):
+//! Performance smoke check (run with `cargo test --release --test api normalize_perf -- --ignored --nocapture`):
 //! normalizing a 10,000-entry (~5 MB) history must cost less than 2× a plain serde_json
 //! parse + serialize of the same bytes.
 

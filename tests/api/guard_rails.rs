@@ -1,14 +1,12 @@
 //! Operational guard rails: per-tenant rate limits, the bound on expensive requests, hostile
 //! bodies, and `/metrics`.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::{user, TestApp, TestResponse, ADMIN_KEY};
 use async_trait::async_trait;
 use axum::http::{header, Method, StatusCode};
-use common::{user, TestApp, TestResponse, ADMIN_KEY};
 use loupe::http::Limits;
 use loupe::jobs::{Clock, JobsConfig, Runner, StepOutcome, KIND_NOOP};
 use loupe::store::{NewJob, TenantId};

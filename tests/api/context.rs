@@ -1,10 +1,8 @@
 //! Rounds, context, snips and the stateless normalizer, through the HTTP API on both backends.
 
-mod common;
-
+use crate::common::{assistant, user, TestApp};
 use axum::http::StatusCode;
-use common::{assistant, user, TestApp};
-use loupe::validate::{anthropic, openai, AnthropicRules};
+use loupe_validate::{anthropic, openai, AnthropicRules};
 use serde_json::{json, Value};
 
 on_both_backends!(
@@ -258,7 +256,7 @@ async fn bad_context_options_are_400(app: TestApp) {
 
 #[tokio::test]
 async fn the_stateless_normalizer_merges_split_fragments() {
-    let app = TestApp::new(common::Backend::Sqlite).await;
+    let app = TestApp::new(crate::common::Backend::Sqlite).await;
     let history = json!([
         user("u0", "Run both."),
         {"type": "assistant", "message": {"role": "assistant", "id": "X", "content": [{"type": "tool_use", "id": "tu_A", "name": "Bash", "input": {"command": "a"}}]}},

@@ -19,7 +19,7 @@ use std::collections::{HashMap, HashSet};
 use loupe::history::{ApiMessage, Content, Entry, EntryKind, Role, SnipMetadata};
 use proptest::prelude::*;
 use proptest::sample::Index;
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 pub const PDF_TOO_LARGE: &str = "PDF too large (max 100 pages, 20MB). Double press esc to go back and try again, or use pdftotext to convert to text first.";
 pub const PDF_PASSWORD: &str =
@@ -309,25 +309,6 @@ pub fn build(loops: &[LoopSpec], mutations: &[Mutation]) -> Vec<Entry> {
     b.finish()
 }
 
-fn blank_entry(kind: EntryKind) -> Entry {
-    Entry {
-        seq: None,
-        uuid: None,
-        kind,
-        message: None,
-        is_meta: false,
-        is_virtual: false,
-        is_compact_summary: false,
-        is_api_error: false,
-        subtype: None,
-        content: None,
-        compact_metadata: None,
-        snip_metadata: None,
-        created_at: None,
-        extra: Map::new(),
-    }
-}
-
 fn message(role: Role, content: Content) -> ApiMessage {
     ApiMessage::new(role, content)
 }
@@ -376,7 +357,7 @@ impl Builder {
     }
 
     fn entry(&mut self, kind: EntryKind, message: Option<ApiMessage>) -> Entry {
-        let mut e = blank_entry(kind);
+        let mut e = Entry::new(kind);
         e.uuid = Some(self.uuid());
         e.message = message;
         e

@@ -2,14 +2,12 @@
 //! compare-and-set and lease races between concurrent consumers, and lease expiry under an
 //! injected clock.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
+use crate::common::{assistant, user, TestApp};
 use axum::http::StatusCode;
-use common::{assistant, user, TestApp};
 use loupe::store::{AdvanceRequest, StoreError, TenantId};
 use serde_json::{json, Value};
 

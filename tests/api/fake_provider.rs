@@ -1,5 +1,4 @@
 //! Test helpers: history builders and a scriptable fake of the Anthropic and OpenAI HTTP APIs.
-#![allow(dead_code)]
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};

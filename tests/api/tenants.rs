@@ -1,9 +1,7 @@
 //! Tenants and API keys: no caller reads another tenant's threads; credentials are checked.
 
-mod common;
-
+use crate::common::{assistant, user, TestApp, ADMIN_KEY};
 use axum::http::{header, Method, StatusCode};
-use common::{assistant, user, TestApp, ADMIN_KEY};
 use serde_json::{json, Value};
 
 on_both_backends!(
@@ -174,7 +172,7 @@ async fn another_tenants_thread_is_not_found_on_every_endpoint(app: TestApp) {
     app.finish().await;
 }
 
-fn assert_unauthorized(response: &common::TestResponse) {
+fn assert_unauthorized(response: &crate::common::TestResponse) {
     response.assert_problem(StatusCode::UNAUTHORIZED, "unauthorized");
     let challenge = response
         .headers

@@ -1,10 +1,8 @@
 //! The store conformance suite: every case runs on SQLite and on PostgreSQL, through the HTTP API.
 
-mod common;
-
+use crate::common::{assistant, user, Backend, TestApp};
 use axum::body::Body;
 use axum::http::{header, Method, Request, StatusCode};
-use common::{assistant, user, Backend, TestApp};
 use loupe::http::Limits;
 use serde_json::{json, Value};
 

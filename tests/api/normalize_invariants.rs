@@ -10,17 +10,15 @@
 //!    stored block (signatures and encrypted content are verified);
 //! 5. every repair names seqs that exist in the history.
 
-mod support;
-
 use std::collections::HashSet;
 
+use crate::chaos::{self, text_inventory};
 use loupe::history::{
     entries_from_messages, normalize, Entry, NormalizeOptions, Normalized, Provider, ThinkingMode,
 };
-use loupe::validate::{anthropic, openai, AnthropicRules, Violation};
+use loupe_validate::{anthropic, openai, AnthropicRules, Violation};
 use proptest::prelude::*;
 use serde_json::Value;
-use support::chaos::{self, text_inventory};
 
 fn providers() -> [Provider; 2] {
     [Provider::Anthropic, Provider::Openai]

@@ -1,22 +1,20 @@
 //! The summary tree, the outline and zoom, through the job runner and the HTTP API, on both
 //! backends. Jobs run by `Runner::step`: no test sleeps.
 
-mod common;
-
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::{assistant, user, TestApp};
 use async_trait::async_trait;
 use axum::http::{Method, StatusCode};
-use common::{assistant, user, TestApp};
 use loupe::jobs::{Clock, JobsConfig, Runner, StepOutcome};
 use loupe::store::TenantId;
 use loupe::summarize::{
     ExtractiveSummarizer, Purpose, SummarizeError, Summarizer, Summary, SummaryRequest,
 };
 use loupe::tree::view::HEADER;
-use loupe::validate::{anthropic, openai, AnthropicRules};
+use loupe_validate::{anthropic, openai, AnthropicRules};
 use serde_json::{json, Value};
 use tower::ServiceExt;
 
@@ -53,7 +51,7 @@ async fn drain(runner: &Runner) -> Vec<Value> {
     panic!("the jobs never drained");
 }
 
-async fn put_settings(app: &TestApp, thread: &str, settings: Value) -> common::TestResponse {
+async fn put_settings(app: &TestApp, thread: &str, settings: Value) -> crate::common::TestResponse {
     app.request(
         Method::PUT,
         &format!("/v1/threads/{thread}/settings"),

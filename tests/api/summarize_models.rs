@@ -1,10 +1,8 @@
 //! The model backends against a local fake of each provider's HTTP API.
 
-mod fake_provider;
-
 use std::time::{Duration, Instant};
 
-use fake_provider::*;
+use crate::fake_provider::*;
 use loupe::summarize::{
     build, merge_verbatim, AnthropicSummarizer, Backend, ExtractiveSummarizer, OpenAiSummarizer,
     Purpose, SummarizeError, Summarizer, SummarizerConfig, SummaryRequest,

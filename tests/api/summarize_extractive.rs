@@ -1,8 +1,6 @@
 //! The extractive summarizer: deterministic, offline, within its byte budget.
 
-mod fake_provider;
-
-use fake_provider::*;
+use crate::fake_provider::*;
 use loupe::summarize::{merge_verbatim, ExtractiveSummarizer, Purpose, Summarizer, SummaryRequest};
 use serde_json::json;
 

@@ -3,7 +3,6 @@
 //! PostgreSQL comes from `TEST_DATABASE_URL` (a URL of a role that may create databases); each
 //! test gets a database of its own, dropped when the test ends. `scripts/test.sh` starts a
 //! local PostgreSQL and sets the variable.
-#![allow(dead_code)]
 
 use axum::body::Body;
 use axum::http::{header, HeaderMap, Method, Request, StatusCode};

@@ -64,11 +64,9 @@ fn every_operation_has_an_id_a_tag_and_its_error_responses() {
     assert!(!ids.is_empty());
 }
 
-mod common;
-
 #[tokio::test]
 async fn the_service_serves_its_document_and_a_docs_page() {
-    let app = common::TestApp::new(common::Backend::Sqlite).await;
+    let app = crate::common::TestApp::new(crate::common::Backend::Sqlite).await;
     let served = app.get("/openapi.json").await;
     assert_eq!(served.status, axum::http::StatusCode::OK);
     let generated: Value = serde_json::from_str(&generated()).unwrap();

@@ -1,18 +1,16 @@
 //! The durable job queue and compaction, through the store, the runner and the HTTP API, on both
 //! backends. Time is injected (`Clock::Fixed`): no test sleeps.
 
-mod common;
-
 use std::collections::HashSet;
 use std::sync::Arc;
 
+use crate::common::{assistant, user, TestApp};
 use async_trait::async_trait;
 use axum::http::{Method, StatusCode};
-use common::{assistant, user, TestApp};
 use loupe::jobs::{Clock, JobsConfig, Runner, StepOutcome, KIND_NOOP};
 use loupe::store::{now_millis, AppendRequest, JobState, NewJob, StoreError, TenantId};
 use loupe::summarize::{ExtractiveSummarizer, SummarizeError, Summarizer, Summary, SummaryRequest};
-use loupe::validate::{anthropic, openai, AnthropicRules};
+use loupe_validate::{anthropic, openai, AnthropicRules};
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 

@@ -3,11 +3,9 @@
 //! prompt cache can reuse). Goal: at least 95% on average. SQLite only: the outline's logic does
 //! not depend on the backend, and the store's tree reads run on both in tests/tree.rs.
 
-mod common;
-
 use std::sync::Arc;
 
-use common::{Backend, TestApp};
+use crate::common::{Backend, TestApp};
 use loupe::jobs::{Clock, JobsConfig, Runner, StepOutcome};
 use loupe::summarize::ExtractiveSummarizer;
 use serde_json::{json, Value};

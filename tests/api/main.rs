@@ -1,0 +1,25 @@
+//! Every integration test, in one binary: one module per area, helpers in `common` (the app under
+//! test on both backends), `chaos` (the generator of chaotic histories) and `fake_provider` (a
+//! local server speaking the summarizers' provider HTTP).
+
+#[macro_use]
+mod common;
+mod chaos;
+mod fake_provider;
+
+mod conformance;
+mod context;
+mod cursors;
+mod guard_rails;
+mod jobs;
+mod normalize_invariants;
+mod normalize_perf;
+mod normalize_smoke_props;
+mod openapi;
+mod summarize_extractive;
+mod summarize_models;
+mod tenants;
+mod tree;
+mod tree_props;
+mod tree_replay;
+mod validator_selftest;

@@ -1,4 +1,0 @@
-//! Test support shared by the integration tests (`mod support;`).
-#![allow(dead_code)]
-
-pub mod chaos;
