@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::http::{AppState, AuthMode, Limits};
+use crate::http::{AuthMode, Limits};
 use crate::store::{Store, StoreOptions, TenantId};
 
 /// Loupe keeps LLM conversation threads whole and hands them back ready for the model.
@@ -437,60 +437,35 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             crate::metrics::run_upkeep();
         }
     });
-    let grace = Duration::from_secs(args.shutdown_grace_secs);
-    let stop = tokio_util::sync::CancellationToken::new();
-    // Fires when the grace period is over: workers give their running jobs back.
-    let abort = tokio_util::sync::CancellationToken::new();
-    tokio::spawn({
-        let (stop, abort) = (stop.clone(), abort.clone());
-        async move {
-            crate::shutdown::signal().await;
-            stop.cancel();
-            tokio::time::sleep(grace).await;
-            abort.cancel();
-        }
-    });
-
-    let mut workers = Vec::new();
-    if args.role != Role::Api && args.jobs.workers > 0 {
-        let summarizer_config = crate::summarize::SummarizerConfig::from_env()
-            .map_err(|e| anyhow::anyhow!("summarizer configuration: {e}"))?;
-        let summarizer = crate::summarize::build(&summarizer_config);
-        tracing::info!(summarizer = %summarizer.name(), workers = args.jobs.workers, "starting job workers");
-        let config = args.jobs.config();
-        let runners = (0..args.jobs.workers)
-            .map(|_| crate::jobs::Runner::new(store.clone(), summarizer.clone(), config.clone()))
-            .collect();
-        workers = crate::jobs::spawn_workers(runners, stop.clone(), abort.clone());
-    }
-
-    if args.role == Role::Worker {
-        stop.cancelled().await;
+    let workers = if args.role == Role::Api {
+        0
     } else {
-        let state = AppState::new(store.clone(), args.limits(), auth);
-        let app = crate::http::router(state);
-        let listener = tokio::net::TcpListener::bind(args.addr)
-            .await
-            .with_context(|| format!("cannot listen on {}", args.addr))?;
-        tracing::info!(addr = %listener.local_addr()?, "listening");
-        let server =
-            axum::serve(listener, app).with_graceful_shutdown(stop.clone().cancelled_owned());
-        // In-flight requests finish; a request still running after the grace period is cut off.
-        tokio::select! {
-            result = server => result.context("server error")?,
-            _ = abort.cancelled() => {
-                tracing::warn!("grace period over; exiting with requests still in flight");
-            }
-        }
-    }
-    // Workers stop claiming at once; a running job finishes, or is given back when the grace
-    // period ends.
-    for worker in workers {
-        let _ = worker.await;
-    }
-    store.close().await;
-    tracing::info!("stopped");
-    Ok(())
+        args.jobs.workers
+    };
+    // The summarizer is configured even for an API-only process, so a bad variable fails the
+    // start rather than the first job.
+    let summarizer_config = crate::summarize::SummarizerConfig::from_env()
+        .map_err(|e| anyhow::anyhow!("summarizer configuration: {e}"))?;
+    let listener = if args.role == Role::Worker {
+        None
+    } else {
+        Some(
+            tokio::net::TcpListener::bind(args.addr)
+                .await
+                .with_context(|| format!("cannot listen on {}", args.addr))?,
+        )
+    };
+    let app = crate::app::App {
+        store,
+        auth,
+        limits: args.limits(),
+        listener,
+        workers,
+        jobs: args.jobs.config(),
+        summarizer: crate::summarize::build(&summarizer_config),
+        grace: Duration::from_secs(args.shutdown_grace_secs),
+    };
+    crate::app::run(app, crate::shutdown::signal()).await
 }
 
 #[cfg(test)]

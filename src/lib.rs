@@ -2,6 +2,7 @@
 //!
 //! See `docs/ARCHITECTURE.md` for the module map and the data flows.
 
+pub mod app;
 pub mod auth;
 pub mod cli;
 pub mod history;
