@@ -276,10 +276,14 @@ impl TestApp {
                 let admin = Store::connect(&StoreOptions::new(&admin_url))
                     .await
                     .unwrap();
-                admin
-                    .drop_database(&name)
-                    .await
-                    .expect("drop the test database");
+                // A non-superuser cannot end an autovacuum worker that happens to be in the
+                // database, so FORCE can fail for a moment: try again until it has moved on.
+                let mut attempts = 0;
+                while let Err(error) = admin.drop_database(&name).await {
+                    attempts += 1;
+                    assert!(attempts < 20, "drop the test database: {error:?}");
+                    tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+                }
                 admin.close().await;
             }
             None => {}
