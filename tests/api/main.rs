@@ -12,6 +12,7 @@ mod context;
 mod cursors;
 mod guard_rails;
 mod jobs;
+mod lifecycle;
 mod normalize_invariants;
 mod normalize_perf;
 mod normalize_smoke_props;
