@@ -107,11 +107,34 @@ const SECTIONS: [Section; 5] = [
     Section::Stopped,
 ];
 
+/// How an item is labelled in a line, and in the notes of a compaction summary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tag {
+    Earlier,
+    User,
+    Error,
+    Assistant,
+    Tool,
+    Stopped,
+}
+
+impl Tag {
+    fn as_str(self) -> &'static str {
+        match self {
+            Tag::Earlier => "earlier",
+            Tag::User => "user",
+            Tag::Error => "error",
+            Tag::Assistant => "assistant",
+            Tag::Tool => "tool",
+            Tag::Stopped => "stopped",
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Item {
     section: Section,
-    /// `user`, `error`, `assistant`, … (Line tags and Notes prefixes).
-    tag: &'static str,
+    tag: Tag,
     text: String,
     /// Order of the first pass (short forms).
     rank1: usize,
@@ -278,36 +301,51 @@ fn earlier_text(text: &str, purpose: Purpose) -> String {
     }
 }
 
-fn collect(req: &SummaryRequest) -> Vec<Item> {
+/// What the entries say, sorted by kind, before any ranking.
+#[derive(Default)]
+struct Gathered {
+    /// Earlier summaries: the request's previous one, then any in the entries.
+    earlier: Vec<String>,
+    /// The user's words, in order.
+    users: Vec<String>,
+    /// Errors and the assistant's decisions, in order.
+    notes: Vec<Note>,
+    /// Tool calls, deduplicated with a count, in order of first appearance.
+    tools: Vec<(String, usize)>,
+    /// The assistant's last words.
+    stopped: Option<String>,
+}
+
+struct Note {
+    tag: Tag,
+    text: String,
+    /// An assistant reply kept only for a line, with no decision or other notable sentence in
+    /// it: the first thing to give up.
+    weak: bool,
+}
+
+fn gather(req: &SummaryRequest) -> Gathered {
     let purpose = req.purpose;
     let turns = render::turns(&req.entries);
-    let budget = req.max_bytes;
-    let mut earlier: Vec<String> = Vec::new();
-    let mut users: Vec<String> = Vec::new();
-    let mut errors: Vec<String> = Vec::new();
-    let mut decisions: Vec<(String, bool)> = Vec::new(); // (text, has notable sentences)
-    let mut notes: Vec<(&'static str, usize)> = Vec::new(); // chronological (tag, index)
-    let mut stopped: Option<String> = None;
+    let mut gathered = Gathered::default();
     let mut orphan_results: Vec<String> = Vec::new();
 
-    if let Some(prev) = &req.previous_summary {
-        let t = earlier_text(prev, purpose);
+    let push_earlier = |earlier: &mut Vec<String>, text: &str| {
+        let t = earlier_text(text, purpose);
         if !t.is_empty() {
             earlier.push(t);
         }
+    };
+    if let Some(prev) = &req.previous_summary {
+        push_earlier(&mut gathered.earlier, prev);
     }
     for turn in &turns.turns {
         match turn.speaker {
-            Speaker::EarlierSummary => {
-                let t = earlier_text(&turn.text(), purpose);
-                if !t.is_empty() {
-                    earlier.push(t);
-                }
-            }
+            Speaker::EarlierSummary => push_earlier(&mut gathered.earlier, &turn.text()),
             Speaker::User => {
                 let t = squash(&turn.text());
                 if !t.is_empty() {
-                    users.push(t);
+                    gathered.users.push(t);
                 }
                 for part in &turn.parts {
                     let Part::ToolResult {
@@ -343,8 +381,11 @@ fn collect(req: &SummaryRequest) -> Vec<Item> {
                         });
                     }
                     if let Some(line) = line {
-                        notes.push(("error", errors.len()));
-                        errors.push(cut_words(&line, 300));
+                        gathered.notes.push(Note {
+                            tag: Tag::Error,
+                            text: cut_words(&line, 300),
+                            weak: false,
+                        });
                     }
                 }
             }
@@ -355,23 +396,28 @@ fn collect(req: &SummaryRequest) -> Vec<Item> {
                 }
                 let notable = notable_sentences(&text);
                 if !notable.is_empty() {
-                    notes.push(("assistant", decisions.len()));
-                    decisions.push((notable.join(" "), true));
+                    gathered.notes.push(Note {
+                        tag: Tag::Assistant,
+                        text: notable.join(" "),
+                        weak: false,
+                    });
                 } else if purpose == Purpose::Line {
                     let reply = sentences_text(&text);
                     if !reply.is_empty() {
-                        notes.push(("assistant", decisions.len()));
-                        decisions.push((reply, false));
+                        gathered.notes.push(Note {
+                            tag: Tag::Assistant,
+                            text: reply,
+                            weak: true,
+                        });
                     }
                 }
-                stopped = Some(collapse_blank_lines(&text));
+                gathered.stopped = Some(collapse_blank_lines(&text));
             }
             Speaker::Context | Speaker::Attachment | Speaker::CommandOutput => {}
         }
     }
 
-    // Tool calls, deduplicated with a count, in order of first appearance.
-    let mut tools: Vec<(String, usize)> = orphan_results.into_iter().map(|r| (r, 1)).collect();
+    gathered.tools = orphan_results.into_iter().map(|r| (r, 1)).collect();
     for call in &turns.tools {
         let d = match (purpose, call.is_error, call.result_bytes) {
             (_, true, _) if purpose == Purpose::Line => format!("{} failed", call.description),
@@ -381,12 +427,36 @@ fn collect(req: &SummaryRequest) -> Vec<Item> {
             }
             _ => call.description.clone(),
         };
-        match tools.iter_mut().find(|(t, _)| *t == d) {
+        match gathered.tools.iter_mut().find(|(t, _)| *t == d) {
             Some((_, n)) => *n += 1,
-            None => tools.push((d, 1)),
+            None => gathered.tools.push((d, 1)),
         }
     }
+    gathered
+}
 
+// Ranks order the two passes of `allocate` (lower goes first). Pass 1 gives short forms in
+// sequence order (1, 2, 3, ...); these tiers put whole groups after that sequence.
+/// Pass 2: the users' words grow early (only a compaction's earlier summary, at 0, comes
+/// before them), the first request then the latest backwards.
+const USER_GROWTH: usize = 10;
+/// Pass 2: where a compaction stopped grows right after the users' words.
+const STOPPED_GROWTH: usize = 500;
+/// Pass 2: a line's previous summary grows after where it stopped.
+const EARLIER_LINE_GROWTH: usize = 900;
+/// Pass 2: errors and decisions grow after that, in their pass-1 order.
+const NOTE_GROWTH: usize = 1_000;
+/// Both passes: tool activity comes after every note.
+const TOOL_TIER: usize = 10_000;
+/// Pass 1: where a compaction stopped gets its short form after the tools.
+const STOPPED_SHORT: usize = 50_000;
+/// Both passes: weak notes (a line's plain replies) come last.
+const WEAK_NOTE_TIER: usize = 100_000;
+
+/// Orders what was gathered for `allocate`. Pass-1 ranks: earlier (compaction) → first user →
+/// latest users backwards → errors (latest first) → decisions (latest first) → tools → where
+/// it stopped.
+fn rank(gathered: Gathered, purpose: Purpose, budget: usize) -> Vec<Item> {
     let line = purpose == Purpose::Line;
     let mut items: Vec<Item> = Vec::new();
     let mut rank = 0usize;
@@ -394,29 +464,24 @@ fn collect(req: &SummaryRequest) -> Vec<Item> {
         rank += 1;
         rank
     };
-    // Pass-1 ranks: earlier (compaction) → first user → latest users backwards → errors (latest
-    // first) → decisions (latest first) → tools → where it stopped.
     let earlier_first = items.len();
-    for e in earlier {
+    for e in gathered.earlier {
         items.push(Item {
             section: Section::Earlier,
-            tag: "earlier",
+            tag: Tag::Earlier,
             text: e,
             rank1: 0,
-            rank2: if line { 900 } else { 0 },
+            rank2: if line { EARLIER_LINE_GROWTH } else { 0 },
             cap2: if line { budget / 4 } else { budget * 2 / 5 },
         });
     }
-    let n_users = users.len();
-    let user_order: Vec<usize> = (0..n_users)
-        .take(1)
-        .chain((1..n_users).rev())
-        .collect::<Vec<_>>();
+    let n_users = gathered.users.len();
+    let user_order: Vec<usize> = (0..n_users).take(1).chain((1..n_users).rev()).collect();
     let first_user_item = items.len();
-    for u in users {
+    for u in gathered.users {
         items.push(Item {
             section: Section::User,
-            tag: "user",
+            tag: Tag::User,
             text: u,
             rank1: 0,
             rank2: 0,
@@ -426,7 +491,7 @@ fn collect(req: &SummaryRequest) -> Vec<Item> {
     for (k, &u) in user_order.iter().enumerate() {
         let r = next();
         items[first_user_item + u].rank1 = r;
-        items[first_user_item + u].rank2 = 10 + k;
+        items[first_user_item + u].rank2 = USER_GROWTH + k;
     }
     // A line gives the previous summary a short form right after the user's words.
     if line {
@@ -437,60 +502,53 @@ fn collect(req: &SummaryRequest) -> Vec<Item> {
     }
     // Notes, chronological; ranks latest first, errors before decisions.
     let first_note = items.len();
-    for &(tag, idx) in &notes {
-        let text = if tag == "error" {
-            errors[idx].clone()
-        } else {
-            decisions[idx].0.clone()
-        };
+    let weak: Vec<bool> = gathered.notes.iter().map(|note| note.weak).collect();
+    for note in gathered.notes {
         items.push(Item {
             section: Section::Notes,
-            tag,
-            text,
+            tag: note.tag,
+            text: note.text,
             rank1: 0,
             rank2: 0,
             cap2: usize::MAX,
         });
     }
     let note_items: Vec<usize> = (first_note..items.len()).collect();
-    let weak = |i: usize| {
-        let (tag, idx) = notes[i - first_note];
-        tag == "assistant" && !decisions[idx].1
-    };
+    let is_weak = |i: usize| weak[i - first_note];
     for pass_errors in [true, false] {
         for &i in note_items.iter().rev() {
-            if (items[i].tag == "error") == pass_errors && !weak(i) {
+            if (items[i].tag == Tag::Error) == pass_errors && !is_weak(i) {
                 items[i].rank1 = next();
-                items[i].rank2 = 1_000 + items[i].rank1;
+                items[i].rank2 = NOTE_GROWTH + items[i].rank1;
             }
         }
     }
     for &i in note_items.iter().rev() {
-        if weak(i) {
-            items[i].rank1 = next() + 100_000;
-            items[i].rank2 = 100_000 + items[i].rank1;
+        if is_weak(i) {
+            items[i].rank1 = next() + WEAK_NOTE_TIER;
+            items[i].rank2 = WEAK_NOTE_TIER + items[i].rank1;
         }
     }
-    for (t, n) in tools {
+    for (t, n) in gathered.tools {
         let text = if n > 1 { format!("{t} ×{n}") } else { t };
         let r = next();
         items.push(Item {
             section: Section::Tools,
-            tag: "tool",
+            tag: Tag::Tool,
             text,
-            rank1: 10_000 + r,
-            rank2: 10_000 + r,
+            rank1: TOOL_TIER + r,
+            rank2: TOOL_TIER + r,
             cap2: usize::MAX,
         });
     }
     if !line {
-        if let Some(s) = stopped {
+        if let Some(s) = gathered.stopped {
             items.push(Item {
                 section: Section::Stopped,
-                tag: "stopped",
+                tag: Tag::Stopped,
                 text: s,
-                rank1: 50_000,
-                rank2: 500,
+                rank1: STOPPED_SHORT,
+                rank2: STOPPED_GROWTH,
                 cap2: 800,
             });
         }
@@ -514,9 +572,9 @@ fn item_cost(purpose: Purpose, item: &Item) -> usize {
     match (purpose, item.section) {
         (Purpose::Compaction, Section::Earlier | Section::Stopped) => 1,
         (Purpose::Compaction, Section::User | Section::Tools) => 3,
-        (Purpose::Compaction, _) => 3 + item.tag.len() + 2,
+        (Purpose::Compaction, _) => 3 + item.tag.as_str().len() + 2,
         (Purpose::Line | Purpose::Merge, Section::Tools) => 2,
-        (Purpose::Line | Purpose::Merge, _) => item.tag.len() + 2 + 2,
+        (Purpose::Line | Purpose::Merge, _) => item.tag.as_str().len() + 2 + 2,
     }
 }
 
@@ -690,7 +748,7 @@ pub fn extract(req: &SummaryRequest) -> String {
             return line;
         }
     }
-    let items = collect(req);
+    let items = rank(gather(req), req.purpose, req.max_bytes);
     let alloc = allocate(req.purpose, &items, req.max_bytes);
     let kept = |section: Section| {
         items
@@ -708,7 +766,7 @@ pub fn extract(req: &SummaryRequest) -> String {
                     .map(|(item, t)| match section {
                         Section::Earlier | Section::Stopped => t,
                         Section::User | Section::Tools => format!("- {t}"),
-                        _ => format!("- {}: {t}", item.tag),
+                        _ => format!("- {}: {t}", item.tag.as_str()),
                     })
                     .collect();
                 if !body.is_empty() {
@@ -726,7 +784,9 @@ pub fn extract(req: &SummaryRequest) -> String {
                         parts.push(format!("tool: {}", tools.join(", ")));
                     }
                 } else {
-                    parts.extend(kept(section).map(|(item, t)| format!("{}: {t}", item.tag)));
+                    parts.extend(
+                        kept(section).map(|(item, t)| format!("{}: {t}", item.tag.as_str())),
+                    );
                 }
             }
             parts.join("; ")
