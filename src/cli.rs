@@ -7,7 +7,10 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::http::{AuthMode, Limits};
+use crate::jobs::JobsConfig;
 use crate::store::{Store, StoreOptions, TenantId};
+use crate::summarize::{self, Backend, SummarizerConfig};
+use crate::telemetry::LogFormat;
 
 /// Loupe keeps LLM conversation threads whole and hands them back ready for the model.
 #[derive(Debug, Parser)]
@@ -23,7 +26,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve the API (the default).
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Apply the database migrations, then exit.
     Migrate(DatabaseArgs),
     /// Print the OpenAPI document.
@@ -109,7 +112,7 @@ pub struct DatabaseArgs {
     #[arg(long, env = "DATABASE_URL", default_value = "sqlite://data/loupe.db")]
     pub database_url: String,
     /// Most open database connections.
-    #[arg(long, env = "LOUPE_DB_MAX_CONNECTIONS", default_value_t = 10)]
+    #[arg(long, env = "LOUPE_DB_MAX_CONNECTIONS", default_value_t = crate::store::DEFAULT_MAX_CONNECTIONS)]
     pub db_max_connections: u32,
 }
 
@@ -121,19 +124,19 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub database: DatabaseArgs,
     /// Largest accepted request body, in bytes (default 32 MiB, the largest provider request).
-    #[arg(long, env = "LOUPE_BODY_LIMIT", default_value_t = 32 * 1024 * 1024)]
+    #[arg(long, env = "LOUPE_BODY_LIMIT", default_value_t = Limits::DEFAULT.body_bytes)]
     pub body_limit: usize,
     /// Seconds a request may run before it is answered with 503.
-    #[arg(long, env = "LOUPE_REQUEST_TIMEOUT_SECS", default_value_t = 30)]
+    #[arg(long, env = "LOUPE_REQUEST_TIMEOUT_SECS", default_value_t = Limits::DEFAULT.request_timeout.as_secs())]
     pub request_timeout_secs: u64,
     /// Most messages accepted in one append.
-    #[arg(long, env = "LOUPE_MAX_BATCH_MESSAGES", default_value_t = 10_000)]
+    #[arg(long, env = "LOUPE_MAX_BATCH_MESSAGES", default_value_t = Limits::DEFAULT.max_batch_messages)]
     pub max_batch_messages: usize,
     /// Seconds a cursor claim's lease lasts when the claim names none.
-    #[arg(long, env = "LOUPE_CURSOR_LEASE_SECS", default_value_t = 60)]
+    #[arg(long, env = "LOUPE_CURSOR_LEASE_SECS", default_value_t = Limits::DEFAULT.cursor_lease_default.as_secs())]
     pub cursor_lease_secs: u64,
     /// Longest lease, in seconds, a cursor claim may ask for.
-    #[arg(long, env = "LOUPE_CURSOR_LEASE_MAX_SECS", default_value_t = 3_600)]
+    #[arg(long, env = "LOUPE_CURSOR_LEASE_MAX_SECS", default_value_t = Limits::DEFAULT.cursor_lease_max.as_secs())]
     pub cursor_lease_max_secs: u64,
     /// Seconds in-flight requests get to finish after SIGINT/SIGTERM.
     #[arg(long, env = "LOUPE_SHUTDOWN_GRACE_SECS", default_value_t = 30)]
@@ -150,22 +153,118 @@ pub struct ServeArgs {
     #[arg(long, env = "LOUPE_ALLOW_OPEN")]
     pub allow_open: bool,
     /// Requests per second each tenant may send on average (0 turns the limit off).
-    #[arg(long, env = "LOUPE_RATE_LIMIT_PER_SEC", default_value_t = 50.0)]
+    #[arg(long, env = "LOUPE_RATE_LIMIT_PER_SEC", default_value_t = Limits::DEFAULT.rate_limit_per_sec)]
     pub rate_limit_per_sec: f64,
     /// Requests a tenant may send at once above the average rate.
-    #[arg(long, env = "LOUPE_RATE_LIMIT_BURST", default_value_t = 100)]
+    #[arg(long, env = "LOUPE_RATE_LIMIT_BURST", default_value_t = Limits::DEFAULT.rate_limit_burst)]
     pub rate_limit_burst: u32,
     /// Most expensive requests (context, rounds, normalize) running at once.
-    #[arg(long, env = "LOUPE_MAX_EXPENSIVE_REQUESTS", default_value_t = 16)]
+    #[arg(long, env = "LOUPE_MAX_EXPENSIVE_REQUESTS", default_value_t = Limits::DEFAULT.max_expensive_requests)]
     pub max_expensive_requests: usize,
     /// Milliseconds an expensive request waits for a slot before 503 `overloaded`.
-    #[arg(long, env = "LOUPE_EXPENSIVE_WAIT_MS", default_value_t = 500)]
+    #[arg(long, env = "LOUPE_EXPENSIVE_WAIT_MS", default_value_t = Limits::DEFAULT.expensive_wait.as_millis() as u64)]
     pub expensive_wait_ms: u64,
     /// What this process runs: the HTTP API, the background job workers, or both.
     #[arg(long, env = "LOUPE_ROLE", value_enum, default_value_t = Role::All)]
     pub role: Role,
     #[command(flatten)]
     pub jobs: JobArgs,
+    #[command(flatten)]
+    pub summarizer: SummarizerArgs,
+}
+
+/// The summarizer that compaction and the summary tree use.
+#[derive(Debug, Clone, Args)]
+pub struct SummarizerArgs {
+    /// `extractive` (offline, no model), `anthropic` or `openai` (any OpenAI-compatible server).
+    #[arg(
+        long = "summarizer",
+        env = "LOUPE_SUMMARIZER",
+        default_value = "extractive"
+    )]
+    pub backend: Backend,
+    /// The provider's base URL, without the `/v1/...` path (default: the provider's own).
+    #[arg(long = "summarizer-base-url", env = "LOUPE_SUMMARIZER_BASE_URL", value_parser = http_url)]
+    pub base_url: Option<String>,
+    /// The model (default: claude-haiku-4-5 for anthropic, gpt-4o-mini for openai).
+    #[arg(long = "summarizer-model", env = "LOUPE_SUMMARIZER_MODEL")]
+    pub model: Option<String>,
+    /// The provider's API key; when unset, ANTHROPIC_API_KEY or OPENAI_API_KEY.
+    #[arg(
+        long = "summarizer-api-key",
+        env = "LOUPE_SUMMARIZER_API_KEY",
+        hide_env_values = true
+    )]
+    pub api_key: Option<Secret>,
+    /// Seconds one HTTP request to the provider may take.
+    #[arg(long = "summarizer-timeout-secs", env = "LOUPE_SUMMARIZER_TIMEOUT_SECS",
+          default_value_t = summarize::DEFAULT_TIMEOUT_SECS, value_parser = clap::value_parser!(u64).range(1..))]
+    pub timeout_secs: u64,
+    /// HTTP attempts per model call, the first included.
+    #[arg(long = "summarizer-max-attempts", env = "LOUPE_SUMMARIZER_MAX_ATTEMPTS",
+          default_value_t = summarize::DEFAULT_MAX_ATTEMPTS, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_attempts: u32,
+    /// First retry delay in milliseconds; doubled per retry.
+    #[arg(long = "summarizer-backoff-base-ms", env = "LOUPE_SUMMARIZER_BACKOFF_BASE_MS",
+          default_value_t = summarize::DEFAULT_BACKOFF_BASE_MS)]
+    pub backoff_base_ms: u64,
+    /// Most bytes of rendered history sent in one call; longer histories go in chunks.
+    #[arg(long = "summarizer-max-input-bytes", env = "LOUPE_SUMMARIZER_MAX_INPUT_BYTES",
+          default_value_t = summarize::DEFAULT_MAX_INPUT_BYTES, value_parser = at_least_1024)]
+    pub max_input_bytes: usize,
+    /// Output token cap per call (default: 8000 for anthropic; not sent to openai unless set).
+    #[arg(
+        long = "summarizer-max-output-tokens",
+        env = "LOUPE_SUMMARIZER_MAX_OUTPUT_TOKENS"
+    )]
+    pub max_output_tokens: Option<u32>,
+}
+
+fn http_url(value: &str) -> Result<String, String> {
+    if value.starts_with("http://") || value.starts_with("https://") {
+        Ok(value.to_owned())
+    } else {
+        Err(format!("must be an http(s) URL, not {value:?}"))
+    }
+}
+
+fn at_least_1024(value: &str) -> Result<usize, String> {
+    match value.parse::<usize>() {
+        Ok(n) if n >= 1024 => Ok(n),
+        _ => Err(format!(
+            "must be a whole number of at least 1024, not {value:?}"
+        )),
+    }
+}
+
+impl SummarizerArgs {
+    /// The summarizer's configuration. `provider_key` looks up the provider's own key variable
+    /// (ANTHROPIC_API_KEY, OPENAI_API_KEY), used when no Loupe key is given.
+    pub fn config(&self, provider_key: impl Fn(&str) -> Option<String>) -> SummarizerConfig {
+        let mut config = SummarizerConfig::new(self.backend);
+        if let Some(url) = &self.base_url {
+            config.base_url = url.clone();
+        }
+        if let Some(model) = &self.model {
+            config.model = model.clone();
+        }
+        let fallback_key = match self.backend {
+            Backend::Anthropic => provider_key("ANTHROPIC_API_KEY"),
+            Backend::Openai => provider_key("OPENAI_API_KEY"),
+            Backend::Extractive => None,
+        };
+        config.api_key = self
+            .api_key
+            .as_ref()
+            .map(|secret| secret.0.clone())
+            .or(fallback_key.filter(|key| !key.trim().is_empty()));
+        config.timeout = Duration::from_secs(self.timeout_secs);
+        config.max_attempts = self.max_attempts;
+        config.backoff_base = Duration::from_millis(self.backoff_base_ms);
+        config.max_input_bytes = self.max_input_bytes;
+        config.max_output_tokens = self.max_output_tokens;
+        config
+    }
 }
 
 /// Background jobs (compaction) and their triggers.
@@ -183,27 +282,27 @@ pub struct JobArgs {
     pub job_max_attempts: i64,
     /// Seconds a worker's claim on a job lasts without renewal (renewed every third of it);
     /// a job whose worker died is claimed again after this.
-    #[arg(long, env = "LOUPE_JOB_LEASE_SECS", default_value_t = 300)]
+    #[arg(long, env = "LOUPE_JOB_LEASE_SECS", default_value_t = JobsConfig::DEFAULT.lease.as_secs())]
     pub job_lease_secs: u64,
     /// First retry delay after a failed attempt, in milliseconds; doubled per attempt.
-    #[arg(long, env = "LOUPE_JOB_BACKOFF_BASE_MS", default_value_t = 5_000)]
+    #[arg(long, env = "LOUPE_JOB_BACKOFF_BASE_MS", default_value_t = JobsConfig::DEFAULT.backoff_base.as_millis() as u64)]
     pub job_backoff_base_ms: u64,
     /// Longest retry delay, in seconds.
-    #[arg(long, env = "LOUPE_JOB_BACKOFF_MAX_SECS", default_value_t = 300)]
+    #[arg(long, env = "LOUPE_JOB_BACKOFF_MAX_SECS", default_value_t = JobsConfig::DEFAULT.backoff_max.as_secs())]
     pub job_backoff_max_secs: u64,
     /// Milliseconds between looks for work when no wake-up arrives.
-    #[arg(long, env = "LOUPE_JOB_POLL_MS", default_value_t = 1_000)]
+    #[arg(long, env = "LOUPE_JOB_POLL_MS", default_value_t = JobsConfig::DEFAULT.poll_interval.as_millis() as u64)]
     pub job_poll_ms: u64,
 }
 
 impl JobArgs {
-    pub fn config(&self) -> crate::jobs::JobsConfig {
-        crate::jobs::JobsConfig {
+    pub fn config(&self) -> JobsConfig {
+        JobsConfig {
             lease: Duration::from_secs(self.job_lease_secs.max(1)),
             backoff_base: Duration::from_millis(self.job_backoff_base_ms),
             backoff_max: Duration::from_secs(self.job_backoff_max_secs),
             poll_interval: Duration::from_millis(self.job_poll_ms.max(10)),
-            ..crate::jobs::JobsConfig::default()
+            ..JobsConfig::DEFAULT
         }
     }
 }
@@ -217,12 +316,6 @@ pub enum Role {
     Worker,
     /// Both.
     All,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    Pretty,
-    Json,
 }
 
 impl ServeArgs {
@@ -283,7 +376,7 @@ fn redact(url: &str) -> String {
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         None => serve(cli.serve).await,
-        Some(Command::Serve(args)) => serve(args).await,
+        Some(Command::Serve(args)) => serve(*args).await,
         Some(Command::Migrate(args)) => {
             crate::telemetry::init(LogFormat::Pretty);
             args.open().await?;
@@ -442,10 +535,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     } else {
         args.jobs.workers
     };
-    // The summarizer is configured even for an API-only process, so a bad variable fails the
-    // start rather than the first job.
-    let summarizer_config = crate::summarize::SummarizerConfig::from_env()
-        .map_err(|e| anyhow::anyhow!("summarizer configuration: {e}"))?;
+    let summarizer_config = args.summarizer.config(|name| std::env::var(name).ok());
     let listener = if args.role == Role::Worker {
         None
     } else {

@@ -2,7 +2,14 @@
 
 use tracing_subscriber::{fmt, EnvFilter};
 
-use crate::cli::LogFormat;
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Pretty,
+    /// One JSON object per line.
+    Json,
+}
 
 /// Installs the global subscriber (once; later calls are ignored).
 pub fn init(format: LogFormat) {

@@ -14,6 +14,7 @@ use super::threads::ThreadPath;
 use super::{AppState, ExpensiveSlot, Tenant};
 use crate::history::ingest::{check_entry, FieldError};
 use crate::history::model::Entry;
+use crate::history::normalize::ids::{is_valid_tool_name, TOOL_NAME_RULE};
 use crate::history::{
     group_rounds, normalize, NormalizeOptions, Normalized, Provider, Round, ThinkingMode,
 };
@@ -96,19 +97,9 @@ impl ContextOptions {
     }
 }
 
-/// Tool names as the providers accept them (provider-rules A4.10).
-const TOOL_NAME_RULE: &str = "1–64 characters of [a-zA-Z0-9_-]";
-
-pub(crate) fn valid_tool_name(name: &str) -> bool {
-    (1..=64).contains(&name.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-}
-
 /// The position of the first name that is not a tool name the providers accept.
 fn first_invalid_tool(names: &[String]) -> Option<usize> {
-    names.iter().position(|name| !valid_tool_name(name))
+    names.iter().position(|name| !is_valid_tool_name(name))
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -221,7 +212,7 @@ pub async fn get_context(
         .store
         .thread_settings(&tenant, &path.thread_id)
         .await?;
-    options.microcompact = super::settings::microcompact_options(&settings);
+    options.microcompact = settings.microcompact_options();
     if view == ContextView::Outline {
         let outline = settings.outline.unwrap_or_default();
         return outline_context(&state, &tenant, &path.thread_id, &outline, &options).await;

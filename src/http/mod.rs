@@ -61,22 +61,27 @@ pub struct Limits {
     pub expensive_wait: Duration,
 }
 
+impl Limits {
+    /// The defaults, which the command line's flags also take theirs from.
+    pub const DEFAULT: Limits = Limits {
+        // The size of the largest provider request (Anthropic Messages, 32 MB).
+        body_bytes: 32 * 1024 * 1024,
+        request_timeout: Duration::from_secs(30),
+        max_batch_messages: 10_000,
+        max_page_size: 200,
+        max_page_size_messages: 1_000,
+        cursor_lease_default: Duration::from_secs(60),
+        cursor_lease_max: Duration::from_secs(3_600),
+        rate_limit_per_sec: 50.0,
+        rate_limit_burst: 100,
+        max_expensive_requests: 16,
+        expensive_wait: Duration::from_millis(500),
+    };
+}
+
 impl Default for Limits {
     fn default() -> Self {
-        Limits {
-            // The size of the largest provider request (Anthropic Messages, 32 MB).
-            body_bytes: 32 * 1024 * 1024,
-            request_timeout: Duration::from_secs(30),
-            max_batch_messages: 10_000,
-            max_page_size: 200,
-            max_page_size_messages: 1_000,
-            cursor_lease_default: Duration::from_secs(60),
-            cursor_lease_max: Duration::from_secs(3_600),
-            rate_limit_per_sec: 50.0,
-            rate_limit_burst: 100,
-            max_expensive_requests: 16,
-            expensive_wait: Duration::from_millis(500),
-        }
+        Limits::DEFAULT
     }
 }
 

@@ -7,11 +7,11 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use utoipa_axum::{router::OpenApiRouter, routes};
 
-use super::context::valid_tool_name;
 use super::problem::{ApiError, ApiJson, ApiPath, Problem};
 use super::threads::ThreadPath;
 use super::{AppState, Tenant};
 use crate::history::ingest::FieldError;
+use crate::history::normalize::ids::is_valid_tool_name;
 use crate::history::MicrocompactOptions;
 use crate::store::{MicrocompactSettings, ThreadSettings};
 use crate::tree::OutlineOptions;
@@ -110,19 +110,6 @@ pub struct ThreadSettingsResponse {
     #[serde(flatten)]
     pub stored: ThreadSettingsBody,
     pub effective: EffectiveSettings,
-}
-
-/// The micro-compaction options of a thread's context, when it is enabled.
-pub fn microcompact_options(settings: &ThreadSettings) -> Option<MicrocompactOptions> {
-    let stored = settings.microcompact.as_ref().filter(|m| m.enabled)?;
-    let defaults = MicrocompactOptions::default();
-    Some(MicrocompactOptions {
-        tools: stored.tools.clone().unwrap_or(defaults.tools),
-        keep_recent: stored
-            .keep_recent
-            .map_or(defaults.keep_recent, |n| n as usize),
-        min_bytes: stored.min_bytes.map_or(defaults.min_bytes, |n| n as usize),
-    })
 }
 
 fn response(settings: ThreadSettings, default_threshold: i64) -> ThreadSettingsResponse {
@@ -224,7 +211,7 @@ pub async fn put_settings(
             if tools.len() > MAX_TOOLS {
                 return Err(invalid("microcompact.tools", "at most 256 tool names"));
             }
-            if let Some(bad) = tools.iter().position(|t| !valid_tool_name(t)) {
+            if let Some(bad) = tools.iter().position(|t| !is_valid_tool_name(t)) {
                 return Err(invalid(
                     &format!("microcompact.tools[{bad}]"),
                     "a tool name is 1–64 characters of [a-zA-Z0-9_-]",

@@ -64,15 +64,20 @@ pub struct JobsConfig {
     pub summary_max_bytes: usize,
 }
 
+impl JobsConfig {
+    /// The defaults, which the command line's flags also take theirs from.
+    pub const DEFAULT: JobsConfig = JobsConfig {
+        lease: Duration::from_secs(300),
+        backoff_base: Duration::from_secs(5),
+        backoff_max: Duration::from_secs(300),
+        poll_interval: Duration::from_secs(1),
+        summary_max_bytes: 24_000,
+    };
+}
+
 impl Default for JobsConfig {
     fn default() -> Self {
-        JobsConfig {
-            lease: Duration::from_secs(300),
-            backoff_base: Duration::from_secs(5),
-            backoff_max: Duration::from_secs(300),
-            poll_interval: Duration::from_secs(1),
-            summary_max_bytes: 24_000,
-        }
+        JobsConfig::DEFAULT
     }
 }
 

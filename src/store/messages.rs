@@ -291,14 +291,14 @@ fn context_tokens_of<'a>(entries: impl Iterator<Item = &'a Entry>) -> BatchToken
     }
 }
 
-/// Auto-compaction fires once, on the append that takes the estimate from below the threshold to
-/// at or above it (0 = off).
 /// What an append may trigger.
 struct AppendTriggers {
     auto_compact_tokens: i64,
     outlined: bool,
 }
 
+/// Auto-compaction fires once, on the append that takes the estimate from below the threshold to
+/// at or above it (0 = off).
 fn crosses_threshold(before: i64, after: i64, threshold: i64) -> bool {
     threshold > 0 && before < threshold && after >= threshold
 }

@@ -190,6 +190,9 @@ pub struct StoreOptions {
 /// Reference-behaviour §4.1: effective window (200,000 − 20,000 output reserve) − 13,000.
 pub const DEFAULT_AUTO_COMPACT_TOKENS: i64 = 167_000;
 
+/// Default size of the connection pool.
+pub const DEFAULT_MAX_CONNECTIONS: u32 = 10;
+
 /// Attempts of a job before it ends `failed`.
 pub const DEFAULT_JOB_MAX_ATTEMPTS: i64 = 5;
 
@@ -197,7 +200,7 @@ impl StoreOptions {
     pub fn new(url: impl Into<String>) -> Self {
         StoreOptions {
             url: url.into(),
-            max_connections: 10,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
             acquire_timeout: Duration::from_secs(10),
             auto_compact_tokens: DEFAULT_AUTO_COMPACT_TOKENS,
             job_max_attempts: DEFAULT_JOB_MAX_ATTEMPTS,

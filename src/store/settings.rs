@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 use sqlx::Row;
 
 use super::{now_millis, Store, StoreError, TenantId};
+use crate::history::MicrocompactOptions;
 use crate::tree::OutlineOptions;
 
 /// A thread's stored settings; `None` means "the server default".
@@ -27,6 +28,22 @@ pub struct MicrocompactSettings {
     pub keep_recent: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_bytes: Option<u64>,
+}
+
+impl ThreadSettings {
+    /// The micro-compaction options of the thread's context: `None` when it is off, else the
+    /// stored values with the defaults filled in.
+    pub fn microcompact_options(&self) -> Option<MicrocompactOptions> {
+        let stored = self.microcompact.as_ref().filter(|m| m.enabled)?;
+        let defaults = MicrocompactOptions::default();
+        Some(MicrocompactOptions {
+            tools: stored.tools.clone().unwrap_or(defaults.tools),
+            keep_recent: stored
+                .keep_recent
+                .map_or(defaults.keep_recent, |n| n as usize),
+            min_bytes: stored.min_bytes.map_or(defaults.min_bytes, |n| n as usize),
+        })
+    }
 }
 
 /// The `outline` column: the thread's outline options, `None` when never set.

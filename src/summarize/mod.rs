@@ -252,13 +252,13 @@ impl std::str::FromStr for Backend {
             "anthropic" => Ok(Backend::Anthropic),
             "openai" => Ok(Backend::Openai),
             other => Err(SummarizeError::Config(format!(
-                "LOUPE_SUMMARIZER must be extractive, anthropic or openai, not {other:?}"
+                "the summarizer must be extractive, anthropic or openai, not {other:?}"
             ))),
         }
     }
 }
 
-/// Summarizer settings; see [`SummarizerConfig::from_env`] for the variables and defaults.
+/// Summarizer settings; `cli::SummarizerArgs` fills them from flags and variables.
 #[derive(Clone)]
 pub struct SummarizerConfig {
     pub backend: Backend,
@@ -323,77 +323,6 @@ impl SummarizerConfig {
             max_input_bytes: DEFAULT_MAX_INPUT_BYTES,
             max_output_tokens: None,
         }
-    }
-
-    /// Reads the process environment:
-    ///
-    /// | variable | default |
-    /// |---|---|
-    /// | `LOUPE_SUMMARIZER` | `extractive` (or `anthropic`, `openai`) |
-    /// | `LOUPE_SUMMARIZER_BASE_URL` | `https://api.anthropic.com` / `https://api.openai.com` |
-    /// | `LOUPE_SUMMARIZER_MODEL` | `claude-haiku-4-5` / `gpt-4o-mini` |
-    /// | `LOUPE_SUMMARIZER_API_KEY` | then `ANTHROPIC_API_KEY` / `OPENAI_API_KEY` |
-    /// | `LOUPE_SUMMARIZER_TIMEOUT_SECS` | 60 |
-    /// | `LOUPE_SUMMARIZER_MAX_ATTEMPTS` | 4 |
-    /// | `LOUPE_SUMMARIZER_BACKOFF_BASE_MS` | 500 |
-    /// | `LOUPE_SUMMARIZER_MAX_INPUT_BYTES` | 400000 |
-    /// | `LOUPE_SUMMARIZER_MAX_OUTPUT_TOKENS` | Anthropic 8000; OpenAI unset (not sent) |
-    pub fn from_env() -> Result<Self, SummarizeError> {
-        Self::from_lookup(|name| std::env::var(name).ok())
-    }
-
-    /// [`SummarizerConfig::from_env`] over any variable source (for tests).
-    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, SummarizeError> {
-        let get = |name: &str| {
-            lookup(name)
-                .map(|v| v.trim().to_string())
-                .filter(|v| !v.is_empty())
-        };
-        let backend: Backend = get("LOUPE_SUMMARIZER").unwrap_or_default().parse()?;
-        let mut config = SummarizerConfig::new(backend);
-        if let Some(url) = get("LOUPE_SUMMARIZER_BASE_URL") {
-            if !(url.starts_with("http://") || url.starts_with("https://")) {
-                return Err(SummarizeError::Config(format!(
-                    "LOUPE_SUMMARIZER_BASE_URL must be an http(s) URL, not {url:?}"
-                )));
-            }
-            config.base_url = url;
-        }
-        if let Some(model) = get("LOUPE_SUMMARIZER_MODEL") {
-            config.model = model;
-        }
-        let provider_key = match backend {
-            Backend::Anthropic => get("ANTHROPIC_API_KEY"),
-            Backend::Openai => get("OPENAI_API_KEY"),
-            Backend::Extractive => None,
-        };
-        config.api_key = get("LOUPE_SUMMARIZER_API_KEY").or(provider_key);
-        if let Some(secs) = parse_var::<u64>(&get, "LOUPE_SUMMARIZER_TIMEOUT_SECS")? {
-            config.timeout = Duration::from_secs(secs.max(1));
-        }
-        if let Some(n) = parse_var::<u32>(&get, "LOUPE_SUMMARIZER_MAX_ATTEMPTS")? {
-            config.max_attempts = n.max(1);
-        }
-        if let Some(ms) = parse_var::<u64>(&get, "LOUPE_SUMMARIZER_BACKOFF_BASE_MS")? {
-            config.backoff_base = Duration::from_millis(ms);
-        }
-        if let Some(n) = parse_var::<usize>(&get, "LOUPE_SUMMARIZER_MAX_INPUT_BYTES")? {
-            config.max_input_bytes = n.max(1024);
-        }
-        config.max_output_tokens = parse_var::<u32>(&get, "LOUPE_SUMMARIZER_MAX_OUTPUT_TOKENS")?;
-        Ok(config)
-    }
-}
-
-fn parse_var<T: std::str::FromStr>(
-    get: &impl Fn(&str) -> Option<String>,
-    name: &str,
-) -> Result<Option<T>, SummarizeError> {
-    match get(name) {
-        None => Ok(None),
-        Some(v) => v.parse().map(Some).map_err(|_| {
-            SummarizeError::Config(format!("{name} must be a non-negative integer, not {v:?}"))
-        }),
     }
 }
 

@@ -3,6 +3,8 @@
 use std::time::{Duration, Instant};
 
 use crate::fake_provider::*;
+use clap::Parser;
+use loupe::cli::{Cli, Command};
 use loupe::summarize::{
     build, merge_verbatim, AnthropicSummarizer, Backend, ExtractiveSummarizer, OpenAiSummarizer,
     Purpose, SummarizeError, Summarizer, SummarizerConfig, SummaryRequest,
@@ -658,17 +660,28 @@ async fn unreachable_server_is_a_transport_error_then_fallback() {
 // ---------------------------------------------------------------------------------------------
 // Configuration
 
-fn lookup(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-    let vars: Vec<(String, String)> = vars
+/// The summarizer configuration `loupe serve ARGS` makes, with `provider_keys` as the provider
+/// key variables of the environment.
+fn configured(
+    args: &[&str],
+    provider_keys: &[(&str, &str)],
+) -> Result<SummarizerConfig, clap::Error> {
+    let cli = Cli::try_parse_from(["loupe", "serve"].iter().chain(args))?;
+    let Some(Command::Serve(serve)) = cli.command else {
+        panic!("`loupe serve` parses as serve")
+    };
+    let keys: Vec<(String, String)> = provider_keys
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
-    move |name| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
+    Ok(serve
+        .summarizer
+        .config(|name| keys.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())))
 }
 
 #[test]
 fn config_defaults_to_extractive() {
-    let c = SummarizerConfig::from_lookup(lookup(&[])).unwrap();
+    let c = configured(&[], &[]).unwrap();
     assert_eq!(c.backend, Backend::Extractive);
     assert_eq!(c.timeout, Duration::from_secs(60));
     assert_eq!(c.max_attempts, 4);
@@ -678,14 +691,22 @@ fn config_defaults_to_extractive() {
 
 #[test]
 fn config_reads_provider_settings_and_keys() {
-    let c = SummarizerConfig::from_lookup(lookup(&[
-        ("LOUPE_SUMMARIZER", "anthropic"),
-        ("ANTHROPIC_API_KEY", "sk-ant"),
-        ("OPENAI_API_KEY", "sk-oai"),
-        ("LOUPE_SUMMARIZER_TIMEOUT_SECS", "5"),
-        ("LOUPE_SUMMARIZER_MAX_ATTEMPTS", "2"),
-        ("LOUPE_SUMMARIZER_MAX_INPUT_BYTES", "50000"),
-    ]))
+    let c = configured(
+        &[
+            "--summarizer",
+            "anthropic",
+            "--summarizer-timeout-secs",
+            "5",
+            "--summarizer-max-attempts",
+            "2",
+            "--summarizer-max-input-bytes",
+            "50000",
+        ],
+        &[
+            ("ANTHROPIC_API_KEY", "sk-ant"),
+            ("OPENAI_API_KEY", "sk-oai"),
+        ],
+    )
     .unwrap();
     assert_eq!(c.backend, Backend::Anthropic);
     assert_eq!(c.base_url, "https://api.anthropic.com");
@@ -702,33 +723,67 @@ fn config_reads_provider_settings_and_keys() {
         "anthropic:claude-haiku-4-5|fallback:extractive"
     );
 
-    let c = SummarizerConfig::from_lookup(lookup(&[
-        ("LOUPE_SUMMARIZER", "OpenAI"),
-        ("LOUPE_SUMMARIZER_API_KEY", "sk-loupe"),
-        ("OPENAI_API_KEY", "sk-oai"),
-        ("LOUPE_SUMMARIZER_BASE_URL", "http://localhost:8080/v1"),
-        ("LOUPE_SUMMARIZER_MODEL", "qwen3"),
-    ]))
+    let c = configured(
+        &[
+            "--summarizer",
+            "OpenAI",
+            "--summarizer-api-key",
+            "sk-loupe",
+            "--summarizer-base-url",
+            "http://localhost:8080/v1",
+            "--summarizer-model",
+            "qwen3",
+        ],
+        &[("OPENAI_API_KEY", "sk-oai")],
+    )
     .unwrap();
     assert_eq!(c.backend, Backend::Openai);
-    assert_eq!(
-        c.api_key.as_deref(),
-        Some("sk-loupe"),
-        "the Loupe variable wins"
-    );
+    assert_eq!(c.api_key.as_deref(), Some("sk-loupe"), "the Loupe key wins");
     assert_eq!(c.base_url, "http://localhost:8080/v1");
     assert_eq!(c.model, "qwen3");
 }
 
 #[test]
 fn config_rejects_bad_values() {
-    for vars in [
-        vec![("LOUPE_SUMMARIZER", "gemini")],
-        vec![("LOUPE_SUMMARIZER_TIMEOUT_SECS", "soon")],
-        vec![("LOUPE_SUMMARIZER_MAX_ATTEMPTS", "-1")],
-        vec![("LOUPE_SUMMARIZER_BASE_URL", "api.openai.com")],
+    for arg in [
+        "--summarizer=gemini",
+        "--summarizer-timeout-secs=soon",
+        "--summarizer-max-attempts=-1",
+        "--summarizer-base-url=api.openai.com",
+        "--summarizer-max-input-bytes=10",
     ] {
-        let err = SummarizerConfig::from_lookup(lookup(&vars)).unwrap_err();
-        assert!(matches!(err, SummarizeError::Config(_)), "{vars:?}: {err}");
+        let err = configured(&[arg], &[]).unwrap_err();
+        assert_eq!(
+            err.kind(),
+            clap::error::ErrorKind::ValueValidation,
+            "{arg}: {err}"
+        );
+    }
+}
+
+#[test]
+fn serve_help_lists_every_summarizer_variable() {
+    let mut command = <Cli as clap::CommandFactory>::command();
+    let help = command
+        .find_subcommand_mut("serve")
+        .expect("a serve subcommand")
+        .render_long_help()
+        .to_string();
+    for variable in [
+        "LOUPE_SUMMARIZER",
+        "LOUPE_SUMMARIZER_BASE_URL",
+        "LOUPE_SUMMARIZER_MODEL",
+        "LOUPE_SUMMARIZER_API_KEY",
+        "LOUPE_SUMMARIZER_TIMEOUT_SECS",
+        "LOUPE_SUMMARIZER_MAX_ATTEMPTS",
+        "LOUPE_SUMMARIZER_BACKOFF_BASE_MS",
+        "LOUPE_SUMMARIZER_MAX_INPUT_BYTES",
+        "LOUPE_SUMMARIZER_MAX_OUTPUT_TOKENS",
+    ] {
+        assert!(
+            help.contains(&format!("env: {variable}="))
+                || help.contains(&format!("env: {variable}]")),
+            "{variable} missing from `loupe serve --help`"
+        );
     }
 }

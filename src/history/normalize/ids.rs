@@ -10,6 +10,17 @@ use super::blocks::{
 };
 use super::{Ctx, Msg, Provider, RepairKind};
 
+/// Tool names as every provider accepts them, for error messages (provider rules, A4.10).
+pub const TOOL_NAME_RULE: &str = "1–64 characters of [a-zA-Z0-9_-]";
+
+/// Whether `name` is a tool name every provider accepts.
+pub fn is_valid_tool_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
 /// Max length of an OpenAI tool call id.
 pub const OPENAI_MAX_ID: usize = 40;
 
