@@ -96,7 +96,7 @@ impl ContextOptions {
     }
 }
 
-/// Tool names as the providers accept them (provider-rules A4.10).
+/// Tool names as the providers accept them (`docs/PROVIDER-RULES.md` A4.10).
 const TOOL_NAME_RULE: &str = "1–64 characters of [a-zA-Z0-9_-]";
 
 pub(crate) fn valid_tool_name(name: &str) -> bool {

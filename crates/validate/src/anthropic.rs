@@ -1,4 +1,4 @@
-//! Anthropic Messages API: the §D.1 invariants of `provider-rules.md`, on the exact JSON.
+//! Anthropic Messages API: the D1 invariants of `docs/PROVIDER-RULES.md`, on the exact JSON.
 //!
 //! Each check is one function over the parsed view of the list; [`validate`] runs them all.
 
