@@ -1,4 +1,4 @@
-//! Content-block helpers and the fixed strings of reference-behaviour §8.2.
+//! Content-block helpers and the fixed strings of `docs/NORMALIZATION.md` § Fixed strings.
 
 use serde_json::{json, Value};
 

@@ -1,6 +1,6 @@
 //! Normalization: a stored history → the `messages` array a provider accepts.
 //!
-//! Reproduces Claude Code's request pipeline (reference-behaviour §2–§3: `getMessagesAfterCompactBoundary`,
+//! Reproduces Claude Code's request pipeline (`docs/NORMALIZATION.md` § Pipeline: `getMessagesAfterCompactBoundary`,
 //! `normalizeMessagesForAPI`, `ensureToolResultPairing`, `stripAdvisorBlocks`, `stripExcessMediaItems`,
 //! `addCacheBreakpoints`) and then goes further, so the output satisfies every invariant of
 //! `docs/PROVIDER-RULES.md` D1 (Anthropic) or D2 (OpenAI Chat Completions) for *any* input.
@@ -120,7 +120,7 @@ pub struct NormalizeOptions {
     pub microcompact: Option<MicrocompactOptions>,
 }
 
-/// Client-side micro-compaction of old tool results (reference §6(a), count-based here).
+/// Client-side micro-compaction of old tool results (`docs/NORMALIZATION.md` § Micro-compaction; by count here).
 ///
 /// Results of `tools` older than the last `keep_recent` compactable tool calls, whose content is at
 /// least `min_bytes` long, get their content replaced by
