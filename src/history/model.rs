@@ -1,6 +1,6 @@
 //! The internal history format: one stored entry of a thread.
 //!
-//! This is the shape an agent loop produces (reference-behaviour §1), written in snake_case JSON.
+//! This is the shape an agent loop produces (`docs/NORMALIZATION.md` § Entries), written in snake_case JSON.
 //! It is stored losslessly: content blocks are kept as raw JSON values (block types Loupe does not
 //! know are returned verbatim), and top-level fields it does not know are kept in `extra`.
 
@@ -36,7 +36,7 @@ impl EntryKind {
         }
     }
 
-    /// User and assistant entries are what the model sees (reference-behaviour §7).
+    /// User and assistant entries are what the model sees (`docs/NORMALIZATION.md` § Model-visible entries).
     pub fn is_model_visible(self) -> bool {
         matches!(self, EntryKind::User | EntryKind::Assistant)
     }

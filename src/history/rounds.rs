@@ -1,4 +1,4 @@
-//! API-round grouping (`groupMessagesByApiRound`, reference-behaviour §5, seed 000).
+//! API-round grouping (the loop's `groupMessagesByApiRound`, `docs/NORMALIZATION.md` § Rounds).
 //!
 //! A round is the unit that compaction may drop or keep as a whole: compaction may cut only at a
 //! round start. The rule is the issue's, applied literally: **a round starts at an assistant entry

@@ -185,7 +185,7 @@ pub struct OutlineRef {
 ///
 /// The list is what precedes the caller's next user turn. When it ends with a user turn (for
 /// example synthetic tool results), merge the next user content into that turn after its
-/// `tool_result` blocks. `estimated_tokens` is the rough estimate of reference-behaviour §8.1
+/// `tool_result` blocks. `estimated_tokens` is a rough estimate of the tokens
 /// (characters / 4; images and documents 2,000 each). The thread's micro-compaction settings
 /// (`/settings`) apply: old results of compactable tools may be replaced by a placeholder.
 #[utoipa::path(

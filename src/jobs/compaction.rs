@@ -14,7 +14,7 @@ use crate::history::model::{subtype, ApiMessage, Content, Entry, EntryKind, Role
 use crate::history::normalize::view;
 use crate::history::{estimate_entry_tokens, group_rounds};
 
-/// Reference-behaviour §4.3: the first words of the summary message.
+/// The first words of the summary message (`docs/NORMALIZATION.md` § Compaction).
 pub const SUMMARY_PREFIX: &str = "This session is being continued from a previous conversation that ran out of context. The summary below covers the earlier portion of the conversation.\n\n";
 
 /// Rounds kept whole after the summary when the request does not say.
@@ -161,7 +161,7 @@ pub fn boundary_entry(info: &BoundaryInfo<'_>) -> Entry {
     }
 }
 
-/// The summary as a user message with `is_compact_summary` (reference-behaviour §4.3 text).
+/// The summary as a user message with `is_compact_summary` (`docs/NORMALIZATION.md` § Compaction).
 pub fn summary_entry(summary: &str) -> Entry {
     Entry {
         message: Some(ApiMessage::new(

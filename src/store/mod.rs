@@ -187,7 +187,7 @@ pub struct StoreOptions {
     pub job_max_attempts: i64,
 }
 
-/// Reference-behaviour §4.1: effective window (200,000 − 20,000 output reserve) − 13,000.
+/// `docs/NORMALIZATION.md` § Compaction: effective window (200,000 − 20,000 output reserve) − 13,000.
 pub const DEFAULT_AUTO_COMPACT_TOKENS: i64 = 167_000;
 
 /// Default size of the connection pool.

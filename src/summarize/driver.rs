@@ -226,7 +226,7 @@ fn without_analysis(text: &str) -> String {
     text.to_string()
 }
 
-/// Turns a model's reply into the summary text (reference-behaviour §4.3 `formatCompactSummary`,
+/// Turns a model's reply into the summary text (`docs/NORMALIZATION.md` § Compaction, the loop's `formatCompactSummary`,
 /// minus the `Summary:` label; for a line, one line cut to `max_bytes` on a word boundary).
 pub(crate) fn postprocess(raw: &str, req: &SummaryRequest) -> Result<String, SummarizeError> {
     let text = match tagged(raw, "summary") {

@@ -106,7 +106,7 @@ pub(crate) fn merge_free(req: &SummaryRequest) -> Option<String> {
 /// What the summary is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Purpose {
-    /// A compaction summary (reference-behaviour §4.3 shape): multi-section text. A model's
+    /// A compaction summary (the shape of `docs/NORMALIZATION.md` § Compaction): multi-section text. A model's
     /// output is not cut at `max_bytes` (its last sections, current work and next step, matter
     /// most); the extractive output never exceeds it.
     Compaction,

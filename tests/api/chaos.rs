@@ -1,4 +1,4 @@
-//! A proptest generator of chaotic stored histories (reference-behaviour §1–§3).
+//! A proptest generator of chaotic stored histories (`docs/NORMALIZATION.md` § Entries, § Pipeline).
 //!
 //! A history is built in two stages, both shrinkable:
 //! 1. realistic agent loops ([`LoopSpec`]): a user prompt, then assistant steps (thinking with a

@@ -231,7 +231,7 @@ fn valid_id(id: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || c == b'_' || c == b'-')
 }
 
-/// provider-rules §D.1 (the parts a history can break), assuming the caller appends a user turn
+/// `docs/PROVIDER-RULES.md` D1 (the parts a history can break), assuming the caller appends a user turn
 /// (merged into a trailing user turn).
 fn check_anthropic(msgs: &[Value]) -> Result<(), String> {
     let mut all_uses = HashSet::new();
@@ -365,7 +365,7 @@ fn check_anthropic(msgs: &[Value]) -> Result<(), String> {
     Ok(())
 }
 
-/// provider-rules §D.2.
+/// `docs/PROVIDER-RULES.md` D2.
 fn check_openai(msgs: &[Value]) -> Result<(), String> {
     let mut ids = HashSet::new();
     let mut i = 0;

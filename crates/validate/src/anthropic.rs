@@ -1,4 +1,4 @@
-//! Anthropic Messages API: the §D.1 invariants of `provider-rules.md`, on the exact JSON.
+//! Anthropic Messages API: the D1 invariants of `docs/PROVIDER-RULES.md`, on the exact JSON.
 //!
 //! Each check is one function over the parsed view of the list; [`validate`] runs them all.
 
@@ -15,7 +15,7 @@ use super::{
 pub const MAX_MESSAGES: usize = 100_000;
 /// A1.8: the whole body is at most 32 MB; the messages alone must fit.
 pub const MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
-/// A7.2 / reference step 12: 5 MB of base64 per image (Bedrock / Vertex, and Loupe's reference).
+/// A7.2: 5 MB of base64 per image (the partner platforms' limit, and the agent loop's own check).
 pub const MAX_IMAGE_BASE64_BYTES: usize = 5 * 1024 * 1024;
 
 /// A2.5: block types a user/assistant message may carry (GA and beta).

@@ -1,13 +1,13 @@
 //! An independent validator of provider message-list rules.
 //!
-//! Written from `docs/provider-rules.md` alone (§D.1 / §D.2 invariants, §A / §B for the detailed
-//! rules and the providers' own error texts). It runs on the exact JSON Loupe would return and
-//! reports every rule a list breaks; an empty result means "the provider accepts this list" as far
-//! as the document lets us tell.
+//! Written from `docs/PROVIDER-RULES.md` alone (the D1 / D2 invariants, the A / B rows for the
+//! detailed rules and the providers' own error texts). It runs on the exact JSON Loupe would return
+//! and reports every rule a list breaks; an empty result means "the provider accepts this list" as
+//! far as the document lets us tell.
 //!
 //! Rule ids are the document's: `D1.n` for the Anthropic invariants, `D2.n` for OpenAI Chat
-//! Completions, and the §A / §B row id (e.g. `A4.9`) where a check comes from a detailed row that
-//! §D does not restate. `D1.0` / `D2.0` are the envelope shape (every message an object of the
+//! Completions, and the A / B row id (e.g. `A4.9`) where a check comes from a detailed row that
+//! D1 / D2 do not restate. `D1.0` / `D2.0` are the envelope shape (every message an object of the
 //! expected keys, content of the expected JSON type).
 
 use std::borrow::Cow;

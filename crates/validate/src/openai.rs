@@ -1,4 +1,4 @@
-//! OpenAI Chat Completions: the §D.2 invariants of `provider-rules.md` (with the §B.1 rows they
+//! OpenAI Chat Completions: the D2 invariants of `docs/PROVIDER-RULES.md` (with the B1 rows they
 //! come from), on the exact JSON.
 
 use std::collections::HashSet;

@@ -1,4 +1,4 @@
-//! Step k — `stripAdvisorBlocks` (reference §2.4), when the advisor is not available.
+//! Step k — `stripAdvisorBlocks` (`docs/NORMALIZATION.md` § Pipeline), when the advisor is not available.
 
 use super::blocks::{is_blank_text, is_thinking, is_type, str_field, text_block, ADVISOR_RESPONSE};
 use super::{Block, Ctx, Msg, RepairKind};

@@ -1,4 +1,4 @@
-//! Content-block helpers and the fixed strings of reference-behaviour §8.2.
+//! Content-block helpers and the fixed strings of `docs/NORMALIZATION.md` § Fixed strings.
 
 use serde_json::{json, Value};
 
@@ -49,7 +49,7 @@ pub fn is_media(v: &Value) -> bool {
 }
 
 /// Whether Loupe sends a top-level block of this type (to either provider). These are the
-/// Anthropic GA types of provider-rules A2.5 plus the beta types whose use Loupe itself handles:
+/// Anthropic GA types of `docs/PROVIDER-RULES.md` A2.5 plus the beta types whose use Loupe itself handles:
 /// `mcp_tool_use` / `mcp_tool_result` (paired like server tools) and `advisor_tool_result` (the
 /// `advisor` option). The other beta types are dropped: `compaction` needs a beta header Loupe
 /// cannot promise (D1.17), `fallback` must stay in its original position next to thinking runs

@@ -1,4 +1,4 @@
-//! Step i — thinking and empty-content cleanup (reference §2.2 steps 7–10, extended).
+//! Step i — thinking and empty-content cleanup (`docs/NORMALIZATION.md` § Pipeline, extended).
 
 use std::collections::HashSet;
 

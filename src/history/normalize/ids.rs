@@ -10,7 +10,7 @@ use super::blocks::{
 };
 use super::{Ctx, Msg, Provider, RepairKind};
 
-/// Tool names as every provider accepts them, for error messages (provider rules, A4.10).
+/// Tool names as every provider accepts them, for error messages (`docs/PROVIDER-RULES.md` A4.10).
 pub const TOOL_NAME_RULE: &str = "1–64 characters of [a-zA-Z0-9_-]";
 
 /// Whether `name` is a tool name every provider accepts.

@@ -1,4 +1,4 @@
-//! Step e (media-error strip map, reference §2.2 step 3) and step l (`stripExcessMediaItems`).
+//! Step e (media-error strip map) and step l (`stripExcessMediaItems`), `docs/NORMALIZATION.md` § Pipeline.
 
 use std::collections::HashMap;
 

@@ -1,4 +1,4 @@
-//! Step h — same-id fragment merge and `mergeUserMessages` (reference §2.2 step 5).
+//! Step h — same-id fragment merge and `mergeUserMessages` (`docs/NORMALIZATION.md` § Pipeline).
 
 use std::collections::HashMap;
 

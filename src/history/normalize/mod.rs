@@ -1,9 +1,9 @@
 //! Normalization: a stored history → the `messages` array a provider accepts.
 //!
-//! Reproduces Claude Code's request pipeline (reference-behaviour §2–§3: `getMessagesAfterCompactBoundary`,
+//! Reproduces Claude Code's request pipeline (`docs/NORMALIZATION.md` § Pipeline: `getMessagesAfterCompactBoundary`,
 //! `normalizeMessagesForAPI`, `ensureToolResultPairing`, `stripAdvisorBlocks`, `stripExcessMediaItems`,
 //! `addCacheBreakpoints`) and then goes further, so the output satisfies every invariant of
-//! provider-rules §D.1 (Anthropic) or §D.2 (OpenAI Chat Completions) for *any* input.
+//! `docs/PROVIDER-RULES.md` D1 (Anthropic) or D2 (OpenAI Chat Completions) for *any* input.
 //!
 //! # Pipeline, in order
 //! 1. [`view::slice_after_boundary`] (a): the last compact boundary and what follows it; Loupe's
@@ -120,7 +120,7 @@ pub struct NormalizeOptions {
     pub microcompact: Option<MicrocompactOptions>,
 }
 
-/// Client-side micro-compaction of old tool results (reference §6(a), count-based here).
+/// Client-side micro-compaction of old tool results (`docs/NORMALIZATION.md` § Micro-compaction; by count here).
 ///
 /// Results of `tools` older than the last `keep_recent` compactable tool calls, whose content is at
 /// least `min_bytes` long, get their content replaced by
@@ -362,7 +362,7 @@ impl<'a> Ctx<'a> {
 }
 
 /// Normalizes a stored history into the provider's message list. See the module docs for the
-/// pipeline. Deterministic; never fails; the output satisfies provider-rules §D.1 / §D.2 once the
+/// pipeline. Deterministic; never fails; the output satisfies `docs/PROVIDER-RULES.md` D1 / D2 once the
 /// caller adds its next user turn (merged into a trailing user turn, if any).
 ///
 /// An empty history, or one with nothing model-visible, gives `messages: []` (the caller's user

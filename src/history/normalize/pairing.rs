@@ -1,4 +1,4 @@
-//! Step j — `ensureToolResultPairing` (reference §2.3), extended.
+//! Step j — `ensureToolResultPairing` (`docs/NORMALIZATION.md` § Pipeline), extended.
 
 use std::collections::HashSet;
 

@@ -1,4 +1,4 @@
-//! Token estimation (reference-behaviour §8.1, `roughTokenCountEstimation`).
+//! Token estimation (`docs/NORMALIZATION.md` § Token estimate; the loop's `roughTokenCountEstimation`).
 
 use serde_json::Value;
 
@@ -33,7 +33,7 @@ fn content_tokens(c: Option<&Value>) -> u64 {
     }
 }
 
-/// Rough token count of provider messages (reference §8.1), either shape:
+/// Rough token count of provider messages (`docs/NORMALIZATION.md` § Token estimate), either shape:
 /// - every string is `round(UTF-16 length / 4)`, rounded per block;
 /// - string content counts as its text; `text` → its text; `image`/`document` (and the OpenAI
 ///   `image_url`/`file`/`input_audio` parts) → **2000 flat**, also nested in tool results;

@@ -1,4 +1,4 @@
-//! Step g — `tool_reference` stripping (reference §2.2 step 5, user 1).
+//! Step g — `tool_reference` stripping (`docs/NORMALIZATION.md` § Pipeline).
 
 use std::collections::HashSet;
 
