@@ -7,7 +7,6 @@
 //! appended while the summarizer ran lie between the read and the new boundary; the preserved
 //! segment runs up to the seq just before the boundary, so they stay in the context, in order.
 
-use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::history::model::{subtype, ApiMessage, Content, Entry, EntryKind, Role};
@@ -17,43 +16,7 @@ use crate::history::{estimate_entry_tokens, group_rounds};
 /// The first words of the summary message (`docs/NORMALIZATION.md` § Compaction).
 pub const SUMMARY_PREFIX: &str = "This session is being continued from a previous conversation that ran out of context. The summary below covers the earlier portion of the conversation.\n\n";
 
-/// Rounds kept whole after the summary when the request does not say.
-pub const DEFAULT_KEEP_RECENT_ROUNDS: u32 = 2;
-
-/// What a compaction job was asked to do.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CompactionPayload {
-    pub thread_id: String,
-    /// `manual` (the compact endpoint) or `auto` (the threshold was crossed).
-    pub trigger: String,
-    pub keep_recent_rounds: u32,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub instructions: Option<String>,
-}
-
-impl CompactionPayload {
-    pub fn manual(thread_id: &str, keep_recent_rounds: u32, instructions: Option<String>) -> Self {
-        CompactionPayload {
-            thread_id: thread_id.to_owned(),
-            trigger: "manual".to_owned(),
-            keep_recent_rounds,
-            instructions,
-        }
-    }
-
-    pub fn auto(thread_id: &str) -> Self {
-        CompactionPayload {
-            thread_id: thread_id.to_owned(),
-            trigger: "auto".to_owned(),
-            keep_recent_rounds: DEFAULT_KEEP_RECENT_ROUNDS,
-            instructions: None,
-        }
-    }
-
-    pub fn to_value(&self) -> Value {
-        serde_json::to_value(self).unwrap_or(Value::Null)
-    }
-}
+pub use crate::store::{CompactionPayload, DEFAULT_KEEP_RECENT_ROUNDS};
 
 /// Where to cut the current context, computed from the entries the store returned for it.
 #[derive(Debug, Clone, PartialEq)]

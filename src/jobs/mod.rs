@@ -23,15 +23,8 @@ use crate::history::normalize::tokens::rough;
 use crate::store::{
     Backend, ClaimedJob, CompactionWrite, JobState, Store, StoreError, TenantId, NOTIFY_CHANNEL,
 };
+pub use crate::store::{CompactionPayload, KIND_COMPACTION, KIND_NOOP, KIND_TREE};
 use crate::summarize::{Purpose, SummarizeError, Summarizer, SummaryRequest};
-pub use compaction::CompactionPayload;
-
-/// Summarizes a thread and appends a compact boundary.
-pub const KIND_COMPACTION: &str = "compaction";
-/// Does nothing (benchmarks and tests of the queue).
-pub const KIND_NOOP: &str = "noop";
-/// Builds a thread's summary-tree nodes and advances its outline.
-pub const KIND_TREE: &str = "tree";
 
 /// Where the workers' time comes from.
 #[derive(Debug, Clone, Copy)]

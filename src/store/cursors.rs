@@ -272,7 +272,7 @@ impl Store {
         now_ms: i64,
     ) -> Result<Claim, StoreError> {
         let (thread_key, _) = self.cursor_thread(tenant, thread_id).await?;
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.writer.begin().await?;
         let row = lock_cursor(&mut tx, &thread_key, name, now_ms).await?;
         if let Some(expires_at) = row.live_lease(now_ms) {
             return Err(StoreError::CursorLeased { expires_at });
@@ -334,7 +334,7 @@ impl Store {
         let target_seq: i64 = target.try_get("seq")?;
         let target_rank: i64 = target.try_get("visible_rank")?;
 
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.writer.begin().await?;
         let mut row = lock_cursor(&mut tx, &thread_key, name, now_ms).await?;
         let moved = check_advance(&row, &request, target_seq, now_ms)?;
         if moved {

@@ -231,7 +231,7 @@ pub(crate) async fn enqueue_tree_in(
         &NewJob {
             tenant: tenant.clone(),
             thread_key: Some(thread_key.to_owned()),
-            kind: crate::jobs::KIND_TREE.to_owned(),
+            kind: super::KIND_TREE.to_owned(),
             payload: serde_json::json!({}),
             dedup_key: Some(tree_dedup_key(thread_key)),
             max_attempts,
@@ -247,7 +247,7 @@ impl Store {
     pub async fn drop_dedup_key(&self, job_id: &str) -> Result<(), StoreError> {
         sqlx::query("UPDATE jobs SET dedup_key = NULL WHERE job_id = $1")
             .bind(job_id)
-            .execute(&self.pool)
+            .execute(&self.writer)
             .await?;
         Ok(())
     }
@@ -268,7 +268,7 @@ impl Store {
         .bind(thread_key)
         .bind(kind)
         .bind(keep)
-        .execute(&self.pool)
+        .execute(&self.writer)
         .await?
         .rows_affected())
     }
@@ -280,7 +280,7 @@ impl Store {
         thread_id: &str,
     ) -> Result<EnqueueOutcome, StoreError> {
         let thread_key = self.thread_head(tenant, thread_id).await?.thread_key;
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.writer.begin().await?;
         let outcome = enqueue_tree_in(
             &mut tx,
             self.backend,
@@ -302,7 +302,7 @@ impl Store {
         new: &NewJob,
         now_ms: i64,
     ) -> Result<EnqueueOutcome, StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.writer.begin().await?;
         let outcome = enqueue_in(&mut tx, self.backend, new, now_ms).await?;
         tx.commit().await?;
         if outcome.created {
@@ -327,7 +327,7 @@ impl Store {
                 tenant: tenant.clone(),
                 dedup_key: Some(compaction_dedup_key(&thread_key)),
                 thread_key: Some(thread_key),
-                kind: crate::jobs::KIND_COMPACTION.to_owned(),
+                kind: super::KIND_COMPACTION.to_owned(),
                 payload,
                 max_attempts,
             },
@@ -392,7 +392,7 @@ impl Store {
              WHERE state = 'running' AND lease_expires_at <= $1 AND attempts >= max_attempts",
         )
         .bind(now_ms)
-        .execute(&self.pool)
+        .execute(&self.writer)
         .await?;
         let lock = match self.backend {
             Backend::Postgres => "FOR UPDATE SKIP LOCKED",
@@ -412,7 +412,7 @@ impl Store {
         .bind(&lease)
         .bind(now_ms.saturating_add(lease_ms))
         .bind(now_ms)
-        .fetch_optional(&self.pool)
+        .fetch_optional(&self.writer)
         .await?;
         row.map(|row| {
             Ok(ClaimedJob {
@@ -431,7 +431,7 @@ impl Store {
         result: &Value,
         now_ms: i64,
     ) -> Result<(), StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.writer.begin().await?;
         complete_in(&mut tx, claimed, result, now_ms).await?;
         tx.commit().await?;
         Ok(())
@@ -459,7 +459,7 @@ impl Store {
         .bind(retry_at_ms)
         .bind(now_ms)
         .bind(error)
-        .fetch_optional(&self.pool)
+        .fetch_optional(&self.writer)
         .await?;
         let state = state.ok_or_else(|| StoreError::LeaseLost(claimed.job.id.clone()))?;
         JobState::parse(&state)
@@ -476,7 +476,7 @@ impl Store {
         .bind(&claimed.job.id)
         .bind(&claimed.lease)
         .bind(now_ms)
-        .execute(&self.pool)
+        .execute(&self.writer)
         .await?;
         if released.rows_affected() == 0 {
             return Err(StoreError::LeaseLost(claimed.job.id.clone()));
@@ -499,7 +499,7 @@ impl Store {
         .bind(&claimed.lease)
         .bind(now_ms.saturating_add(lease_ms))
         .bind(now_ms)
-        .execute(&self.pool)
+        .execute(&self.writer)
         .await?;
         if extended.rows_affected() == 0 {
             return Err(StoreError::LeaseLost(claimed.job.id.clone()));
@@ -531,7 +531,7 @@ impl Store {
             .thread_key
             .clone()
             .ok_or(StoreError::ThreadNotFound)?;
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.writer.begin().await?;
         let row = sqlx::query(
             "UPDATE threads SET updated_at = $1 WHERE thread_key = $2 AND tenant_id = $3 \
              RETURNING next_seq, visible_count",

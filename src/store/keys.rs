@@ -79,7 +79,7 @@ impl Store {
         .bind(&id.0)
         .bind(&name)
         .bind(now)
-        .execute(&self.pool)
+        .execute(&self.writer)
         .await?;
         if inserted.rows_affected() == 0 {
             return Err(StoreError::TenantExists(id.0.clone()));
@@ -108,7 +108,7 @@ impl Store {
         name: Option<&str>,
     ) -> Result<CreatedKey, StoreError> {
         let now = now_millis();
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.writer.begin().await?;
         sqlx::query(
             "INSERT INTO tenants (tenant_id, name, created_at) VALUES ($1, $1, $2) \
              ON CONFLICT (tenant_id) DO NOTHING",
@@ -178,7 +178,7 @@ impl Store {
         )
         .bind(key_id)
         .bind(now_millis())
-        .execute(&self.pool)
+        .execute(&self.writer)
         .await?;
         if updated.rows_affected() == 0 {
             return Err(StoreError::KeyNotFound);

@@ -45,6 +45,8 @@ pub(super) const INSERT_CHUNK: usize = 200;
 struct Prepared {
     entry: Entry,
     uuid: String,
+    /// The client named the uuid (a generated one cannot be stored already).
+    uuid_sent: bool,
     content_hash: String,
     body: String,
 }
@@ -53,6 +55,7 @@ struct Prepared {
 /// The fingerprint is taken before the server's defaults so a retry of the same request matches.
 fn prepare(mut entry: Entry, now: chrono::DateTime<chrono::Utc>) -> Result<Prepared, StoreError> {
     entry.seq = None;
+    let uuid_sent = entry.uuid.is_some();
     let uuid = entry
         .uuid
         .get_or_insert_with(|| uuid::Uuid::new_v4().to_string())
@@ -64,9 +67,61 @@ fn prepare(mut entry: Entry, now: chrono::DateTime<chrono::Utc>) -> Result<Prepa
     Ok(Prepared {
         entry,
         uuid,
+        uuid_sent,
         content_hash,
         body,
     })
+}
+
+/// A whole batch, prepared before any statement runs: what it will change on the thread row is
+/// known up front, so one `UPDATE` both takes the thread's lock and moves its counters.
+struct PreparedBatch {
+    entries: Vec<Prepared>,
+    /// Entries a model sees (they get a `visible_rank`).
+    visible: i64,
+    tokens: BatchTokens,
+    now: chrono::DateTime<chrono::Utc>,
+}
+
+impl PreparedBatch {
+    fn new(entries: Vec<Entry>, now: chrono::DateTime<chrono::Utc>) -> Result<Self, StoreError> {
+        let entries = entries
+            .into_iter()
+            .map(|entry| prepare(entry, now))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut uuids = HashSet::with_capacity(entries.len());
+        if let Some(duplicate) = entries.iter().find(|p| !uuids.insert(p.uuid.as_str())) {
+            return Err(StoreError::DuplicateUuid(duplicate.uuid.clone()));
+        }
+        let visible = entries
+            .iter()
+            .filter(|p| p.entry.kind.is_model_visible())
+            .count() as i64;
+        let tokens = context_tokens_of(entries.iter().map(|p| &p.entry));
+        Ok(PreparedBatch {
+            entries,
+            visible,
+            tokens,
+            now,
+        })
+    }
+
+    fn len(&self) -> i64 {
+        self.entries.len() as i64
+    }
+}
+
+/// The thread row as the append's `UPDATE` left it, and what it was before.
+struct ClaimedThread {
+    thread_key: String,
+    /// `next_seq` before the batch: the seq of its first entry.
+    first_seq: i64,
+    /// `visible_count` before the batch.
+    visible_before: i64,
+    /// `context_tokens` before and after the batch.
+    tokens_before: i64,
+    tokens_after: i64,
+    triggers: AppendTriggers,
 }
 
 pub(super) fn entry_from_row(row: &AnyRow) -> Result<Entry, StoreError> {
@@ -89,140 +144,108 @@ impl Store {
         thread_id: &str,
         request: AppendRequest,
     ) -> Result<AppendOutcome, StoreError> {
-        let now = chrono::Utc::now();
-        let prepared = request
-            .entries
-            .into_iter()
-            .map(|entry| prepare(entry, now))
-            .collect::<Result<Vec<_>, _>>()?;
-        let mut uuids = HashSet::with_capacity(prepared.len());
-        if let Some(duplicate) = prepared.iter().find(|p| !uuids.insert(p.uuid.as_str())) {
-            return Err(StoreError::DuplicateUuid(duplicate.uuid.clone()));
-        }
-
-        let mut tx = self.pool.begin().await?;
-        // Writing first takes the thread's lock at once (the row lock on PostgreSQL, the write
-        // lock on SQLite), so concurrent appenders queue here instead of racing on `next_seq`.
-        let row = sqlx::query(
-            "UPDATE threads SET updated_at = $1 WHERE tenant_id = $2 AND thread_id = $3 \
-             RETURNING thread_key, next_seq, visible_count",
-        )
-        .bind(now_millis())
-        .bind(&tenant.0)
-        .bind(thread_id)
-        .fetch_optional(&mut *tx)
-        .await?
-        .ok_or(StoreError::ThreadNotFound)?;
-        let thread_key: String = row.try_get("thread_key")?;
-        let next_seq: i64 = row.try_get("next_seq")?;
-        let visible_count: i64 = row.try_get("visible_count")?;
-
-        let stored = stored_hashes(&mut tx, &thread_key, &prepared).await?;
-        if !stored.is_empty() {
-            for p in &prepared {
-                if let Some((seq, hash)) = stored.get(&p.uuid) {
-                    if *hash != p.content_hash {
-                        return Err(StoreError::UuidConflict {
-                            uuid: p.uuid.clone(),
-                            seq: *seq,
-                        });
-                    }
-                }
-            }
-            if stored.len() < prepared.len() {
-                return Err(StoreError::PartialReplay {
-                    stored: stored.len(),
-                    total: prepared.len(),
-                });
-            }
+        let batch = PreparedBatch::new(request.entries, chrono::Utc::now())?;
+        let mut tx = self.writer.begin().await?;
+        let thread =
+            claim_thread(&mut tx, tenant, thread_id, &batch, self.auto_compact_tokens).await?;
+        if let Some(stored) = check_replay(&mut tx, &thread, &batch).await? {
+            // An idempotent retry: nothing of this transaction may stay, not even the counters.
             tx.rollback().await?;
-            let uuids: Vec<&str> = prepared.iter().map(|p| p.uuid.as_str()).collect();
-            let messages = self.messages_by_uuid(&thread_key, &uuids).await?;
+            let uuids: Vec<&str> = batch.entries.iter().map(|p| p.uuid.as_str()).collect();
+            debug_assert_eq!(stored, uuids.len());
+            let messages = self.messages_by_uuid(&thread.thread_key, &uuids).await?;
             return Ok(AppendOutcome {
                 messages,
                 replayed: true,
-                next_seq,
+                next_seq: thread.first_seq,
                 auto_compaction_job: None,
             });
         }
-
         if let Some(expected) = request.expected_next_seq {
-            if expected != next_seq {
+            if expected != thread.first_seq {
                 return Err(StoreError::SeqConflict {
                     expected,
-                    actual: next_seq,
+                    actual: thread.first_seq,
                 });
             }
         }
-
-        let batch_tokens = context_tokens_of(prepared.iter().map(|p| &p.entry));
-        let (messages, visible) =
-            insert_prepared(&mut tx, &thread_key, next_seq, visible_count, prepared, now).await?;
-        let new_next_seq = next_seq + messages.len() as i64;
-        // The running estimate of the context: a batch holding a compact boundary starts it over.
-        let (reset, tokens) = match batch_tokens {
-            BatchTokens::Add(tokens) => (0_i64, tokens),
-            BatchTokens::Reset(tokens) => (1_i64, tokens),
-        };
-        let context_tokens: i64 = sqlx::query_scalar(
-            "UPDATE threads SET next_seq = $1, visible_count = $2, \
-             context_tokens = CASE WHEN $3 = 1 THEN $4 ELSE context_tokens + $4 END \
-             WHERE thread_key = $5 RETURNING context_tokens",
+        let now = batch.now;
+        let next_seq = thread.first_seq + batch.len();
+        let (messages, _) = insert_prepared(
+            &mut tx,
+            &thread.thread_key,
+            thread.first_seq,
+            thread.visible_before,
+            batch.entries,
+            now,
         )
-        .bind(new_next_seq)
-        .bind(visible)
-        .bind(reset)
-        .bind(tokens)
-        .bind(&thread_key)
-        .fetch_one(&mut *tx)
         .await?;
-        let mut auto_compaction_job = None;
-        let triggers = self.append_triggers(&mut tx, &thread_key).await?;
-        // An outlined thread is never auto-compacted: its outline keeps the context small, and a
-        // compact boundary in its tail would cut the tail short.
-        if reset == 0 && !triggers.outlined {
-            let threshold = triggers.auto_compact_tokens;
-            if crosses_threshold(context_tokens - tokens, context_tokens, threshold) {
-                let outcome = super::jobs::enqueue_in(
-                    &mut tx,
-                    self.backend,
-                    &super::NewJob {
-                        tenant: tenant.clone(),
-                        thread_key: Some(thread_key.clone()),
-                        kind: crate::jobs::KIND_COMPACTION.to_owned(),
-                        payload: crate::jobs::CompactionPayload::auto(thread_id).to_value(),
-                        dedup_key: Some(super::jobs::compaction_dedup_key(&thread_key)),
-                        max_attempts: self.job_max_attempts,
-                    },
-                    now.timestamp_millis(),
-                )
-                .await?;
-                auto_compaction_job = Some((outcome.job.id, outcome.created));
-            }
-        }
-        let tree_job = if triggers.outlined {
-            let outcome = super::jobs::enqueue_tree_in(
-                &mut tx,
-                self.backend,
-                tenant,
-                &thread_key,
-                self.job_max_attempts,
-            )
+        let jobs = self
+            .enqueue_triggered_jobs(&mut tx, tenant, thread_id, &thread, &batch.tokens)
             .await?;
-            outcome.created
-        } else {
-            false
-        };
         tx.commit().await?;
-        if matches!(auto_compaction_job, Some((_, true))) || tree_job {
+        if jobs.created {
             self.job_signal.notify_one();
         }
         Ok(AppendOutcome {
             messages,
             replayed: false,
-            next_seq: new_next_seq,
-            auto_compaction_job: auto_compaction_job.map(|(id, _)| id),
+            next_seq,
+            auto_compaction_job: jobs.auto_compaction,
         })
+    }
+
+    /// Enqueues, in the append's transaction, what the append triggers: a compaction when the
+    /// estimate crosses the thread's threshold, the tree job of an outlined thread.
+    async fn enqueue_triggered_jobs(
+        &self,
+        tx: &mut sqlx::Transaction<'_, Any>,
+        tenant: &TenantId,
+        thread_id: &str,
+        thread: &ClaimedThread,
+        tokens: &BatchTokens,
+    ) -> Result<TriggeredJobs, StoreError> {
+        let mut jobs = TriggeredJobs::default();
+        let triggers = &thread.triggers;
+        // An outlined thread is never auto-compacted: its outline keeps the context small, and a
+        // compact boundary in its tail would cut the tail short.
+        if matches!(tokens, BatchTokens::Add(_))
+            && !triggers.outlined
+            && crosses_threshold(
+                thread.tokens_before,
+                thread.tokens_after,
+                triggers.auto_compact_tokens,
+            )
+        {
+            let outcome = super::jobs::enqueue_in(
+                tx,
+                self.backend,
+                &super::NewJob {
+                    tenant: tenant.clone(),
+                    thread_key: Some(thread.thread_key.clone()),
+                    kind: super::KIND_COMPACTION.to_owned(),
+                    payload: super::CompactionPayload::auto(thread_id).to_value(),
+                    dedup_key: Some(super::jobs::compaction_dedup_key(&thread.thread_key)),
+                    max_attempts: self.job_max_attempts,
+                },
+                now_millis(),
+            )
+            .await?;
+            jobs.created |= outcome.created;
+            jobs.auto_compaction = Some(outcome.job.id);
+        }
+        if triggers.outlined {
+            let outcome = super::jobs::enqueue_tree_in(
+                tx,
+                self.backend,
+                tenant,
+                &thread.thread_key,
+                self.job_max_attempts,
+            )
+            .await?;
+            jobs.created |= outcome.created;
+        }
+        Ok(jobs)
     }
 
     /// Messages with `seq > after_seq` (all when `None`), in seq order, at most `limit`.
@@ -291,10 +314,20 @@ fn context_tokens_of<'a>(entries: impl Iterator<Item = &'a Entry>) -> BatchToken
     }
 }
 
-/// What an append may trigger.
+/// What an append may trigger, from the thread's settings: its auto-compaction threshold (its
+/// own, else the server default) and whether it is outlined.
 struct AppendTriggers {
     auto_compact_tokens: i64,
     outlined: bool,
+}
+
+/// The jobs an append enqueued.
+#[derive(Default)]
+struct TriggeredJobs {
+    /// The auto-compaction job, created now or found pending or running.
+    auto_compaction: Option<String>,
+    /// A job was created (so a worker should wake).
+    created: bool,
 }
 
 /// Auto-compaction fires once, on the append that takes the estimate from below the threshold to
@@ -303,30 +336,92 @@ fn crosses_threshold(before: i64, after: i64, threshold: i64) -> bool {
     threshold > 0 && before < threshold && after >= threshold
 }
 
-impl Store {
-    /// What an append may trigger, from the thread's settings (one read): its auto-compaction
-    /// threshold (its own, else the server default) and whether it is outlined.
-    async fn append_triggers(
-        &self,
-        tx: &mut sqlx::Transaction<'_, Any>,
-        thread_key: &str,
-    ) -> Result<AppendTriggers, StoreError> {
-        let row = sqlx::query(
-            "SELECT auto_compact_tokens, outline FROM thread_settings WHERE thread_key = $1",
-        )
-        .bind(thread_key)
-        .fetch_optional(&mut **tx)
-        .await?;
-        let (own, outline): (Option<i64>, Option<String>) = match row {
-            Some(row) => (row.try_get("auto_compact_tokens")?, row.try_get("outline")?),
-            None => (None, None),
-        };
-        Ok(AppendTriggers {
-            auto_compact_tokens: own.unwrap_or(self.auto_compact_tokens),
-            outlined: super::settings::outline_column(outline)?
+/// The append's one statement on the thread row: it takes the thread's lock at once (the row
+/// lock on PostgreSQL; on SQLite the write lock, already ours on the writer connection), so
+/// concurrent appenders queue instead of racing on `next_seq`; it moves the counters by the
+/// batch; and it returns what the triggers need, the thread's settings included. Another
+/// tenant's thread is not found. A replay or a conflict rolls it back.
+async fn claim_thread(
+    tx: &mut sqlx::Transaction<'_, Any>,
+    tenant: &TenantId,
+    thread_id: &str,
+    batch: &PreparedBatch,
+    default_threshold: i64,
+) -> Result<ClaimedThread, StoreError> {
+    let (reset, tokens) = match batch.tokens {
+        BatchTokens::Add(tokens) => (0_i64, tokens),
+        BatchTokens::Reset(tokens) => (1_i64, tokens),
+    };
+    let row = sqlx::query(
+        "UPDATE threads SET updated_at = $1, next_seq = next_seq + $2, \
+         visible_count = visible_count + $3, \
+         context_tokens = CASE WHEN $4 = 1 THEN $5 ELSE context_tokens + $5 END \
+         WHERE tenant_id = $6 AND thread_id = $7 \
+         RETURNING thread_key, next_seq, visible_count, context_tokens, \
+         (SELECT s.auto_compact_tokens FROM thread_settings s \
+          WHERE s.thread_key = threads.thread_key) AS auto_compact_tokens, \
+         (SELECT s.outline FROM thread_settings s \
+          WHERE s.thread_key = threads.thread_key) AS outline",
+    )
+    .bind(batch.now.timestamp_millis())
+    .bind(batch.len())
+    .bind(batch.visible)
+    .bind(reset)
+    .bind(tokens)
+    .bind(&tenant.0)
+    .bind(thread_id)
+    .fetch_optional(&mut **tx)
+    .await?
+    .ok_or(StoreError::ThreadNotFound)?;
+    let tokens_after: i64 = row.try_get("context_tokens")?;
+    let own_threshold: Option<i64> = row.try_get("auto_compact_tokens")?;
+    Ok(ClaimedThread {
+        thread_key: row.try_get("thread_key")?,
+        first_seq: row.try_get::<i64, _>("next_seq")? - batch.len(),
+        visible_before: row.try_get::<i64, _>("visible_count")? - batch.visible,
+        tokens_before: tokens_after - tokens,
+        tokens_after,
+        triggers: AppendTriggers {
+            auto_compact_tokens: own_threshold.unwrap_or(default_threshold),
+            outlined: super::settings::outline_column(row.try_get("outline")?)?
                 .is_some_and(|options| options.enabled),
-        })
+        },
+    })
+}
+
+/// Whether the batch is an idempotent retry: `Some(count)` when every entry is already stored
+/// with the same fingerprint. A uuid stored with another fingerprint is a conflict, and so is a
+/// batch only partly stored (it cannot be the retry of one atomic append). Only uuids the client
+/// named are looked up: a generated one is new.
+async fn check_replay(
+    tx: &mut sqlx::Transaction<'_, Any>,
+    thread: &ClaimedThread,
+    batch: &PreparedBatch,
+) -> Result<Option<usize>, StoreError> {
+    if !batch.entries.iter().any(|p| p.uuid_sent) {
+        return Ok(None);
     }
+    let stored = stored_hashes(tx, &thread.thread_key, &batch.entries).await?;
+    if stored.is_empty() {
+        return Ok(None);
+    }
+    for p in &batch.entries {
+        if let Some((seq, hash)) = stored.get(&p.uuid) {
+            if *hash != p.content_hash {
+                return Err(StoreError::UuidConflict {
+                    uuid: p.uuid.clone(),
+                    seq: *seq,
+                });
+            }
+        }
+    }
+    if stored.len() < batch.entries.len() {
+        return Err(StoreError::PartialReplay {
+            stored: stored.len(),
+            total: batch.entries.len(),
+        });
+    }
+    Ok(Some(stored.len()))
 }
 
 /// Makes entries ready to write (uuid, fingerprint, `created_at`) and inserts them from
@@ -395,7 +490,11 @@ async fn stored_hashes(
     batch: &[Prepared],
 ) -> Result<HashMap<String, (i64, String)>, StoreError> {
     let mut stored = HashMap::new();
-    let uuids: Vec<&str> = batch.iter().map(|p| p.uuid.as_str()).collect();
+    let uuids: Vec<&str> = batch
+        .iter()
+        .filter(|p| p.uuid_sent)
+        .map(|p| p.uuid.as_str())
+        .collect();
     for chunk in uuids.chunks(INSERT_CHUNK) {
         let sql = format!(
             "SELECT uuid, seq, content_hash FROM messages WHERE thread_key = $1 AND uuid IN ({})",

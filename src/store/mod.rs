@@ -13,6 +13,7 @@ mod cursors;
 mod jobs;
 mod keys;
 mod messages;
+mod payloads;
 mod settings;
 mod threads;
 mod tree;
@@ -34,6 +35,9 @@ pub use jobs::{
 };
 pub use keys::{ApiKeyRecord, CreatedKey, KeyIdentity, TenantRecord};
 pub use messages::{AppendOutcome, AppendRequest, MessagePage};
+pub use payloads::{
+    CompactionPayload, DEFAULT_KEEP_RECENT_ROUNDS, KIND_COMPACTION, KIND_NOOP, KIND_TREE,
+};
 pub use settings::{MicrocompactSettings, ThreadSettings};
 pub use threads::{NewThread, Thread, ThreadPage};
 pub use tree::{NewNode, OutlineSnapshot, TreeStatus, ZoomRead};
@@ -161,7 +165,13 @@ static SQLITE_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("./migrations
 /// The database, whichever backend it is.
 #[derive(Clone)]
 pub struct Store {
+    /// Reads, and on PostgreSQL writes too.
     pool: AnyPool,
+    /// Where every write transaction runs. On SQLite a pool of one connection: SQLite admits one
+    /// writer at a time, so writers queue here, in-process and in arrival order (the pool's
+    /// queue is fair), instead of polling the file lock through the busy handler. On
+    /// PostgreSQL (and for an in-memory SQLite database) the same pool as `pool`.
+    writer: AnyPool,
     backend: Backend,
     /// The database URL, for connections outside the pool (PostgreSQL `LISTEN`).
     url: Arc<str>,
@@ -219,25 +229,21 @@ impl Store {
         let connect_options = AnyConnectOptions::from_str(&sqlite_create_mode(&options.url))?
             .log_statements(tracing::log::LevelFilter::Trace)
             .log_slow_statements(tracing::log::LevelFilter::Warn, Duration::from_secs(1));
-        let pool = AnyPoolOptions::new()
-            .max_connections(options.max_connections)
-            .acquire_timeout(options.acquire_timeout)
-            .after_connect(move |conn, _meta| {
-                Box::pin(async move {
-                    if backend == Backend::Sqlite {
-                        // WAL lets readers run beside the one writer; a writer waits for the
-                        // lock instead of failing at once.
-                        conn.execute("PRAGMA journal_mode = WAL").await?;
-                        conn.execute("PRAGMA busy_timeout = 30000").await?;
-                        conn.execute("PRAGMA synchronous = NORMAL").await?;
-                    }
-                    Ok(())
-                })
-            })
-            .connect_with(connect_options)
-            .await?;
+        let pool = open_pool(
+            backend,
+            &connect_options,
+            options.max_connections,
+            options.acquire_timeout,
+        )
+        .await?;
+        let writer = if backend == Backend::Sqlite && !options.url.contains(":memory:") {
+            open_pool(backend, &connect_options, 1, options.acquire_timeout).await?
+        } else {
+            pool.clone()
+        };
         Ok(Store {
             pool,
+            writer,
             backend,
             url: options.url.as_str().into(),
             job_signal: Arc::new(tokio::sync::Notify::new()),
@@ -252,7 +258,7 @@ impl Store {
             Backend::Postgres => &POSTGRES_MIGRATIONS,
             Backend::Sqlite => &SQLITE_MIGRATIONS,
         };
-        migrator.run(&self.pool).await?;
+        migrator.run(&self.writer).await?;
         Ok(())
     }
 
@@ -293,7 +299,38 @@ impl Store {
 
     pub async fn close(&self) {
         self.pool.close().await;
+        self.writer.close().await;
     }
+}
+
+/// Opens a pool of at most `max_connections`; SQLite connections get WAL and their durability.
+async fn open_pool(
+    backend: Backend,
+    connect_options: &AnyConnectOptions,
+    max_connections: u32,
+    acquire_timeout: Duration,
+) -> Result<AnyPool, StoreError> {
+    let pool = AnyPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(acquire_timeout)
+        .after_connect(move |conn, _meta| {
+            Box::pin(async move {
+                if backend == Backend::Sqlite {
+                    // WAL lets readers run beside the one writer. `synchronous = NORMAL` in WAL:
+                    // a committed transaction survives a crash of the process; a power loss
+                    // may lose the last commits, never the file's integrity (see the README,
+                    // "Durability"). The busy timeout only covers other processes on the file:
+                    // in this one, writers queue on the writer pool.
+                    conn.execute("PRAGMA journal_mode = WAL").await?;
+                    conn.execute("PRAGMA busy_timeout = 30000").await?;
+                    conn.execute("PRAGMA synchronous = NORMAL").await?;
+                }
+                Ok(())
+            })
+        })
+        .connect_with(connect_options.clone())
+        .await?;
+    Ok(pool)
 }
 
 /// `sqlite:` URLs open read-write and create the file when missing.

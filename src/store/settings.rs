@@ -103,7 +103,7 @@ impl Store {
             .map(serde_json::to_string)
             .transpose()
             .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.writer.begin().await?;
         sqlx::query(
             "INSERT INTO thread_settings (thread_key, auto_compact_tokens, microcompact, outline, \
              updated_at) VALUES ($1, $2, $3, $4, $5) ON CONFLICT (thread_key) DO UPDATE SET \

@@ -93,7 +93,7 @@ impl Store {
         .bind(&id)
         .bind(&metadata)
         .bind(now)
-        .execute(&self.pool)
+        .execute(&self.writer)
         .await?;
         if inserted.rows_affected() == 0 {
             return Err(StoreError::ThreadExists(id));
@@ -180,7 +180,7 @@ impl Store {
 
     /// Removes the thread and everything stored under it, atomically.
     pub async fn delete_thread(&self, tenant: &TenantId, id: &str) -> Result<(), StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.writer.begin().await?;
         let thread_key: Option<String> = sqlx::query_scalar(
             "DELETE FROM threads WHERE tenant_id = $1 AND thread_id = $2 RETURNING thread_key",
         )

@@ -86,7 +86,7 @@ impl Store {
              ORDER BY created_at DESC, job_id DESC LIMIT 1",
         )
         .bind(thread_key)
-        .bind(crate::jobs::KIND_TREE)
+        .bind(super::KIND_TREE)
         .fetch_optional(&self.pool)
         .await?;
         let (last_job_state, last_error) = match job {
@@ -158,7 +158,7 @@ impl Store {
     ) -> Result<u64, StoreError> {
         let now = now_millis();
         let mut written = 0;
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.writer.begin().await?;
         for chunk in nodes.chunks(NODE_INSERT_ROWS) {
             let rows: Vec<String> = (0..chunk.len())
                 .map(|row| {
@@ -278,7 +278,7 @@ impl Store {
             .bind(&tiles)
             .bind(boundary)
             .bind(now)
-            .execute(&self.pool)
+            .execute(&self.writer)
             .await?
         } else {
             sqlx::query(
@@ -290,7 +290,7 @@ impl Store {
             .bind(now)
             .bind(thread_key)
             .bind(expected_version)
-            .execute(&self.pool)
+            .execute(&self.writer)
             .await?
         };
         Ok(changed.rows_affected() == 1)

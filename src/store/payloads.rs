@@ -1,0 +1,51 @@
+//! The jobs the store enqueues itself (auto-compaction and tree jobs on append, tree jobs when
+//! outline mode is turned on): their kinds and payloads. They live here, under the store, so the
+//! store depends on nothing above it; the workers in `jobs/` read them from here.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Summarizes a thread and appends a compact boundary.
+pub const KIND_COMPACTION: &str = "compaction";
+/// Does nothing (benchmarks and tests of the queue).
+pub const KIND_NOOP: &str = "noop";
+/// Builds a thread's summary-tree nodes and advances its outline.
+pub const KIND_TREE: &str = "tree";
+
+/// Rounds a compaction keeps whole after the summary when the request does not say.
+pub const DEFAULT_KEEP_RECENT_ROUNDS: u32 = 2;
+
+/// What a compaction job was asked to do.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CompactionPayload {
+    pub thread_id: String,
+    /// `manual` (the compact endpoint) or `auto` (the threshold was crossed).
+    pub trigger: String,
+    pub keep_recent_rounds: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instructions: Option<String>,
+}
+
+impl CompactionPayload {
+    pub fn manual(thread_id: &str, keep_recent_rounds: u32, instructions: Option<String>) -> Self {
+        CompactionPayload {
+            thread_id: thread_id.to_owned(),
+            trigger: "manual".to_owned(),
+            keep_recent_rounds,
+            instructions,
+        }
+    }
+
+    pub fn auto(thread_id: &str) -> Self {
+        CompactionPayload {
+            thread_id: thread_id.to_owned(),
+            trigger: "auto".to_owned(),
+            keep_recent_rounds: DEFAULT_KEEP_RECENT_ROUNDS,
+            instructions: None,
+        }
+    }
+
+    pub fn to_value(&self) -> Value {
+        serde_json::to_value(self).unwrap_or(Value::Null)
+    }
+}
