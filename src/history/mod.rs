@@ -7,6 +7,7 @@ pub mod model;
 pub mod normalize;
 pub mod render;
 pub mod rounds;
+pub mod visibility;
 
 pub use model::{ApiMessage, Content, Entry, EntryKind, Role, SnipMetadata};
 pub use normalize::{
@@ -14,3 +15,4 @@ pub use normalize::{
     NormalizeOptions, Normalized, Provider, Repair, RepairKind, ThinkingMode,
 };
 pub use rounds::{group_rounds, Round};
+pub use visibility::is_sent_to_model;

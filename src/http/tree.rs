@@ -14,7 +14,7 @@ use super::{AppState, Tenant};
 use crate::history::model::Entry;
 use crate::history::render::entry_text;
 use crate::store::ZoomRead;
-use crate::tree::{render_line, NodeId, ZoomError};
+use crate::tree::{line_size, render_line, NodeId, ZoomError};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -39,6 +39,12 @@ pub struct LineDto {
     pub id: u64,
     pub n: u64,
     pub text: String,
+    /// Who wrote the line (outline page only): `verbatim` when it is its source word for word (a
+    /// message that fit the line, or two lines that fit side by side), otherwise the summarizer
+    /// that wrote it (`extractive`, `anthropic:<model>`, `openai:<model>`,
+    /// `fallback:extractive (…)`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub summarizer: Option<String>,
 }
 
 impl LineDto {
@@ -47,7 +53,19 @@ impl LineDto {
             id: node.first(),
             n: node.span(),
             text,
+            summarizer: None,
         }
+    }
+}
+
+/// What a zoom shows for a half with no text: it covers only entries the model never sees.
+const NOTHING_SENT: &str = "(nothing the model reads: progress or bookkeeping only)";
+
+fn zoom_text(text: String) -> String {
+    if text.trim().is_empty() {
+        NOTHING_SENT.to_owned()
+    } else {
+        text
     }
 }
 
@@ -119,19 +137,22 @@ pub async fn zoom(
             lines: Vec::new(),
             message: Some(*entry),
         },
-        Ok(ZoomRead::Halves(Some((left, left_text)), Some((right, right_text)))) => ZoomResponse {
-            content: format!(
-                "{}\n{}",
-                render_line(left, &left_text),
-                render_line(right, &right_text)
-            ),
-            is_error: false,
-            lines: vec![
-                LineDto::new(left, left_text),
-                LineDto::new(right, right_text),
-            ],
-            message: None,
-        },
+        Ok(ZoomRead::Halves(Some((left, left_text)), Some((right, right_text)))) => {
+            let (left_text, right_text) = (zoom_text(left_text), zoom_text(right_text));
+            ZoomResponse {
+                content: format!(
+                    "{}\n{}",
+                    render_line(left, &left_text),
+                    render_line(right, &right_text)
+                ),
+                is_error: false,
+                lines: vec![
+                    LineDto::new(left, left_text),
+                    LineDto::new(right, right_text),
+                ],
+                message: None,
+            }
+        }
     };
     Ok(Json(response))
 }
@@ -160,6 +181,8 @@ pub struct OutlineResponse {
     pub next_seq: i64,
     /// Bumped on every change of the outline; equal versions render identical bytes.
     pub version: i64,
+    /// The lines the model reads, oldest first, each with who wrote it. A part of the thread
+    /// holding only entries the model never sees (progress events, bookkeeping) has no line.
     pub lines: Vec<LineDto>,
     /// Bytes of the rendered lines (`id+n|text` and a newline each).
     pub line_bytes: usize,
@@ -195,7 +218,7 @@ pub async fn get_outline(
     let line_bytes = snapshot
         .lines
         .iter()
-        .map(|(node, text)| render_line(*node, text).len() + 1)
+        .map(|(node, text)| line_size(*node, text))
         .sum();
     Ok(Json(OutlineResponse {
         options: OutlineBody::from_options(settings.outline.unwrap_or_default()),
@@ -206,7 +229,11 @@ pub async fn get_outline(
         lines: snapshot
             .lines
             .into_iter()
-            .map(|(node, text)| LineDto::new(node, text))
+            .zip(snapshot.summarizers)
+            .map(|((node, text), summarizer)| LineDto {
+                summarizer: Some(summarizer),
+                ..LineDto::new(node, text)
+            })
             .collect(),
         line_bytes,
         build: BuildStatus {

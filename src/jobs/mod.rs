@@ -311,6 +311,7 @@ impl Runner {
             max_bytes: self.config.summary_max_bytes,
             purpose: Purpose::Compaction,
             lines: Vec::new(),
+            context: Vec::new(),
         };
         let summary = self.summarizer.summarize(&request).await?;
         let summary_entry = compaction::summary_entry(&summary.text);

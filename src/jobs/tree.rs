@@ -11,22 +11,85 @@
 //! pairs whose parent exists merge in one batch down to half the budget. The new state is
 //! stored by compare-and-set, so a concurrent run cannot lose a change.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 
 use serde_json::{json, Value};
 
 use super::{Clock, JobError, Runner};
 use crate::history::group_rounds;
+use crate::history::is_sent_to_model;
+use crate::history::model::Content;
 use crate::history::model::{Entry, EntryKind};
 use crate::history::normalize::estimate_entry_tokens;
-use crate::history::render as render_whole;
 use crate::store::{ClaimedJob, NewNode};
-use crate::summarize::text::squash;
+use crate::summarize::text::{cut_words, squash};
 use crate::summarize::{merge_verbatim, render, Purpose, SummaryRequest};
-use crate::tree::{advance, next_boundary, render_line, NodeId, Outline, OutlineOptions, Tail};
+use crate::tree::{advance, line_size, next_boundary, NodeId, Outline, OutlineOptions, Tail};
 
 /// Entries read at a time while building level 0 or profiling the tail.
 const CHUNK: u64 = 1024;
+
+/// Lines of the outline before a node that its summarizer reads (at most, and within
+/// [`CONTEXT_BYTES`]): what came just before, so the line does not repeat it.
+const CONTEXT_LINES: u64 = 8;
+const CONTEXT_BYTES: usize = 4096;
+
+/// The lines of one level just before the node being written, oldest first: kept as the run
+/// goes, and completed from the store (the lines before the run's first node) the first time a
+/// summarizer needs them.
+#[derive(Debug, Default)]
+struct LineContext {
+    lines: VecDeque<String>,
+    loaded: bool,
+}
+
+impl LineContext {
+    fn push(&mut self, text: &str) {
+        if text.trim().is_empty() {
+            return;
+        }
+        self.lines.push_back(text.to_owned());
+        self.trim();
+    }
+
+    fn trim(&mut self) {
+        while self.lines.len() as u64 > CONTEXT_LINES
+            || self.lines.iter().map(String::len).sum::<usize>() > CONTEXT_BYTES
+        {
+            self.lines.pop_front();
+        }
+    }
+
+    /// The context, after loading the lines of `level` before index `start` (the run's first)
+    /// once.
+    async fn lines(
+        &mut self,
+        runner: &Runner,
+        thread_key: &str,
+        level: u32,
+        start: u64,
+    ) -> Result<Vec<String>, JobError> {
+        if !self.loaded {
+            self.loaded = true;
+            let from = start.saturating_sub(CONTEXT_LINES);
+            let mut before: Vec<(u64, String)> = runner
+                .store
+                .tree_level_texts(thread_key, level, from, start)
+                .await?
+                .into_iter()
+                .collect();
+            before.sort_unstable_by_key(|(index, _)| *index);
+            let run = std::mem::take(&mut self.lines);
+            for (_, text) in before {
+                self.push(&text);
+            }
+            for text in run {
+                self.push(&text);
+            }
+        }
+        Ok(self.lines.iter().cloned().collect())
+    }
+}
 
 /// What a run did.
 #[derive(Debug, Default)]
@@ -36,17 +99,48 @@ struct Progress {
 }
 
 /// A level-0 line's text when it needs no summarizer (a free node): the rendered turn when it
-/// fits `line_bytes`, or a bracketed note for an entry the model never sees; `None` otherwise.
+/// fits `line_bytes`; a gist of the thinking for a thinking-only response; nothing (an empty
+/// text: no line of its own) for an entry the model never sees. `None` otherwise.
 pub fn free_leaf_text(entry: &Entry, line_bytes: usize) -> Option<String> {
-    if !render_whole::is_message(entry) {
-        // A bracketed note, e.g. `(system: compact_boundary)`.
-        return Some(render_whole::entry_text(entry));
+    if !is_sent_to_model(entry) {
+        return Some(String::new());
     }
     let source = squash(&render::transcript_items(std::slice::from_ref(entry)).join("; "));
     if source.is_empty() {
-        return Some(format!("({}: no content)", entry.kind.as_str()));
+        return Some(
+            thinking_gist(entry, line_bytes)
+                .unwrap_or_else(|| format!("({}: no content)", entry.kind.as_str())),
+        );
     }
     (source.len() <= line_bytes).then_some(source)
+}
+
+/// `assistant (thinking): …`, the head of a response's thinking cut at a word boundary to a
+/// quarter of the line: what the response was about, not the reasoning (zoom has it whole).
+fn thinking_gist(entry: &Entry, line_bytes: usize) -> Option<String> {
+    let Content::Blocks(blocks) = &entry.message.as_ref()?.content else {
+        return None;
+    };
+    let mut thinking = String::new();
+    let mut redacted = false;
+    for block in blocks {
+        match block.get("type").and_then(Value::as_str) {
+            Some("thinking") => {
+                let text = block.get("thinking").and_then(Value::as_str).unwrap_or("");
+                thinking.push_str(text);
+                thinking.push(' ');
+            }
+            Some("redacted_thinking") => redacted = true,
+            _ => {}
+        }
+    }
+    let thinking = squash(&thinking);
+    if thinking.is_empty() {
+        return redacted.then(|| "assistant: [redacted thinking]".to_owned());
+    }
+    const TAG: &str = "assistant (thinking): ";
+    let room = (line_bytes / 4).max(TAG.len() + 16) - TAG.len();
+    Some(format!("{TAG}{}", cut_words(&thinking, room)))
 }
 
 /// Finds where rounds start in a run of entries read chunk by chunk: each chunk is grouped with
@@ -147,6 +241,8 @@ impl Runner {
         let frontier = self.store.tree_frontier(thread_key, max_level).await?;
         let line_bytes = options.line_bytes.max(OutlineOptions::MIN_LINE_BYTES);
         let mut next = frontier[0];
+        let mut context = LineContext::default();
+        let first_leaf = next;
         while next < t {
             let end = (next + CHUNK).min(t);
             let mut batch = Vec::new();
@@ -155,7 +251,9 @@ impl Runner {
                 let node = match free_leaf_text(&entry, line_bytes) {
                     Some(text) => NewNode::verbatim(NodeId::leaf(seq), text),
                     None => {
-                        let request = SummaryRequest::new(vec![entry], Purpose::Line, line_bytes);
+                        let mut request =
+                            SummaryRequest::new(vec![entry], Purpose::Line, line_bytes);
+                        request.context = context.lines(self, thread_key, 0, first_leaf).await?;
                         match self.summarizer.summarize(&request).await {
                             Ok(summary) => NewNode::summary(NodeId::leaf(seq), summary),
                             Err(error) => {
@@ -167,6 +265,7 @@ impl Runner {
                         }
                     }
                 };
+                context.push(&node.text);
                 batch.push(node);
             }
             self.write_nodes(thread_key, &batch, progress).await?;
@@ -175,6 +274,8 @@ impl Runner {
         for level in 1..=max_level {
             let count = t >> level;
             let mut index = frontier[level as usize];
+            let mut context = LineContext::default();
+            let first_child = index * 2;
             while index < count {
                 let end = (index + CHUNK).min(count);
                 let children = self
@@ -195,8 +296,11 @@ impl Runner {
                     let new = match merge_verbatim(left, right, line_bytes) {
                         Some(text) => NewNode::verbatim(node, text),
                         None => {
-                            let request =
+                            let mut request =
                                 SummaryRequest::merge(left.clone(), right.clone(), line_bytes);
+                            request.context = context
+                                .lines(self, thread_key, level - 1, first_child)
+                                .await?;
                             match self.summarizer.summarize(&request).await {
                                 Ok(summary) => NewNode::summary(node, summary),
                                 Err(error) => {
@@ -206,6 +310,8 @@ impl Runner {
                             }
                         }
                     };
+                    context.push(left);
+                    context.push(right);
                     batch.push(new);
                 }
                 self.write_nodes(thread_key, &batch, progress).await?;
@@ -263,7 +369,7 @@ impl Runner {
                 .candidate_texts(thread_key, &extended)
                 .await?
                 .into_iter()
-                .map(|(node, text)| (node, render_line(node, &text).len() + 1))
+                .map(|(node, text)| (node, line_size(node, &text)))
                 .collect();
             let bytes = |node: NodeId| sizes.get(&node).copied();
             let next = advance(&outline, t, boundary, options, &bytes);
@@ -316,7 +422,7 @@ impl Runner {
             .await?;
         let bytes: usize = texts
             .iter()
-            .map(|(node, text)| render_line(*node, text).len() + 1)
+            .map(|(node, text)| line_size(*node, text))
             .sum();
         Ok(bytes <= options.budget_bytes)
     }
@@ -373,8 +479,32 @@ mod tests {
         assert_eq!(free_leaf_text(&short, 64).as_deref(), Some("user: q"));
         // Too long for the line: the summarizer writes it.
         assert_eq!(free_leaf_text(&short, 4), None);
+        // What the model never sees takes no line: an empty text.
         let note: Entry = serde_json::from_value(json!({"type": "progress"})).unwrap();
-        assert_eq!(free_leaf_text(&note, 4).as_deref(), Some("(progress)"));
+        assert_eq!(free_leaf_text(&note, 4).as_deref(), Some(""));
+    }
+
+    #[test]
+    fn a_thinking_only_response_is_a_gist_of_its_thinking() {
+        let thought = "The parser fails on nested brackets because the depth counter is reset \
+                       too early; check the loop in parse_group before touching the lexer at all";
+        let entry: Entry = serde_json::from_value(json!({"type": "assistant", "message": {
+            "role": "assistant", "content": [
+                {"type": "thinking", "thinking": thought, "signature": "sig"}]}}))
+        .unwrap();
+        let line = free_leaf_text(&entry, 512).unwrap();
+        assert!(
+            line.starts_with("assistant (thinking): The parser fails"),
+            "{line}"
+        );
+        assert!(line.len() <= 128, "a gist, not the reasoning: {line}");
+        assert!(line.ends_with('…'), "{line}");
+        let words: Vec<&str> = line.trim_end_matches('…').split(' ').collect();
+        let last = words.last().unwrap();
+        assert!(
+            thought.split(' ').any(|w| w == *last),
+            "cut at a word: {line}"
+        );
     }
 
     #[test]

@@ -21,9 +21,12 @@ pub struct OutlineSnapshot {
     pub outline: Outline,
     /// 0 when no state was stored yet.
     pub version: i64,
-    /// The text of every tile, in order (a tile whose node is missing is left out; a stored
-    /// outline only ever holds built nodes).
+    /// The text of every tile that has one, in order. A tile with no text (it covers only
+    /// entries the model never sees) takes no line and is left out, as is a tile whose node is
+    /// missing (a stored outline only ever holds built nodes).
     pub lines: Vec<(NodeId, String)>,
+    /// Who wrote each of `lines`: `verbatim` (its source word for word) or the summarizer's name.
+    pub summarizers: Vec<String>,
 }
 
 /// What `zoom` read: two indexed reads, whatever the size of the thread.
@@ -302,18 +305,33 @@ impl Store {
         thread_key: &str,
         nodes: &[NodeId],
     ) -> Result<HashMap<NodeId, String>, StoreError> {
+        Ok(self
+            .tree_node_rows(thread_key, nodes)
+            .await?
+            .into_iter()
+            .map(|(node, (text, _))| (node, text))
+            .collect())
+    }
+
+    /// Text and summarizer (`verbatim` for a free node) of the given nodes, one indexed query per
+    /// level present.
+    async fn tree_node_rows(
+        &self,
+        thread_key: &str,
+        nodes: &[NodeId],
+    ) -> Result<HashMap<NodeId, (String, String)>, StoreError> {
         let mut by_level: HashMap<u32, Vec<u64>> = HashMap::new();
         for node in nodes {
             by_level.entry(node.level).or_default().push(node.index);
         }
-        let mut texts = HashMap::with_capacity(nodes.len());
+        let mut rows = HashMap::with_capacity(nodes.len());
         for (level, indexes) in by_level {
             for chunk in indexes.chunks(500) {
                 let placeholders: Vec<String> =
                     (0..chunk.len()).map(|i| format!("${}", i + 3)).collect();
                 let sql = format!(
-                    "SELECT idx, text FROM tree_nodes WHERE thread_key = $1 AND level = $2 \
-                     AND idx IN ({})",
+                    "SELECT idx, text, summarizer FROM tree_nodes WHERE thread_key = $1 \
+                     AND level = $2 AND idx IN ({})",
                     placeholders.join(", ")
                 );
                 let mut query = sqlx::query(&sql).bind(thread_key).bind(i64::from(level));
@@ -322,11 +340,14 @@ impl Store {
                 }
                 for row in query.fetch_all(&self.pool).await? {
                     let idx: i64 = row.try_get("idx")?;
-                    texts.insert(NodeId::new(level, idx as u64), row.try_get("text")?);
+                    rows.insert(
+                        NodeId::new(level, idx as u64),
+                        (row.try_get("text")?, row.try_get("summarizer")?),
+                    );
                 }
             }
         }
-        Ok(texts)
+        Ok(rows)
     }
 
     /// The thread's outline with its lines' texts, for the context view and the outline page
@@ -338,20 +359,25 @@ impl Store {
     ) -> Result<OutlineSnapshot, StoreError> {
         let head = self.thread_head(tenant, thread_id).await?;
         let (outline, version) = self.outline_state(&head.thread_key).await?;
-        let texts = self
-            .tree_node_texts(&head.thread_key, &outline.tiles)
+        let rows = self
+            .tree_node_rows(&head.thread_key, &outline.tiles)
             .await?;
-        let lines = outline
+        // A tile with no text covers only entries the model never sees: it takes no line.
+        let (lines, summarizers) = outline
             .tiles
             .iter()
-            .filter_map(|node| texts.get(node).map(|text| (*node, text.clone())))
-            .collect();
+            .filter_map(|node| {
+                let (text, summarizer) = rows.get(node)?;
+                (!text.trim().is_empty()).then(|| ((*node, text.clone()), summarizer.clone()))
+            })
+            .unzip();
         Ok(OutlineSnapshot {
             thread_key: head.thread_key,
             next_seq: head.next_seq,
             outline,
             version,
             lines,
+            summarizers,
         })
     }
 

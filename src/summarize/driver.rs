@@ -31,7 +31,7 @@ use async_trait::async_trait;
 
 use super::extractive::ExtractiveSummarizer;
 use super::render;
-use super::text::{collapse_blank_lines, cut_bytes, cut_words, head_tail, squash};
+use super::text::{collapse_blank_lines, cut_bytes, cut_line, head_tail, squash};
 use super::{Purpose, SummarizeError, SummarizerConfig, Summary, SummaryRequest};
 
 /// One prompt: a system prompt and one user message.
@@ -106,13 +106,41 @@ fn push_ruler(user: &mut String, max_bytes: usize) {
     }
 }
 
-/// The prompt of a `Merge` request: its lines in order, in `<line>` tags (no ids).
+/// What a line prompt says about the outline around the source.
+const CONTEXT_RULE: &str = "The lines in <outline_before> summarize what came just before, and \
+the reader sees them next to your line: use them to understand references (\"it\", \"that file\", \
+\"the same error\"), never repeat what they already say, and write only what is new.\n";
+
+/// The outline just before the source (a line prompt's context), in `<outline_before>` tags,
+/// without ids; nothing when the request has none.
+fn push_context(user: &mut String, req: &SummaryRequest) -> bool {
+    let lines: Vec<String> = req
+        .context
+        .iter()
+        .map(|line| squash(line))
+        .filter(|line| !line.is_empty())
+        .collect();
+    if lines.is_empty() {
+        return false;
+    }
+    user.push_str("<outline_before>\n");
+    for line in lines {
+        user.push_str(&line);
+        user.push('\n');
+    }
+    user.push_str("</outline_before>\n\n");
+    true
+}
+
+/// The prompt of a `Merge` request: the outline before it, then its lines in order, in `<line>`
+/// tags (no ids).
 fn merge_prompt(req: &SummaryRequest) -> Prompt {
     let lines: Vec<String> = super::merge_lines(req)
         .into_iter()
         .filter(|l| !l.is_empty())
         .collect();
     let mut user = String::new();
+    let context = push_context(&mut user, req);
     for line in &lines {
         user.push_str("<line>\n");
         user.push_str(line);
@@ -127,6 +155,9 @@ fn merge_prompt(req: &SummaryRequest) -> Prompt {
         "Write ONE line of at most {} bytes that {what}.\n",
         req.max_bytes
     ));
+    if context {
+        user.push_str(CONTEXT_RULE);
+    }
     line_prompt(user, req, MERGE_PRIORITIES)
 }
 
@@ -160,6 +191,7 @@ pub(crate) fn build_prompt(
         return merge_prompt(req);
     }
     let mut user = String::new();
+    let context = req.purpose == Purpose::Line && push_context(&mut user, req);
     if let Some(prev) = previous {
         user.push_str("<previous_summary>\n");
         user.push_str(prev.trim());
@@ -198,6 +230,9 @@ pub(crate) fn build_prompt(
                 "Write ONE line of at most {} bytes that summarizes the transcript above.{fold}\n",
                 req.max_bytes
             ));
+            if context {
+                user.push_str(CONTEXT_RULE);
+            }
             line_prompt(user, req, LINE_PRIORITIES)
         }
         Purpose::Merge => merge_prompt(req),
@@ -248,7 +283,7 @@ pub(crate) fn postprocess(raw: &str, req: &SummaryRequest) -> Result<String, Sum
                     line = line[1..line.len() - 1].trim().to_string();
                 }
             }
-            cut_words(&line, req.max_bytes)
+            cut_line(&line, req.max_bytes)
         }
     };
     if text.is_empty() {
@@ -482,6 +517,31 @@ mod tests {
         assert!(!build_prompt(&big, None, "")
             .user
             .contains("This is how long"));
+    }
+
+    #[test]
+    fn a_line_prompt_sees_the_outline_before_its_source() {
+        let mut line = req(Purpose::Line, 200);
+        line.context = vec![
+            "user: fix the parser".into(),
+            String::new(),
+            "tool: Read(src/parser.rs)\nfailed".into(),
+        ];
+        let p = build_prompt(&line, None, "assistant: it is the tokenizer");
+        let before = p
+            .user
+            .find("<outline_before>\nuser: fix the parser\ntool: Read(src/parser.rs) failed\n</outline_before>")
+            .unwrap();
+        assert!(before < p.user.find("<transcript>").unwrap());
+        assert!(p.user.contains(CONTEXT_RULE));
+        let mut merge = SummaryRequest::merge("user: a".into(), "user: b".into(), 200);
+        merge.context = vec!["user: earlier".into()];
+        let p = build_prompt(&merge, None, "");
+        let before = p.user.find("<outline_before>\nuser: earlier\n").unwrap();
+        assert!(before < p.user.find("<line>").unwrap());
+        // Without context, no empty tags and no rule about them.
+        let p = build_prompt(&req(Purpose::Line, 200), None, "user: x");
+        assert!(!p.user.contains("outline_before"));
     }
 
     #[test]

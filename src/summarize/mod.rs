@@ -50,6 +50,10 @@ pub struct SummaryRequest {
     /// The summary lines to merge, in order (`Purpose::Merge`: the left child's line, then the
     /// right one's). Empty for the other purposes.
     pub lines: Vec<String>,
+    /// For `Line` and `Merge`: the outline's lines just before the source, oldest first, without
+    /// ids. A model reads them so that its line resolves "it" or "that file" and does not repeat
+    /// what they say; the extractive summarizer ignores them.
+    pub context: Vec<String>,
 }
 
 impl SummaryRequest {
@@ -61,6 +65,7 @@ impl SummaryRequest {
             max_bytes,
             purpose,
             lines: Vec::new(),
+            context: Vec::new(),
         }
     }
 
@@ -75,10 +80,14 @@ impl SummaryRequest {
 }
 
 /// The "free node" rule of the summary tree: a parent whose children's lines fit together is
-/// their concatenation, `left; right` (each trimmed), with no summarizer call. `None` when that
-/// is longer than `max_bytes`.
+/// their concatenation, `left; right` (each trimmed), with no summarizer call; an empty child (it
+/// covers only entries the model never sees) adds nothing. `None` when that is longer than
+/// `max_bytes`.
 pub fn merge_verbatim(left: &str, right: &str, max_bytes: usize) -> Option<String> {
-    let line = format!("{}; {}", left.trim(), right.trim());
+    let line = match (left.trim(), right.trim()) {
+        ("", only) | (only, "") => only.to_owned(),
+        (left, right) => format!("{left}; {right}"),
+    };
     (line.len() <= max_bytes).then_some(line)
 }
 
@@ -358,8 +367,13 @@ mod tests {
             Some("user: a; user: b")
         );
         assert_eq!(merge_verbatim("user: a", "user: b", exact - 1), None);
-        assert_eq!(merge_verbatim("", "", 1), None);
-        assert_eq!(merge_verbatim("", "", 2).as_deref(), Some("; "));
+        // An empty side (entries the model never sees) adds nothing.
+        assert_eq!(merge_verbatim("", "", 0).as_deref(), Some(""));
+        assert_eq!(
+            merge_verbatim(" ", "user: b", 7).as_deref(),
+            Some("user: b")
+        );
+        assert_eq!(merge_verbatim("user: a", "", 7).as_deref(), Some("user: a"));
         // Bytes, not chars.
         let (l, r) = ("prix: 49 €", "décision: pas de remise");
         let n = format!("{l}; {r}").len();

@@ -31,8 +31,17 @@ pub fn cut_bytes_tail(s: &str, max: usize) -> &str {
 
 const ELLIPSIS: &str = "…";
 
-/// `s` cut to at most `max` bytes, on a word boundary when one is reasonably close (within the
-/// last third), with `…` appended when something was cut and there is room for it.
+/// Words a cut never ends on: a line ending on one reads as if it went on ("fix the parser in
+/// the…").
+const DANGLING: &[&str] = &[
+    "a", "an", "the", "and", "or", "but", "of", "to", "in", "on", "at", "by", "for", "from",
+    "with", "as", "is", "was", "that", "into",
+];
+
+/// `s` cut to at most `max` bytes with `…` appended when something was cut and there is room
+/// for it. The cut lands on a word boundary when one is in the second half of what fits, else on
+/// a punctuation boundary (`src/parser/…`), and never right after a word that needs a next one
+/// (`the`, `of`, `and`, …); only a single word longer than half the room is cut inside.
 pub fn cut_words(s: &str, max: usize) -> String {
     let s = s.trim();
     if s.len() <= max {
@@ -47,20 +56,52 @@ pub fn cut_words(s: &str, max: usize) -> String {
     let mut cut = hard;
     let next_is_space = s[hard..].chars().next().is_some_and(char::is_whitespace);
     if !next_is_space {
-        if let Some(space) = s[..hard].rfind(char::is_whitespace) {
-            if space >= hard * 2 / 3 {
-                cut = space;
-            }
+        let half = hard / 2;
+        if let Some(space) = s[..hard].rfind(char::is_whitespace).filter(|&i| i >= half) {
+            cut = space;
+        } else if let Some(mark) = s[..hard]
+            .rfind(['/', '.', ',', ';', ':', '-', '_', ')', '='])
+            .filter(|&i| i >= half)
+        {
+            cut = mark + 1;
         }
     }
-    let mut out = s[..cut]
-        .trim_end_matches(|c: char| c.is_whitespace() || c == ';' || c == ',')
-        .to_string();
+    let trim = |t: &str| {
+        t.trim_end_matches(|c: char| c.is_whitespace() || c == ';' || c == ',')
+            .len()
+    };
+    let mut end = trim(&s[..cut]);
+    while let Some(space) = s[..end].rfind(' ') {
+        let last = &s[space + 1..end];
+        if space < hard / 2 || !DANGLING.contains(&last.to_ascii_lowercase().as_str()) {
+            break;
+        }
+        end = trim(&s[..space]);
+    }
+    let mut out = s[..end].to_string();
     if room < max {
         out.push_str(ELLIPSIS);
     }
     debug_assert!(out.len() <= max);
     out
+}
+
+/// A summary line cut to at most `max` bytes with its meaning intact: whole items (a line's items
+/// are separated by `; `), ending `; …`, when the items kept fill at least half of it; otherwise
+/// [`cut_words`].
+pub fn cut_line(s: &str, max: usize) -> String {
+    const MORE: &str = "; …";
+    let s = s.trim();
+    if s.len() <= max {
+        return s.to_string();
+    }
+    if max > 2 * MORE.len() {
+        let head = &s[..floor_boundary(s, max - MORE.len())];
+        if let Some(at) = head.rfind("; ").filter(|&at| at >= max / 2) {
+            return format!("{}{MORE}", &s[..at]);
+        }
+    }
+    cut_words(s, max)
 }
 
 /// Line breaks (`\r\n`, `\n`, `\r`) become single spaces; ends trimmed. Other text is kept.
@@ -146,6 +187,29 @@ mod tests {
     fn cut_words_prefers_word_boundary() {
         assert_eq!(cut_words("alpha beta gamma delta", 16), "alpha beta…");
         assert_eq!(cut_words("short", 16), "short");
+        // Never on a word that needs the next one.
+        assert_eq!(
+            cut_words("fix the parser in the lexer module", 26),
+            "fix the parser…"
+        );
+        // A long path is cut at a separator, not inside a name.
+        assert_eq!(
+            cut_words("Read(src/summarize/extractive_module.rs)", 24),
+            "Read(src/summarize/…"
+        );
+    }
+
+    #[test]
+    fn cut_line_keeps_whole_items() {
+        let line = "user: fix the parser; error: 2 tests failed; tool: Read(src/parser.rs)";
+        assert_eq!(
+            cut_line(line, 50),
+            "user: fix the parser; error: 2 tests failed; …"
+        );
+        assert_eq!(cut_line(line, 200), line);
+        for max in 0..line.len() + 2 {
+            assert!(cut_line(line, max).len() <= max, "{max}");
+        }
     }
 
     #[test]

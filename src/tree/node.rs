@@ -100,6 +100,16 @@ pub fn render_line(node: NodeId, text: &str) -> String {
     line
 }
 
+/// Bytes the node takes in the outline: its line and a newline. A node with no text (it covers
+/// only entries the model never sees) takes no line at all.
+pub fn line_size(node: NodeId, text: &str) -> usize {
+    if text.trim().is_empty() {
+        0
+    } else {
+        render_line(node, text).len() + 1
+    }
+}
+
 /// The aligned nodes that tile `[start, end)`, largest first where alignment allows (the binary
 /// decomposition, as in a Fenwick tree): `[0, 13)` is `0+8, 8+4, 12+1`.
 pub fn decompose(start: u64, end: u64) -> Vec<NodeId> {
@@ -158,6 +168,8 @@ mod tests {
     #[test]
     fn lines_are_one_line() {
         assert_eq!(render_line(NodeId::leaf(4), "  a\nb \r\n c  "), "4+1|a b c");
+        assert_eq!(line_size(NodeId::leaf(4), "a b"), "4+1|a b\n".len());
+        assert_eq!(line_size(NodeId::new(3, 1), " \n"), 0);
     }
 
     #[test]

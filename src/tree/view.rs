@@ -2,9 +2,9 @@
 //!
 //! Blocks are cut by position (every [`LINES_PER_BLOCK`] lines), so a block's bytes change only
 //! when one of its own lines changes. Anthropic `cache_control` breakpoints go on whole blocks
-//! only: the last whole block, and earlier whole blocks every [`MARK_SPACING`] blocks back, so a
-//! fold that changes an early line still finds a cached prefix within the provider's ~20-block
-//! lookback.
+//! only: the last whole block, and earlier whole blocks at fixed positions (every
+//! [`MARK_SPACING`]th block), so a fold that changes an early line still finds a cached prefix
+//! within the provider's ~20-block lookback, and an epoch moves no mark but the last.
 
 use serde_json::{json, Value};
 
@@ -39,13 +39,24 @@ pub fn blocks(lines: &[(NodeId, &str)]) -> Vec<String> {
 }
 
 /// Indices (into [`blocks`]) of the blocks that carry a cache breakpoint: whole line blocks only,
-/// the last whole one first, then every [`MARK_SPACING`] blocks back, at most `max_marks`.
+/// the last whole one first, then earlier ones at fixed blocks (every [`MARK_SPACING`]th, from the
+/// latest down), at most `max_marks`. The earlier marks do not move as the outline grows: a
+/// request's bytes up to its last whole block stay those of the previous request, marks
+/// included, so an epoch keeps the outline's prefix.
 pub fn cache_marks(line_count: usize, max_marks: usize) -> Vec<usize> {
     let whole_blocks = line_count / LINES_PER_BLOCK;
     // Block k (1-based after the header) holds lines [(k-1)·B, k·B).
-    (0..max_marks)
-        .map_while(|i| whole_blocks.checked_sub(i * MARK_SPACING))
-        .filter(|&block| block >= 1)
+    if whole_blocks == 0 || max_marks == 0 {
+        return Vec::new();
+    }
+    let latest_fixed = (whole_blocks - 1) / MARK_SPACING * MARK_SPACING;
+    std::iter::once(whole_blocks)
+        .chain(
+            (1..=latest_fixed / MARK_SPACING)
+                .rev()
+                .map(|k| k * MARK_SPACING),
+        )
+        .take(max_marks)
         .collect()
 }
 
@@ -150,13 +161,32 @@ mod tests {
     }
 
     #[test]
-    fn marks_sit_on_whole_blocks_spaced_back_from_the_last() {
+    fn marks_sit_on_the_last_whole_block_and_on_fixed_blocks_before_it() {
         assert!(cache_marks(15, 3).is_empty());
         assert_eq!(cache_marks(16, 3), vec![1]);
         assert_eq!(cache_marks(40, 3), vec![2]);
-        assert_eq!(cache_marks(16 * 40 + 3, 3), vec![40, 24, 8]);
-        assert_eq!(cache_marks(16 * 40, 2), vec![40, 24]);
+        assert_eq!(cache_marks(16 * 16, 3), vec![16]);
+        assert_eq!(cache_marks(16 * 17, 3), vec![17, 16]);
+        assert_eq!(cache_marks(16 * 40 + 3, 3), vec![40, 32, 16]);
+        assert_eq!(cache_marks(16 * 40, 2), vec![40, 32]);
+        assert_eq!(cache_marks(16 * 48, 4), vec![48, 32, 16]);
         assert!(cache_marks(16 * 40, 0).is_empty());
+    }
+
+    #[test]
+    fn a_growing_outline_keeps_its_earlier_marks() {
+        // Only the last whole block's mark moves, as long as no new fixed block is reached.
+        for lines in (LINES_PER_BLOCK..LINES_PER_BLOCK * 100).step_by(7) {
+            for grown in [lines + 5, lines + LINES_PER_BLOCK * 3] {
+                let (before, after) = (cache_marks(lines, 3), cache_marks(grown, 3));
+                let fixed = |n: usize| (n / LINES_PER_BLOCK - 1) / MARK_SPACING;
+                if fixed(lines) == fixed(grown) {
+                    assert_eq!(before[1..], after[1..], "{lines} then {grown} lines");
+                }
+                // Within the provider's ~20-block lookback of each other.
+                assert!(after.windows(2).all(|w| w[0] - w[1] <= MARK_SPACING));
+            }
+        }
     }
 
     #[test]
