@@ -255,7 +255,7 @@ impl Runner {
                             SummaryRequest::new(vec![entry], Purpose::Line, line_bytes);
                         request.context = context.lines(self, thread_key, 0, first_leaf).await?;
                         match self.summarizer.summarize(&request).await {
-                            Ok(summary) => NewNode::summary(NodeId::leaf(seq), summary),
+                            Ok(summary) => summarized(NodeId::leaf(seq), summary),
                             Err(error) => {
                                 // What was built before the failure is kept: the retry goes on
                                 // from there.
@@ -302,7 +302,7 @@ impl Runner {
                                 .lines(self, thread_key, level - 1, first_child)
                                 .await?;
                             match self.summarizer.summarize(&request).await {
-                                Ok(summary) => NewNode::summary(node, summary),
+                                Ok(summary) => summarized(node, summary),
                                 Err(error) => {
                                     self.write_nodes(thread_key, &batch, progress).await?;
                                     return Err(error.into());
@@ -447,6 +447,16 @@ impl Runner {
         }
         let nodes: Vec<NodeId> = wanted.into_iter().collect();
         Ok(self.store.tree_node_texts(thread_key, &nodes).await?)
+    }
+}
+
+/// The node a summarizer wrote.
+fn summarized(node: NodeId, summary: crate::summarize::Summary) -> NewNode {
+    NewNode {
+        node,
+        text: summary.text,
+        summarizer: summary.summarizer,
+        calls: summary.calls,
     }
 }
 

@@ -56,15 +56,6 @@ impl NewNode {
             calls: 0,
         }
     }
-
-    pub fn summary(node: NodeId, summary: crate::summarize::Summary) -> Self {
-        NewNode {
-            node,
-            text: summary.text,
-            summarizer: summary.summarizer,
-            calls: summary.calls,
-        }
-    }
 }
 
 /// Rows per multi-row insert (7 parameters each, well under every backend's limit).
