@@ -182,7 +182,14 @@ impl Store {
         // compact boundary in its tail would cut the tail short.
         if reset == 0 && !triggers.outlined {
             let threshold = triggers.auto_compact_tokens;
-            if crosses_threshold(context_tokens - tokens, context_tokens, threshold) {
+            let crossed = crosses_threshold(context_tokens - tokens, context_tokens, threshold);
+            // Still above after an attempt that failed or found nothing: try again, backing off.
+            let retry = !crossed
+                && threshold > 0
+                && context_tokens >= threshold
+                && super::jobs::auto_compaction_due(&mut tx, &thread_key, now.timestamp_millis())
+                    .await?;
+            if crossed || retry {
                 let outcome = super::jobs::enqueue_in(
                     &mut tx,
                     self.backend,
@@ -233,14 +240,37 @@ impl Store {
         after_seq: Option<i64>,
         limit: u32,
     ) -> Result<MessagePage, StoreError> {
+        self.list_messages_within(tenant, thread_id, after_seq, limit, i64::MAX)
+            .await
+    }
+
+    /// [`Store::list_messages`], also cut once the stored bodies reach `max_chars` characters
+    /// of JSON (counted in the database, so what is cut off is never loaded). The first message
+    /// is always returned, so a page always moves forward.
+    pub async fn list_messages_within(
+        &self,
+        tenant: &TenantId,
+        thread_id: &str,
+        after_seq: Option<i64>,
+        limit: u32,
+        max_chars: i64,
+    ) -> Result<MessagePage, StoreError> {
         let head = self.thread_head(tenant, thread_id).await?;
         let (thread_key, next_seq) = (head.thread_key, head.next_seq);
         let rows = sqlx::query(
-            "SELECT seq, body FROM messages WHERE thread_key = $1 AND seq > $2 ORDER BY seq LIMIT $3",
+            // The sizes of the page's rows only (the LIMIT applies before the running sum),
+            // then the bodies of those that fit.
+            "SELECT m.seq, m.body FROM \
+             (SELECT seq, SUM(size) OVER (ORDER BY seq) - size AS before_size FROM \
+              (SELECT seq, LENGTH(body) AS size FROM messages \
+               WHERE thread_key = $1 AND seq > $2 ORDER BY seq LIMIT $3) sizes) page \
+             JOIN messages m ON m.thread_key = $1 AND m.seq = page.seq \
+             WHERE page.before_size < $4 ORDER BY m.seq",
         )
         .bind(&thread_key)
         .bind(after_seq.unwrap_or(-1))
         .bind(i64::from(limit))
+        .bind(max_chars)
         .fetch_all(&self.pool)
         .await?;
         Ok(MessagePage {

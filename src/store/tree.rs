@@ -159,6 +159,9 @@ impl Store {
         let now = now_millis();
         let mut written = 0;
         let mut tx = self.pool.begin().await?;
+        if !Store::thread_exists_in(&mut tx, self.backend, thread_key).await? {
+            return Err(StoreError::ThreadNotFound);
+        }
         for chunk in nodes.chunks(NODE_INSERT_ROWS) {
             let rows: Vec<String> = (0..chunk.len())
                 .map(|row| {
@@ -269,6 +272,10 @@ impl Store {
             serde_json::to_string(&tiles).map_err(|e| StoreError::Corrupt(e.to_string()))?;
         let now = now_millis();
         let boundary = outline.boundary() as i64;
+        let mut tx = self.pool.begin().await?;
+        if !Store::thread_exists_in(&mut tx, self.backend, thread_key).await? {
+            return Err(StoreError::ThreadNotFound);
+        }
         let changed = if expected_version == 0 {
             sqlx::query(
                 "INSERT INTO outlines (thread_key, tiles, boundary, version, updated_at) \
@@ -278,7 +285,7 @@ impl Store {
             .bind(&tiles)
             .bind(boundary)
             .bind(now)
-            .execute(&self.pool)
+            .execute(&mut *tx)
             .await?
         } else {
             sqlx::query(
@@ -290,9 +297,10 @@ impl Store {
             .bind(now)
             .bind(thread_key)
             .bind(expected_version)
-            .execute(&self.pool)
+            .execute(&mut *tx)
             .await?
         };
+        tx.commit().await?;
         Ok(changed.rows_affected() == 1)
     }
 
