@@ -62,6 +62,27 @@ pub async fn run(
 
     let mut handles = Vec::new();
     if workers > 0 {
+        // Jobs this instance held when it stopped (a crash, a kill) are given back now rather
+        // than when their leases run out.
+        let now = chrono::Utc::now().timestamp_millis();
+        match store
+            .release_jobs_of(&format!("{}/", jobs.instance_id), now)
+            .await
+        {
+            Ok(0) => {}
+            Ok(released) => tracing::info!(released, "gave back the jobs this instance held"),
+            Err(error) => tracing::warn!(%error, "cannot give back this instance's jobs"),
+        }
+        tokio::spawn({
+            let store = store.clone();
+            async move {
+                match store.sweep_orphans().await {
+                    Ok(0) => {}
+                    Ok(rows) => tracing::info!(rows, "removed rows of deleted threads"),
+                    Err(error) => tracing::warn!(%error, "cannot sweep rows of deleted threads"),
+                }
+            }
+        });
         tracing::info!(summarizer = %summarizer.name(), workers, "starting job workers");
         let runners = (0..workers)
             .map(|_| Runner::new(store.clone(), summarizer.clone(), jobs.clone()))
@@ -72,10 +93,13 @@ pub async fn run(
     match listener {
         None => stop.cancelled().await,
         Some(listener) => {
+            let connections = ConnectionLimits {
+                max_connections: limits.max_connections,
+                header_read_timeout: limits.header_read_timeout,
+            };
             let router = crate::http::router(AppState::new(store.clone(), limits, auth));
             tracing::info!(addr = %listener.local_addr()?, "listening");
-            let server = axum::serve(listener, router)
-                .with_graceful_shutdown(stop.clone().cancelled_owned());
+            let server = serve(listener, router, connections, stop.clone());
             // In-flight requests finish; a request still running after the grace period is cut
             // off.
             tokio::select! {
@@ -93,5 +117,74 @@ pub async fn run(
     }
     store.close().await;
     tracing::info!("stopped");
+    Ok(())
+}
+
+/// Bounds of the listener itself, before any request is parsed.
+#[derive(Debug, Clone, Copy)]
+struct ConnectionLimits {
+    max_connections: usize,
+    header_read_timeout: Duration,
+}
+
+/// Accepts connections until `stop`, each served by hyper's HTTP/1 connection with a header-read
+/// timeout (a client that trickles its headers is disconnected), at most `max_connections` at
+/// once (past that, new connections wait in the kernel's backlog). After `stop`, every connection
+/// finishes its request in flight and closes; this returns when all have.
+async fn serve(
+    listener: TcpListener,
+    router: axum::Router,
+    limits: ConnectionLimits,
+    stop: CancellationToken,
+) -> std::io::Result<()> {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    use hyper_util::service::TowerToHyperService;
+
+    let max = limits.max_connections.max(1);
+    let open = Arc::new(tokio::sync::Semaphore::new(max));
+    loop {
+        let permit = tokio::select! {
+            _ = stop.cancelled() => break,
+            permit = open.clone().acquire_owned() => permit.expect("the semaphore is never closed"),
+        };
+        let stream = tokio::select! {
+            _ = stop.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(error) => {
+                    // Out of file descriptors and the like: wait instead of spinning.
+                    tracing::warn!(%error, "cannot accept a connection");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let service = TowerToHyperService::new(router.clone());
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder
+                .timer(TokioTimer::new())
+                .header_read_timeout(limits.header_read_timeout);
+            let connection = builder.serve_connection(TokioIo::new(stream), service);
+            tokio::pin!(connection);
+            tokio::select! {
+                result = connection.as_mut() => {
+                    if let Err(error) = result {
+                        tracing::debug!(%error, "connection ended with an error");
+                    }
+                    return;
+                }
+                _ = stop.cancelled() => connection.as_mut().graceful_shutdown(),
+            }
+            if let Err(error) = connection.await {
+                tracing::debug!(%error, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    // Every connection gives its permit back when it closes.
+    let _all = open.acquire_many(max as u32).await;
     Ok(())
 }

@@ -23,6 +23,8 @@ pub struct Cli {
     pub serve: ServeArgs,
 }
 
+// Parsed once at start: the size of the `serve` variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve the API (the default).
@@ -109,7 +111,12 @@ pub const MIN_ADMIN_KEY_LEN: usize = 16;
 #[derive(Debug, Clone, Args)]
 pub struct DatabaseArgs {
     /// `postgres://…` for PostgreSQL; `sqlite://path` for the embedded database (the default).
-    #[arg(long, env = "DATABASE_URL", default_value = "sqlite://data/loupe.db")]
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "sqlite://data/loupe.db",
+        hide_env_values = true
+    )]
     pub database_url: String,
     /// Most open database connections.
     #[arg(long, env = "LOUPE_DB_MAX_CONNECTIONS", default_value_t = crate::store::DEFAULT_MAX_CONNECTIONS)]
@@ -164,6 +171,25 @@ pub struct ServeArgs {
     /// Milliseconds an expensive request waits for a slot before 503 `overloaded`.
     #[arg(long, env = "LOUPE_EXPENSIVE_WAIT_MS", default_value_t = Limits::DEFAULT.expensive_wait.as_millis() as u64)]
     pub expensive_wait_ms: u64,
+    /// Most expensive requests one tenant may run at once (its share of
+    /// --max-expensive-requests; open mode has one tenant, which gets them all).
+    #[arg(long, env = "LOUPE_MAX_EXPENSIVE_PER_TENANT", default_value_t = Limits::DEFAULT.max_expensive_per_tenant)]
+    pub max_expensive_per_tenant: usize,
+    /// Seconds a request body may take to arrive; a slower one gets 408 `body-timeout`.
+    #[arg(long, env = "LOUPE_BODY_READ_TIMEOUT_SECS", default_value_t = Limits::DEFAULT.body_read_timeout.as_secs())]
+    pub body_read_timeout_secs: u64,
+    /// Seconds a connection may take to send a request's headers before it is closed.
+    #[arg(long, env = "LOUPE_HEADER_READ_TIMEOUT_SECS", default_value_t = Limits::DEFAULT.header_read_timeout.as_secs())]
+    pub header_read_timeout_secs: u64,
+    /// Most open client connections; further connections wait in the listen backlog.
+    #[arg(long, env = "LOUPE_MAX_CONNECTIONS", default_value_t = Limits::DEFAULT.max_connections)]
+    pub max_connections: usize,
+    /// Largest thread metadata, in bytes of JSON.
+    #[arg(long, env = "LOUPE_MAX_METADATA_BYTES", default_value_t = Limits::DEFAULT.max_metadata_bytes)]
+    pub max_metadata_bytes: usize,
+    /// Most bytes of message bodies in one page of messages (a page always holds at least one).
+    #[arg(long, env = "LOUPE_MAX_PAGE_BYTES", default_value_t = Limits::DEFAULT.max_page_bytes)]
+    pub max_page_bytes: usize,
     /// What this process runs: the HTTP API, the background job workers, or both.
     #[arg(long, env = "LOUPE_ROLE", value_enum, default_value_t = Role::All)]
     pub role: Role,
@@ -293,6 +319,29 @@ pub struct JobArgs {
     /// Milliseconds between looks for work when no wake-up arrives.
     #[arg(long, env = "LOUPE_JOB_POLL_MS", default_value_t = JobsConfig::DEFAULT.poll_interval.as_millis() as u64)]
     pub job_poll_ms: u64,
+    /// This process's name among the processes sharing the database (default: the host name).
+    /// On start it gives back at once the jobs it held when it stopped; give each process on
+    /// one host its own name. 1–64 characters of `[A-Za-z0-9._:-]`.
+    #[arg(long, env = "LOUPE_INSTANCE_ID", value_parser = instance_id)]
+    pub instance_id: Option<String>,
+}
+
+fn instance_id(value: &str) -> Result<String, String> {
+    if crate::auth::is_identifier(value, 64) {
+        Ok(value.to_owned())
+    } else {
+        Err("1 to 64 characters of [A-Za-z0-9._:-]".to_owned())
+    }
+}
+
+/// The host's name, the default instance id; `local` when it cannot be read or is not one.
+fn host_name() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|name| name.trim().to_owned())
+        .filter(|name| crate::auth::is_identifier(name, 64))
+        .unwrap_or_else(|| "local".to_owned())
 }
 
 impl JobArgs {
@@ -302,6 +351,7 @@ impl JobArgs {
             backoff_base: Duration::from_millis(self.job_backoff_base_ms),
             backoff_max: Duration::from_secs(self.job_backoff_max_secs),
             poll_interval: Duration::from_millis(self.job_poll_ms.max(10)),
+            instance_id: self.instance_id.clone().unwrap_or_else(host_name).into(),
             ..JobsConfig::DEFAULT
         }
     }
@@ -330,6 +380,12 @@ impl ServeArgs {
             rate_limit_burst: self.rate_limit_burst,
             max_expensive_requests: self.max_expensive_requests,
             expensive_wait: Duration::from_millis(self.expensive_wait_ms),
+            max_expensive_per_tenant: self.max_expensive_per_tenant,
+            body_read_timeout: Duration::from_secs(self.body_read_timeout_secs.max(1)),
+            max_metadata_bytes: self.max_metadata_bytes,
+            max_page_bytes: self.max_page_bytes.max(1),
+            max_connections: self.max_connections.max(1),
+            header_read_timeout: Duration::from_secs(self.header_read_timeout_secs.max(1)),
             ..Limits::default()
         }
     }
@@ -476,8 +532,20 @@ async fn tenants(command: TenantsCommand) -> anyhow::Result<()> {
     }
 }
 
-/// Open mode may listen only on loopback unless explicitly allowed.
-pub fn check_open_bind(open: bool, addr: SocketAddr, allow_open: bool) -> Result<(), String> {
+/// Open mode may listen only on loopback unless explicitly allowed, and never on a database
+/// that has had keys (all revoked since): that would fail open, so it needs `--allow-open` too.
+pub fn check_open_mode(
+    open: bool,
+    addr: SocketAddr,
+    allow_open: bool,
+    had_keys: bool,
+) -> Result<(), String> {
+    if open && had_keys && !allow_open {
+        return Err(
+            "refusing to serve without API keys: this database has had keys, and all are revoked.              Create a key (`loupe keys create --tenant T`), set LOUPE_ADMIN_KEY, or pass              --allow-open (LOUPE_ALLOW_OPEN=true) to serve it open"
+                .to_owned(),
+        );
+    }
     if open && !addr.ip().is_loopback() && !allow_open {
         Err(format!(
             "refusing to serve without API keys on {addr}: anyone who reaches it could read every \
@@ -508,7 +576,13 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .await
         .context("cannot read the API keys")?;
     let auth = AuthMode::resolve(admin_key, has_keys);
-    check_open_bind(auth.is_open(), args.addr, args.allow_open).map_err(anyhow::Error::msg)?;
+    let had_keys = auth.is_open()
+        && store
+            .has_had_api_keys()
+            .await
+            .context("cannot read the API keys")?;
+    check_open_mode(auth.is_open(), args.addr, args.allow_open, had_keys)
+        .map_err(anyhow::Error::msg)?;
     if auth.is_open() {
         tracing::warn!(
             addr = %args.addr,
@@ -631,10 +705,28 @@ mod tests {
         let public: SocketAddr = "0.0.0.0:8080".parse().unwrap();
         let local: SocketAddr = "127.0.0.1:8080".parse().unwrap();
         let local6: SocketAddr = "[::1]:8080".parse().unwrap();
-        assert!(check_open_bind(true, public, false).is_err());
-        assert!(check_open_bind(true, public, true).is_ok());
-        assert!(check_open_bind(true, local, false).is_ok());
-        assert!(check_open_bind(true, local6, false).is_ok());
-        assert!(check_open_bind(false, public, false).is_ok());
+        assert!(check_open_mode(true, public, false, false).is_err());
+        assert!(check_open_mode(true, public, true, false).is_ok());
+        assert!(check_open_mode(true, local, false, false).is_ok());
+        assert!(check_open_mode(true, local6, false, false).is_ok());
+        assert!(check_open_mode(false, public, false, false).is_ok());
+    }
+
+    #[test]
+    fn a_database_whose_keys_were_all_revoked_does_not_fall_back_to_open() {
+        let local: SocketAddr = "127.0.0.1:8080".parse().unwrap();
+        assert!(check_open_mode(true, local, false, true).is_err());
+        assert!(check_open_mode(true, local, true, true).is_ok());
+        // Keyed mode is never refused.
+        assert!(check_open_mode(false, local, false, true).is_ok());
+    }
+
+    #[test]
+    fn the_database_url_stays_out_of_help() {
+        use clap::CommandFactory;
+        std::env::set_var("DATABASE_URL", "postgres://loupe:hunter2-secret@db/loupe");
+        let help = Cli::command().render_long_help().to_string();
+        std::env::remove_var("DATABASE_URL");
+        assert!(!help.contains("hunter2-secret"), "{help}");
     }
 }

@@ -11,6 +11,9 @@ use super::model::{ApiMessage, Content, Entry, EntryKind, Role};
 /// Longest accepted uuid, in bytes.
 pub const MAX_UUID_LEN: usize = 200;
 
+/// Longest accepted subtype, in bytes.
+pub const MAX_SUBTYPE_LEN: usize = 100;
+
 /// A field that is not valid, named by its JSON path (`messages[3].message.content[0].type`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{path}: {problem}")]
@@ -31,10 +34,19 @@ impl FieldError {
 /// Checks one entry; `path` names it in the request (`messages[3]`).
 pub fn check_entry(entry: &Entry, path: &str) -> Result<(), FieldError> {
     if let Some(uuid) = &entry.uuid {
-        if uuid.is_empty() || uuid.len() > MAX_UUID_LEN {
+        if uuid.is_empty() || uuid.len() > MAX_UUID_LEN || uuid.contains('\0') {
             return Err(FieldError::new(
                 format!("{path}.uuid"),
-                format!("must be 1 to {MAX_UUID_LEN} bytes"),
+                format!("must be 1 to {MAX_UUID_LEN} bytes, without NUL characters"),
+            ));
+        }
+    }
+    // The subtype is stored in its own column and looked up by value.
+    if let Some(subtype) = &entry.subtype {
+        if subtype.len() > MAX_SUBTYPE_LEN || subtype.contains('\0') {
+            return Err(FieldError::new(
+                format!("{path}.subtype"),
+                format!("must be at most {MAX_SUBTYPE_LEN} bytes, without NUL characters"),
             ));
         }
     }
@@ -56,6 +68,15 @@ pub fn check_entry(entry: &Entry, path: &str) -> Result<(), FieldError> {
                 return Err(FieldError::new(
                     format!("{path}.snip_metadata"),
                     "a snip entry needs snip_metadata.removed_uuids",
+                ));
+            }
+            let mut removed = entry.snip_metadata.iter().flat_map(|m| &m.removed_uuids);
+            if let Some(bad) =
+                removed.position(|uuid| uuid.len() > MAX_UUID_LEN || uuid.contains('\0'))
+            {
+                return Err(FieldError::new(
+                    format!("{path}.snip_metadata.removed_uuids[{bad}]"),
+                    format!("must be at most {MAX_UUID_LEN} bytes, without NUL characters"),
                 ));
             }
             Ok(())

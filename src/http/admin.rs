@@ -37,10 +37,12 @@ fn checked_tenant(field: &str, id: &str) -> Result<TenantId, ApiError> {
 
 fn check_name(name: Option<&str>) -> Result<(), ApiError> {
     match name {
-        Some(name) if name.chars().count() > MAX_NAME_LEN => Err(ApiError::field(FieldError {
-            path: "name".to_owned(),
-            problem: format!("at most {MAX_NAME_LEN} characters"),
-        })),
+        Some(name) if name.chars().count() > MAX_NAME_LEN || name.contains('\0') => {
+            Err(ApiError::field(FieldError {
+                path: "name".to_owned(),
+                problem: format!("at most {MAX_NAME_LEN} characters, without NUL"),
+            }))
+        }
         _ => Ok(()),
     }
 }

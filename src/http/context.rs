@@ -12,7 +12,7 @@ use utoipa_axum::{router::OpenApiRouter, routes};
 use super::problem::{ApiError, ApiJson, ApiPath, ApiQuery, Problem, ProblemKind};
 use super::threads::ThreadPath;
 use super::{AppState, ExpensiveSlot, Tenant};
-use crate::history::ingest::{check_entry, FieldError};
+use crate::history::ingest::{check_entry, FieldError, MAX_UUID_LEN};
 use crate::history::model::Entry;
 use crate::history::normalize::ids::{is_valid_tool_name, TOOL_NAME_RULE};
 use crate::history::{
@@ -149,8 +149,10 @@ pub async fn get_rounds(
         .first()
         .and_then(|e| e.seq)
         .unwrap_or(window.next_seq);
+    let entries = window.entries;
+    let rounds = off_the_executor(move || group_rounds(&entries)).await?;
     Ok(Json(RoundsResponse {
-        rounds: group_rounds(&window.entries),
+        rounds,
         from_seq,
         next_seq: window.next_seq,
     }))
@@ -221,7 +223,8 @@ pub async fn get_context(
         .store
         .context_window(&tenant, &path.thread_id, None)
         .await?;
-    let normalized = normalize(&window.entries, &options);
+    let entries = window.entries;
+    let normalized = off_the_executor(move || normalize(&entries, &options)).await?;
     Ok(Json(ContextResponse {
         normalized,
         next_seq: window.next_seq,
@@ -250,8 +253,13 @@ async fn outline_context(
         .store
         .context_window(tenant, thread_id, Some(boundary as i64))
         .await?;
-    let normalized = crate::tree::view::outlined_context(&snapshot.lines, window.entries, options);
-    let tools = if snapshot.lines.is_empty() {
+    let (version, line_count) = (snapshot.version, snapshot.lines.len());
+    let (lines, render_options) = (snapshot.lines, options.clone());
+    let normalized = off_the_executor(move || {
+        crate::tree::view::outlined_context(&lines, window.entries, &render_options)
+    })
+    .await?;
+    let tools = if line_count == 0 {
         Vec::new()
     } else {
         vec![crate::tree::view::zoom_tool(options.provider)]
@@ -262,8 +270,8 @@ async fn outline_context(
         tools,
         outline: Some(OutlineRef {
             boundary,
-            lines: snapshot.lines.len(),
-            version: snapshot.version,
+            lines: line_count,
+            version,
         }),
     }))
 }
@@ -309,6 +317,12 @@ pub async fn snip_messages(
     ApiPath(path): ApiPath<ThreadPath>,
     ApiJson(request): ApiJson<SnipRequest>,
 ) -> Result<(StatusCode, Json<SnipResponse>), ApiError> {
+    for (index, uuid) in request.uuids.iter().enumerate() {
+        super::check_key_field(&format!("uuids[{index}]"), uuid, MAX_UUID_LEN)?;
+    }
+    if let Some(uuid) = &request.uuid {
+        super::check_key_field("uuid", uuid, MAX_UUID_LEN)?;
+    }
     if request.seqs.is_empty() && request.uuids.is_empty() {
         return Err(ApiError::field(FieldError {
             path: "seqs".to_owned(),
@@ -419,7 +433,20 @@ pub async fn normalize_history(
     for (index, entry) in entries.iter_mut().enumerate() {
         entry.seq = Some(index as i64);
     }
-    Ok(Json(normalize(&entries, &options)))
+    Ok(Json(
+        off_the_executor(move || normalize(&entries, &options)).await?,
+    ))
+}
+
+/// Runs CPU-heavy work (normalizing, grouping rounds, rendering an outline) on the blocking pool,
+/// so that a large history never stalls the async threads serving everyone else. Callers hold an
+/// [`ExpensiveSlot`], which bounds how many run at once and how many one tenant may run.
+pub(crate) async fn off_the_executor<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|error| ApiError::new(ProblemKind::Internal, format!("CPU work failed: {error}")))
 }
 
 #[cfg(test)]

@@ -425,6 +425,14 @@ pub async fn advance_cursor(
     ApiJson(request): ApiJson<AdvanceCursorRequest>,
 ) -> Result<Json<AdvanceResponse>, ApiError> {
     let path = path.checked()?;
+    use crate::history::ingest::MAX_UUID_LEN;
+    super::check_key_field("to", &request.to, MAX_UUID_LEN)?;
+    if let Some(Some(expected)) = &request.expected {
+        super::check_key_field("expected", expected, MAX_UUID_LEN)?;
+    }
+    if let Some(lease) = &request.lease {
+        super::check_key_field("lease", lease, MAX_UUID_LEN)?;
+    }
     let outcome = state
         .store
         .advance_cursor(

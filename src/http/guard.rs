@@ -8,7 +8,8 @@
 //! - `/metrics`: the admin key when one is set;
 //! - everything else (`/healthz`, `/readyz`, `/openapi.json`, `/docs`): public.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::extract::{FromRequestParts, Request, State};
@@ -73,16 +74,42 @@ pub struct Guards {
     pub rate: RateLimiter,
     expensive: Arc<Semaphore>,
     expensive_wait: Duration,
+    /// Each tenant's share of the expensive slots, so that one tenant cannot hold them all.
+    tenant_share: usize,
+    tenant_slots: Mutex<HashMap<String, Arc<Semaphore>>>,
 }
 
 impl Guards {
     pub fn new(auth: AuthMode, limits: &Limits) -> Self {
         Guards {
-            auth,
             rate: RateLimiter::new(limits.rate_limit_per_sec, limits.rate_limit_burst),
             expensive: Arc::new(Semaphore::new(limits.max_expensive_requests)),
             expensive_wait: limits.expensive_wait,
+            // Open mode has one tenant: its share is the whole pool.
+            tenant_share: if auth.is_open() {
+                limits.max_expensive_requests
+            } else {
+                limits.max_expensive_per_tenant
+            },
+            tenant_slots: Mutex::new(HashMap::new()),
+            auth,
         }
+    }
+
+    /// The semaphore of `tenant`'s share, created on first use. Shares nobody holds are dropped
+    /// once the map grows, so it stays as small as the set of busy tenants.
+    fn tenant_semaphore(&self, tenant: &str) -> Arc<Semaphore> {
+        let mut slots = self
+            .tenant_slots
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if slots.len() >= 1_024 && !slots.contains_key(tenant) {
+            slots.retain(|_, semaphore| Arc::strong_count(semaphore) > 1);
+        }
+        slots
+            .entry(tenant.to_owned())
+            .or_insert_with(|| Arc::new(Semaphore::new(self.tenant_share)))
+            .clone()
     }
 }
 
@@ -219,22 +246,28 @@ async fn authorize(
     }
 }
 
-/// A slot for an expensive request (context reads, normalization), held until the handler
-/// returns. When none frees up within the configured wait, the request is answered with 503
-/// `overloaded` instead of queueing without bound.
-pub struct ExpensiveSlot(#[allow(dead_code)] OwnedSemaphorePermit);
+/// A slot for an expensive request (context reads, rounds, normalization), held until the
+/// handler returns: one of the tenant's share (`max_expensive_per_tenant`), then one of the
+/// process's (`max_expensive_requests`). When none frees up within the configured wait, the
+/// request is answered with 503 `overloaded` instead of queueing without bound. The body was read
+/// before (by [`read_body`]), so a slow upload never holds a slot.
+pub struct ExpensiveSlot {
+    _tenant: OwnedSemaphorePermit,
+    _global: OwnedSemaphorePermit,
+}
 
-impl FromRequestParts<AppState> for ExpensiveSlot {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(
-        _parts: &mut Parts,
-        state: &AppState,
-    ) -> Result<Self, Self::Rejection> {
-        let guards = &state.guards;
-        let acquire = guards.expensive.clone().acquire_owned();
+impl ExpensiveSlot {
+    pub async fn acquire(guards: &Guards, tenant: &str) -> Result<Self, ApiError> {
+        let acquire = async {
+            let tenant = guards.tenant_semaphore(tenant).acquire_owned().await.ok()?;
+            let global = guards.expensive.clone().acquire_owned().await.ok()?;
+            Some(ExpensiveSlot {
+                _tenant: tenant,
+                _global: global,
+            })
+        };
         match tokio::time::timeout(guards.expensive_wait, acquire).await {
-            Ok(Ok(permit)) => Ok(ExpensiveSlot(permit)),
+            Ok(Some(slot)) => Ok(slot),
             _ => {
                 crate::metrics::overloaded();
                 Err(ApiError::retry_after(
@@ -244,6 +277,62 @@ impl FromRequestParts<AppState> for ExpensiveSlot {
                 ))
             }
         }
+    }
+}
+
+impl FromRequestParts<AppState> for ExpensiveSlot {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        let tenant = parts
+            .extensions
+            .get::<TenantId>()
+            .map(|tenant| tenant.0.clone())
+            .unwrap_or_default();
+        ExpensiveSlot::acquire(&state.guards, &tenant).await
+    }
+}
+
+/// Refuses a NUL in the path or query, then reads the whole request body before the handler runs, within `body_read_timeout` and the body
+/// limit: a client that sends its body slowly is cut off with 408 `body-timeout` and never holds
+/// an expensive slot or a database connection while it trickles in.
+pub async fn read_body(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    use http_body_util::BodyExt;
+    // A NUL in a path or query value (a thread id, a job id, a cursor) can be neither stored nor
+    // compared by PostgreSQL: refuse it here, for every route.
+    let uri = request.uri();
+    if uri.path().contains("%00") || uri.query().is_some_and(|query| query.contains("%00")) {
+        return ApiError::bad_request("the path and query may not hold a NUL character (%00)")
+            .into_response();
+    }
+    let (parts, body) = request.into_parts();
+    if axum::body::HttpBody::size_hint(&body).exact() == Some(0) {
+        return next.run(Request::from_parts(parts, body)).await;
+    }
+    let limits = &state.limits;
+    let limited = http_body_util::Limited::new(body, limits.body_bytes);
+    match tokio::time::timeout(limits.body_read_timeout, limited.collect()).await {
+        Ok(Ok(collected)) => {
+            let body = axum::body::Body::from(collected.to_bytes());
+            next.run(Request::from_parts(parts, body)).await
+        }
+        Ok(Err(error)) if error.is::<http_body_util::LengthLimitError>() => ApiError::new(
+            ProblemKind::PayloadTooLarge,
+            format!("the body is larger than {} bytes", limits.body_bytes),
+        )
+        .into_response(),
+        Ok(Err(_)) => ApiError::bad_request("the request body could not be read").into_response(),
+        Err(_) => ApiError::new(
+            ProblemKind::BodyTimeout,
+            format!(
+                "the request body did not arrive within {} s",
+                limits.body_read_timeout.as_secs_f64()
+            ),
+        )
+        .into_response(),
     }
 }
 

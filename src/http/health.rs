@@ -42,11 +42,11 @@ pub async fn healthz() -> Json<HealthResponse> {
         (status = 503, description = "The database does not answer (`unavailable`)", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn readyz(State(state): State<AppState>) -> Result<Json<HealthResponse>, ApiError> {
-    state
-        .store
-        .ping()
-        .await
-        .map_err(|error| ApiError::new(ProblemKind::Unavailable, format!("database: {error}")))?;
+    state.store.ping().await.map_err(|error| {
+        // The database's own words (host names, users) stay in the log.
+        tracing::warn!(%error, "readiness check: the database does not answer");
+        ApiError::retry_after(ProblemKind::Unavailable, "the database does not answer", 1)
+    })?;
     Ok(Json(HealthResponse {
         status: "ok",
         database: Some(state.store.backend().name()),

@@ -145,7 +145,7 @@ pub async fn append_messages(
     get, path = "/v1/threads/{thread_id}/messages", tag = "messages", operation_id = "listMessages",
     params(ThreadPath, ListMessagesQuery),
     responses(
-        (status = 200, description = "One page of messages in seq order", body = MessagePageResponse),
+        (status = 200, description = "One page of messages in seq order: at most `limit`, and cut once the stored bodies reach `--max-page-bytes` (4 MiB by default; a page holds at least one message). Go on from `next_after_seq`", body = MessagePageResponse),
         (status = 400, description = "A bad query parameter", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such thread (`not-found`)", body = Problem, content_type = "application/problem+json"),
     )
@@ -159,7 +159,13 @@ pub async fn list_messages(
     let limit = super::page_limit(query.limit, 100, state.limits.max_page_size_messages)?;
     let page = state
         .store
-        .list_messages(&tenant, &path.thread_id, query.after_seq, limit)
+        .list_messages_within(
+            &tenant,
+            &path.thread_id,
+            query.after_seq,
+            limit,
+            state.limits.max_page_bytes as i64,
+        )
         .await?;
     let last_seq = page.messages.last().and_then(|m| m.seq);
     let next_after_seq = last_seq.filter(|seq| seq + 1 < page.next_seq);

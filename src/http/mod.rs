@@ -59,6 +59,18 @@ pub struct Limits {
     pub max_expensive_requests: usize,
     /// How long an expensive request waits for a slot before 503 `overloaded`.
     pub expensive_wait: Duration,
+    /// Most expensive requests one tenant may run at once (its share of the slots).
+    pub max_expensive_per_tenant: usize,
+    /// Longest time a request body may take to arrive; slower gets 408 `body-timeout`.
+    pub body_read_timeout: Duration,
+    /// Largest thread metadata, in bytes of JSON.
+    pub max_metadata_bytes: usize,
+    /// Most bytes of message bodies in one page of messages (at least one message is returned).
+    pub max_page_bytes: usize,
+    /// Most open client connections (the listener stops accepting beyond them).
+    pub max_connections: usize,
+    /// Longest time a connection may take to send a request's headers.
+    pub header_read_timeout: Duration,
 }
 
 impl Limits {
@@ -76,6 +88,12 @@ impl Limits {
         rate_limit_burst: 100,
         max_expensive_requests: 16,
         expensive_wait: Duration::from_millis(500),
+        max_expensive_per_tenant: 8,
+        body_read_timeout: Duration::from_secs(10),
+        max_metadata_bytes: 16 * 1024,
+        max_page_bytes: 4 * 1024 * 1024,
+        max_connections: 1_024,
+        header_read_timeout: Duration::from_secs(10),
     };
 }
 
@@ -119,6 +137,18 @@ impl<S: Send + Sync> FromRequestParts<S> for Tenant {
             .map(Tenant)
             .ok_or_else(|| ApiError::new(ProblemKind::Internal, "no tenant was resolved"))
     }
+}
+
+/// Checks a string a request names something by (a uuid, a lease token, a name): at most `max`
+/// bytes and no NUL character, which PostgreSQL cannot store or compare. 422 names the field.
+pub(crate) fn check_key_field(path: &str, value: &str, max: usize) -> Result<(), ApiError> {
+    if value.len() > max || value.contains('\0') {
+        return Err(ApiError::field(crate::history::ingest::FieldError {
+            path: path.to_owned(),
+            problem: format!("must be at most {max} bytes, without NUL characters"),
+        }));
+    }
+    Ok(())
 }
 
 /// Validates a requested page size against its bounds.
@@ -262,6 +292,28 @@ fn document_security(openapi: &mut utoipa::openapi::OpenApi) {
             &mut item.patch,
         ];
         for operation in operations.into_iter().flatten() {
+            let responses = &mut operation.responses.responses;
+            // Every route reads its body within the body-read timeout, and every route that
+            // reaches the database answers 503 `unavailable` when it cannot.
+            if operation.request_body.is_some() {
+                responses.entry("408".to_owned()).or_insert_with(|| {
+                    problem("The body did not arrive within the body-read timeout (`body-timeout`)")
+                });
+            }
+            match responses.get_mut("503") {
+                Some(RefOr::T(response)) => {
+                    response.description.push_str(
+                        "; or the database is unavailable (`unavailable`); see `Retry-After`",
+                    );
+                }
+                Some(RefOr::Ref(_)) => {}
+                None => {
+                    responses.insert(
+                        "503".to_owned(),
+                        problem("The database is unavailable (`unavailable`); see `Retry-After`"),
+                    );
+                }
+            }
             operation.security = Some(vec![SecurityRequirement::new(scheme, Vec::<String>::new())]);
             for (status, description) in &extra {
                 operation
@@ -288,6 +340,7 @@ pub fn router(state: AppState) -> Router {
         .method_not_allowed_fallback(|| async {
             ApiError::new(ProblemKind::MethodNotAllowed, "method not allowed on this route")
         })
+        .layer(middleware::from_fn_with_state(state.clone(), guard::read_body))
         .layer(middleware::from_fn_with_state(state.clone(), guard::guard))
         .layer(DefaultBodyLimit::max(limits.body_bytes))
         .layer(middleware::from_fn_with_state(limits, timeout))

@@ -91,6 +91,14 @@ pub async fn problem_request_id(request: Request, next: Next) -> Response {
     if !is_problem {
         return response;
     }
+    // A body too large to rewrite is passed on untouched rather than dropped.
+    let size = axum::body::HttpBody::size_hint(response.body());
+    if size
+        .upper()
+        .is_none_or(|upper| upper > MAX_PROBLEM_BYTES as u64)
+    {
+        return response;
+    }
     let (mut parts, body) = response.into_parts();
     let bytes = match axum::body::to_bytes(body, MAX_PROBLEM_BYTES).await {
         Ok(bytes) => bytes,

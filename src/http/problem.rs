@@ -38,6 +38,8 @@ pub enum ProblemKind {
     UnsupportedMediaType,
     MethodNotAllowed,
     Timeout,
+    /// The request body did not arrive within the body-read timeout.
+    BodyTimeout,
     Unavailable,
     Internal,
     /// No credentials, or credentials that are not a valid, active key.
@@ -70,6 +72,7 @@ impl ProblemKind {
             ProblemKind::UnsupportedMediaType => "unsupported-media-type",
             ProblemKind::MethodNotAllowed => "method-not-allowed",
             ProblemKind::Timeout => "timeout",
+            ProblemKind::BodyTimeout => "body-timeout",
             ProblemKind::Unavailable => "unavailable",
             ProblemKind::Internal => "internal",
             ProblemKind::Unauthorized => "unauthorized",
@@ -97,6 +100,7 @@ impl ProblemKind {
             | ProblemKind::CursorLeased
             | ProblemKind::OutlineDisabled => StatusCode::CONFLICT,
             ProblemKind::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ProblemKind::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             ProblemKind::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ProblemKind::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ProblemKind::Timeout | ProblemKind::Unavailable | ProblemKind::Overloaded => {
@@ -126,6 +130,7 @@ impl ProblemKind {
             ProblemKind::UnsupportedMediaType => "Unsupported media type",
             ProblemKind::MethodNotAllowed => "Method not allowed",
             ProblemKind::Timeout => "Request timed out",
+            ProblemKind::BodyTimeout => "Request body too slow",
             ProblemKind::Unavailable => "Service unavailable",
             ProblemKind::Internal => "Internal error",
             ProblemKind::Unauthorized => "Unauthorized",
@@ -336,10 +341,15 @@ impl From<StoreError> for ApiError {
             } => ApiError::new(ProblemKind::CursorBackward, error.to_string())
                 .with("current_seq", current_seq)
                 .with("target_seq", target_seq),
-            StoreError::Database(sqlx::Error::PoolTimedOut) => ApiError::new(
-                ProblemKind::Unavailable,
-                "the database is busy; retry shortly",
-            ),
+            // A fault of the database, not of the request: the same request can succeed later.
+            ref transient if transient.is_transient() => {
+                tracing::warn!(error = %transient, "database unavailable");
+                ApiError::retry_after(
+                    ProblemKind::Unavailable,
+                    "the database is busy or unreachable; retry shortly",
+                    1,
+                )
+            }
             other => ApiError::new(ProblemKind::Internal, other.to_string()),
         }
     }

@@ -29,7 +29,8 @@ const MAX_THREAD_ID_LEN: usize = 128;
 pub struct CreateThreadRequest {
     /// Optional client-chosen id: 1–128 characters of `[A-Za-z0-9._:-]`. Generated when omitted.
     pub id: Option<String>,
-    /// Free-form metadata kept with the thread.
+    /// Free-form metadata kept with the thread: at most `--max-metadata-bytes` (16 KiB by
+    /// default) of JSON.
     #[schema(value_type = Option<Object>)]
     pub metadata: Option<Map<String, Value>>,
 }
@@ -102,7 +103,7 @@ fn check_thread_id(id: &str) -> Result<(), ApiError> {
         (status = 201, description = "The thread was created", body = ThreadResponse),
         (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "A thread with this id exists (`thread-exists`)", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "An invalid field (`validation`)", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "An invalid field (`validation`), or metadata over its size limit (16 KiB of JSON by default)", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn create_thread(
@@ -112,6 +113,17 @@ pub async fn create_thread(
 ) -> Result<(StatusCode, Json<ThreadResponse>), ApiError> {
     if let Some(id) = &request.id {
         check_thread_id(id)?;
+    }
+    if let Some(metadata) = &request.metadata {
+        // Listing threads loads every metadata of the page: each must stay small.
+        let bytes = serde_json::to_string(metadata).map_or(usize::MAX, |text| text.len());
+        let max = state.limits.max_metadata_bytes;
+        if bytes > max {
+            return Err(ApiError::field(FieldError {
+                path: "metadata".to_owned(),
+                problem: format!("at most {max} bytes of JSON, got {bytes}"),
+            }));
+        }
     }
     let thread = state
         .store

@@ -12,6 +12,7 @@
 pub mod compaction;
 pub mod tree;
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -55,6 +56,9 @@ pub struct JobsConfig {
     pub poll_interval: Duration,
     /// Byte budget of a compaction summary.
     pub summary_max_bytes: usize,
+    /// This process's name among those sharing the database: its workers' claims start with
+    /// `<instance_id>/`, so after a restart it gives back the jobs it held at once.
+    pub instance_id: Cow<'static, str>,
 }
 
 impl JobsConfig {
@@ -65,6 +69,7 @@ impl JobsConfig {
         backoff_max: Duration::from_secs(300),
         poll_interval: Duration::from_secs(1),
         summary_max_bytes: 24_000,
+        instance_id: Cow::Borrowed("local"),
     };
 }
 
@@ -137,6 +142,42 @@ pub(crate) enum JobError {
     Summarize(#[from] SummarizeError),
     #[error("{0}")]
     Invalid(String),
+    /// The job's code panicked; caught, so the worker lives on and the job is retried.
+    #[error("the job panicked")]
+    Panicked,
+}
+
+impl JobError {
+    /// What the job's `last_error` shows its tenant: the kind of failure, without the internal
+    /// strings the full error carries (database messages, hosts, configuration), which go to the
+    /// log only.
+    fn public_text(&self) -> String {
+        match self {
+            JobError::Store(error) if error.is_transient() => {
+                "the database was unavailable".to_owned()
+            }
+            JobError::Store(StoreError::BoundaryMoved)
+            | JobError::Store(StoreError::ThreadNotFound) => self.to_string(),
+            JobError::Store(_) => "the job failed on a database error".to_owned(),
+            JobError::Summarize(error) => format!("summarizer: {}", public_summarize_text(error)),
+            JobError::Invalid(text) => crate::store::clip(text, 200).into_owned(),
+            JobError::Panicked => self.to_string(),
+        }
+    }
+}
+
+fn public_summarize_text(error: &SummarizeError) -> String {
+    match error {
+        SummarizeError::Transport(_) => "cannot reach the model provider".to_owned(),
+        SummarizeError::Config(_) => "the summarizer is misconfigured".to_owned(),
+        SummarizeError::GaveUp { calls, last } => {
+            format!(
+                "gave up after {calls} model call(s): {}",
+                public_summarize_text(last)
+            )
+        }
+        other => crate::store::clip(&other.to_string(), 200).into_owned(),
+    }
 }
 
 /// Runs jobs. One per worker (the worker id names its claims).
@@ -152,8 +193,12 @@ impl Runner {
         Runner {
             store,
             summarizer,
+            worker_id: format!(
+                "{}/worker-{}",
+                config.instance_id,
+                uuid::Uuid::new_v4().simple()
+            ),
             config,
-            worker_id: format!("worker-{}", uuid::Uuid::new_v4().simple()),
         }
     }
 
@@ -190,7 +235,9 @@ impl Runner {
         abort: &CancellationToken,
     ) -> StepOutcome {
         let job_id = claimed.job.id.clone();
-        let work = self.execute(claimed, clock);
+        // A panic inside the job fails this attempt (and goes through the retry path) instead
+        // of killing the worker's task.
+        let work = CatchUnwind(Box::pin(self.execute(claimed, clock)));
         tokio::pin!(work);
         let renew_every = (self.config.lease / 3).max(Duration::from_millis(10));
         let outcome = loop {
@@ -240,7 +287,8 @@ impl Runner {
                 StepOutcome::LeaseLost { job_id }
             }
             Err(error) => {
-                let error = error.to_string();
+                tracing::warn!(job_id, kind = %claimed.job.kind, %error, "job attempt failed");
+                let error = error.public_text();
                 let now = clock.now_ms();
                 let retry_at = now + self.config.backoff(claimed.job.attempts).as_millis() as i64;
                 match self.store.fail_job(claimed, &error, retry_at, now).await {
@@ -354,6 +402,26 @@ impl Runner {
             })
             .await?;
         Ok(result)
+    }
+}
+
+/// A future whose panic becomes [`JobError::Panicked`].
+struct CatchUnwind<F>(std::pin::Pin<Box<F>>);
+
+impl<F: std::future::Future<Output = Result<Value, JobError>>> std::future::Future
+    for CatchUnwind<F>
+{
+    type Output = Result<Value, JobError>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let inner = self.0.as_mut();
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| inner.poll(cx))) {
+            Ok(poll) => poll,
+            Err(_) => std::task::Poll::Ready(Err(JobError::Panicked)),
+        }
     }
 }
 

@@ -188,7 +188,6 @@ impl Runner {
             .thread_key
             .clone()
             .ok_or_else(|| JobError::Invalid("a tree job names no thread".to_owned()))?;
-        self.store.drop_dedup_key(&claimed.job.id).await?;
         let mut progress = Progress::default();
         let mut next_seq = None;
         let mut outline_version = 0;
@@ -217,12 +216,17 @@ impl Runner {
             "next_seq": next_seq,
             "outline_version": outline_version,
         });
-        self.store
-            .complete_job(claimed, &result, clock.now_ms())
-            .await?;
-        self.store
-            .prune_succeeded_jobs(&thread_key, super::KIND_TREE, &claimed.job.id)
-            .await?;
+        // The job keeps its dedup key while it runs (one run per thread at a time); an append
+        // made since its last pass marked it, and then it runs again instead of completing.
+        if self
+            .store
+            .complete_or_rerun(claimed, &result, clock.now_ms())
+            .await?
+        {
+            self.store
+                .prune_succeeded_jobs(&thread_key, super::KIND_TREE, &claimed.job.id)
+                .await?;
+        }
         Ok(result)
     }
 

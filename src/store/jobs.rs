@@ -194,8 +194,23 @@ pub(crate) async fn enqueue_in(
         .fetch_optional(&mut **tx)
         .await?;
         if let Some(row) = existing {
+            let job = job_from_row(&row)?;
+            // A running tree job may already have read past what this write added: mark it to
+            // run again when it completes. When it completed meanwhile, insert a new one.
+            if job.kind == super::KIND_TREE && job.state == JobState::Running {
+                let marked = sqlx::query(
+                    "UPDATE jobs SET payload = $2 WHERE job_id = $1 AND state = 'running'",
+                )
+                .bind(&job.id)
+                .bind(RERUN_PAYLOAD)
+                .execute(&mut **tx)
+                .await?;
+                if marked.rows_affected() == 0 {
+                    continue;
+                }
+            }
             return Ok(EnqueueOutcome {
-                job: job_from_row(&row)?,
+                job,
                 created: false,
             });
         }
@@ -210,8 +225,67 @@ pub(crate) fn compaction_dedup_key(thread_key: &str) -> String {
     format!("compaction:{thread_key}")
 }
 
-/// The dedup key of a thread's tree job: one pending tree job per thread (a running one drops
-/// its key when it starts, see [`Store::drop_dedup_key`], so appends during a run queue the next).
+/// First wait before auto-compaction tries a thread again after an attempt that failed or
+/// found nothing to summarize; doubled per such attempt in a row, up to
+/// [`AUTO_COMPACTION_RETRY_MAX_MS`].
+pub const AUTO_COMPACTION_RETRY_BASE_MS: i64 = 60_000;
+pub const AUTO_COMPACTION_RETRY_MAX_MS: i64 = 3_600_000;
+
+/// Whether an append to a thread already above its auto-compaction threshold should enqueue
+/// another compaction: none is pending or running, and the last ones (the latest few, newest
+/// first) were unproductive (failed, or succeeded without compacting), the newest longer ago
+/// than the backoff their number in a row calls for. When the latest worked (the context grew
+/// back since), only the next crossing enqueues.
+pub(crate) async fn auto_compaction_due(
+    tx: &mut Transaction<'_, Any>,
+    thread_key: &str,
+    now_ms: i64,
+) -> Result<bool, StoreError> {
+    let rows = sqlx::query(
+        "SELECT state, result, updated_at FROM jobs WHERE thread_key = $1 AND kind = $2 \
+         ORDER BY created_at DESC, job_id DESC LIMIT 8",
+    )
+    .bind(thread_key)
+    .bind(super::KIND_COMPACTION)
+    .fetch_all(&mut **tx)
+    .await?;
+    let mut unproductive = 0_u32;
+    let mut newest_at = None;
+    for row in &rows {
+        let state: String = row.try_get("state")?;
+        let result: Option<String> = row.try_get("result")?;
+        let updated_at: i64 = row.try_get("updated_at")?;
+        let compacted = result
+            .as_deref()
+            .and_then(|text| serde_json::from_str::<Value>(text).ok())
+            .and_then(|value| value.get("compacted").and_then(Value::as_bool))
+            .unwrap_or(false);
+        match state.as_str() {
+            "pending" | "running" => return Ok(false),
+            "succeeded" if compacted => break,
+            _ => {
+                unproductive += 1;
+                newest_at.get_or_insert(updated_at);
+            }
+        }
+    }
+    let Some(newest_at) = newest_at else {
+        // The last compaction worked (the context grew back since) or there is none: only a
+        // crossing enqueues.
+        return Ok(false);
+    };
+    let backoff = AUTO_COMPACTION_RETRY_BASE_MS
+        .saturating_mul(1_i64 << (unproductive - 1).min(20))
+        .min(AUTO_COMPACTION_RETRY_MAX_MS);
+    Ok(now_ms >= newest_at.saturating_add(backoff))
+}
+
+/// The payload of a running tree job that a write made during its run marked to run again.
+const RERUN_PAYLOAD: &str = r#"{"rerun":true}"#;
+
+/// The dedup key of a thread's tree job: one pending or running tree job per thread, so two runs
+/// never build (and pay the summarizer for) the same nodes. A write while it runs marks it to run
+/// again ([`Store::complete_or_rerun`]).
 pub(crate) fn tree_dedup_key(thread_key: &str) -> String {
     format!("tree:{thread_key}")
 }
@@ -242,14 +316,63 @@ pub(crate) async fn enqueue_tree_in(
 }
 
 impl Store {
-    /// Frees a running job's dedup key, so the next trigger enqueues a new job instead of
-    /// finding this one (for jobs that must see writes made while they run).
-    pub async fn drop_dedup_key(&self, job_id: &str) -> Result<(), StoreError> {
-        sqlx::query("UPDATE jobs SET dedup_key = NULL WHERE job_id = $1")
-            .bind(job_id)
-            .execute(&self.writer)
-            .await?;
-        Ok(())
+    /// Completes the claimed job, unless a write marked it to run again while it ran: then it
+    /// is pending again at once, its payload cleared and the attempt not counted. Returns
+    /// whether it completed. [`StoreError::LeaseLost`] when the claim no longer holds the job.
+    pub async fn complete_or_rerun(
+        &self,
+        claimed: &ClaimedJob,
+        result: &Value,
+        now_ms: i64,
+    ) -> Result<bool, StoreError> {
+        // One statement: every CASE reads the payload as it was, under the row's write lock, so
+        // a mark made concurrently is either seen here or finds the job no longer running.
+        let state: Option<String> = sqlx::query_scalar(
+            "UPDATE jobs SET \
+             state = CASE WHEN payload = $5 THEN 'pending' ELSE 'succeeded' END, \
+             attempts = CASE WHEN payload = $5 THEN attempts - 1 ELSE attempts END, \
+             finished_at = CASE WHEN payload = $5 THEN NULL ELSE $4 END, \
+             result = CASE WHEN payload = $5 THEN NULL ELSE $3 END, \
+             payload = '{}', run_after = $4, lease_owner = NULL, lease_expires_at = NULL, \
+             updated_at = $4 \
+             WHERE job_id = $1 AND lease_owner = $2 AND state = 'running' RETURNING state",
+        )
+        .bind(&claimed.job.id)
+        .bind(&claimed.lease)
+        .bind(result.to_string())
+        .bind(now_ms)
+        .bind(RERUN_PAYLOAD)
+        .fetch_optional(&self.writer)
+        .await?;
+        match state.as_deref() {
+            Some("succeeded") => Ok(true),
+            Some(_) => {
+                self.job_signal.notify_one();
+                Ok(false)
+            }
+            None => Err(StoreError::LeaseLost(claimed.job.id.clone())),
+        }
+    }
+
+    /// Gives back every running job whose claim was made under `owner_prefix` (the workers of a
+    /// process before it restarted): pending at once, the attempt not counted, instead of
+    /// waiting for their leases to run out. Returns how many were released.
+    pub async fn release_jobs_of(
+        &self,
+        owner_prefix: &str,
+        now_ms: i64,
+    ) -> Result<u64, StoreError> {
+        Ok(sqlx::query(
+            "UPDATE jobs SET state = 'pending', \
+             attempts = CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END, \
+             lease_owner = NULL, lease_expires_at = NULL, run_after = $2, updated_at = $2 \
+             WHERE state = 'running' AND substr(lease_owner, 1, length($1)) = $1",
+        )
+        .bind(owner_prefix)
+        .bind(now_ms)
+        .execute(&self.writer)
+        .await?
+        .rows_affected())
     }
 
     /// Deletes the thread's succeeded jobs of `kind` other than `keep`: jobs that run after

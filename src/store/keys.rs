@@ -195,6 +195,15 @@ impl Store {
         Ok(found.is_some())
     }
 
+    /// Whether the database has ever held an API key, revoked ones included: once it has,
+    /// serving without keys must be asked for explicitly.
+    pub async fn has_had_api_keys(&self) -> Result<bool, StoreError> {
+        let found: Option<String> = sqlx::query_scalar("SELECT key_id FROM api_keys LIMIT 1")
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(found.is_some())
+    }
+
     /// The tenant an active key acts for; `None` for a malformed, unknown or revoked key.
     pub async fn authenticate_api_key(&self, key: &str) -> Result<Option<KeyIdentity>, StoreError> {
         let Some(prefix) = parse_key(key) else {

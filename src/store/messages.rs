@@ -209,14 +209,17 @@ impl Store {
         let triggers = &thread.triggers;
         // An outlined thread is never auto-compacted: its outline keeps the context small, and a
         // compact boundary in its tail would cut the tail short.
-        if matches!(tokens, BatchTokens::Add(_))
-            && !triggers.outlined
-            && crosses_threshold(
-                thread.tokens_before,
-                thread.tokens_after,
-                triggers.auto_compact_tokens,
-            )
-        {
+        let threshold = triggers.auto_compact_tokens;
+        let eligible = matches!(tokens, BatchTokens::Add(_)) && !triggers.outlined;
+        let crossed =
+            eligible && crosses_threshold(thread.tokens_before, thread.tokens_after, threshold);
+        // Still above after an attempt that failed or found nothing: try again, backing off.
+        let retry = eligible
+            && !crossed
+            && threshold > 0
+            && thread.tokens_after >= threshold
+            && super::jobs::auto_compaction_due(tx, &thread.thread_key, now_millis()).await?;
+        if crossed || retry {
             let outcome = super::jobs::enqueue_in(
                 tx,
                 self.backend,
@@ -256,14 +259,37 @@ impl Store {
         after_seq: Option<i64>,
         limit: u32,
     ) -> Result<MessagePage, StoreError> {
+        self.list_messages_within(tenant, thread_id, after_seq, limit, i64::MAX)
+            .await
+    }
+
+    /// [`Store::list_messages`], also cut once the stored bodies reach `max_chars` characters
+    /// of JSON (counted in the database, so what is cut off is never loaded). The first message
+    /// is always returned, so a page always moves forward.
+    pub async fn list_messages_within(
+        &self,
+        tenant: &TenantId,
+        thread_id: &str,
+        after_seq: Option<i64>,
+        limit: u32,
+        max_chars: i64,
+    ) -> Result<MessagePage, StoreError> {
         let head = self.thread_head(tenant, thread_id).await?;
         let (thread_key, next_seq) = (head.thread_key, head.next_seq);
         let rows = sqlx::query(
-            "SELECT seq, body FROM messages WHERE thread_key = $1 AND seq > $2 ORDER BY seq LIMIT $3",
+            // The sizes of the page's rows only (the LIMIT applies before the running sum),
+            // then the bodies of those that fit.
+            "SELECT m.seq, m.body FROM \
+             (SELECT seq, SUM(size) OVER (ORDER BY seq) - size AS before_size FROM \
+              (SELECT seq, LENGTH(body) AS size FROM messages \
+               WHERE thread_key = $1 AND seq > $2 ORDER BY seq LIMIT $3) sizes) page \
+             JOIN messages m ON m.thread_key = $1 AND m.seq = page.seq \
+             WHERE page.before_size < $4 ORDER BY m.seq",
         )
         .bind(&thread_key)
         .bind(after_seq.unwrap_or(-1))
         .bind(i64::from(limit))
+        .bind(max_chars)
         .fetch_all(&self.pool)
         .await?;
         Ok(MessagePage {

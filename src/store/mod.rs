@@ -53,8 +53,17 @@ impl std::fmt::Display for MessageRef {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             MessageRef::Seq(seq) => write!(f, "seq {seq}"),
-            MessageRef::Uuid(uuid) => write!(f, "uuid {uuid}"),
+            // Echoed into problem details: a long value is cut, so a body stays small.
+            MessageRef::Uuid(uuid) => write!(f, "uuid {}", clip(uuid, 64)),
         }
+    }
+}
+
+/// `text` cut to at most `max` characters, marked with `…` when cut.
+pub fn clip(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    match text.char_indices().nth(max) {
+        Some((end, _)) => format!("{}…", &text[..end]).into(),
+        None => text.into(),
     }
 }
 
@@ -147,6 +156,46 @@ pub enum StoreError {
     Database(#[from] sqlx::Error),
     #[error(transparent)]
     Migrate(#[from] sqlx::migrate::MigrateError),
+}
+
+impl StoreError {
+    /// A fault of the database or of the way to it, not of the request: connection refused,
+    /// reset or closed, the server shutting down or restarting, no connection free in time, a
+    /// lock held too long ("database is locked"), a serialization failure or deadlock. Retrying
+    /// the same request later can succeed.
+    pub fn is_transient(&self) -> bool {
+        let StoreError::Database(error) = self else {
+            return false;
+        };
+        match error {
+            sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::Io(_)
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::Protocol(_)
+            | sqlx::Error::WorkerCrashed => true,
+            sqlx::Error::Database(db) => {
+                let code = db.code().unwrap_or_default();
+                // PostgreSQL: class 08 connection exception, 57P0x shutdown or restart, 53xxx
+                // insufficient resources, 40001 serialization failure, 40P01 deadlock.
+                // SQLite: 5 SQLITE_BUSY and 6 SQLITE_LOCKED, with their extended codes.
+                let postgres = code.starts_with("08")
+                    || code.starts_with("57P")
+                    || code.starts_with("53")
+                    || code == "40001"
+                    || code == "40P01";
+                let sqlite = code
+                    .parse::<i64>()
+                    .is_ok_and(|code| matches!(code & 0xff, 5 | 6));
+                let message = db.message();
+                postgres
+                    || sqlite
+                    || message.contains("database is locked")
+                    || message.contains("terminating connection")
+            }
+            _ => false,
+        }
+    }
 }
 
 /// Tables of per-thread data, all keyed by `thread_key`; deleting a thread empties them.

@@ -178,7 +178,13 @@ impl Store {
         })
     }
 
-    /// Removes the thread and everything stored under it, atomically.
+    /// Removes the thread and everything stored under it. The thread's row goes first, in a
+    /// transaction with its small tables, so from then on the thread is gone for every reader
+    /// and no job can write under it (tree and compaction writes check it in their own
+    /// transactions). On PostgreSQL the rest goes in the same transaction (row locks block no
+    /// one else). On SQLite, whose single write lock a long delete would hold against every
+    /// other writer, messages and tree nodes are then deleted in chunks of
+    /// [`DELETE_CHUNK_ROWS`], each its own transaction.
     pub async fn delete_thread(&self, tenant: &TenantId, id: &str) -> Result<(), StoreError> {
         let mut tx = self.writer.begin().await?;
         let thread_key: Option<String> = sqlx::query_scalar(
@@ -189,16 +195,97 @@ impl Store {
         .fetch_optional(&mut *tx)
         .await?;
         let thread_key = thread_key.ok_or(StoreError::ThreadNotFound)?;
+        let chunked = self.backend == super::Backend::Sqlite;
         for table in super::THREAD_DATA_TABLES {
+            if chunked && CHUNKED_TABLES.contains(table) {
+                continue;
+            }
             sqlx::query(&format!("DELETE FROM {table} WHERE thread_key = $1"))
                 .bind(&thread_key)
                 .execute(&mut *tx)
                 .await?;
         }
         tx.commit().await?;
+        if chunked {
+            self.delete_rows_in_chunks(&thread_key).await?;
+        }
         Ok(())
     }
+
+    /// Deletes a deleted thread's large tables a chunk per transaction (SQLite). A crash midway
+    /// leaves rows under a key no thread has, which nothing reads; [`Store::sweep_orphans`]
+    /// removes them at the next start.
+    async fn delete_rows_in_chunks(&self, thread_key: &str) -> Result<u64, StoreError> {
+        let mut deleted = 0;
+        for table in CHUNKED_TABLES {
+            loop {
+                let done = sqlx::query(&format!(
+                    "DELETE FROM {table} WHERE rowid IN \
+                     (SELECT rowid FROM {table} WHERE thread_key = $1 LIMIT $2)"
+                ))
+                .bind(thread_key)
+                .bind(DELETE_CHUNK_ROWS)
+                .execute(&self.writer)
+                .await?
+                .rows_affected();
+                deleted += done;
+                if done < DELETE_CHUNK_ROWS as u64 {
+                    break;
+                }
+            }
+        }
+        Ok(deleted)
+    }
+
+    /// Removes rows of the chunked tables left under keys no thread has (a delete interrupted
+    /// by a crash, SQLite only). Returns how many were removed.
+    pub async fn sweep_orphans(&self) -> Result<u64, StoreError> {
+        if self.backend != super::Backend::Sqlite {
+            return Ok(0);
+        }
+        let mut deleted = 0;
+        for table in CHUNKED_TABLES {
+            let orphans: Vec<String> = sqlx::query_scalar(&format!(
+                "SELECT DISTINCT thread_key FROM {table} t WHERE NOT EXISTS \
+                 (SELECT 1 FROM threads h WHERE h.thread_key = t.thread_key)"
+            ))
+            .fetch_all(&self.pool)
+            .await?;
+            for thread_key in orphans {
+                deleted += self.delete_rows_in_chunks(&thread_key).await?;
+            }
+        }
+        Ok(deleted)
+    }
+
+    /// Whether the thread still exists, read in the caller's transaction: background writes
+    /// (tree nodes, the outline) check it there, so nothing is written under a deleted thread.
+    /// On PostgreSQL the row is share-locked until the transaction ends, so a delete waits
+    /// for the write, then removes what it wrote.
+    pub(crate) async fn thread_exists_in(
+        tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+        backend: super::Backend,
+        thread_key: &str,
+    ) -> Result<bool, StoreError> {
+        let lock = match backend {
+            super::Backend::Postgres => " FOR SHARE",
+            super::Backend::Sqlite => "",
+        };
+        let found: Option<String> = sqlx::query_scalar(&format!(
+            "SELECT thread_key FROM threads WHERE thread_key = $1{lock}"
+        ))
+        .bind(thread_key)
+        .fetch_optional(&mut **tx)
+        .await?;
+        Ok(found.is_some())
+    }
 }
+
+/// Tables a thread can hold millions of rows in, deleted in chunks on SQLite.
+const CHUNKED_TABLES: &[&str] = &["messages", "tree_nodes"];
+
+/// Rows deleted per transaction when a thread is deleted on SQLite.
+pub(crate) const DELETE_CHUNK_ROWS: i64 = 5_000;
 
 #[cfg(test)]
 mod tests {

@@ -153,6 +153,9 @@ impl Store {
         let now = now_millis();
         let mut written = 0;
         let mut tx = self.writer.begin().await?;
+        if !Store::thread_exists_in(&mut tx, self.backend, thread_key).await? {
+            return Err(StoreError::ThreadNotFound);
+        }
         for chunk in nodes.chunks(NODE_INSERT_ROWS) {
             let rows: Vec<String> = (0..chunk.len())
                 .map(|row| {
@@ -263,6 +266,10 @@ impl Store {
             serde_json::to_string(&tiles).map_err(|e| StoreError::Corrupt(e.to_string()))?;
         let now = now_millis();
         let boundary = outline.boundary() as i64;
+        let mut tx = self.writer.begin().await?;
+        if !Store::thread_exists_in(&mut tx, self.backend, thread_key).await? {
+            return Err(StoreError::ThreadNotFound);
+        }
         let changed = if expected_version == 0 {
             sqlx::query(
                 "INSERT INTO outlines (thread_key, tiles, boundary, version, updated_at) \
@@ -272,7 +279,7 @@ impl Store {
             .bind(&tiles)
             .bind(boundary)
             .bind(now)
-            .execute(&self.writer)
+            .execute(&mut *tx)
             .await?
         } else {
             sqlx::query(
@@ -284,9 +291,10 @@ impl Store {
             .bind(now)
             .bind(thread_key)
             .bind(expected_version)
-            .execute(&self.writer)
+            .execute(&mut *tx)
             .await?
         };
+        tx.commit().await?;
         Ok(changed.rows_affected() == 1)
     }
 

@@ -77,3 +77,29 @@ fn normalize_costs_less_than_twice_a_parse_and_serialize() {
         assert!(t < 2.0 * baseline, "normalize too slow: {t} vs {baseline}");
     }
 }
+
+/// The cost ladder of a run of consecutive user messages (the hostile case of a quadratic
+/// merge): run with `cargo test --release --test api user_run_ladder -- --ignored --nocapture`.
+/// Prints each size's time and its ratio to the previous size; the figures go in BENCHMARKS.md.
+#[test]
+#[ignore]
+fn user_run_ladder() {
+    let mut previous: Option<f64> = None;
+    for n in [5_000, 10_000, 20_000, 40_000] {
+        let entries: Vec<Entry> = (0..n)
+            .map(|i| {
+                serde_json::from_value(json!({"seq": i, "uuid": format!("u{i}"), "type": "user",
+                    "message": {"role": "user", "content": format!("message {i} of the run")}}))
+                .unwrap()
+            })
+            .collect();
+        let opts = NormalizeOptions::default();
+        let t = best(|| {
+            let out = normalize(&entries, &opts);
+            assert_eq!(out.messages.len(), 1);
+        });
+        let ratio = previous.map(|p| t / p).unwrap_or(1.0);
+        println!("{n} user entries: {t:.4}s (x{ratio:.2} the previous size)");
+        previous = Some(t);
+    }
+}

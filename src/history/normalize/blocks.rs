@@ -33,7 +33,15 @@ pub fn block_type(v: &Value) -> Option<&str> {
 }
 
 pub fn is_type(v: &Value, t: &str) -> bool {
+    #[cfg(test)]
+    TYPE_CHECKS.with(|count| count.set(count.get() + 1));
     block_type(v) == Some(t)
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Block type checks made by this thread: the unit of work of the cost ladders in tests.
+    pub static TYPE_CHECKS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
 pub fn str_field<'a>(v: &'a Value, field: &str) -> Option<&'a str> {

@@ -5,22 +5,76 @@ use std::collections::HashMap;
 use serde_json::Value;
 
 use super::blocks::is_type;
-use super::{Ctx, Msg, RepairKind};
+use super::{Block, Ctx, Msg, RepairKind};
 
 /// `mergeUserMessages(a, b)`: `joinTextAtSeam` (when a's last and b's first blocks are both text,
 /// `"\n"` is appended to a's last text; blocks are not concatenated), then `hoistToolResults` (all
 /// `tool_result` blocks first, in order). Other fields come from `a`.
 pub fn merge_user(a: &mut Msg, b: Msg) {
-    if let (Some(last), Some(first)) = (a.blocks.last_mut(), b.blocks.first()) {
+    merge_user_run(a, vec![b]);
+}
+
+/// `a` merged with every message of `rest` in turn, exactly as repeated [`merge_user`] calls, in
+/// time linear in the blocks involved: the tool results and the other blocks are gathered apart
+/// and joined once, instead of hoisting the growing message again at every merge (a run of N
+/// user messages would cost N² block moves).
+pub fn merge_user_run(a: &mut Msg, rest: Vec<Msg>) {
+    let mut rest = rest.into_iter();
+    let Some(first) = rest.next() else {
+        return;
+    };
+    // The first seam sees `a` as it is; after the first merge `a` is hoisted.
+    join_text_at_seam(a.blocks.last_mut(), &first);
+    let (mut results, mut others): (Vec<Block>, Vec<Block>) = std::mem::take(&mut a.blocks)
+        .into_iter()
+        .partition(|b| is_type(&b.v, "tool_result"));
+    let absorb = |a: &mut Msg, results: &mut Vec<Block>, others: &mut Vec<Block>, b: Msg| {
+        for block in b.blocks {
+            if is_type(&block.v, "tool_result") {
+                results.push(block);
+            } else {
+                others.push(block);
+            }
+        }
+        a.srcs.extend(b.srcs);
+    };
+    absorb(a, &mut results, &mut others, first);
+    for b in rest {
+        let last = match others.last_mut() {
+            Some(last) => Some(last),
+            None => results.last_mut(),
+        };
+        join_text_at_seam(last, &b);
+        absorb(a, &mut results, &mut others, b);
+    }
+    results.extend(others);
+    a.blocks = results;
+}
+
+fn join_text_at_seam(last: Option<&mut Block>, b: &Msg) {
+    if let (Some(last), Some(first)) = (last, b.blocks.first()) {
         if is_type(&last.v, "text") && is_type(&first.v, "text") {
             if let Some(Value::String(t)) = last.v.get_mut("text") {
                 t.push('\n');
             }
         }
     }
-    a.blocks.extend(b.blocks);
-    a.srcs.extend(b.srcs);
-    hoist_tool_results(a);
+}
+
+/// User messages waiting to be merged into the message at `into` of the output (the last one),
+/// so that a run is merged once ([`merge_user_run`]) rather than message by message.
+#[derive(Default)]
+struct PendingUsers {
+    into: usize,
+    msgs: Vec<Msg>,
+}
+
+impl PendingUsers {
+    fn flush(&mut self, out: &mut [Msg]) {
+        if !self.msgs.is_empty() {
+            merge_user_run(&mut out[self.into], std::mem::take(&mut self.msgs));
+        }
+    }
 }
 
 /// Moves every `tool_result` block before the other blocks (stable). Returns whether the order
@@ -43,17 +97,24 @@ pub fn hoist_tool_results(m: &mut Msg) -> bool {
 pub fn merge_adjacent_users(msgs: Vec<Msg>, ctx: &mut Ctx) -> Vec<Msg> {
     let mut out: Vec<Msg> = Vec::with_capacity(msgs.len());
     let mut merged: Vec<usize> = Vec::new();
+    let mut pending = PendingUsers::default();
     for m in msgs {
-        match out.last_mut() {
+        match out.last() {
             Some(last) if last.is_user() && m.is_user() => {
-                merge_user(last, m);
-                if merged.last() != Some(&(out.len() - 1)) {
-                    merged.push(out.len() - 1);
+                let li = out.len() - 1;
+                if merged.last() != Some(&li) {
+                    merged.push(li);
                 }
+                pending.into = li;
+                pending.msgs.push(m);
             }
-            _ => out.push(m),
+            _ => {
+                pending.flush(&mut out);
+                out.push(m);
+            }
         }
     }
+    pending.flush(&mut out);
     for i in merged {
         report_users(&out[i], ctx);
     }
@@ -87,18 +148,25 @@ pub fn merge_messages(msgs: Vec<Msg>, ctx: &mut Ctx) -> Vec<Msg> {
     let mut barriers: Vec<usize> = Vec::new();
     let mut frag_merged: Vec<usize> = Vec::new();
     let mut user_merged: Vec<usize> = Vec::new();
+    // Users merging into the last output message wait here: assistants merged meanwhile go to
+    // earlier messages, so nothing reads the last one before the run is flushed.
+    let mut pending = PendingUsers::default();
     for m in msgs {
         if m.is_user() {
-            if let Some(last) = out.last_mut().filter(|l| l.is_user()) {
-                merge_user(last, m);
+            if out.last().is_some_and(|l| l.is_user()) {
                 let li = out.len() - 1;
                 if user_merged.last() != Some(&li) {
                     user_merged.push(li);
                 }
-                if barriers.last() == Some(&li) && out[li].has_tool_result() {
+                // A barrier user holds no tool_result so far: the merged turn holds one as soon
+                // as this message does.
+                if barriers.last() == Some(&li) && m.has_tool_result() {
                     barriers.pop();
                 }
+                pending.into = li;
+                pending.msgs.push(m);
             } else {
+                pending.flush(&mut out);
                 if !m.has_tool_result() {
                     barriers.push(out.len());
                 }
@@ -118,6 +186,7 @@ pub fn merge_messages(msgs: Vec<Msg>, ctx: &mut Ctx) -> Vec<Msg> {
                 frag_merged.push(t);
             }
             None => {
+                pending.flush(&mut out);
                 if let Some(id) = &m.id {
                     by_id.insert(id.clone(), out.len());
                 }
@@ -125,6 +194,7 @@ pub fn merge_messages(msgs: Vec<Msg>, ctx: &mut Ctx) -> Vec<Msg> {
             }
         }
     }
+    pending.flush(&mut out);
     frag_merged.sort_unstable();
     frag_merged.dedup();
     let mut events: Vec<(usize, bool)> = frag_merged.into_iter().map(|i| (i, true)).collect();
@@ -251,5 +321,91 @@ mod tests {
         );
         assert_eq!(ctx.repairs.len(), 1);
         assert_eq!(ctx.repairs[0].seqs, vec![0, 1, 2]);
+    }
+}
+
+#[cfg(test)]
+mod run_props {
+    use super::*;
+    use crate::history::model::Role;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    /// The merge as first written: seam, append, hoist the whole message again.
+    fn merge_user_plain(a: &mut Msg, b: Msg) {
+        join_text_at_seam(a.blocks.last_mut(), &b);
+        a.blocks.extend(b.blocks);
+        a.srcs.extend(b.srcs);
+        hoist_tool_results(a);
+    }
+
+    fn block(kind: u8, src: u32) -> Block {
+        let v = match kind % 3 {
+            0 => json!({"type": "text", "text": format!("t{src}")}),
+            1 => json!({"type": "tool_result", "tool_use_id": format!("id{src}"), "content": "r"}),
+            _ => json!({"type": "image", "source": {"type": "base64", "data": "x"}}),
+        };
+        Block { v, src }
+    }
+
+    fn user_msgs(shapes: &[Vec<u8>]) -> Vec<Msg> {
+        shapes
+            .iter()
+            .enumerate()
+            .map(|(i, kinds)| {
+                let src = i as u32;
+                Msg::new(
+                    Role::User,
+                    kinds.iter().map(|&k| block(k, src)).collect(),
+                    src,
+                )
+            })
+            .collect()
+    }
+
+    /// Block type checks made by a whole normalization of `n` consecutive user messages.
+    fn checks_for_user_run(n: usize) -> u64 {
+        let entries: Vec<crate::history::model::Entry> = (0..n)
+            .map(|i| {
+                serde_json::from_value(json!({"seq": i, "uuid": format!("u{i}"), "type": "user",
+                    "message": {"role": "user", "content": [
+                        {"type": "text", "text": format!("line {i}")},
+                        {"type": "tool_result", "tool_use_id": format!("t{i}"), "content": "r"}]}}))
+                .unwrap()
+            })
+            .collect();
+        let before = super::super::blocks::TYPE_CHECKS.with(|count| count.get());
+        let out = crate::history::normalize(&entries, &Default::default());
+        assert_eq!(out.messages.len(), 1, "the run becomes one user turn");
+        super::super::blocks::TYPE_CHECKS.with(|count| count.get()) - before
+    }
+
+    #[test]
+    fn normalizing_a_run_of_user_messages_costs_linear_work() {
+        // A ladder: four times the messages may cost at most about four times the work (a
+        // quadratic merge costs sixteen times).
+        let small = checks_for_user_run(500);
+        let large = checks_for_user_run(2_000);
+        assert!(
+            large <= small * 5,
+            "500 messages: {small} checks; 2,000 messages: {large} checks"
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn run_merge_equals_repeated_plain_merges(
+            shapes in proptest::collection::vec(proptest::collection::vec(0u8..3, 0..5), 1..12)
+        ) {
+            let mut msgs = user_msgs(&shapes);
+            let rest = msgs.split_off(1);
+            let mut plain = msgs[0].clone();
+            for b in rest.clone() {
+                merge_user_plain(&mut plain, b);
+            }
+            let mut run = msgs.remove(0);
+            merge_user_run(&mut run, rest);
+            prop_assert_eq!(run, plain);
+        }
     }
 }
