@@ -6,7 +6,8 @@
 //! - `/v1/admin/…`: the admin key (`LOUPE_ADMIN_KEY`) only;
 //! - `/v1/…`: a tenant's API key (open mode: the default tenant, no key);
 //! - `/metrics`: the admin key when one is set;
-//! - everything else (`/healthz`, `/readyz`, `/openapi.json`, `/docs`): public.
+//! - everything else (`/healthz`, `/readyz`, `/openapi.json`, `/docs`, the inspector page `/ui`
+//!   and its assets): public. The inspector reads its data through `/v1/…`, with a key.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -1,4 +1,5 @@
-//! Background jobs: `GET /v1/jobs/{job_id}`, and the compaction trigger
+//! Background jobs: `GET /v1/jobs/{job_id}`, a thread's latest jobs
+//! `GET /v1/threads/{thread_id}/jobs`, and the compaction trigger
 //! `POST /v1/threads/{thread_id}/compact`.
 
 use axum::extract::State;
@@ -10,7 +11,7 @@ use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::{router::OpenApiRouter, routes};
 
-use super::problem::{ApiError, ApiJson, ApiPath, Problem};
+use super::problem::{ApiError, ApiJson, ApiPath, ApiQuery, Problem};
 use super::threads::ThreadPath;
 use super::{AppState, Tenant};
 use crate::history::ingest::FieldError;
@@ -21,8 +22,12 @@ use crate::store::{millis_to_datetime, now_millis, Job, JobState};
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(get_job))
+        .routes(routes!(list_thread_jobs))
         .routes(routes!(compact_thread))
 }
+
+/// Most jobs `GET /v1/threads/{thread_id}/jobs` returns (the latest ones).
+const MAX_THREAD_JOBS: u32 = 100;
 
 /// Most rounds a compaction may be asked to keep.
 const MAX_KEEP_RECENT_ROUNDS: u32 = 10_000;
@@ -119,6 +124,46 @@ pub async fn get_job(
 ) -> Result<Json<JobResponse>, ApiError> {
     let job = state.store.get_job(&tenant, &path.job_id).await?;
     Ok(Json(job.into()))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ThreadJobsQuery {
+    /// Most jobs returned, newest first: 1–100, default 20.
+    pub limit: Option<u32>,
+}
+
+/// A thread's latest jobs, newest first.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct JobListResponse {
+    pub jobs: Vec<JobResponse>,
+}
+
+/// A thread's latest jobs (compaction and summary tree), newest first: each state, its attempts
+/// and its last error. Older succeeded tree jobs are deleted as newer ones finish.
+#[utoipa::path(
+    get, path = "/v1/threads/{thread_id}/jobs", tag = "jobs", operation_id = "listThreadJobs",
+    params(ThreadPath, ThreadJobsQuery),
+    responses(
+        (status = 200, description = "The thread's latest jobs, newest first", body = JobListResponse),
+        (status = 400, description = "`limit` out of 1–100 (`bad-request`)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such thread (`not-found`)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn list_thread_jobs(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    ApiPath(path): ApiPath<ThreadPath>,
+    ApiQuery(query): ApiQuery<ThreadJobsQuery>,
+) -> Result<Json<JobListResponse>, ApiError> {
+    let limit = super::page_limit(query.limit, 20, MAX_THREAD_JOBS)?;
+    let jobs = state
+        .store
+        .recent_thread_jobs(&tenant, &path.thread_id, limit)
+        .await?;
+    Ok(Json(JobListResponse {
+        jobs: jobs.into_iter().map(Into::into).collect(),
+    }))
 }
 
 #[derive(Debug, Default, Deserialize, ToSchema)]

@@ -12,6 +12,7 @@ pub mod problem;
 pub mod settings;
 pub mod threads;
 pub mod tree;
+pub mod ui;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -336,6 +337,7 @@ pub fn router(state: AppState) -> Router {
     let limits = state.limits.clone();
     api.route("/openapi.json", get(move || async move { Json(spec.as_ref().clone()) }))
         .merge(Scalar::with_url("/docs", openapi.as_ref().clone()))
+        .merge(ui::router())
         .fallback(|| async { ApiError::new(ProblemKind::NotFound, "no such route") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(ProblemKind::MethodNotAllowed, "method not allowed on this route")

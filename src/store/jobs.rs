@@ -499,6 +499,26 @@ impl Store {
         rows.iter().map(job_from_row).collect()
     }
 
+    /// The thread's latest `limit` jobs, newest first (one indexed read).
+    pub async fn recent_thread_jobs(
+        &self,
+        tenant: &TenantId,
+        thread_id: &str,
+        limit: u32,
+    ) -> Result<Vec<Job>, StoreError> {
+        let thread_key = self.thread_head(tenant, thread_id).await?.thread_key;
+        let rows = sqlx::query(&format!(
+            "SELECT {JOB_COLUMNS} FROM jobs WHERE thread_key = $1 AND tenant_id = $2 \
+             ORDER BY created_at DESC, job_id DESC LIMIT $3"
+        ))
+        .bind(&thread_key)
+        .bind(&tenant.0)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(job_from_row).collect()
+    }
+
     /// Claims the oldest claimable job: a pending job whose `run_after` has come, or a running
     /// job whose lease expired (its worker died) with attempts left. Running jobs whose lease
     /// expired on their last attempt are marked failed first. The claim gets a fresh lease token.

@@ -25,4 +25,5 @@ mod tenants;
 mod tree;
 mod tree_props;
 mod tree_replay;
+mod ui;
 mod validator_selftest;

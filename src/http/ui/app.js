@@ -1,0 +1,589 @@
+// The Loupe inspector. Reads everything through the tenant API (/v1/...), with the key kept in
+// this tab's sessionStorage in keyed mode. Stored content is only ever inserted as text.
+"use strict";
+
+(function () {
+  const PAGE = 100;
+  const POLL_MS = 700;
+  const FULL_REFRESH_MS = 3000;
+  const KEY_ITEM = "loupe.key";
+  const KNOWN_KINDS = ["user", "assistant", "attachment", "system", "progress"];
+
+  const state = {
+    threads: [],
+    threadsCursor: null,
+    threadId: null,
+    // First seq of the page shown; null follows the latest entries.
+    pageStart: null,
+    messageCount: null,
+    updatedAt: null,
+    lastFullRefresh: 0,
+    repairsBySeq: new Map(),
+    polling: false,
+  };
+
+  const $ = (id) => document.getElementById(id);
+
+  // Builds an element; strings become text nodes, never markup.
+  function h(tag, attrs, ...children) {
+    const element = document.createElement(tag);
+    for (const [name, value] of Object.entries(attrs || {})) {
+      if (value === null || value === undefined || value === false) continue;
+      if (name === "class") element.className = value;
+      else if (name.startsWith("on")) element.addEventListener(name.slice(2), value);
+      else element.setAttribute(name, value === true ? "" : String(value));
+    }
+    for (const child of children.flat()) {
+      if (child === null || child === undefined || child === false) continue;
+      element.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    }
+    return element;
+  }
+
+  function setStatus(text, isError) {
+    const status = $("status");
+    status.textContent = text;
+    status.classList.toggle("error", Boolean(isError));
+  }
+
+  function key() {
+    return sessionStorage.getItem(KEY_ITEM);
+  }
+
+  class ApiFailure extends Error {
+    constructor(status, problem) {
+      super((problem && (problem.detail || problem.title)) || "HTTP " + status);
+      this.status = status;
+      this.problem = problem;
+    }
+  }
+
+  async function api(path, options) {
+    const headers = { Accept: "application/json" };
+    const token = key();
+    if (token) headers.Authorization = "Bearer " + token;
+    const init = { method: "GET", headers, cache: "no-store" };
+    if (options && options.body !== undefined) {
+      init.method = "POST";
+      headers["Content-Type"] = "application/json";
+      init.body = JSON.stringify(options.body);
+    }
+    const response = await fetch(path, init);
+    let body = null;
+    try {
+      body = await response.json();
+    } catch (_) {
+      body = null;
+    }
+    if (!response.ok) {
+      if (response.status === 401 && document.body.dataset.mode === "keyed") {
+        setStatus("This page needs a valid API key: enter one above.", true);
+      }
+      throw new ApiFailure(response.status, body);
+    }
+    return body;
+  }
+
+  const enc = encodeURIComponent;
+  const threadPath = (suffix) => "/v1/threads/" + enc(state.threadId) + (suffix || "");
+
+  function time(value) {
+    if (!value) return "";
+    const date = new Date(value);
+    return isNaN(date) ? String(value) : date.toISOString().replace("T", " ").replace("Z", " UTC");
+  }
+
+  function json(value) {
+    return JSON.stringify(value, null, 2);
+  }
+
+  // ---- Threads -------------------------------------------------------------------------------
+
+  async function loadThreads(more) {
+    let path = "/v1/threads?limit=200";
+    if (more && state.threadsCursor) path += "&cursor=" + enc(state.threadsCursor);
+    const page = await api(path);
+    state.threads = more ? state.threads.concat(page.threads) : page.threads;
+    state.threadsCursor = page.next_cursor || null;
+    $("threads-more").hidden = !state.threadsCursor;
+    renderThreads();
+  }
+
+  function renderThreads() {
+    const needle = $("thread-search").value.trim().toLowerCase();
+    const list = $("thread-list");
+    list.replaceChildren();
+    for (const thread of state.threads) {
+      const metadata = JSON.stringify(thread.metadata || {});
+      const haystack = (thread.id + " " + metadata).toLowerCase();
+      if (needle && !haystack.includes(needle)) continue;
+      const current = thread.id === state.threadId;
+      list.append(
+        h(
+          "li",
+          {},
+          h(
+            "button",
+            {
+              type: "button",
+              class: "thread-button",
+              "data-thread": thread.id,
+              "aria-current": current ? "true" : null,
+              onclick: () => openThread(thread.id),
+            },
+            h("span", { class: "thread-id" }, thread.id),
+            h("span", { class: "muted" }, thread.message_count + " entries"),
+            metadata !== "{}" ? h("span", { class: "muted small" }, metadata) : null
+          )
+        )
+      );
+    }
+    if (!list.children.length) list.append(h("li", { class: "muted" }, "No thread matches."));
+  }
+
+  // ---- A thread --------------------------------------------------------------------------------
+
+  async function openThread(id) {
+    state.threadId = id;
+    state.pageStart = null;
+    state.messageCount = null;
+    state.updatedAt = null;
+    if (location.hash !== "#thread=" + enc(id)) history.replaceState(null, "", "#thread=" + enc(id));
+    renderThreads();
+    $("thread-title").textContent = "Thread " + id;
+    $("outline-lines").replaceChildren();
+    await refreshAll();
+    $("thread").focus();
+  }
+
+  async function refreshAll() {
+    if (!state.threadId) return;
+    state.lastFullRefresh = Date.now();
+    try {
+      const thread = await api(threadPath());
+      state.messageCount = thread.message_count;
+      state.updatedAt = thread.updated_at;
+      $("thread-meta").textContent =
+        thread.message_count +
+        " entries · created " +
+        time(thread.created_at) +
+        " · updated " +
+        time(thread.updated_at) +
+        " · metadata " +
+        JSON.stringify(thread.metadata || {});
+      // The context first: the history highlights its repairs.
+      const results = await Promise.allSettled([loadContext()]);
+      await Promise.allSettled([loadHistory(), loadOutline(), loadWork()]);
+      const failed = results.find((result) => result.status === "rejected");
+      setStatus(failed ? "Context: " + failed.reason.message : "Up to date · " + new Date().toLocaleTimeString(), Boolean(failed));
+    } catch (error) {
+      setStatus(error.message, true);
+    }
+  }
+
+  // ---- History ---------------------------------------------------------------------------------
+
+  function pageStartFor() {
+    if (state.pageStart !== null) return state.pageStart;
+    return Math.max(0, (state.messageCount || 0) - PAGE);
+  }
+
+  async function loadHistory() {
+    const start = pageStartFor();
+    let path = threadPath("/messages?limit=" + PAGE);
+    if (start > 0) path += "&after_seq=" + (start - 1);
+    const page = await api(path);
+    renderEntries(page.messages);
+    const last = page.messages.length ? page.messages[page.messages.length - 1].seq : start - 1;
+    $("page-range").textContent = page.messages.length
+      ? "seq " + start + "–" + last + " of " + page.next_seq
+      : "no entries";
+    $("page-seq").value = start;
+    $("page-prev").disabled = start === 0;
+    $("page-first").disabled = start === 0;
+    $("page-next").disabled = last + 1 >= page.next_seq;
+    $("page-last").disabled = last + 1 >= page.next_seq;
+  }
+
+  function goToPage(start) {
+    const total = state.messageCount || 0;
+    const latest = Math.max(0, total - PAGE);
+    state.pageStart = start >= latest ? null : Math.max(0, start);
+    loadHistory().catch((error) => setStatus(error.message, true));
+  }
+
+  function blockView(block, results) {
+    if (typeof block !== "object" || block === null) return h("p", { class: "text" }, String(block));
+    switch (block.type) {
+      case "text":
+        return h("p", { class: "text" }, block.text || "");
+      case "thinking":
+      case "redacted_thinking":
+        return h(
+          "details",
+          { class: "thinking" },
+          h("summary", {}, block.type === "thinking" ? "Thinking" : "Redacted thinking"),
+          h("pre", {}, block.thinking || block.data || "")
+        );
+      case "tool_use":
+      case "server_tool_use":
+      case "mcp_tool_use": {
+        const result = results.get(block.id);
+        return h(
+          "details",
+          { class: "tool-call", "data-tool-use": block.id, open: true },
+          h("summary", {}, "Tool call " + (block.name || "?") + " · " + (block.id || "")),
+          h("pre", {}, json(block.input)),
+          result
+            ? h("p", { class: "muted" }, "Result at seq " + result.seq + (result.block.is_error ? " (error)" : ""))
+            : h("p", { class: "muted" }, "No result on this page")
+        );
+      }
+      case "tool_result":
+        return h(
+          "details",
+          { class: "tool-result" + (block.is_error ? " is-error" : ""), "data-tool-result": block.tool_use_id, open: true },
+          h("summary", {}, "Tool result · " + (block.tool_use_id || "") + (block.is_error ? " · error" : "")),
+          typeof block.content === "string"
+            ? h("pre", {}, block.content)
+            : (block.content || []).map((inner) => blockView(inner, results))
+        );
+      case "image":
+      case "document": {
+        const source = block.source || {};
+        const name = block.title || block.name || source.media_type || source.type || "";
+        return h("p", { class: "media" }, (block.type === "image" ? "Image" : "Document") + (name ? ": " + name : ""));
+      }
+      default:
+        return h(
+          "details",
+          { class: "muted-block" },
+          h("summary", {}, "Block " + (block.type || "?")),
+          h("pre", {}, json(block))
+        );
+    }
+  }
+
+  function entryBody(entry, results) {
+    const message = entry.message;
+    if (message) {
+      const content = message.content;
+      if (typeof content === "string") return [h("p", { class: "text" }, content)];
+      return (content || []).map((block) => blockView(block, results));
+    }
+    const parts = [];
+    if (entry.content !== undefined) {
+      parts.push(h("pre", {}, typeof entry.content === "string" ? entry.content : json(entry.content)));
+    }
+    if (entry.compact_metadata) parts.push(h("pre", { class: "muted" }, json(entry.compact_metadata)));
+    if (!parts.length) parts.push(h("details", {}, h("summary", {}, "Entry"), h("pre", {}, json(entry))));
+    return parts;
+  }
+
+  function renderEntries(entries) {
+    // Tool results on this page, by the tool_use id they answer, to pair them with their calls.
+    const results = new Map();
+    for (const entry of entries) {
+      const content = entry.message && entry.message.content;
+      if (!Array.isArray(content)) continue;
+      for (const block of content) {
+        if (block && block.type === "tool_result") results.set(block.tool_use_id, { seq: entry.seq, block });
+      }
+    }
+    const list = $("entries");
+    list.replaceChildren();
+    let lastResponseId = null;
+    for (const entry of entries) {
+      const kind = entry.type;
+      const known = KNOWN_KINDS.includes(kind);
+      const boundary = kind === "system" && entry.subtype === "compact_boundary";
+      // A round starts at an assistant response with a new id (the same rule as /rounds).
+      const responseId = kind === "assistant" && entry.message ? entry.message.id || null : null;
+      const roundStart = kind === "assistant" && (responseId === null || responseId !== lastResponseId);
+      if (kind === "assistant") lastResponseId = responseId;
+      const classes = ["entry", "kind-" + (known ? kind : "unknown")];
+      if (!known || kind === "system" || kind === "progress" || entry.is_meta) classes.push("muted-entry");
+      if (boundary) classes.push("boundary");
+      if (entry.is_compact_summary) classes.push("summary");
+      if (roundStart) classes.push("round-start");
+      const repairs = state.repairsBySeq.get(entry.seq) || [];
+      if (repairs.length) classes.push("repaired");
+      const tags = [];
+      if (boundary) tags.push(h("span", { class: "tag tag-boundary" }, "compact boundary"));
+      if (entry.is_compact_summary) tags.push(h("span", { class: "tag tag-summary" }, "summary"));
+      if (roundStart) tags.push(h("span", { class: "tag" }, "round"));
+      if (entry.is_meta) tags.push(h("span", { class: "tag" }, "meta"));
+      if (entry.subtype && !boundary) tags.push(h("span", { class: "tag" }, entry.subtype));
+      list.append(
+        h(
+          "li",
+          { class: classes.join(" "), "data-seq": entry.seq, id: "seq-" + entry.seq },
+          h(
+            "div",
+            { class: "entry-head" },
+            h("span", { class: "seq" }, "#" + entry.seq),
+            h("span", { class: "kind" }, known ? kind : kind + " (unknown kind)"),
+            tags,
+            h("span", { class: "uuid muted small" }, entry.uuid || ""),
+            h("time", { class: "muted small", datetime: entry.created_at || "" }, time(entry.created_at))
+          ),
+          repairs.length
+            ? h(
+                "ul",
+                { class: "repair-notes", "aria-label": "Repairs of this entry" },
+                repairs.map((repair) => h("li", { class: "repair-note" }, h("strong", {}, repair.kind), " — " + repair.detail))
+              )
+            : null,
+          entryBody(entry, results)
+        )
+      );
+    }
+    if (!entries.length) list.append(h("li", { class: "muted" }, "No entries."));
+  }
+
+  // ---- Context ---------------------------------------------------------------------------------
+
+  async function loadContext() {
+    const provider = $("provider").value;
+    const context = await api(threadPath("/context?provider=" + enc(provider)));
+    state.repairsBySeq = new Map();
+    for (const repair of context.repairs || []) {
+      for (const seq of repair.seqs || []) {
+        if (!state.repairsBySeq.has(seq)) state.repairsBySeq.set(seq, []);
+        state.repairsBySeq.get(seq).push(repair);
+      }
+    }
+    $("context-summary").textContent =
+      (context.messages || []).length +
+      " messages · about " +
+      context.estimated_tokens +
+      " tokens" +
+      (context.boundary !== null && context.boundary !== undefined ? " · from the compact boundary at seq " + context.boundary : "");
+    const repairs = $("repairs");
+    repairs.replaceChildren();
+    for (const repair of context.repairs || []) {
+      repairs.append(
+        h(
+          "li",
+          { class: "repair", "data-kind": repair.kind },
+          h("strong", {}, repair.kind),
+          " ",
+          repair.detail,
+          " ",
+          (repair.seqs || []).map((seq) =>
+            h("button", { type: "button", class: "link", onclick: () => showSeq(seq) }, "seq " + seq)
+          )
+        )
+      );
+    }
+    if (!repairs.children.length) repairs.append(h("li", { class: "muted" }, "None: the history is sent as stored."));
+    const messages = $("context-messages");
+    messages.replaceChildren();
+    (context.messages || []).forEach((message, index) => {
+      const isSummary = index === 0 && context.boundary !== null && context.boundary !== undefined;
+      const content = message.content;
+      const body =
+        typeof content === "string"
+          ? [h("p", { class: "text" }, content)]
+          : Array.isArray(content)
+          ? content.map((block) => blockView(block, new Map()))
+          : [];
+      if (message.tool_calls) body.push(h("pre", {}, json(message.tool_calls)));
+      messages.append(
+        h(
+          "li",
+          { class: "context-message" + (isSummary ? " summary" : "") },
+          h("div", { class: "entry-head" }, h("span", { class: "kind" }, message.role), isSummary ? h("span", { class: "tag tag-summary" }, "summary after the boundary") : null),
+          body
+        )
+      );
+    });
+  }
+
+  async function showSeq(seq) {
+    goToPage(Math.floor(seq / PAGE) * PAGE);
+    setTimeout(() => {
+      const target = $("seq-" + seq);
+      if (target) {
+        target.scrollIntoView({ block: "center" });
+        target.classList.add("flash");
+      }
+    }, 300);
+  }
+
+  // ---- Outline ---------------------------------------------------------------------------------
+
+  async function loadOutline() {
+    const outline = await api(threadPath("/outline"));
+    const build = outline.build || {};
+    $("outline-status").textContent =
+      (outline.options && outline.options.enabled === false ? "Outline mode is off · " : "") +
+      (outline.boundary > 0 ? "covers seq 0–" + (outline.boundary - 1) : "covers no entry yet") +
+      " · version " +
+      outline.version +
+      " · build: " +
+      (build.last_job_state || "no job yet") +
+      ", " +
+      build.nodes +
+      " nodes" +
+      (build.last_error ? " · last error: " + build.last_error : "");
+    const list = $("outline-lines");
+    const version = String(outline.version);
+    // Keep lines the reader opened while the outline is unchanged.
+    if (list.dataset.version === version && list.children.length) return;
+    list.dataset.version = version;
+    list.replaceChildren(...outline.lines.map(lineView));
+    if (!outline.lines.length) list.append(h("li", { class: "muted" }, "No lines yet."));
+  }
+
+  function lineView(line) {
+    const label = line.id + "+" + line.n;
+    const zoomed = h("div", { class: "zoomed", hidden: true });
+    const button = h(
+      "button",
+      {
+        type: "button",
+        class: "line",
+        "data-line": label,
+        "aria-expanded": "false",
+        onclick: async () => {
+          const open = button.getAttribute("aria-expanded") === "true";
+          if (open) {
+            button.setAttribute("aria-expanded", "false");
+            zoomed.hidden = true;
+            return;
+          }
+          try {
+            const answer = await api(threadPath("/zoom"), { body: { id: line.id, n: line.n } });
+            zoomed.replaceChildren(zoomView(answer));
+            zoomed.hidden = false;
+            button.setAttribute("aria-expanded", "true");
+          } catch (error) {
+            setStatus("Zoom: " + error.message, true);
+          }
+        },
+      },
+      h("span", { class: "line-id" }, label),
+      " ",
+      line.text
+    );
+    return h("li", {}, button, zoomed);
+  }
+
+  function zoomView(answer) {
+    if (answer.is_error) return h("p", { class: "error" }, answer.content);
+    if (answer.lines && answer.lines.length) return h("ul", { class: "outline" }, answer.lines.map(lineView));
+    return h("pre", { class: "zoom-message" }, answer.content);
+  }
+
+  // ---- Jobs and cursors ------------------------------------------------------------------------
+
+  async function loadWork() {
+    const [jobs, cursors] = await Promise.all([api(threadPath("/jobs")), api(threadPath("/cursors"))]);
+    const jobRows = $("jobs").tBodies[0];
+    jobRows.replaceChildren(
+      ...jobs.jobs.map((job) =>
+        h(
+          "tr",
+          { class: "job-" + job.state },
+          h("td", {}, job.kind),
+          h("td", {}, job.state),
+          h("td", {}, job.attempts + " / " + job.max_attempts),
+          h("td", {}, job.last_error || "")
+        )
+      )
+    );
+    if (!jobs.jobs.length) jobRows.append(h("tr", {}, h("td", { colspan: 4, class: "muted" }, "No jobs.")));
+    const cursorRows = $("cursors").tBodies[0];
+    cursorRows.replaceChildren(
+      ...cursors.cursors.map((cursor) =>
+        h(
+          "tr",
+          {},
+          h("td", {}, cursor.name),
+          h("td", {}, cursor.bookmark ? "after seq " + cursor.bookmark.seq : "not advanced yet"),
+          h("td", {}, cursor.new_count + " new, " + cursor.pending_entries + " entries"),
+          h("td", {}, cursor.lease_expires_at ? "leased until " + time(cursor.lease_expires_at) : "free")
+        )
+      )
+    );
+    if (!cursors.cursors.length) cursorRows.append(h("tr", {}, h("td", { colspan: 4, class: "muted" }, "No cursors.")));
+  }
+
+  // ---- Live updates ----------------------------------------------------------------------------
+
+  async function poll() {
+    if (state.polling || !state.threadId || document.hidden) return;
+    state.polling = true;
+    try {
+      const thread = await api(threadPath());
+      const changed = thread.message_count !== state.messageCount || thread.updated_at !== state.updatedAt;
+      if (changed) {
+        await refreshAll();
+      } else if (Date.now() - state.lastFullRefresh > FULL_REFRESH_MS) {
+        // Jobs and the outline move without appends; the history and context do not.
+        state.lastFullRefresh = Date.now();
+        await Promise.all([loadOutline(), loadWork()]);
+      }
+    } catch (error) {
+      setStatus(error.message, true);
+    } finally {
+      state.polling = false;
+    }
+  }
+
+  // ---- Start -----------------------------------------------------------------------------------
+
+  function threadFromHash() {
+    const match = /^#thread=(.+)$/.exec(location.hash);
+    return match ? decodeURIComponent(match[1]) : null;
+  }
+
+  async function start() {
+    const form = $("key-form");
+    if (form) {
+      form.addEventListener("submit", (event) => {
+        event.preventDefault();
+        sessionStorage.setItem(KEY_ITEM, $("key-input").value.trim());
+        $("key-input").value = "";
+        boot();
+      });
+      $("key-forget").addEventListener("click", () => {
+        sessionStorage.removeItem(KEY_ITEM);
+        setStatus("Key forgotten.");
+      });
+    }
+    $("thread-search").addEventListener("input", renderThreads);
+    $("threads-more").addEventListener("click", () => loadThreads(true).catch((error) => setStatus(error.message, true)));
+    $("provider").addEventListener("change", refreshAll);
+    $("page-first").addEventListener("click", () => goToPage(0));
+    $("page-prev").addEventListener("click", () => goToPage(pageStartFor() - PAGE));
+    $("page-next").addEventListener("click", () => goToPage(pageStartFor() + PAGE));
+    $("page-last").addEventListener("click", () => goToPage(Number.MAX_SAFE_INTEGER));
+    $("page-seq").addEventListener("change", () => goToPage(Number($("page-seq").value) || 0));
+    window.addEventListener("hashchange", () => {
+      const id = threadFromHash();
+      if (id && id !== state.threadId) openThread(id);
+    });
+    setInterval(poll, POLL_MS);
+    await boot();
+  }
+
+  async function boot() {
+    if (document.body.dataset.mode === "keyed" && !key()) {
+      setStatus("Enter an API key to read this tenant's threads.");
+      return;
+    }
+    try {
+      await loadThreads(false);
+      setStatus("Connected.");
+      const id = threadFromHash();
+      if (id) await openThread(id);
+    } catch (error) {
+      setStatus(error.message, true);
+    }
+  }
+
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
+  else start();
+})();
