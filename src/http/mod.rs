@@ -289,6 +289,7 @@ pub fn router(state: AppState) -> Router {
         .layer(CatchPanicLayer::custom(|_| {
             ApiError::new(ProblemKind::Internal, "a handler panicked").into_response()
         }))
+        .layer(middleware::from_fn(observe::log_faults))
         .layer(middleware::from_fn(observe::record_metrics))
         .layer(PropagateRequestIdLayer::new(request_id.clone()))
         .layer(

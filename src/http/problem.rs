@@ -4,6 +4,9 @@ use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts};
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use std::error::Error;
+use std::sync::Arc;
+
 use serde::Serialize;
 use serde_json::{Map, Value};
 use utoipa::ToSchema;
@@ -11,130 +14,78 @@ use utoipa::ToSchema;
 use crate::history::ingest::FieldError;
 use crate::store::{MessageRef, StoreError};
 
-/// Every problem `type` Loupe answers with. The URN is stable: clients switch on it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ProblemKind {
+/// Declares the problem kinds as one table: each kind with its slug, HTTP status and title.
+macro_rules! problem_kinds {
+    ($($(#[$doc:meta])* $kind:ident => ($slug:literal, $status:ident, $title:literal),)*) => {
+        /// Every problem `type` Loupe answers with. The URN is stable: clients switch on it.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum ProblemKind {
+            $($(#[$doc])* $kind,)*
+        }
+
+        impl ProblemKind {
+            /// Every kind, in table order (the `type` enum of the OpenAPI document).
+            pub const ALL: &'static [ProblemKind] = &[$(ProblemKind::$kind),*];
+
+            const fn row(self) -> (&'static str, StatusCode, &'static str) {
+                match self {
+                    $(ProblemKind::$kind => ($slug, StatusCode::$status, $title),)*
+                }
+            }
+        }
+    };
+}
+
+problem_kinds! {
     /// Malformed JSON, a bad query string or path parameter.
-    BadRequest,
+    BadRequest => ("bad-request", BAD_REQUEST, "Bad request"),
     /// Well-formed JSON whose values are wrong; `errors` names the fields.
-    Validation,
-    NotFound,
-    ThreadExists,
+    Validation => ("validation", UNPROCESSABLE_ENTITY, "Invalid field"),
+    NotFound => ("not-found", NOT_FOUND, "Not found"),
+    ThreadExists => ("thread-exists", CONFLICT, "Thread already exists"),
     /// `expected_next_seq` did not match: another writer appended first.
-    SeqConflict,
+    SeqConflict => ("seq-conflict", CONFLICT, "Another writer appended first"),
     /// A message uuid is already stored with different content.
-    UuidConflict,
+    UuidConflict => ("uuid-conflict", CONFLICT, "Message uuid already used"),
     /// Part of the batch is stored already; a retry must resend the exact batch.
-    PartialReplay,
+    PartialReplay => ("partial-replay", CONFLICT, "Batch partly stored"),
     /// The context window holds too many entries to load: compact the thread.
-    WindowTooLarge,
+    WindowTooLarge => ("window-too-large", UNPROCESSABLE_ENTITY, "Context too large"),
     /// A cursor's bookmark is not where `expected` says, or the caller's lease was taken over.
-    CursorConflict,
+    CursorConflict => ("cursor-conflict", CONFLICT, "The cursor moved"),
     /// Another worker holds the cursor's lease; `lease_expires_at` says until when.
-    CursorLeased,
+    CursorLeased => ("cursor-leased", CONFLICT, "The cursor is leased"),
     /// A cursor cannot move back.
-    CursorBackward,
-    PayloadTooLarge,
-    UnsupportedMediaType,
-    MethodNotAllowed,
-    Timeout,
-    Unavailable,
-    Internal,
+    CursorBackward => ("cursor-backward", UNPROCESSABLE_ENTITY, "A cursor moves forward only"),
+    PayloadTooLarge => ("payload-too-large", PAYLOAD_TOO_LARGE, "Request body too large"),
+    UnsupportedMediaType => ("unsupported-media-type", UNSUPPORTED_MEDIA_TYPE, "Unsupported media type"),
+    MethodNotAllowed => ("method-not-allowed", METHOD_NOT_ALLOWED, "Method not allowed"),
+    Timeout => ("timeout", SERVICE_UNAVAILABLE, "Request timed out"),
+    Unavailable => ("unavailable", SERVICE_UNAVAILABLE, "Service unavailable"),
+    Internal => ("internal", INTERNAL_SERVER_ERROR, "Internal error"),
     /// No credentials, or credentials that are not a valid, active key.
-    Unauthorized,
+    Unauthorized => ("unauthorized", UNAUTHORIZED, "Unauthorized"),
     /// Valid credentials that may not use this endpoint (a tenant key on the admin API).
-    Forbidden,
+    Forbidden => ("forbidden", FORBIDDEN, "Forbidden"),
     /// The tenant's rate limit is exhausted; `Retry-After` says when to come back.
-    RateLimited,
+    RateLimited => ("rate-limited", TOO_MANY_REQUESTS, "Rate limit exceeded"),
     /// Too many expensive requests at once; retry shortly.
-    Overloaded,
-    TenantExists,
-    OutlineDisabled,
+    Overloaded => ("overloaded", SERVICE_UNAVAILABLE, "Service overloaded"),
+    TenantExists => ("tenant-exists", CONFLICT, "Tenant already exists"),
+    OutlineDisabled => ("outline-disabled", CONFLICT, "The thread is not in outline mode"),
 }
 
 impl ProblemKind {
     pub fn slug(self) -> &'static str {
-        match self {
-            ProblemKind::BadRequest => "bad-request",
-            ProblemKind::Validation => "validation",
-            ProblemKind::NotFound => "not-found",
-            ProblemKind::ThreadExists => "thread-exists",
-            ProblemKind::SeqConflict => "seq-conflict",
-            ProblemKind::UuidConflict => "uuid-conflict",
-            ProblemKind::PartialReplay => "partial-replay",
-            ProblemKind::WindowTooLarge => "window-too-large",
-            ProblemKind::CursorConflict => "cursor-conflict",
-            ProblemKind::CursorLeased => "cursor-leased",
-            ProblemKind::CursorBackward => "cursor-backward",
-            ProblemKind::PayloadTooLarge => "payload-too-large",
-            ProblemKind::UnsupportedMediaType => "unsupported-media-type",
-            ProblemKind::MethodNotAllowed => "method-not-allowed",
-            ProblemKind::Timeout => "timeout",
-            ProblemKind::Unavailable => "unavailable",
-            ProblemKind::Internal => "internal",
-            ProblemKind::Unauthorized => "unauthorized",
-            ProblemKind::Forbidden => "forbidden",
-            ProblemKind::RateLimited => "rate-limited",
-            ProblemKind::Overloaded => "overloaded",
-            ProblemKind::TenantExists => "tenant-exists",
-            ProblemKind::OutlineDisabled => "outline-disabled",
-        }
+        self.row().0
     }
 
     pub fn status(self) -> StatusCode {
-        match self {
-            ProblemKind::BadRequest => StatusCode::BAD_REQUEST,
-            ProblemKind::Validation | ProblemKind::WindowTooLarge | ProblemKind::CursorBackward => {
-                StatusCode::UNPROCESSABLE_ENTITY
-            }
-            ProblemKind::NotFound => StatusCode::NOT_FOUND,
-            ProblemKind::ThreadExists
-            | ProblemKind::TenantExists
-            | ProblemKind::SeqConflict
-            | ProblemKind::UuidConflict
-            | ProblemKind::PartialReplay
-            | ProblemKind::CursorConflict
-            | ProblemKind::CursorLeased
-            | ProblemKind::OutlineDisabled => StatusCode::CONFLICT,
-            ProblemKind::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            ProblemKind::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            ProblemKind::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            ProblemKind::Timeout | ProblemKind::Unavailable | ProblemKind::Overloaded => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
-            ProblemKind::Unauthorized => StatusCode::UNAUTHORIZED,
-            ProblemKind::Forbidden => StatusCode::FORBIDDEN,
-            ProblemKind::RateLimited => StatusCode::TOO_MANY_REQUESTS,
-            ProblemKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
-        }
+        self.row().1
     }
 
     fn title(self) -> &'static str {
-        match self {
-            ProblemKind::BadRequest => "Bad request",
-            ProblemKind::Validation => "Invalid field",
-            ProblemKind::NotFound => "Not found",
-            ProblemKind::ThreadExists => "Thread already exists",
-            ProblemKind::SeqConflict => "Another writer appended first",
-            ProblemKind::UuidConflict => "Message uuid already used",
-            ProblemKind::PartialReplay => "Batch partly stored",
-            ProblemKind::WindowTooLarge => "Context too large",
-            ProblemKind::CursorConflict => "The cursor moved",
-            ProblemKind::CursorLeased => "The cursor is leased",
-            ProblemKind::CursorBackward => "A cursor moves forward only",
-            ProblemKind::PayloadTooLarge => "Request body too large",
-            ProblemKind::UnsupportedMediaType => "Unsupported media type",
-            ProblemKind::MethodNotAllowed => "Method not allowed",
-            ProblemKind::Timeout => "Request timed out",
-            ProblemKind::Unavailable => "Service unavailable",
-            ProblemKind::Internal => "Internal error",
-            ProblemKind::Unauthorized => "Unauthorized",
-            ProblemKind::Forbidden => "Forbidden",
-            ProblemKind::RateLimited => "Rate limit exceeded",
-            ProblemKind::OutlineDisabled => "The thread is not in outline mode",
-            ProblemKind::Overloaded => "Service overloaded",
-            ProblemKind::TenantExists => "Tenant already exists",
-        }
+        self.row().2
     }
 
     pub fn type_uri(self) -> String {
@@ -172,7 +123,12 @@ pub struct ApiError {
     pub extensions: Map<String, Value>,
     /// Extra response headers (`WWW-Authenticate`, `Retry-After`); boxed to keep errors small.
     pub headers: Option<Box<HeaderMap>>,
+    /// The fault behind a 5xx, kept whole so its cause chain reaches the log.
+    pub source: Option<Source>,
 }
+
+/// The error behind a fault; a thin pointer, to keep `ApiError` small.
+pub type Source = Arc<Box<dyn Error + Send + Sync>>;
 
 impl ApiError {
     pub fn new(kind: ProblemKind, detail: impl Into<String>) -> Self {
@@ -181,7 +137,25 @@ impl ApiError {
             detail: detail.into(),
             extensions: Map::new(),
             headers: None,
+            source: None,
         }
+    }
+
+    /// A 500 `internal` caused by `source`; its message and causes are logged, never sent.
+    pub fn internal(source: impl Error + Send + Sync + 'static) -> Self {
+        ApiError {
+            source: Some(Arc::new(Box::new(source))),
+            ..ApiError::new(
+                ProblemKind::Internal,
+                "the server failed to handle the request",
+            )
+        }
+    }
+
+    /// Keeps `source` as the cause of this error (logged, never sent).
+    pub fn caused_by(mut self, source: impl Error + Send + Sync + 'static) -> Self {
+        self.source = Some(Arc::new(Box::new(source)));
+        self
     }
 
     pub fn with_header(mut self, name: HeaderName, value: HeaderValue) -> Self {
@@ -240,9 +214,6 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        if self.kind == ProblemKind::Internal {
-            tracing::error!(detail = %self.detail, "internal error");
-        }
         let status = self.kind.status();
         let mut problem = self.problem();
         if self.kind == ProblemKind::Internal {
@@ -253,7 +224,39 @@ impl IntoResponse for ApiError {
         if let Some(headers) = self.headers {
             response.headers_mut().extend(*headers);
         }
+        if self.kind == ProblemKind::Internal || self.source.is_some() {
+            // Logged once, inside the request's span, by `observe::log_faults`.
+            response.extensions_mut().insert(Fault {
+                kind: self.kind,
+                detail: self.detail,
+                source: self.source,
+            });
+        }
         response
+    }
+}
+
+/// A server-side failure travelling with its response to the middleware that logs it.
+#[derive(Clone)]
+pub struct Fault {
+    pub kind: ProblemKind,
+    pub detail: String,
+    pub source: Option<Source>,
+}
+
+impl std::fmt::Display for Fault {
+    /// The detail, then each cause in turn: `detail: cause: its cause`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.detail)?;
+        let mut cause: Option<&(dyn Error + 'static)> = match &self.source {
+            Some(source) => Some(source.as_ref().as_ref()),
+            None => None,
+        };
+        while let Some(error) = cause {
+            write!(f, ": {error}")?;
+            cause = error.source();
+        }
+        Ok(())
     }
 }
 
@@ -336,11 +339,12 @@ impl From<StoreError> for ApiError {
             } => ApiError::new(ProblemKind::CursorBackward, error.to_string())
                 .with("current_seq", current_seq)
                 .with("target_seq", target_seq),
-            StoreError::Database(sqlx::Error::PoolTimedOut) => ApiError::new(
+            error @ StoreError::Database(sqlx::Error::PoolTimedOut) => ApiError::new(
                 ProblemKind::Unavailable,
                 "the database is busy; retry shortly",
-            ),
-            other => ApiError::new(ProblemKind::Internal, other.to_string()),
+            )
+            .caused_by(error),
+            other => ApiError::internal(other),
         }
     }
 }
@@ -385,3 +389,30 @@ pub struct ApiQuery<T>(pub T);
 #[derive(FromRequestParts)]
 #[from_request(via(axum::extract::Path), rejection(ApiError))]
 pub struct ApiPath<T>(pub T);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_has_its_own_slug_and_an_error_status() {
+        let mut slugs = std::collections::HashSet::new();
+        for kind in ProblemKind::ALL {
+            assert!(slugs.insert(kind.slug()), "{kind:?}: slug used twice");
+            assert!(kind.status().as_u16() >= 400, "{kind:?}");
+            assert!(!kind.title().is_empty(), "{kind:?}");
+        }
+    }
+
+    #[test]
+    fn a_fault_travels_with_its_cause_chain_and_stays_out_of_the_body() {
+        let cause = StoreError::Database(sqlx::Error::Io(std::io::Error::other("disk gone")));
+        let response = ApiError::from(cause).into_response();
+        assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        let fault = response.extensions().get::<Fault>().expect("the fault");
+        assert!(fault.to_string().contains("disk gone"), "{fault}");
+        // A caller's mistake carries no fault: nothing to log.
+        let response = ApiError::not_found("thread").into_response();
+        assert!(response.extensions().get::<Fault>().is_none());
+    }
+}
