@@ -440,7 +440,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Some(Command::Openapi) => {
-            println!("{}", crate::http::openapi().to_pretty_json()?);
+            println!("{}", serde_json::to_string_pretty(&crate::http::openapi())?);
             Ok(())
         }
         Some(Command::Keys(command)) => keys(command).await,

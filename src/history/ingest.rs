@@ -34,10 +34,11 @@ impl FieldError {
 /// Checks one entry; `path` names it in the request (`messages[3]`).
 pub fn check_entry(entry: &Entry, path: &str) -> Result<(), FieldError> {
     if let Some(uuid) = &entry.uuid {
-        if uuid.is_empty() || uuid.len() > MAX_UUID_LEN || uuid.contains('\0') {
+        // Characters, as JSON Schema's `maxLength` counts them.
+        if uuid.is_empty() || uuid.chars().count() > MAX_UUID_LEN || uuid.contains('\0') {
             return Err(FieldError::new(
                 format!("{path}.uuid"),
-                format!("must be 1 to {MAX_UUID_LEN} bytes, without NUL characters"),
+                format!("must be 1 to {MAX_UUID_LEN} characters, without NUL characters"),
             ));
         }
     }

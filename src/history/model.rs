@@ -97,8 +97,10 @@ pub struct Entry {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(read_only)]
     pub seq: Option<i64>,
-    /// Unique within the thread; generated when omitted. Re-sending the same uuid is idempotent.
+    /// Unique within the thread (and within a batch); generated when omitted. Re-sending the same
+    /// uuid is idempotent. 1–200 characters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(min_length = 1, max_length = 200)]
     pub uuid: Option<String>,
     #[serde(rename = "type")]
     pub kind: EntryKind,
@@ -121,8 +123,9 @@ pub struct Entry {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub subtype: Option<String>,
     /// For `system` entries: their text (a `local_command` entry's output becomes user text).
+    /// Any JSON value.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
+    #[schema(value_type = Option<serde_json::Value>)]
     pub content: Option<Value>,
     /// For a `compact_boundary` entry: trigger, tokens before, messages summarized, summarizer,
     /// preserved segment.

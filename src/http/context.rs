@@ -37,7 +37,11 @@ pub struct ContextOptions {
     #[param(value_type = Option<Provider>)]
     pub provider: Provider,
     /// The names of the tools available now, comma-separated. `tool_reference` blocks naming
-    /// other tools are stripped. Omitted: every tool is available.
+    /// other tools are stripped. Omitted: every tool is available. Each name is 1–64 characters
+    /// of `[A-Za-z0-9_-]`; blanks around names and empty items are ignored.
+    #[param(
+        pattern = r"^[ \t]*([A-Za-z0-9_-]{1,64}[ \t]*)?(,[ \t]*([A-Za-z0-9_-]{1,64}[ \t]*)?)*$"
+    )]
     pub tools: Option<String>,
     /// `keep` replays signed thinking blocks verbatim (the default); `strip` drops every thinking
     /// block (a model switch, or thinking turned off).
@@ -197,6 +201,7 @@ pub struct OutlineRef {
         (status = 200, description = "The normalized context", body = ContextResponse),
         (status = 400, description = "A bad option (`bad-request`)", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such thread (`not-found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`view=outline` on a thread not in outline mode (`outline-disabled`)", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "The context is too large to load (`window-too-large`): compact the thread", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Too many expensive requests at once (`overloaded`); see `Retry-After`", body = Problem, content_type = "application/problem+json"),
     )

@@ -38,8 +38,10 @@ const DEFAULT_BATCH: u32 = 100;
 #[into_params(parameter_in = Path)]
 pub struct CursorPath {
     /// The thread's id.
+    #[param(pattern = r"^[A-Za-z0-9._:-]+$", min_length = 1, max_length = 128)]
     pub thread_id: String,
     /// The consumer's name: 1–64 characters of `[A-Za-z0-9._:-]`.
+    #[param(pattern = r"^[A-Za-z0-9._:-]+$", min_length = 1, max_length = 64)]
     pub name: String,
 }
 
@@ -125,6 +127,7 @@ pub enum BatchFormat {
 #[into_params(parameter_in = Query)]
 pub struct PendingQuery {
     /// Most entries in the batch, 1–1000 (default 100).
+    #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<u32>,
     /// `raw` (the default) or `normalized`.
     #[serde(default)]
@@ -197,8 +200,11 @@ fn normalize_batch(entries: &[Entry], options: &ContextOptions) -> Result<Normal
 #[schema(example = json!({"limit": 50, "lease_seconds": 120}))]
 pub struct ClaimRequest {
     /// Most entries in the batch, 1–1000 (default 100).
+    #[schema(minimum = 1, maximum = 1000)]
     pub limit: Option<u32>,
-    /// How long the lease lives, 1 to the server's maximum (default: the server's, 60 s).
+    /// How long the lease lives, 1 to the server's maximum, `--cursor-lease-max-secs` (3,600
+    /// unless configured; default: `--cursor-lease-secs`, 60).
+    #[schema(minimum = 1, maximum = 3600)]
     pub lease_seconds: Option<u64>,
 }
 
@@ -319,9 +325,8 @@ pub async fn get_pending(
         DEFAULT_BATCH,
         state.limits.max_page_size_messages,
     )?;
-    if query.format == BatchFormat::Normalized {
-        options.normalize_options()?;
-    }
+    // Checked whatever the format, as the document states the options' rules.
+    options.normalize_options()?;
     let batch = state
         .store
         .cursor_pending(&tenant, &path.thread_id, &path.name, limit, now_millis())
@@ -377,9 +382,7 @@ pub async fn claim_cursor(
             }))
         }
     };
-    if query.format == BatchFormat::Normalized {
-        options.normalize_options()?;
-    }
+    options.normalize_options()?;
     let lease_ms = i64::try_from(lease_seconds.saturating_mul(1_000)).unwrap_or(i64::MAX);
     let claim = state
         .store

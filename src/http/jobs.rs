@@ -31,8 +31,9 @@ const MAX_THREAD_JOBS: u32 = 100;
 
 /// Most rounds a compaction may be asked to keep.
 const MAX_KEEP_RECENT_ROUNDS: u32 = 10_000;
-/// Longest custom instructions for a compaction summary, in bytes.
-const MAX_INSTRUCTIONS_BYTES: usize = 16 * 1024;
+/// Longest custom instructions for a compaction summary, in characters (JSON Schema's
+/// `maxLength` counts characters).
+const MAX_INSTRUCTIONS_CHARS: usize = 16 * 1024;
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Path)]
@@ -171,8 +172,10 @@ pub async fn list_thread_jobs(
 #[schema(example = json!({"keep_recent_rounds": 2, "instructions": "Keep the exact error messages."}))]
 pub struct CompactRequest {
     /// API rounds kept whole after the summary (default 2).
+    #[schema(maximum = 10000)]
     pub keep_recent_rounds: Option<u32>,
     /// Extra instructions for a model summarizer (the extractive summarizer ignores them).
+    #[schema(max_length = 16384)]
     pub instructions: Option<String>,
 }
 
@@ -209,10 +212,10 @@ pub async fn compact_thread(
         }));
     }
     if let Some(instructions) = &request.instructions {
-        if instructions.len() > MAX_INSTRUCTIONS_BYTES {
+        if instructions.chars().count() > MAX_INSTRUCTIONS_CHARS {
             return Err(ApiError::field(FieldError {
                 path: "instructions".to_owned(),
-                problem: format!("at most {MAX_INSTRUCTIONS_BYTES} bytes"),
+                problem: format!("at most {MAX_INSTRUCTIONS_CHARS} characters"),
             }));
         }
     }

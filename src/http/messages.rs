@@ -31,7 +31,9 @@ pub fn router() -> OpenApiRouter<AppState> {
     "expected_next_seq": 0
 }))]
 pub struct AppendMessagesRequest {
-    /// The batch, stored all or nothing, in order.
+    /// The batch, stored all or nothing, in order: 1 to `--max-batch-messages` (10,000 unless
+    /// configured) entries.
+    #[schema(min_items = 1, max_items = 10000)]
     pub messages: Vec<Entry>,
     /// Compare-and-append: 409 `seq-conflict` (nothing written) unless the thread's next seq is
     /// this value.
@@ -68,6 +70,7 @@ pub struct ListMessagesQuery {
     /// Return messages with a greater seq (from the start when omitted).
     pub after_seq: Option<i64>,
     /// Page size, 1–1000 (default 100).
+    #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<u32>,
 }
 

@@ -3,6 +3,7 @@
 pub mod admin;
 pub mod context;
 pub mod cursors;
+pub mod document;
 pub mod guard;
 pub mod health;
 pub mod jobs;
@@ -180,7 +181,9 @@ pub(crate) fn page_limit(requested: Option<u32>, default: u32, max: u32) -> Resu
         (name = "tree", description = "The summary tree: the outline and zoom(id, n)"),
         (name = "admin", description = "Tenants and API keys (admin key only)"),
         (name = "operations", description = "Health, readiness and metrics"),
-    )
+    ),
+    // Named only by query parameters, which utoipa does not collect.
+    components(schemas(context::ContextView)),
 )]
 struct ApiDoc;
 
@@ -205,9 +208,9 @@ fn documented_api() -> (Router<AppState>, utoipa::openapi::OpenApi) {
     (router, openapi)
 }
 
-/// The OpenAPI document of the whole API.
-pub fn openapi() -> utoipa::openapi::OpenApi {
-    documented_api().1
+/// The OpenAPI document of the whole API, as served at `/openapi.json`.
+pub fn openapi() -> serde_json::Value {
+    document::complete(&documented_api().1)
 }
 
 /// Declares the `bearer` (tenant key) and `admin` schemes and puts them on the operations that
@@ -331,7 +334,7 @@ fn document_security(openapi: &mut utoipa::openapi::OpenApi) {
 pub fn router(state: AppState) -> Router {
     crate::metrics::init();
     let (api, openapi) = documented_api();
-    let openapi = Arc::new(openapi);
+    let openapi = Arc::new(document::complete(&openapi));
     let spec = openapi.clone();
     let request_id = HeaderName::from_static("x-request-id");
     let limits = state.limits.clone();
@@ -349,6 +352,7 @@ pub fn router(state: AppState) -> Router {
         .layer(CatchPanicLayer::custom(|_| {
             ApiError::new(ProblemKind::Internal, "a handler panicked").into_response()
         }))
+        .layer(middleware::from_fn(observe::log_faults))
         .layer(middleware::from_fn(observe::record_metrics))
         .layer(PropagateRequestIdLayer::new(request_id.clone()))
         .layer(

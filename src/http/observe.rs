@@ -10,7 +10,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use utoipa_axum::{router::OpenApiRouter, routes};
 
-use super::problem::Problem;
+use super::problem::{Fault, Problem, ProblemKind};
 use super::AppState;
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -43,6 +43,20 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
         crate::metrics::render(),
     )
         .into_response()
+}
+
+/// Logs the fault behind a 5xx answer once, with its cause chain, inside the request's span
+/// (`ApiError` only attaches it to the response: the error path itself does not log).
+pub async fn log_faults(request: Request, next: Next) -> Response {
+    let mut response = next.run(request).await;
+    if let Some(fault) = response.extensions_mut().remove::<Fault>() {
+        if fault.kind == ProblemKind::Internal {
+            tracing::error!(kind = fault.kind.slug(), error = %fault, "request failed");
+        } else {
+            tracing::warn!(kind = fault.kind.slug(), error = %fault, "request failed");
+        }
+    }
+    response
 }
 
 /// Counts every answered request by method, route template and status, with its latency.

@@ -1,9 +1,14 @@
 //! Errors as `application/problem+json` (RFC 9457), with a stable `type` per kind of failure.
 
+use axum::body::Bytes;
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
-use axum::extract::{FromRequest, FromRequestParts};
+use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use std::error::Error;
+use std::sync::Arc;
+
+use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::{Map, Value};
 use utoipa::ToSchema;
@@ -11,135 +16,80 @@ use utoipa::ToSchema;
 use crate::history::ingest::FieldError;
 use crate::store::{MessageRef, StoreError};
 
-/// Every problem `type` Loupe answers with. The URN is stable: clients switch on it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ProblemKind {
+/// Declares the problem kinds as one table: each kind with its slug, HTTP status and title.
+macro_rules! problem_kinds {
+    ($($(#[$doc:meta])* $kind:ident => ($slug:literal, $status:ident, $title:literal),)*) => {
+        /// Every problem `type` Loupe answers with. The URN is stable: clients switch on it.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum ProblemKind {
+            $($(#[$doc])* $kind,)*
+        }
+
+        impl ProblemKind {
+            /// Every kind, in table order (the `type` enum of the OpenAPI document).
+            pub const ALL: &'static [ProblemKind] = &[$(ProblemKind::$kind),*];
+
+            const fn row(self) -> (&'static str, StatusCode, &'static str) {
+                match self {
+                    $(ProblemKind::$kind => ($slug, StatusCode::$status, $title),)*
+                }
+            }
+        }
+    };
+}
+
+problem_kinds! {
     /// Malformed JSON, a bad query string or path parameter.
-    BadRequest,
+    BadRequest => ("bad-request", BAD_REQUEST, "Bad request"),
     /// Well-formed JSON whose values are wrong; `errors` names the fields.
-    Validation,
-    NotFound,
-    ThreadExists,
+    Validation => ("validation", UNPROCESSABLE_ENTITY, "Invalid field"),
+    NotFound => ("not-found", NOT_FOUND, "Not found"),
+    ThreadExists => ("thread-exists", CONFLICT, "Thread already exists"),
     /// `expected_next_seq` did not match: another writer appended first.
-    SeqConflict,
+    SeqConflict => ("seq-conflict", CONFLICT, "Another writer appended first"),
     /// A message uuid is already stored with different content.
-    UuidConflict,
+    UuidConflict => ("uuid-conflict", CONFLICT, "Message uuid already used"),
     /// Part of the batch is stored already; a retry must resend the exact batch.
-    PartialReplay,
+    PartialReplay => ("partial-replay", CONFLICT, "Batch partly stored"),
     /// The context window holds too many entries to load: compact the thread.
-    WindowTooLarge,
+    WindowTooLarge => ("window-too-large", UNPROCESSABLE_ENTITY, "Context too large"),
     /// A cursor's bookmark is not where `expected` says, or the caller's lease was taken over.
-    CursorConflict,
+    CursorConflict => ("cursor-conflict", CONFLICT, "The cursor moved"),
     /// Another worker holds the cursor's lease; `lease_expires_at` says until when.
-    CursorLeased,
+    CursorLeased => ("cursor-leased", CONFLICT, "The cursor is leased"),
     /// A cursor cannot move back.
-    CursorBackward,
-    PayloadTooLarge,
-    UnsupportedMediaType,
-    MethodNotAllowed,
-    Timeout,
+    CursorBackward => ("cursor-backward", UNPROCESSABLE_ENTITY, "A cursor moves forward only"),
+    PayloadTooLarge => ("payload-too-large", PAYLOAD_TOO_LARGE, "Request body too large"),
+    UnsupportedMediaType => ("unsupported-media-type", UNSUPPORTED_MEDIA_TYPE, "Unsupported media type"),
+    MethodNotAllowed => ("method-not-allowed", METHOD_NOT_ALLOWED, "Method not allowed"),
+    Timeout => ("timeout", SERVICE_UNAVAILABLE, "Request timed out"),
     /// The request body did not arrive within the body-read timeout.
-    BodyTimeout,
-    Unavailable,
-    Internal,
+    BodyTimeout => ("body-timeout", REQUEST_TIMEOUT, "Request body too slow"),
+    Unavailable => ("unavailable", SERVICE_UNAVAILABLE, "Service unavailable"),
+    Internal => ("internal", INTERNAL_SERVER_ERROR, "Internal error"),
     /// No credentials, or credentials that are not a valid, active key.
-    Unauthorized,
+    Unauthorized => ("unauthorized", UNAUTHORIZED, "Unauthorized"),
     /// Valid credentials that may not use this endpoint (a tenant key on the admin API).
-    Forbidden,
+    Forbidden => ("forbidden", FORBIDDEN, "Forbidden"),
     /// The tenant's rate limit is exhausted; `Retry-After` says when to come back.
-    RateLimited,
+    RateLimited => ("rate-limited", TOO_MANY_REQUESTS, "Rate limit exceeded"),
     /// Too many expensive requests at once; retry shortly.
-    Overloaded,
-    TenantExists,
-    OutlineDisabled,
+    Overloaded => ("overloaded", SERVICE_UNAVAILABLE, "Service overloaded"),
+    TenantExists => ("tenant-exists", CONFLICT, "Tenant already exists"),
+    OutlineDisabled => ("outline-disabled", CONFLICT, "The thread is not in outline mode"),
 }
 
 impl ProblemKind {
     pub fn slug(self) -> &'static str {
-        match self {
-            ProblemKind::BadRequest => "bad-request",
-            ProblemKind::Validation => "validation",
-            ProblemKind::NotFound => "not-found",
-            ProblemKind::ThreadExists => "thread-exists",
-            ProblemKind::SeqConflict => "seq-conflict",
-            ProblemKind::UuidConflict => "uuid-conflict",
-            ProblemKind::PartialReplay => "partial-replay",
-            ProblemKind::WindowTooLarge => "window-too-large",
-            ProblemKind::CursorConflict => "cursor-conflict",
-            ProblemKind::CursorLeased => "cursor-leased",
-            ProblemKind::CursorBackward => "cursor-backward",
-            ProblemKind::PayloadTooLarge => "payload-too-large",
-            ProblemKind::UnsupportedMediaType => "unsupported-media-type",
-            ProblemKind::MethodNotAllowed => "method-not-allowed",
-            ProblemKind::Timeout => "timeout",
-            ProblemKind::BodyTimeout => "body-timeout",
-            ProblemKind::Unavailable => "unavailable",
-            ProblemKind::Internal => "internal",
-            ProblemKind::Unauthorized => "unauthorized",
-            ProblemKind::Forbidden => "forbidden",
-            ProblemKind::RateLimited => "rate-limited",
-            ProblemKind::Overloaded => "overloaded",
-            ProblemKind::TenantExists => "tenant-exists",
-            ProblemKind::OutlineDisabled => "outline-disabled",
-        }
+        self.row().0
     }
 
     pub fn status(self) -> StatusCode {
-        match self {
-            ProblemKind::BadRequest => StatusCode::BAD_REQUEST,
-            ProblemKind::Validation | ProblemKind::WindowTooLarge | ProblemKind::CursorBackward => {
-                StatusCode::UNPROCESSABLE_ENTITY
-            }
-            ProblemKind::NotFound => StatusCode::NOT_FOUND,
-            ProblemKind::ThreadExists
-            | ProblemKind::TenantExists
-            | ProblemKind::SeqConflict
-            | ProblemKind::UuidConflict
-            | ProblemKind::PartialReplay
-            | ProblemKind::CursorConflict
-            | ProblemKind::CursorLeased
-            | ProblemKind::OutlineDisabled => StatusCode::CONFLICT,
-            ProblemKind::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            ProblemKind::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
-            ProblemKind::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            ProblemKind::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            ProblemKind::Timeout | ProblemKind::Unavailable | ProblemKind::Overloaded => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
-            ProblemKind::Unauthorized => StatusCode::UNAUTHORIZED,
-            ProblemKind::Forbidden => StatusCode::FORBIDDEN,
-            ProblemKind::RateLimited => StatusCode::TOO_MANY_REQUESTS,
-            ProblemKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
-        }
+        self.row().1
     }
 
     fn title(self) -> &'static str {
-        match self {
-            ProblemKind::BadRequest => "Bad request",
-            ProblemKind::Validation => "Invalid field",
-            ProblemKind::NotFound => "Not found",
-            ProblemKind::ThreadExists => "Thread already exists",
-            ProblemKind::SeqConflict => "Another writer appended first",
-            ProblemKind::UuidConflict => "Message uuid already used",
-            ProblemKind::PartialReplay => "Batch partly stored",
-            ProblemKind::WindowTooLarge => "Context too large",
-            ProblemKind::CursorConflict => "The cursor moved",
-            ProblemKind::CursorLeased => "The cursor is leased",
-            ProblemKind::CursorBackward => "A cursor moves forward only",
-            ProblemKind::PayloadTooLarge => "Request body too large",
-            ProblemKind::UnsupportedMediaType => "Unsupported media type",
-            ProblemKind::MethodNotAllowed => "Method not allowed",
-            ProblemKind::Timeout => "Request timed out",
-            ProblemKind::BodyTimeout => "Request body too slow",
-            ProblemKind::Unavailable => "Service unavailable",
-            ProblemKind::Internal => "Internal error",
-            ProblemKind::Unauthorized => "Unauthorized",
-            ProblemKind::Forbidden => "Forbidden",
-            ProblemKind::RateLimited => "Rate limit exceeded",
-            ProblemKind::OutlineDisabled => "The thread is not in outline mode",
-            ProblemKind::Overloaded => "Service overloaded",
-            ProblemKind::TenantExists => "Tenant already exists",
-        }
+        self.row().2
     }
 
     pub fn type_uri(self) -> String {
@@ -177,7 +127,12 @@ pub struct ApiError {
     pub extensions: Map<String, Value>,
     /// Extra response headers (`WWW-Authenticate`, `Retry-After`); boxed to keep errors small.
     pub headers: Option<Box<HeaderMap>>,
+    /// The fault behind a 5xx, kept whole so its cause chain reaches the log.
+    pub source: Option<Source>,
 }
+
+/// The error behind a fault; a thin pointer, to keep `ApiError` small.
+pub type Source = Arc<Box<dyn Error + Send + Sync>>;
 
 impl ApiError {
     pub fn new(kind: ProblemKind, detail: impl Into<String>) -> Self {
@@ -186,7 +141,25 @@ impl ApiError {
             detail: detail.into(),
             extensions: Map::new(),
             headers: None,
+            source: None,
         }
+    }
+
+    /// A 500 `internal` caused by `source`; its message and causes are logged, never sent.
+    pub fn internal(source: impl Error + Send + Sync + 'static) -> Self {
+        ApiError {
+            source: Some(Arc::new(Box::new(source))),
+            ..ApiError::new(
+                ProblemKind::Internal,
+                "the server failed to handle the request",
+            )
+        }
+    }
+
+    /// Keeps `source` as the cause of this error (logged, never sent).
+    pub fn caused_by(mut self, source: impl Error + Send + Sync + 'static) -> Self {
+        self.source = Some(Arc::new(Box::new(source)));
+        self
     }
 
     pub fn with_header(mut self, name: HeaderName, value: HeaderValue) -> Self {
@@ -245,9 +218,6 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        if self.kind == ProblemKind::Internal {
-            tracing::error!(detail = %self.detail, "internal error");
-        }
         let status = self.kind.status();
         let mut problem = self.problem();
         if self.kind == ProblemKind::Internal {
@@ -258,7 +228,39 @@ impl IntoResponse for ApiError {
         if let Some(headers) = self.headers {
             response.headers_mut().extend(*headers);
         }
+        if self.kind == ProblemKind::Internal || self.source.is_some() {
+            // Logged once, inside the request's span, by `observe::log_faults`.
+            response.extensions_mut().insert(Fault {
+                kind: self.kind,
+                detail: self.detail,
+                source: self.source,
+            });
+        }
         response
+    }
+}
+
+/// A server-side failure travelling with its response to the middleware that logs it.
+#[derive(Clone)]
+pub struct Fault {
+    pub kind: ProblemKind,
+    pub detail: String,
+    pub source: Option<Source>,
+}
+
+impl std::fmt::Display for Fault {
+    /// The detail, then each cause in turn: `detail: cause: its cause`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.detail)?;
+        let mut cause: Option<&(dyn Error + 'static)> = match &self.source {
+            Some(source) => Some(source.as_ref().as_ref()),
+            None => None,
+        };
+        while let Some(error) = cause {
+            write!(f, ": {error}")?;
+            cause = error.source();
+        }
+        Ok(())
     }
 }
 
@@ -342,15 +344,13 @@ impl From<StoreError> for ApiError {
                 .with("current_seq", current_seq)
                 .with("target_seq", target_seq),
             // A fault of the database, not of the request: the same request can succeed later.
-            ref transient if transient.is_transient() => {
-                tracing::warn!(error = %transient, "database unavailable");
-                ApiError::retry_after(
-                    ProblemKind::Unavailable,
-                    "the database is busy or unreachable; retry shortly",
-                    1,
-                )
-            }
-            other => ApiError::new(ProblemKind::Internal, other.to_string()),
+            error if error.is_transient() => ApiError::retry_after(
+                ProblemKind::Unavailable,
+                "the database is busy or unreachable; retry shortly",
+                1,
+            )
+            .caused_by(error),
+            other => ApiError::internal(other),
         }
     }
 }
@@ -381,10 +381,94 @@ impl From<PathRejection> for ApiError {
     }
 }
 
-/// `axum::Json`, answering its rejections as problems.
-#[derive(FromRequest)]
-#[from_request(via(axum::Json), rejection(ApiError))]
+/// A JSON object body, answering its rejections as problems.
+///
+/// Like `axum::Json`, with two rules of the OpenAPI document: the body must be an object (serde
+/// would also read a struct from an array), and a number with a zero fraction (`5.0`) counts as
+/// an integer, as in JSON Schema.
 pub struct ApiJson<T>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self, ApiError> {
+        if !has_json_content_type(request.headers()) {
+            return Err(ApiError::new(
+                ProblemKind::UnsupportedMediaType,
+                "expected a request with `Content-Type: application/json`",
+            ));
+        }
+        let bytes = Bytes::from_request(request, state)
+            .await
+            .map_err(|rejection| {
+                let kind = if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                    ProblemKind::PayloadTooLarge
+                } else {
+                    ProblemKind::BadRequest
+                };
+                ApiError::new(kind, rejection.body_text())
+            })?;
+        let value = match axum::Json::<T>::from_bytes(&bytes) {
+            Ok(axum::Json(value)) => value,
+            Err(JsonRejection::JsonDataError(error)) => {
+                // The slow path runs only for a body the strict parse refused.
+                integral_reading(&bytes).ok_or(JsonRejection::JsonDataError(error))?
+            }
+            Err(rejection) => return Err(rejection.into()),
+        };
+        if bytes.trim_ascii_start().first() != Some(&b'{') {
+            return Err(ApiError::field(FieldError {
+                path: String::new(),
+                problem: "the body must be a JSON object".to_owned(),
+            }));
+        }
+        Ok(ApiJson(value))
+    }
+}
+
+/// `application/json`, or any `application/*+json` type.
+fn has_json_content_type(headers: &HeaderMap) -> bool {
+    let Some(value) = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return false;
+    };
+    let essence = value.split(';').next().unwrap_or_default().trim();
+    let essence = essence.to_ascii_lowercase();
+    essence == "application/json"
+        || (essence.starts_with("application/") && essence.ends_with("+json"))
+}
+
+/// Reads `bytes` again with every integral float (`5.0`) turned into an integer.
+fn integral_reading<T: DeserializeOwned>(bytes: &[u8]) -> Option<T> {
+    let mut value: Value = serde_json::from_slice(bytes).ok()?;
+    integralize(&mut value);
+    serde_json::from_value(value).ok()
+}
+
+fn integralize(value: &mut Value) {
+    match value {
+        Value::Number(number) => {
+            let Some(float) = number.as_f64().filter(|_| number.is_f64()) else {
+                return;
+            };
+            // The bounds are -2^63, 2^63 and 2^64, exact in f64 (`u64::MAX as f64` rounds to
+            // 2^64): the casts below cannot saturate. -2^63 itself is left out, as integers just
+            // below it round to it.
+            if float.fract() == 0.0 && float > i64::MIN as f64 {
+                if float < -(i64::MIN as f64) {
+                    *number = (float as i64).into();
+                } else if float < u64::MAX as f64 {
+                    *number = (float as u64).into();
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(integralize),
+        Value::Object(members) => members.values_mut().for_each(integralize),
+        _ => {}
+    }
+}
 
 /// `axum::extract::Query`, answering its rejections as problems.
 #[derive(FromRequestParts)]
@@ -395,3 +479,53 @@ pub struct ApiQuery<T>(pub T);
 #[derive(FromRequestParts)]
 #[from_request(via(axum::extract::Path), rejection(ApiError))]
 pub struct ApiPath<T>(pub T);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn integral_floats_read_as_integers_and_others_do_not() {
+        #[derive(Debug, serde::Deserialize, PartialEq)]
+        struct Body {
+            n: i64,
+            m: Option<u32>,
+        }
+        assert_eq!(
+            integral_reading::<Body>(br#"{"n": -227.0, "m": 29.0}"#),
+            Some(Body {
+                n: -227,
+                m: Some(29)
+            })
+        );
+        assert_eq!(integral_reading::<Body>(br#"{"n": 1.5}"#), None);
+        assert_eq!(integral_reading::<Body>(br#"{"n": 1e300}"#), None);
+        // Out of range, not rounded into it.
+        assert_eq!(
+            integral_reading::<Body>(br#"{"n": -9223372036854775809}"#),
+            None
+        );
+    }
+
+    #[test]
+    fn every_kind_has_its_own_slug_and_an_error_status() {
+        let mut slugs = std::collections::HashSet::new();
+        for kind in ProblemKind::ALL {
+            assert!(slugs.insert(kind.slug()), "{kind:?}: slug used twice");
+            assert!(kind.status().as_u16() >= 400, "{kind:?}");
+            assert!(!kind.title().is_empty(), "{kind:?}");
+        }
+    }
+
+    #[test]
+    fn a_fault_travels_with_its_cause_chain_and_stays_out_of_the_body() {
+        let cause = StoreError::Database(sqlx::Error::Io(std::io::Error::other("disk gone")));
+        let response = ApiError::from(cause).into_response();
+        assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        let fault = response.extensions().get::<Fault>().expect("the fault");
+        assert!(fault.to_string().contains("disk gone"), "{fault}");
+        // A caller's mistake carries no fault: nothing to log.
+        let response = ApiError::not_found("thread").into_response();
+        assert!(response.extensions().get::<Fault>().is_none());
+    }
+}

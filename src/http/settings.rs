@@ -26,6 +26,7 @@ const MAX_KEEP_RECENT: u64 = 100_000;
 const MAX_LINE_BYTES: usize = 16_384;
 const MAX_OUTLINE_BYTES: usize = 10_000_000;
 const MAX_TAIL_TOKENS: u64 = 10_000_000;
+const MAX_MIN_BYTES: u64 = 1_000_000_000;
 
 /// Micro-compaction of the context view: results of `tools` older than the last `keep_recent`
 /// compactable calls, at least `min_bytes` long, are replaced by
@@ -35,12 +36,15 @@ const MAX_TAIL_TOKENS: u64 = 10_000_000;
 pub struct MicrocompactBody {
     /// Off unless enabled.
     pub enabled: bool,
-    /// Compactable tool names (default: Read, Bash, PowerShell, Grep, Glob, WebSearch, WebFetch,
-    /// Edit, Write).
+    /// Compactable tool names, at most 256 (default: Read, Bash, PowerShell, Grep, Glob,
+    /// WebSearch, WebFetch, Edit, Write).
+    #[schema(max_items = 256)]
     pub tools: Option<Vec<String>>,
     /// Most recent compactable calls whose results are kept (default 5).
+    #[schema(maximum = 100000)]
     pub keep_recent: Option<u64>,
     /// Results shorter than this many bytes are kept (default 2000).
+    #[schema(maximum = 1000000000)]
     pub min_bytes: Option<u64>,
 }
 
@@ -52,12 +56,15 @@ pub struct OutlineBody {
     /// Off unless enabled. Turning it on builds the tree of what is already stored.
     pub enabled: bool,
     /// Target bytes of one line (default 512, at least 64).
+    #[schema(minimum = 64, maximum = 16384)]
     pub line_bytes: Option<usize>,
-    /// Bytes of all the outline's lines; past it, old lines merge in a batch down to half
-    /// (default 128,000).
+    /// Bytes of all the outline's lines, at least 4 lines (4 × `line_bytes`); past it, old lines
+    /// merge in a batch down to half (default 128,000).
+    #[schema(minimum = 256, maximum = 10000000)]
     pub budget_bytes: Option<usize>,
     /// Estimated tokens of the messages sent whole after the outline; past it, whole rounds move
     /// into the outline down to a quarter (default 32,000).
+    #[schema(minimum = 1, maximum = 10000000)]
     pub tail_tokens: Option<u64>,
 }
 
@@ -90,6 +97,7 @@ impl OutlineBody {
 pub struct ThreadSettingsBody {
     /// Auto-compaction threshold in estimated context tokens; 0 turns auto-compaction off for
     /// the thread. Default: the server's `LOUPE_AUTO_COMPACT_TOKENS` (167,000).
+    #[schema(minimum = 0)]
     pub auto_compact_tokens: Option<i64>,
     pub microcompact: Option<MicrocompactBody>,
     pub outline: Option<OutlineBody>,
@@ -104,11 +112,14 @@ pub struct EffectiveSettings {
     pub outline: OutlineBody,
 }
 
+/// The settings as set for the thread (`null`: the server default), and in force. The stored
+/// fields are spelled out rather than flattened from [`ThreadSettingsBody`], whose schema refuses
+/// unknown members such as `effective`.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ThreadSettingsResponse {
-    /// What was set for the thread.
-    #[serde(flatten)]
-    pub stored: ThreadSettingsBody,
+    pub auto_compact_tokens: Option<i64>,
+    pub microcompact: Option<MicrocompactBody>,
+    pub outline: Option<OutlineBody>,
     pub effective: EffectiveSettings,
 }
 
@@ -142,16 +153,14 @@ fn response(settings: ThreadSettings, default_threshold: i64) -> ThreadSettingsR
             microcompact: effective_mc,
             outline: OutlineBody::from_options(settings.outline.unwrap_or_default()),
         },
-        stored: ThreadSettingsBody {
-            outline: settings.outline.map(OutlineBody::from_options),
-            auto_compact_tokens: settings.auto_compact_tokens,
-            microcompact: stored_mc.map(|m| MicrocompactBody {
-                enabled: m.enabled,
-                tools: m.tools,
-                keep_recent: m.keep_recent,
-                min_bytes: m.min_bytes,
-            }),
-        },
+        outline: settings.outline.map(OutlineBody::from_options),
+        auto_compact_tokens: settings.auto_compact_tokens,
+        microcompact: stored_mc.map(|m| MicrocompactBody {
+            enabled: m.enabled,
+            tools: m.tools,
+            keep_recent: m.keep_recent,
+            min_bytes: m.min_bytes,
+        }),
     }
 }
 
@@ -220,6 +229,9 @@ pub async fn put_settings(
         }
         if mc.keep_recent.is_some_and(|n| n > MAX_KEEP_RECENT) {
             return Err(invalid("microcompact.keep_recent", "at most 100000"));
+        }
+        if mc.min_bytes.is_some_and(|n| n > MAX_MIN_BYTES) {
+            return Err(invalid("microcompact.min_bytes", "at most 1,000,000,000"));
         }
     }
     let outline = body.outline.as_ref().map(OutlineBody::options);

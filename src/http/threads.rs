@@ -28,6 +28,7 @@ const MAX_THREAD_ID_LEN: usize = 128;
 #[schema(example = json!({"id": "support-4711", "metadata": {"user": "ana"}}))]
 pub struct CreateThreadRequest {
     /// Optional client-chosen id: 1–128 characters of `[A-Za-z0-9._:-]`. Generated when omitted.
+    #[schema(pattern = r"^[A-Za-z0-9._:-]+$", min_length = 1, max_length = 128)]
     pub id: Option<String>,
     /// Free-form metadata kept with the thread: at most `--max-metadata-bytes` (16 KiB by
     /// default) of JSON.
@@ -72,8 +73,10 @@ pub struct ThreadListResponse {
 #[into_params(parameter_in = Query)]
 pub struct ListThreadsQuery {
     /// The `next_cursor` of the previous page.
+    #[param(pattern = r"^-?[0-9]{1,18}\..+$")]
     pub cursor: Option<String>,
     /// Page size, 1–200 (default 50).
+    #[param(minimum = 1, maximum = 200)]
     pub limit: Option<u32>,
 }
 
@@ -81,6 +84,7 @@ pub struct ListThreadsQuery {
 #[into_params(parameter_in = Path)]
 pub struct ThreadPath {
     /// The thread's id.
+    #[param(pattern = r"^[A-Za-z0-9._:-]+$", min_length = 1, max_length = 128)]
     pub thread_id: String,
 }
 

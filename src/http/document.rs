@@ -1,0 +1,232 @@
+//! The OpenAPI document: what utoipa derives from the handlers' annotations, completed with what
+//! the annotations cannot say. The answers that middleware and extractors give on every
+//! operation, the problem `type` as an enum, and the rules of the history format, which JSON
+//! Schema states with `if`/`then` and `anyOf` (keywords utoipa has no builder for).
+
+use serde_json::{json, Value};
+
+use super::problem::ProblemKind;
+
+/// The finished document, as served and checked in.
+pub fn complete(openapi: &utoipa::openapi::OpenApi) -> Value {
+    let mut document = serde_json::to_value(openapi).expect("the OpenAPI document serializes");
+    add_shared_answers(&mut document);
+    describe_problem(&mut document);
+    add_history_rules(&mut document);
+    open_free_form_objects(&mut document);
+    document
+}
+
+/// The node at `pointer`; the document's shape is fixed by the code, so a miss is a bug.
+fn at<'a>(document: &'a mut Value, pointer: &str) -> &'a mut Value {
+    document
+        .pointer_mut(pointer)
+        .unwrap_or_else(|| panic!("the OpenAPI document has no {pointer}"))
+}
+
+fn problem_answer(description: &str) -> Value {
+    json!({
+        "description": description,
+        "content": {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}
+    })
+}
+
+/// Answers any operation can give whatever its handler does: the JSON extractor's (a body that is
+/// malformed, too large, not JSON or of the wrong shape), a malformed query or path parameter,
+/// and the request timeout or a busy database. An operation's own description of a status wins.
+fn add_shared_answers(document: &mut Value) {
+    let Some(paths) = document["paths"].as_object_mut() else {
+        return;
+    };
+    for operation in paths
+        .values_mut()
+        .filter_map(Value::as_object_mut)
+        .flat_map(|item| item.values_mut())
+    {
+        if operation.get("responses").is_none() {
+            continue;
+        }
+        let has_body = operation.get("requestBody").is_some();
+        let has_parameters = operation
+            .get("parameters")
+            .and_then(Value::as_array)
+            .is_some_and(|parameters| !parameters.is_empty());
+        let mut shared = Vec::new();
+        if has_body {
+            shared.extend([
+                ("400", "Malformed JSON (`bad-request`)"),
+                ("413", "The body is over the size limit (`payload-too-large`)"),
+                (
+                    "415",
+                    "The body is not `application/json` (`unsupported-media-type`)",
+                ),
+                (
+                    "422",
+                    "A value the schema allows but the server refuses (`validation`); `errors[].field` names it",
+                ),
+            ]);
+        }
+        if has_parameters {
+            shared.push(("400", "A malformed parameter (`bad-request`)"));
+        }
+        shared.push((
+            "503",
+            "The request timed out (`timeout`), the database is busy (`unavailable`) or the \
+             service is overloaded (`overloaded`); retry later",
+        ));
+        let responses = at(operation, "/responses")
+            .as_object_mut()
+            .expect("responses are an object");
+        for (status, description) in shared {
+            responses
+                .entry(status)
+                .or_insert_with(|| problem_answer(description));
+        }
+        let mut sorted: Vec<(String, Value)> = std::mem::take(responses).into_iter().collect();
+        sorted.sort_by(|a, b| a.0.cmp(&b.0));
+        responses.extend(sorted);
+    }
+}
+
+/// `Problem`, with `type` an enum of every kind so that clients can switch on it, and the
+/// extension members allowed.
+fn describe_problem(document: &mut Value) {
+    let types: Vec<String> = ProblemKind::ALL.iter().map(|k| k.type_uri()).collect();
+    *at(document, "/components/schemas/Problem") = json!({
+        "type": "object",
+        "description": "A problem details document (RFC 9457). Extension members: `request_id`, \
+            `errors` (field errors), `next_seq` (seq conflicts), `retry_after`, …",
+        "required": ["type", "title", "status", "detail"],
+        "properties": {
+            "type": {
+                "type": "string",
+                "description": "Stable machine-readable kind: `urn:loupe:problem:<kind>`.",
+                "enum": types,
+            },
+            "title": {"type": "string"},
+            "status": {"type": "integer", "format": "int32", "minimum": 400, "maximum": 599},
+            "detail": {"type": "string"},
+            "request_id": {"type": "string"},
+        },
+        "additionalProperties": true,
+        "example": {
+            "type": "urn:loupe:problem:not-found",
+            "title": "Not found",
+            "status": 404,
+            "detail": "thread not found",
+            "request_id": "0b6c1b3e-8c39-4c67-9f0e-4d2b5d2e8f10"
+        }
+    });
+}
+
+/// A tool name as the providers accept it (`http::context::valid_tool_name`).
+const TOOL_NAME_PATTERN: &str = "^[A-Za-z0-9_-]{1,64}$";
+
+/// The rules `history::ingest::check_entry` and the handlers enforce beyond field types.
+fn add_history_rules(document: &mut Value) {
+    let message_with_role = |role: &str| {
+        json!({
+            "required": ["message"],
+            "properties": {"message": {"type": "object", "properties": {"role": {"const": role}}}}
+        })
+    };
+    let rules = [
+        json!({
+            "if": {"properties": {"type": {"enum": ["user", "attachment"]}}},
+            "then": message_with_role("user"),
+        }),
+        json!({
+            "if": {"properties": {"type": {"const": "assistant"}}},
+            "then": message_with_role("assistant"),
+        }),
+        json!({
+            "if": {"properties": {"type": {"const": "system"}}},
+            "then": {"required": ["subtype"], "properties": {"subtype": {"type": "string", "minLength": 1}}},
+        }),
+        json!({
+            "if": {
+                "properties": {"type": {"const": "system"}, "subtype": {"const": "snip"}},
+                "required": ["subtype"],
+            },
+            "then": {"required": ["snip_metadata"], "properties": {"snip_metadata": {"type": "object"}}},
+        }),
+    ];
+    at(document, "/components/schemas/Entry/allOf")
+        .as_array_mut()
+        .expect("Entry is an allOf")
+        .extend(rules);
+    *at(document, "/components/schemas/Content/oneOf/1/items") = json!({
+        "type": "object",
+        "description": "A content block: an object with a non-empty `type`; other members are kept verbatim.",
+        "required": ["type"],
+        "properties": {"type": {"type": "string", "minLength": 1}},
+        "additionalProperties": true,
+    });
+    // A snip names at least one message: with no seq named, a uuid must be. Said with if/then
+    // rather than anyOf, which generators turn into a union of two partial models.
+    let snip = at(document, "/components/schemas/SnipRequest")
+        .as_object_mut()
+        .expect("SnipRequest is an object");
+    snip.insert(
+        "if".to_owned(),
+        json!({"properties": {"seqs": {"maxItems": 0}}}),
+    );
+    snip.insert(
+        "then".to_owned(),
+        json!({"required": ["uuids"], "properties": {"uuids": {"minItems": 1}}}),
+    );
+    for list in [
+        "/components/schemas/NormalizeRequest/properties/tools/items",
+        "/components/schemas/MicrocompactBody/properties/tools/items",
+    ] {
+        at(document, list)
+            .as_object_mut()
+            .expect("tool names are strings")
+            .insert("pattern".to_owned(), TOOL_NAME_PATTERN.into());
+    }
+}
+
+/// Says `additionalProperties: true` on every object schema that names no member (metadata,
+/// payloads, the members an entry keeps verbatim): generators otherwise read such an object as
+/// one that must stay empty.
+fn open_free_form_objects(value: &mut Value) {
+    match value {
+        Value::Object(node) => {
+            let is_object = match node.get("type") {
+                Some(Value::String(kind)) => kind == "object",
+                Some(Value::Array(kinds)) => kinds.iter().any(|kind| kind == "object"),
+                _ => false,
+            };
+            if is_object
+                && !node.contains_key("properties")
+                && !node.contains_key("additionalProperties")
+            {
+                node.insert("additionalProperties".to_owned(), Value::Bool(true));
+            }
+            node.values_mut().for_each(open_free_form_objects);
+        }
+        Value::Array(items) => items.iter_mut().for_each(open_free_form_objects),
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Map;
+
+    #[test]
+    fn shared_answers_keep_an_operations_own_description() {
+        let mut document = json!({"paths": {"/x": {"post": {
+            "requestBody": {},
+            "responses": {"200": {}, "422": {"description": "mine"}}
+        }}}});
+        add_shared_answers(&mut document);
+        let responses: &Map<String, Value> = document["paths"]["/x"]["post"]["responses"]
+            .as_object()
+            .unwrap();
+        let statuses: Vec<&str> = responses.keys().map(String::as_str).collect();
+        assert_eq!(statuses, ["200", "400", "413", "415", "422", "503"]);
+        assert_eq!(responses["422"]["description"], "mine");
+    }
+}
