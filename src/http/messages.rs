@@ -31,7 +31,8 @@ pub fn router() -> OpenApiRouter<AppState> {
     "expected_next_seq": 0
 }))]
 pub struct AppendMessagesRequest {
-    /// The batch, stored all or nothing, in order.
+    /// The batch, stored all or nothing, in order. Each entry's JSON is stored as sent.
+    #[serde(deserialize_with = "crate::history::model::deserialize_sent_entries")]
     pub messages: Vec<Entry>,
     /// Compare-and-append: 409 `seq-conflict` (nothing written) unless the thread's next seq is
     /// this value.

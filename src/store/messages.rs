@@ -7,8 +7,8 @@ use sqlx::any::AnyRow;
 use sqlx::{Any, Row};
 
 use super::{now_millis, Store, StoreError, TenantId};
-use crate::history::estimate_entry_tokens;
 use crate::history::model::Entry;
+use crate::history::normalize::{context_entry_tokens, usage_tokens};
 
 /// A batch to append to one thread.
 #[derive(Debug, Clone)]
@@ -57,10 +57,17 @@ fn prepare(mut entry: Entry, now: chrono::DateTime<chrono::Utc>) -> Result<Prepa
         .uuid
         .get_or_insert_with(|| uuid::Uuid::new_v4().to_string())
         .clone();
-    let sent = serde_json::to_vec(&entry).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-    let content_hash = hex::encode(Sha256::digest(&sent));
+    let content_hash = fingerprint(&entry)?;
+    // The body is what the client sent, verbatim, so an export gives it back exactly; the
+    // server's defaults (uuid, `created_at`) live in their columns and are filled in on read.
+    let body = match entry.sent.take() {
+        Some(sent) => sent,
+        None => {
+            entry.created_at.get_or_insert(now);
+            serde_json::to_string(&entry).map_err(|e| StoreError::Corrupt(e.to_string()))?
+        }
+    };
     entry.created_at.get_or_insert(now);
-    let body = serde_json::to_string(&entry).map_err(|e| StoreError::Corrupt(e.to_string()))?;
     Ok(Prepared {
         entry,
         uuid,
@@ -69,11 +76,27 @@ fn prepare(mut entry: Entry, now: chrono::DateTime<chrono::Utc>) -> Result<Prepa
     })
 }
 
+/// The fingerprint of what a client sent: SHA-256 of the entry as Loupe understood it (without
+/// `seq`), so a retry matches whatever spelling or key order it uses.
+pub fn fingerprint(entry: &Entry) -> Result<String, StoreError> {
+    let understood = serde_json::to_vec(entry).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    Ok(hex::encode(Sha256::digest(&understood)))
+}
+
+/// An entry from its row (`seq, uuid, created_at, body`): the body as sent, with the server's `seq`, and its
+/// `uuid` and `created_at` when the body does not carry them.
 pub(super) fn entry_from_row(row: &AnyRow) -> Result<Entry, StoreError> {
     let body: String = row.try_get("body")?;
     let mut entry: Entry = serde_json::from_str(&body)
         .map_err(|e| StoreError::Corrupt(format!("message body: {e}")))?;
     entry.seq = Some(row.try_get("seq")?);
+    if entry.uuid.is_none() {
+        entry.uuid = Some(row.try_get("uuid")?);
+    }
+    if entry.created_at.is_none() {
+        let millis: i64 = row.try_get("created_at")?;
+        entry.created_at = chrono::DateTime::from_timestamp_millis(millis);
+    }
     Ok(entry)
 }
 
@@ -105,7 +128,7 @@ impl Store {
         // lock on SQLite), so concurrent appenders queue here instead of racing on `next_seq`.
         let row = sqlx::query(
             "UPDATE threads SET updated_at = $1 WHERE tenant_id = $2 AND thread_id = $3 \
-             RETURNING thread_key, next_seq, visible_count",
+             RETURNING thread_key, next_seq, visible_count, context_tokens",
         )
         .bind(now_millis())
         .bind(&tenant.0)
@@ -116,6 +139,7 @@ impl Store {
         let thread_key: String = row.try_get("thread_key")?;
         let next_seq: i64 = row.try_get("next_seq")?;
         let visible_count: i64 = row.try_get("visible_count")?;
+        let tokens_before: i64 = row.try_get("context_tokens")?;
 
         let stored = stored_hashes(&mut tx, &thread_key, &prepared).await?;
         if !stored.is_empty() {
@@ -162,8 +186,9 @@ impl Store {
         // The running estimate of the context: a batch holding a compact boundary starts it over.
         let (reset, tokens) = match batch_tokens {
             BatchTokens::Add(tokens) => (0_i64, tokens),
-            BatchTokens::Reset(tokens) => (1_i64, tokens),
+            BatchTokens::Reset(tokens) | BatchTokens::Anchor(tokens) => (1_i64, tokens),
         };
+        let compacted = matches!(batch_tokens, BatchTokens::Reset(_));
         let context_tokens: i64 = sqlx::query_scalar(
             "UPDATE threads SET next_seq = $1, visible_count = $2, \
              context_tokens = CASE WHEN $3 = 1 THEN $4 ELSE context_tokens + $4 END \
@@ -180,9 +205,9 @@ impl Store {
         let triggers = self.append_triggers(&mut tx, &thread_key).await?;
         // An outlined thread is never auto-compacted: its outline keeps the context small, and a
         // compact boundary in its tail would cut the tail short.
-        if reset == 0 && !triggers.outlined {
+        if !compacted && !triggers.outlined {
             let threshold = triggers.auto_compact_tokens;
-            if crosses_threshold(context_tokens - tokens, context_tokens, threshold) {
+            if crosses_threshold(tokens_before, context_tokens, threshold) {
                 let outcome = super::jobs::enqueue_in(
                     &mut tx,
                     self.backend,
@@ -236,7 +261,7 @@ impl Store {
         let head = self.thread_head(tenant, thread_id).await?;
         let (thread_key, next_seq) = (head.thread_key, head.next_seq);
         let rows = sqlx::query(
-            "SELECT seq, body FROM messages WHERE thread_key = $1 AND seq > $2 ORDER BY seq LIMIT $3",
+            "SELECT seq, uuid, created_at, body FROM messages WHERE thread_key = $1 AND seq > $2 ORDER BY seq LIMIT $3",
         )
         .bind(&thread_key)
         .bind(after_seq.unwrap_or(-1))
@@ -255,7 +280,7 @@ impl Store {
         uuids: &[&str],
     ) -> Result<Vec<Entry>, StoreError> {
         let sql = format!(
-            "SELECT seq, body FROM messages WHERE thread_key = $1 AND uuid IN ({}) ORDER BY seq",
+            "SELECT seq, uuid, created_at, body FROM messages WHERE thread_key = $1 AND uuid IN ({}) ORDER BY seq",
             super::list_placeholders(2, uuids.len())
         );
         let mut query = sqlx::query(&sql).bind(thread_key.to_owned());
@@ -268,24 +293,38 @@ impl Store {
 }
 
 /// How a batch changes the running context-token estimate of its thread.
+#[derive(Debug, Clone, Copy)]
 enum BatchTokens {
     Add(i64),
     /// The batch holds a compact boundary: the context restarts at its last one.
     Reset(i64),
+    /// The batch holds an assistant entry reporting `usage`: the estimate becomes its figures
+    /// plus what follows it (`history::normalize::estimate_context` on a whole window).
+    Anchor(i64),
 }
 
 fn context_tokens_of<'a>(entries: impl Iterator<Item = &'a Entry>) -> BatchTokens {
     let mut tokens = 0_i64;
     let mut reset = false;
+    let mut anchored = false;
     for entry in entries {
         if entry.is_compact_boundary() {
             reset = true;
+            anchored = false;
             tokens = 0;
         }
-        tokens += estimate_entry_tokens(entry) as i64;
+        match usage_tokens(entry) {
+            Some(reported) => {
+                anchored = true;
+                tokens = reported as i64;
+            }
+            None => tokens += context_entry_tokens(entry) as i64,
+        }
     }
     if reset {
         BatchTokens::Reset(tokens)
+    } else if anchored {
+        BatchTokens::Anchor(tokens)
     } else {
         BatchTokens::Add(tokens)
     }
@@ -371,7 +410,7 @@ async fn insert_prepared(
                 .bind(thread_key.to_owned())
                 .bind(base + offset as i64)
                 .bind(p.uuid.clone())
-                .bind(p.entry.kind.as_str())
+                .bind(p.entry.type_name().to_owned())
                 .bind(p.entry.subtype.clone())
                 .bind(visible)
                 .bind(p.body.clone())
@@ -465,6 +504,23 @@ mod tests {
         assert!(matches!(
             context_tokens_of(batch[..1].iter()),
             BatchTokens::Add(2)
+        ));
+    }
+
+    #[test]
+    fn usage_in_a_batch_anchors_the_estimate() {
+        let batch = [
+            entry(json!({"type": "user", "message": {"role": "user", "content": "abcdefgh"}})),
+            entry(
+                json!({"type": "assistant", "message": {"role": "assistant", "id": "m",
+                "usage": {"input_tokens": 5, "cache_read_input_tokens": 30000, "output_tokens": 20},
+                "content": [{"type": "text", "text": "hi"}]}}),
+            ),
+            entry(json!({"type": "user", "message": {"role": "user", "content": "abcdefgh"}})),
+        ];
+        assert!(matches!(
+            context_tokens_of(batch.iter()),
+            BatchTokens::Anchor(30027)
         ));
     }
 

@@ -15,6 +15,7 @@ mod keys;
 mod messages;
 mod settings;
 mod threads;
+mod transcripts;
 mod tree;
 
 use std::str::FromStr;
@@ -33,7 +34,7 @@ pub use jobs::{
     ClaimedJob, CompactionWrite, EnqueueOutcome, Job, JobState, NewJob, NOTIFY_CHANNEL,
 };
 pub use keys::{ApiKeyRecord, CreatedKey, KeyIdentity, TenantRecord};
-pub use messages::{AppendOutcome, AppendRequest, MessagePage};
+pub use messages::{fingerprint, AppendOutcome, AppendRequest, MessagePage};
 pub use settings::{MicrocompactSettings, ThreadSettings};
 pub use threads::{NewThread, Thread, ThreadPage};
 pub use tree::{NewNode, OutlineSnapshot, TreeStatus, ZoomRead};
