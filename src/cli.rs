@@ -6,6 +6,8 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+mod transcripts;
+
 use crate::http::{AuthMode, Limits};
 use crate::jobs::JobsConfig;
 use crate::store::{Store, StoreOptions, TenantId};
@@ -39,6 +41,10 @@ pub enum Command {
     /// Create and list tenants.
     #[command(subcommand)]
     Tenants(TenantsCommand),
+    /// Import JSON Lines transcripts (Claude Code session files) into a thread.
+    Import(transcripts::ImportArgs),
+    /// Export a thread as JSON Lines, each entry as it was sent.
+    Export(transcripts::ExportArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -445,6 +451,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Some(Command::Keys(command)) => keys(command).await,
         Some(Command::Tenants(command)) => tenants(command).await,
+        Some(Command::Import(args)) => transcripts::import(args).await,
+        Some(Command::Export(args)) => transcripts::export(args).await,
     }
 }
 

@@ -7,6 +7,7 @@ pub mod auth;
 pub mod cli;
 pub mod history;
 pub mod http;
+pub mod import;
 pub mod jobs;
 pub mod metrics;
 pub mod shutdown;

@@ -82,7 +82,8 @@ pub fn check_entry(entry: &Entry, path: &str) -> Result<(), FieldError> {
             }
             Ok(())
         }
-        EntryKind::Progress => Ok(()),
+        // Stored verbatim and never sent: only its uuid is checked.
+        EntryKind::Progress | EntryKind::Other => Ok(()),
     }
 }
 

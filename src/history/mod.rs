@@ -7,6 +7,7 @@ pub mod model;
 pub mod normalize;
 pub mod render;
 pub mod rounds;
+pub mod transcript;
 pub mod visibility;
 
 pub use model::{ApiMessage, Content, Entry, EntryKind, Role, SnipMetadata};

@@ -3,13 +3,22 @@
 //! This is the shape an agent loop produces (`docs/NORMALIZATION.md` § Entries), written in snake_case JSON.
 //! It is stored losslessly: content blocks are kept as raw JSON values (block types Loupe does not
 //! know are returned verbatim), and top-level fields it does not know are kept in `extra`.
+//!
+//! Claude Code's own transcript spelling is understood as written: `isMeta`, `isVirtual`,
+//! `isCompactSummary`, `isApiErrorMessage`, `isVisibleInTranscriptOnly`, `compactMetadata` and
+//! `snipMetadata` mean what the snake_case fields mean, and an entry whose `type` Loupe does not
+//! model is kept as [`EntryKind::Other`] with its own type name. The JSON a client sent is kept
+//! as [`Entry::sent`], and that text is what the store writes, so an export gives back exactly
+//! what came in.
 
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
+use serde::de::Error as _;
+use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
 use utoipa::ToSchema;
 
-/// The discriminator of an entry (`type` in JSON).
+/// The discriminator of an entry (`type` in JSON). The set is open: a type Loupe does not model
+/// is [`EntryKind::Other`], stored as sent and never sent to a model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum EntryKind {
@@ -23,6 +32,10 @@ pub enum EntryKind {
     System,
     /// UI progress events; never sent.
     Progress,
+    /// Any other type (`file-history-snapshot`, `queue-operation`, `summary`, …): stored verbatim,
+    /// listed with its own type name ([`Entry::type_name`]), never sent.
+    #[serde(other)]
+    Other,
 }
 
 impl EntryKind {
@@ -33,7 +46,24 @@ impl EntryKind {
             EntryKind::Attachment => "attachment",
             EntryKind::System => "system",
             EntryKind::Progress => "progress",
+            EntryKind::Other => "other",
         }
+    }
+
+    /// The kind a `type` names; any name Loupe does not model is [`EntryKind::Other`].
+    pub fn from_name(name: &str) -> Self {
+        match name {
+            "user" => EntryKind::User,
+            "assistant" => EntryKind::Assistant,
+            "attachment" => EntryKind::Attachment,
+            "system" => EntryKind::System,
+            "progress" => EntryKind::Progress,
+            _ => EntryKind::Other,
+        }
+    }
+
+    pub fn is_other(&self) -> bool {
+        *self == EntryKind::Other
     }
 
     /// User and assistant entries are what the model sees (`docs/NORMALIZATION.md` § Model-visible entries).
@@ -92,6 +122,7 @@ pub struct ApiMessage {
 
 /// One entry of a thread's history.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(from = "EntryWire")]
 pub struct Entry {
     /// Position in the thread, dense from 0; assigned by the server, the entry's permanent id.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -102,23 +133,33 @@ pub struct Entry {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(min_length = 1, max_length = 200)]
     pub uuid: Option<String>,
-    #[serde(rename = "type")]
+    /// An open string. Loupe models `user`, `assistant`, `attachment`, `system` and `progress`;
+    /// any other type (`file-history-snapshot`, `queue-operation`, `summary`, …) is stored as sent,
+    /// listed with its type and never sent to a model.
+    #[serde(rename = "type", skip_serializing_if = "EntryKind::is_other")]
+    #[schema(value_type = String, example = "user")]
     pub kind: EntryKind,
     /// Present on `user`, `assistant` and `attachment` entries.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<ApiMessage>,
     /// Sent to the model but not shown to people (reminders, attachments, recovery nudges).
+    /// Also read as `isMeta`; the same holds for each flag below and its camelCase name.
     #[serde(default, skip_serializing_if = "is_false")]
     pub is_meta: bool,
-    /// Display-only; never sent to the model.
+    /// Display-only; never sent to the model (`isVirtual`).
     #[serde(default, skip_serializing_if = "is_false")]
     pub is_virtual: bool,
-    /// The summary written by a compaction.
+    /// The summary written by a compaction (`isCompactSummary`).
     #[serde(default, skip_serializing_if = "is_false")]
     pub is_compact_summary: bool,
-    /// A synthetic assistant entry recording an API error (its text names the error).
+    /// A synthetic assistant entry recording an API error (its text names the error);
+    /// `isApiErrorMessage`. Never sent to the model.
     #[serde(default, skip_serializing_if = "is_false")]
     pub is_api_error: bool,
+    /// Shown in the transcript only (`isVisibleInTranscriptOnly`): Claude Code marks its compact
+    /// summaries so. Such an entry is still sent to the model.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub is_visible_in_transcript_only: bool,
     /// For `system` entries: `compact_boundary`, `local_command`, `snip`, `informational`, …
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub subtype: Option<String>,
@@ -128,7 +169,8 @@ pub struct Entry {
     #[schema(value_type = Option<serde_json::Value>)]
     pub content: Option<Value>,
     /// For a `compact_boundary` entry: trigger, tokens before, messages summarized, summarizer,
-    /// preserved segment.
+    /// preserved segment (`compactMetadata` with `trigger`, `preTokens` and
+    /// `preservedSegment {headUuid, anchorUuid, tailUuid}` is understood too).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
     pub compact_metadata: Option<Value>,
@@ -139,14 +181,101 @@ pub struct Entry {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub created_at: Option<DateTime<Utc>>,
     /// Fields Loupe does not model (progress `data`, transcript fields, …), kept as they came.
+    /// For an [`EntryKind::Other`] entry it also holds the entry's `type`.
     #[serde(flatten)]
     #[schema(value_type = Object)]
     pub extra: Map<String, Value>,
+    /// The JSON text the client sent, when the entry came from a client: the store writes this
+    /// text as the entry's body, so exports give it back exactly.
+    #[serde(skip)]
+    pub sent: Option<String>,
+}
+
+/// The wire form of an entry: `type` as any string, and Claude Code's camelCase names.
+#[derive(Deserialize)]
+struct EntryWire {
+    #[serde(default)]
+    seq: Option<i64>,
+    #[serde(default)]
+    uuid: Option<String>,
+    #[serde(rename = "type")]
+    type_name: String,
+    #[serde(default)]
+    message: Option<ApiMessage>,
+    #[serde(default, alias = "isMeta")]
+    is_meta: bool,
+    #[serde(default, alias = "isVirtual")]
+    is_virtual: bool,
+    #[serde(default, alias = "isCompactSummary")]
+    is_compact_summary: bool,
+    #[serde(default, alias = "isApiErrorMessage")]
+    is_api_error: bool,
+    #[serde(default, alias = "isVisibleInTranscriptOnly")]
+    is_visible_in_transcript_only: bool,
+    #[serde(default)]
+    subtype: Option<String>,
+    #[serde(default)]
+    content: Option<Value>,
+    #[serde(default, alias = "compactMetadata")]
+    compact_metadata: Option<Value>,
+    #[serde(default, alias = "snipMetadata")]
+    snip_metadata: Option<SnipMetadata>,
+    #[serde(default)]
+    created_at: Option<DateTime<Utc>>,
+    #[serde(flatten)]
+    extra: Map<String, Value>,
+}
+
+impl From<EntryWire> for Entry {
+    fn from(wire: EntryWire) -> Self {
+        let kind = EntryKind::from_name(&wire.type_name);
+        let mut extra = wire.extra;
+        if kind == EntryKind::Other {
+            extra.insert("type".to_owned(), Value::String(wire.type_name));
+        }
+        Entry {
+            seq: wire.seq,
+            uuid: wire.uuid,
+            kind,
+            message: wire.message,
+            is_meta: wire.is_meta,
+            is_virtual: wire.is_virtual,
+            is_compact_summary: wire.is_compact_summary,
+            is_api_error: wire.is_api_error,
+            is_visible_in_transcript_only: wire.is_visible_in_transcript_only,
+            subtype: wire.subtype,
+            content: wire.content,
+            compact_metadata: wire.compact_metadata,
+            snip_metadata: wire.snip_metadata,
+            created_at: wire.created_at,
+            extra,
+            sent: None,
+        }
+    }
+}
+
+/// Parses entries a client sent, keeping each one's JSON as [`Entry::sent`]
+/// (`#[serde(deserialize_with = "…")]` on a request's list of entries).
+pub fn deserialize_sent_entries<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Vec<Entry>, D::Error> {
+    struct Sent(Entry);
+    impl<'de> Deserialize<'de> for Sent {
+        fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+            let value = Value::deserialize(deserializer)?;
+            let mut entry = Entry::deserialize(&value).map_err(D::Error::custom)?;
+            entry.sent = Some(value.to_string());
+            Ok(Sent(entry))
+        }
+    }
+    let sent = Vec::<Sent>::deserialize(deserializer)?;
+    Ok(sent.into_iter().map(|Sent(entry)| entry).collect())
 }
 
 /// What a snip entry hides.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct SnipMetadata {
+    #[serde(alias = "removedUuids")]
     pub removed_uuids: Vec<String>,
 }
 
@@ -187,12 +316,26 @@ impl Entry {
             is_virtual: false,
             is_compact_summary: false,
             is_api_error: false,
+            is_visible_in_transcript_only: false,
             subtype: None,
             content: None,
             compact_metadata: None,
             snip_metadata: None,
             created_at: None,
             extra: Map::new(),
+            sent: None,
+        }
+    }
+
+    /// The entry's `type` as sent: the kind's name, or an [`EntryKind::Other`] entry's own.
+    pub fn type_name(&self) -> &str {
+        match self.kind {
+            EntryKind::Other => self
+                .extra
+                .get("type")
+                .and_then(Value::as_str)
+                .unwrap_or("other"),
+            kind => kind.as_str(),
         }
     }
 
@@ -234,6 +377,15 @@ impl Entry {
         let first = seg.get("first_seq")?.as_i64()?;
         let last = seg.get("last_seq")?.as_i64()?;
         Some((first, last))
+    }
+
+    /// The `(headUuid, tailUuid)` of a Claude Code boundary's
+    /// `compactMetadata.preservedSegment`: the kept range, named by uuids instead of seqs.
+    pub fn preserved_uuids(&self) -> Option<(&str, &str)> {
+        let seg = self.compact_metadata.as_ref()?.get("preservedSegment")?;
+        let head = seg.get("headUuid")?.as_str()?;
+        let tail = seg.get("tailUuid")?.as_str()?;
+        Some((head, tail))
     }
 
     /// A synthetic assistant entry recording an API error.

@@ -24,7 +24,7 @@ pub fn entry_text(entry: &Entry) -> String {
             .as_deref()
             .map(|s| format!(": {s}"))
             .unwrap_or_default();
-        return format!("({}{subtype})", entry.kind.as_str());
+        return format!("({}{subtype})", entry.type_name());
     };
     let speaker = match entry.kind {
         EntryKind::Assistant => "assistant",

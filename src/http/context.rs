@@ -168,6 +168,13 @@ pub struct ContextResponse {
     pub normalized: Normalized,
     /// The thread's next seq when the context was read.
     pub next_seq: i64,
+    /// The context's size as the auto-compaction trigger sees it: `basis: usage` anchors on the
+    /// `usage` the last assistant entry after the last boundary reports (input, cache and output
+    /// tokens: the provider's own count, system prompt and tools included), plus the content
+    /// after it; `basis: content` estimates the content alone at per-kind rates (code, JSON and
+    /// tool output 2.5 characters a token, prose 3.5, CJK one token a character).
+    /// `estimated_tokens` stays the reference's characters / 4 of the returned messages.
+    pub context_tokens: crate::history::normalize::ContextEstimate,
     /// Tools Loupe adds to the request, in the provider's shape: the zoom tool, for an outlined
     /// thread whose outline has a line (and never before: see docs/TREE.md on its cache cost).
     #[schema(value_type = Vec<Object>)]
@@ -233,6 +240,7 @@ pub async fn get_context(
     Ok(Json(ContextResponse {
         normalized,
         next_seq: window.next_seq,
+        context_tokens: crate::history::normalize::estimate_context(&window.entries),
         tools: Vec::new(),
         outline: None,
     }))
@@ -258,6 +266,7 @@ async fn outline_context(
         .store
         .context_window(tenant, thread_id, Some(boundary as i64))
         .await?;
+    let context_tokens = crate::history::normalize::estimate_context(&window.entries);
     let (version, line_count) = (snapshot.version, snapshot.lines.len());
     let (lines, render_options) = (snapshot.lines, options.clone());
     let normalized = off_the_executor(move || {
@@ -272,6 +281,7 @@ async fn outline_context(
     Ok(Json(ContextResponse {
         normalized,
         next_seq: window.next_seq,
+        context_tokens,
         tools,
         outline: Some(OutlineRef {
             boundary,

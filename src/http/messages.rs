@@ -32,7 +32,8 @@ pub fn router() -> OpenApiRouter<AppState> {
 }))]
 pub struct AppendMessagesRequest {
     /// The batch, stored all or nothing, in order: 1 to `--max-batch-messages` (10,000 unless
-    /// configured) entries.
+    /// configured) entries. Each entry's JSON is stored as sent.
+    #[serde(deserialize_with = "crate::history::model::deserialize_sent_entries")]
     #[schema(min_items = 1, max_items = 10000)]
     pub messages: Vec<Entry>,
     /// Compare-and-append: 409 `seq-conflict` (nothing written) unless the thread's next seq is

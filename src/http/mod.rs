@@ -12,6 +12,7 @@ pub mod observe;
 pub mod problem;
 pub mod settings;
 pub mod threads;
+pub mod transcripts;
 pub mod tree;
 pub mod ui;
 
@@ -176,6 +177,7 @@ pub(crate) fn page_limit(requested: Option<u32>, default: u32, max: u32) -> Resu
         (name = "threads", description = "Conversation threads"),
         (name = "messages", description = "The append-only history of a thread"),
         (name = "context", description = "Model-ready views: API rounds, the normalized context, snips"),
+        (name = "transcripts", description = "Whole transcripts as JSON Lines: import and export"),
         (name = "cursors", description = "Incremental consumers: named bookmarks, pending batches, leases"),
         (name = "jobs", description = "Background jobs: compaction"),
         (name = "tree", description = "The summary tree: the outline and zoom(id, n)"),
@@ -196,6 +198,7 @@ fn api_router() -> OpenApiRouter<AppState> {
         .merge(admin::router())
         .merge(jobs::router())
         .merge(settings::router())
+        .merge(transcripts::router())
         .merge(tree::router())
         .merge(health::router())
         .merge(observe::router())

@@ -34,14 +34,17 @@ impl Store {
         let head = self.thread_head(tenant, thread_id).await?;
         let (thread_key, next_seq) = (head.thread_key, head.next_seq);
         let boundary = sqlx::query(
-            "SELECT seq, body FROM messages WHERE thread_key = $1 AND subtype = $2 \
+            "SELECT seq, uuid, created_at, body FROM messages WHERE thread_key = $1 AND subtype = $2 \
              ORDER BY seq DESC LIMIT 1",
         )
         .bind(&thread_key)
         .bind(subtype::COMPACT_BOUNDARY)
         .fetch_optional(&self.pool)
         .await?;
-        let boundary = boundary.map(|row| entry_from_row(&row)).transpose()?;
+        let mut boundary = boundary.map(|row| entry_from_row(&row)).transpose()?;
+        if let Some(entry) = boundary.as_mut() {
+            self.resolve_preserved_uuids(&thread_key, entry).await?;
+        }
         let boundary_seq = boundary.as_ref().and_then(|b| b.seq);
         let start = match from_seq {
             Some(seq) => seq.max(0),
@@ -62,17 +65,62 @@ impl Store {
             });
         }
         let rows = sqlx::query(
-            "SELECT seq, body FROM messages WHERE thread_key = $1 AND seq >= $2 ORDER BY seq",
+            "SELECT seq, uuid, created_at, body FROM messages WHERE thread_key = $1 AND seq >= $2 ORDER BY seq",
         )
         .bind(&thread_key)
         .bind(start)
         .fetch_all(&self.pool)
         .await?;
+        let mut entries: Vec<Entry> = rows.iter().map(entry_from_row).collect::<Result<_, _>>()?;
+        // The boundary as read above, with a Claude Code preserved segment resolved to seqs.
+        if let (Some(entry), Some(seq)) = (boundary, boundary_seq) {
+            if let Some(slot) = entries.iter_mut().find(|e| e.seq == Some(seq)) {
+                *slot = entry;
+            }
+        }
         Ok(ContextWindow {
-            entries: rows.iter().map(entry_from_row).collect::<Result<_, _>>()?,
+            entries,
             boundary_seq,
             next_seq,
         })
+    }
+
+    /// A Claude Code boundary names its preserved segment by uuids
+    /// (`compactMetadata.preservedSegment {headUuid, tailUuid}`); Loupe's reads work on seqs, so
+    /// the segment is added in memory as `preserved_segment {first_seq, last_seq}` when both
+    /// uuids are stored in the thread. The stored body is left as it came.
+    async fn resolve_preserved_uuids(
+        &self,
+        thread_key: &str,
+        boundary: &mut Entry,
+    ) -> Result<(), StoreError> {
+        if boundary.preserved_segment().is_some() {
+            return Ok(());
+        }
+        let Some((head, tail)) = boundary.preserved_uuids() else {
+            return Ok(());
+        };
+        let (head, tail) = (head.to_owned(), tail.to_owned());
+        let found = self
+            .messages_where_in(thread_key, "uuid", &[head.clone(), tail.clone()])
+            .await?;
+        let seq_of = |uuid: &str| found.iter().find(|(_, u)| u == uuid).map(|(seq, _)| *seq);
+        if let (Some(first), Some(last), Some(metadata)) = (
+            seq_of(&head),
+            seq_of(&tail),
+            boundary
+                .compact_metadata
+                .as_mut()
+                .and_then(|m| m.as_object_mut()),
+        ) {
+            if first <= last {
+                metadata.insert(
+                    "preserved_segment".to_owned(),
+                    serde_json::json!({"first_seq": first, "last_seq": last}),
+                );
+            }
+        }
+        Ok(())
     }
 
     /// The (seq, uuid) of the named messages, in seq order; names the first that the thread does

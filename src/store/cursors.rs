@@ -424,7 +424,7 @@ where
 {
     let after_seq = row.bookmark.as_ref().map_or(-1, |b| b.seq);
     let rows = sqlx::query(
-        "SELECT seq, body FROM messages WHERE thread_key = $1 AND seq > $2 ORDER BY seq LIMIT $3",
+        "SELECT seq, uuid, created_at, body FROM messages WHERE thread_key = $1 AND seq > $2 ORDER BY seq LIMIT $3",
     )
     .bind(thread_key)
     .bind(after_seq)

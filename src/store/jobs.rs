@@ -17,8 +17,8 @@ use utoipa::ToSchema;
 
 use super::messages::{entry_from_row, insert_entries};
 use super::{Backend, Store, StoreError, TenantId};
-use crate::history::estimate_entry_tokens;
 use crate::history::model::{subtype, Entry};
+use crate::history::normalize::context_entry_tokens;
 
 /// The PostgreSQL `NOTIFY` channel an enqueue signals on.
 pub const NOTIFY_CHANNEL: &str = "loupe_jobs";
@@ -699,7 +699,7 @@ impl Store {
             return Err(StoreError::BoundaryMoved);
         }
         let appended_since = sqlx::query(
-            "SELECT seq, body FROM messages WHERE thread_key = $1 AND seq >= $2 ORDER BY seq",
+            "SELECT seq, uuid, created_at, body FROM messages WHERE thread_key = $1 AND seq >= $2 ORDER BY seq",
         )
         .bind(&thread_key)
         .bind(write.read_next_seq)
@@ -707,7 +707,7 @@ impl Store {
         .await?;
         let mut tokens = write.base_tokens;
         for row in &appended_since {
-            tokens += estimate_entry_tokens(&entry_from_row(row)?) as i64;
+            tokens += context_entry_tokens(&entry_from_row(row)?) as i64;
         }
         let (entries, result) = build(next_seq);
         let (stored, visible) = insert_entries(

@@ -7,8 +7,8 @@ use sqlx::any::AnyRow;
 use sqlx::{Any, Row};
 
 use super::{now_millis, Store, StoreError, TenantId};
-use crate::history::estimate_entry_tokens;
 use crate::history::model::Entry;
+use crate::history::normalize::{context_entry_tokens, usage_tokens};
 
 /// A batch to append to one thread.
 #[derive(Debug, Clone)]
@@ -60,10 +60,17 @@ fn prepare(mut entry: Entry, now: chrono::DateTime<chrono::Utc>) -> Result<Prepa
         .uuid
         .get_or_insert_with(|| uuid::Uuid::new_v4().to_string())
         .clone();
-    let sent = serde_json::to_vec(&entry).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-    let content_hash = hex::encode(Sha256::digest(&sent));
+    let content_hash = fingerprint(&entry)?;
+    // The body is what the client sent, verbatim, so an export gives it back exactly; the
+    // server's defaults (uuid, `created_at`) live in their columns and are filled in on read.
+    let body = match entry.sent.take() {
+        Some(sent) => sent,
+        None => {
+            entry.created_at.get_or_insert(now);
+            serde_json::to_string(&entry).map_err(|e| StoreError::Corrupt(e.to_string()))?
+        }
+    };
     entry.created_at.get_or_insert(now);
-    let body = serde_json::to_string(&entry).map_err(|e| StoreError::Corrupt(e.to_string()))?;
     Ok(Prepared {
         entry,
         uuid,
@@ -124,11 +131,27 @@ struct ClaimedThread {
     triggers: AppendTriggers,
 }
 
+/// The fingerprint of what a client sent: SHA-256 of the entry as Loupe understood it (without
+/// `seq`), so a retry matches whatever spelling or key order it uses.
+pub fn fingerprint(entry: &Entry) -> Result<String, StoreError> {
+    let understood = serde_json::to_vec(entry).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    Ok(hex::encode(Sha256::digest(&understood)))
+}
+
+/// An entry from its row (`seq, uuid, created_at, body`): the body as sent, with the server's `seq`, and its
+/// `uuid` and `created_at` when the body does not carry them.
 pub(super) fn entry_from_row(row: &AnyRow) -> Result<Entry, StoreError> {
     let body: String = row.try_get("body")?;
     let mut entry: Entry = serde_json::from_str(&body)
         .map_err(|e| StoreError::Corrupt(format!("message body: {e}")))?;
     entry.seq = Some(row.try_get("seq")?);
+    if entry.uuid.is_none() {
+        entry.uuid = Some(row.try_get("uuid")?);
+    }
+    if entry.created_at.is_none() {
+        let millis: i64 = row.try_get("created_at")?;
+        entry.created_at = chrono::DateTime::from_timestamp_millis(millis);
+    }
     Ok(entry)
 }
 
@@ -210,7 +233,8 @@ impl Store {
         // An outlined thread is never auto-compacted: its outline keeps the context small, and a
         // compact boundary in its tail would cut the tail short.
         let threshold = triggers.auto_compact_tokens;
-        let eligible = matches!(tokens, BatchTokens::Add(_)) && !triggers.outlined;
+        // A batch that holds a compact boundary has just compacted the thread.
+        let eligible = !matches!(tokens, BatchTokens::Reset(_)) && !triggers.outlined;
         let crossed =
             eligible && crosses_threshold(thread.tokens_before, thread.tokens_after, threshold);
         // Still above after an attempt that failed or found nothing: try again, backing off.
@@ -279,7 +303,7 @@ impl Store {
         let rows = sqlx::query(
             // The sizes of the page's rows only (the LIMIT applies before the running sum),
             // then the bodies of those that fit.
-            "SELECT m.seq, m.body FROM \
+            "SELECT m.seq, m.uuid, m.created_at, m.body FROM \
              (SELECT seq, SUM(size) OVER (ORDER BY seq) - size AS before_size FROM \
               (SELECT seq, LENGTH(body) AS size FROM messages \
                WHERE thread_key = $1 AND seq > $2 ORDER BY seq LIMIT $3) sizes) page \
@@ -304,7 +328,7 @@ impl Store {
         uuids: &[&str],
     ) -> Result<Vec<Entry>, StoreError> {
         let sql = format!(
-            "SELECT seq, body FROM messages WHERE thread_key = $1 AND uuid IN ({}) ORDER BY seq",
+            "SELECT seq, uuid, created_at, body FROM messages WHERE thread_key = $1 AND uuid IN ({}) ORDER BY seq",
             super::list_placeholders(2, uuids.len())
         );
         let mut query = sqlx::query(&sql).bind(thread_key.to_owned());
@@ -317,24 +341,38 @@ impl Store {
 }
 
 /// How a batch changes the running context-token estimate of its thread.
+#[derive(Debug, Clone, Copy)]
 enum BatchTokens {
     Add(i64),
     /// The batch holds a compact boundary: the context restarts at its last one.
     Reset(i64),
+    /// The batch holds an assistant entry reporting `usage`: the estimate becomes its figures
+    /// plus what follows it (`history::normalize::estimate_context` on a whole window).
+    Anchor(i64),
 }
 
 fn context_tokens_of<'a>(entries: impl Iterator<Item = &'a Entry>) -> BatchTokens {
     let mut tokens = 0_i64;
     let mut reset = false;
+    let mut anchored = false;
     for entry in entries {
         if entry.is_compact_boundary() {
             reset = true;
+            anchored = false;
             tokens = 0;
         }
-        tokens += estimate_entry_tokens(entry) as i64;
+        match usage_tokens(entry) {
+            Some(reported) => {
+                anchored = true;
+                tokens = reported as i64;
+            }
+            None => tokens += context_entry_tokens(entry) as i64,
+        }
     }
     if reset {
         BatchTokens::Reset(tokens)
+    } else if anchored {
+        BatchTokens::Anchor(tokens)
     } else {
         BatchTokens::Add(tokens)
     }
@@ -377,6 +415,8 @@ async fn claim_thread(
     let (reset, tokens) = match batch.tokens {
         BatchTokens::Add(tokens) => (0_i64, tokens),
         BatchTokens::Reset(tokens) => (1_i64, tokens),
+        // Set below, once the value before the batch is known (the trigger compares the two).
+        BatchTokens::Anchor(_) => (0_i64, 0_i64),
     };
     let row = sqlx::query(
         "UPDATE threads SET updated_at = $1, next_seq = next_seq + $2, \
@@ -399,13 +439,25 @@ async fn claim_thread(
     .fetch_optional(&mut **tx)
     .await?
     .ok_or(StoreError::ThreadNotFound)?;
-    let tokens_after: i64 = row.try_get("context_tokens")?;
+    let thread_key: String = row.try_get("thread_key")?;
+    let returned: i64 = row.try_get("context_tokens")?;
+    let (tokens_before, tokens_after) = match batch.tokens {
+        BatchTokens::Anchor(anchored) => {
+            sqlx::query("UPDATE threads SET context_tokens = $1 WHERE thread_key = $2")
+                .bind(anchored)
+                .bind(&thread_key)
+                .execute(&mut **tx)
+                .await?;
+            (returned, anchored)
+        }
+        _ => (returned - tokens, returned),
+    };
     let own_threshold: Option<i64> = row.try_get("auto_compact_tokens")?;
     Ok(ClaimedThread {
-        thread_key: row.try_get("thread_key")?,
+        thread_key,
         first_seq: row.try_get::<i64, _>("next_seq")? - batch.len(),
         visible_before: row.try_get::<i64, _>("visible_count")? - batch.visible,
-        tokens_before: tokens_after - tokens,
+        tokens_before,
         tokens_after,
         triggers: AppendTriggers {
             auto_compact_tokens: own_threshold.unwrap_or(default_threshold),
@@ -492,7 +544,7 @@ async fn insert_prepared(
                 .bind(thread_key.to_owned())
                 .bind(base + offset as i64)
                 .bind(p.uuid.clone())
-                .bind(p.entry.kind.as_str())
+                .bind(p.entry.type_name().to_owned())
                 .bind(p.entry.subtype.clone())
                 .bind(visible)
                 .bind(p.body.clone())
@@ -590,6 +642,23 @@ mod tests {
         assert!(matches!(
             context_tokens_of(batch[..1].iter()),
             BatchTokens::Add(2)
+        ));
+    }
+
+    #[test]
+    fn usage_in_a_batch_anchors_the_estimate() {
+        let batch = [
+            entry(json!({"type": "user", "message": {"role": "user", "content": "abcdefgh"}})),
+            entry(
+                json!({"type": "assistant", "message": {"role": "assistant", "id": "m",
+                "usage": {"input_tokens": 5, "cache_read_input_tokens": 30000, "output_tokens": 20},
+                "content": [{"type": "text", "text": "hi"}]}}),
+            ),
+            entry(json!({"type": "user", "message": {"role": "user", "content": "abcdefgh"}})),
+        ];
+        assert!(matches!(
+            context_tokens_of(batch.iter()),
+            BatchTokens::Anchor(30027)
         ));
     }
 

@@ -16,6 +16,7 @@ mod messages;
 mod payloads;
 mod settings;
 mod threads;
+mod transcripts;
 mod tree;
 
 use std::str::FromStr;
@@ -34,7 +35,7 @@ pub use jobs::{
     ClaimedJob, CompactionWrite, EnqueueOutcome, Job, JobState, NewJob, NOTIFY_CHANNEL,
 };
 pub use keys::{ApiKeyRecord, CreatedKey, KeyIdentity, TenantRecord};
-pub use messages::{AppendOutcome, AppendRequest, MessagePage};
+pub use messages::{fingerprint, AppendOutcome, AppendRequest, MessagePage};
 pub use payloads::{
     CompactionPayload, DEFAULT_KEEP_RECENT_ROUNDS, KIND_COMPACTION, KIND_NOOP, KIND_TREE,
 };

@@ -202,7 +202,7 @@ impl Store {
         end: u64,
     ) -> Result<Vec<Entry>, StoreError> {
         let rows = sqlx::query(
-            "SELECT seq, body FROM messages WHERE thread_key = $1 AND seq >= $2 AND seq < $3 \
+            "SELECT seq, uuid, created_at, body FROM messages WHERE thread_key = $1 AND seq >= $2 AND seq < $3 \
              ORDER BY seq",
         )
         .bind(thread_key)
@@ -397,7 +397,7 @@ impl Store {
         Ok(Ok(match target {
             crate::tree::ZoomTarget::Message(seq) => {
                 let row = sqlx::query(
-                    "SELECT seq, body FROM messages WHERE thread_key = $1 AND seq = $2",
+                    "SELECT seq, uuid, created_at, body FROM messages WHERE thread_key = $1 AND seq = $2",
                 )
                 .bind(&head.thread_key)
                 .bind(seq as i64)

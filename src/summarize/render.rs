@@ -255,7 +255,7 @@ pub fn turns(entries: &[Entry]) -> Turns {
                 }
                 continue;
             }
-            EntryKind::System | EntryKind::Progress => continue,
+            EntryKind::System | EntryKind::Progress | EntryKind::Other => continue,
         };
         let Some(message) = &entry.message else {
             if speaker == Speaker::Attachment {

@@ -22,6 +22,7 @@ mod openapi;
 mod summarize_extractive;
 mod summarize_models;
 mod tenants;
+mod transcripts;
 mod tree;
 mod tree_props;
 mod tree_replay;

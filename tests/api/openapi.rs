@@ -99,3 +99,11 @@ async fn the_service_serves_its_document_and_a_docs_page() {
     );
     app.finish().await;
 }
+
+/// Writes the generated document over the checked-in one: `cargo test --test api -- --ignored
+/// write_openapi` regenerates it from the test build, without a second build of the binary.
+#[test]
+#[ignore = "writes openapi/openapi.json; run on purpose"]
+fn write_openapi() {
+    std::fs::write(CHECKED_IN, generated()).unwrap();
+}

@@ -33,7 +33,7 @@ pub fn to_messages(
         let e = &entries[i];
         let src = i as u32;
         let (role, content) = match e.kind {
-            EntryKind::Progress => continue,
+            EntryKind::Progress | EntryKind::Other => continue,
             EntryKind::System => {
                 if e.subtype.as_deref() != Some(subtype::LOCAL_COMMAND) {
                     continue;

@@ -80,7 +80,10 @@ pub mod tool_reference;
 pub mod view;
 
 pub use output::entries_from_messages;
-pub use tokens::{estimate_entry_tokens, estimate_tokens};
+pub use tokens::{
+    context_entry_tokens, estimate_context, estimate_entry_tokens, estimate_tokens, text_tokens,
+    usage_tokens, ContextEstimate, EstimateBasis,
+};
 
 /// The provider whose message format is produced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema, Default)]

@@ -64,27 +64,205 @@ pub fn estimate_tokens(messages: &[Value]) -> u64 {
         .sum()
 }
 
-/// Rough token count of one stored entry as the model would see it (the running estimate behind
-/// automatic compaction): the [`estimate_tokens`] of a user/assistant/attachment message's content,
-/// the text of a `local_command` system entry; 0 for every other entry (progress, boundaries,
-/// snips, virtual and API-error entries never reach the model).
+/// Rough token count of one stored entry as the model would see it, at characters / 4
+/// (reference-behaviour §8.1; the summary tree's budgets and a boundary's `pre_tokens` use it):
+/// the [`estimate_tokens`] of a user/assistant/attachment message's content, the text of a
+/// `local_command` system entry; 0 for every other entry (progress, boundaries, snips, virtual
+/// and API-error entries never reach the model).
 pub fn estimate_entry_tokens(entry: &crate::history::model::Entry) -> u64 {
-    use crate::history::model::{subtype, EntryKind};
+    entry_tokens_with(entry, rough, block_tokens)
+}
+
+/// Token count of one stored entry by the per-kind rates of [`text_tokens`]: what the thread's
+/// context estimate (and so the auto-compaction trigger) adds for content no `usage` covers.
+pub fn context_entry_tokens(entry: &crate::history::model::Entry) -> u64 {
+    entry_tokens_with(entry, text_tokens, rated_block_tokens)
+}
+
+fn entry_tokens_with(
+    entry: &crate::history::model::Entry,
+    text: fn(&str) -> u64,
+    block: fn(&Value) -> u64,
+) -> u64 {
+    use crate::history::model::{subtype, Content, EntryKind};
     if entry.is_virtual || entry.is_api_error_message() {
         return 0;
     }
+    let value_tokens = |value: Option<&Value>| match value {
+        Some(Value::String(s)) => text(s),
+        Some(Value::Array(blocks)) => blocks.iter().map(block).sum(),
+        _ => 0,
+    };
     match entry.kind {
         EntryKind::User | EntryKind::Assistant | EntryKind::Attachment => match &entry.message {
-            Some(message) => {
-                let content = serde_json::to_value(&message.content).unwrap_or(Value::Null);
-                content_tokens(Some(&content))
-            }
+            Some(message) => match &message.content {
+                Content::Text(s) => text(s),
+                Content::Blocks(blocks) => blocks.iter().map(block).sum(),
+            },
             None => 0,
         },
         EntryKind::System if entry.subtype.as_deref() == Some(subtype::LOCAL_COMMAND) => {
-            content_tokens(entry.content.as_ref())
+            value_tokens(entry.content.as_ref())
         }
         _ => 0,
+    }
+}
+
+/// Characters per token of each kind of content, as tenths (35 = 3.5 characters a token).
+///
+/// How they were derived: on real Claude Code transcripts the input tokens reported in `usage`
+/// grew 1.4 to 2.0 times faster than characters / 4, and those transcripts are mostly code, JSON
+/// and tool output. Code, JSON and tool output therefore count 2.5 characters a token (1.6 times
+/// characters / 4, inside that range; a JSON file is counted at 2 bytes a token by the reference
+/// agent itself). English prose tokenizes more densely; it counts 3.5 characters a token, a
+/// little more than characters / 4 so that prose never lowers the estimate below the reference.
+/// Chinese, Japanese and Korean characters are about one token each (characters / 4 counts them
+/// a quarter of a token, the worst undercount); other non-ASCII letters count two characters a
+/// token. The rates err high: a late compaction fails the request, an early one costs a summary.
+pub const TENTHS_PER_TOKEN_CODE: u64 = 25;
+pub const TENTHS_PER_TOKEN_PROSE: u64 = 35;
+pub const TENTHS_PER_TOKEN_CJK: u64 = 10;
+pub const TENTHS_PER_TOKEN_OTHER: u64 = 20;
+
+/// Text whose ASCII holds at least this share of symbols (brackets, quotes, operators,
+/// separators), in percent, counts as code, JSON or tool output; prose holds 2 to 4 %.
+const CODE_SYMBOL_PERCENT: u64 = 7;
+
+/// The token count of a text by the per-kind rates above. Code is told from prose by the share
+/// of symbols in its ASCII characters, CJK and other non-ASCII characters by their code points.
+pub fn text_tokens(text: &str) -> u64 {
+    let (mut ascii, mut symbols, mut cjk, mut other) = (0_u64, 0_u64, 0_u64, 0_u64);
+    for c in text.chars() {
+        if c.is_ascii() {
+            ascii += 1;
+            if c.is_ascii_punctuation() {
+                symbols += 1;
+            }
+        } else if is_cjk(c) {
+            cjk += 1;
+        } else {
+            other += 1;
+        }
+    }
+    let ascii_rate = if ascii > 0 && symbols * 100 >= ascii * CODE_SYMBOL_PERCENT {
+        TENTHS_PER_TOKEN_CODE
+    } else {
+        TENTHS_PER_TOKEN_PROSE
+    };
+    let tokens = ascii * 10 / ascii_rate
+        + cjk * 10 / TENTHS_PER_TOKEN_CJK
+        + other * 10 / TENTHS_PER_TOKEN_OTHER;
+    if tokens == 0 && !text.is_empty() {
+        1
+    } else {
+        tokens
+    }
+}
+
+/// Han, kana and Hangul: about one token each.
+fn is_cjk(c: char) -> bool {
+    matches!(u32::from(c),
+        0x3040..=0x30FF      // hiragana, katakana
+        | 0x3400..=0x4DBF    // CJK extension A
+        | 0x4E00..=0x9FFF    // CJK unified ideographs
+        | 0xAC00..=0xD7AF    // Hangul syllables
+        | 0xF900..=0xFAFF    // CJK compatibility ideographs
+        | 0xFF00..=0xFFEF    // full-width forms
+        | 0x20000..=0x2FFFF) // supplementary ideographs
+}
+
+/// A block by the per-kind rates: tool calls and results are code; media are 2,000 flat as in
+/// [`estimate_tokens`].
+fn rated_block_tokens(b: &Value) -> u64 {
+    match block_type(b) {
+        Some("text") => text_tokens(str_field(b, "text").unwrap_or("")),
+        Some("image" | "document" | "image_url" | "file" | "input_audio") => 2000,
+        Some("tool_result") => match b.get("content") {
+            Some(Value::String(s)) => text_tokens(s),
+            Some(Value::Array(items)) => items.iter().map(rated_block_tokens).sum(),
+            _ => 0,
+        },
+        Some("tool_use") => {
+            let input = b.get("input").map(Value::to_string).unwrap_or_default();
+            text_tokens(&format!("{}{}", str_field(b, "name").unwrap_or(""), input))
+        }
+        Some("thinking") => text_tokens(str_field(b, "thinking").unwrap_or("")),
+        Some("redacted_thinking") => text_tokens(str_field(b, "data").unwrap_or("")),
+        _ => text_tokens(&b.to_string()),
+    }
+}
+
+/// The tokens an assistant entry's `message.usage` reports for its request and response:
+/// `input_tokens + cache_creation_input_tokens + cache_read_input_tokens + output_tokens`. None
+/// without usage, for a synthetic message (`model: "<synthetic>"`), an API error or a virtual
+/// entry, and when every figure is 0.
+pub fn usage_tokens(entry: &crate::history::model::Entry) -> Option<u64> {
+    use crate::history::model::EntryKind;
+    if entry.kind != EntryKind::Assistant || entry.is_api_error || entry.is_virtual {
+        return None;
+    }
+    let message = entry.message.as_ref()?;
+    if message.model.as_deref() == Some("<synthetic>") {
+        return None;
+    }
+    let usage = message.usage.as_ref()?;
+    let field = |name: &str| usage.get(name).and_then(Value::as_u64).unwrap_or(0);
+    let total = field("input_tokens")
+        + field("cache_creation_input_tokens")
+        + field("cache_read_input_tokens")
+        + field("output_tokens");
+    (total > 0).then_some(total)
+}
+
+/// What a context-token estimate is based on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum EstimateBasis {
+    /// The `usage` of the last assistant entry that reports one, plus the content after it.
+    Usage,
+    /// The content alone, by per-kind rates (no entry reports `usage`).
+    Content,
+}
+
+/// A thread's context size in tokens, and how it was found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+pub struct ContextEstimate {
+    pub tokens: u64,
+    pub basis: EstimateBasis,
+    /// The seq of the assistant entry whose `usage` anchors the estimate.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub anchor_seq: Option<i64>,
+}
+
+/// The context size of a window (entries in seq order): anchored on the last assistant entry
+/// after the last compact boundary that reports `usage` (the provider's own count of everything
+/// sent, the system prompt and tools included), plus the per-kind estimate of what follows it;
+/// without one, the per-kind estimate of everything.
+pub fn estimate_context(entries: &[crate::history::model::Entry]) -> ContextEstimate {
+    let since_boundary = entries
+        .iter()
+        .rposition(|e| e.is_compact_boundary())
+        .unwrap_or(0);
+    let anchor = entries[since_boundary.min(entries.len())..]
+        .iter()
+        .enumerate()
+        .rev()
+        .find_map(|(offset, e)| usage_tokens(e).map(|tokens| (since_boundary + offset, tokens)));
+    match anchor {
+        Some((index, tokens)) => ContextEstimate {
+            tokens: tokens
+                + entries[index + 1..]
+                    .iter()
+                    .map(context_entry_tokens)
+                    .sum::<u64>(),
+            basis: EstimateBasis::Usage,
+            anchor_seq: Some(entries[index].seq_or(index)),
+        },
+        None => ContextEstimate {
+            tokens: entries.iter().map(context_entry_tokens).sum(),
+            basis: EstimateBasis::Content,
+            anchor_seq: None,
+        },
     }
 }
 
@@ -103,12 +281,71 @@ mod tests {
         let asst = entry(json!({"type": "assistant", "message": {"role": "assistant",
             "content": [{"type": "text", "text": "abcd"}, {"type": "image", "source": {}}]}}));
         assert_eq!(estimate_entry_tokens(&asst), 2001);
+        let prose = entry(
+            json!({"type": "user", "message": {"role": "user", "content": "abcdefg hijklmn"}}),
+        );
+        assert_eq!(context_entry_tokens(&prose), 4); // 15 prose characters / 3.5
+        assert_eq!(context_entry_tokens(&asst), 2001);
         let progress = entry(json!({"type": "progress", "data": "x".repeat(400)}));
         assert_eq!(estimate_entry_tokens(&progress), 0);
         let boundary = entry(
             json!({"type": "system", "subtype": "compact_boundary", "content": "Conversation compacted"}),
         );
         assert_eq!(estimate_entry_tokens(&boundary), 0);
+    }
+
+    #[test]
+    fn each_kind_of_text_has_its_rate_and_none_counts_less_than_chars_over_4() {
+        let prose = "The parser rounds half up now, and the report agrees with it.";
+        let code = "fn main() { let x = vec![1, 2]; println!(\"{:?}\", x); }";
+        let json = r#"{"file_path":"/src/a.ts","old_string":"a","new_string":"b"}"#;
+        let cjk = "日本語の請求書も直りました";
+        for text in [prose, code, json, cjk] {
+            assert!(text_tokens(text) >= rough(text), "{text}");
+        }
+        assert_eq!(text_tokens(prose), 61 * 10 / 35);
+        assert_eq!(text_tokens(code), 54 * 10 / 25);
+        assert_eq!(text_tokens(cjk), 13);
+        assert!(text_tokens(json) >= rough(json) * 3 / 2);
+    }
+
+    #[test]
+    fn the_estimate_anchors_on_the_last_usage_after_the_last_boundary() {
+        let entry =
+            |v: Value| -> crate::history::model::Entry { serde_json::from_value(v).unwrap() };
+        let usage = json!({"input_tokens": 3, "cache_creation_input_tokens": 1000,
+            "cache_read_input_tokens": 20000, "output_tokens": 97});
+        let history = vec![
+            entry(json!({"type": "user", "message": {"role": "user", "content": "abcdefg"}})),
+            entry(
+                json!({"type": "assistant", "message": {"role": "assistant", "id": "m1",
+                "usage": usage, "content": [{"type": "text", "text": "hi"}]}}),
+            ),
+            entry(json!({"type": "user", "message": {"role": "user", "content": "abcdefg"}})),
+            entry(
+                json!({"type": "assistant", "isApiErrorMessage": true, "message": {"role": "assistant",
+                "model": "<synthetic>", "usage": {"input_tokens": 0, "output_tokens": 0},
+                "content": [{"type": "text", "text": "API Error"}]}}),
+            ),
+        ];
+        let estimate = estimate_context(&history);
+        assert_eq!(estimate.basis, EstimateBasis::Usage);
+        assert_eq!(estimate.anchor_seq, Some(1));
+        assert_eq!(estimate.tokens, 21100 + 2);
+        let content = estimate_context(&history[..1]);
+        assert_eq!(content.basis, EstimateBasis::Content);
+        assert_eq!(content.tokens, 2);
+        // Usage before a boundary describes a context that is gone.
+        let mut compacted = history[..2].to_vec();
+        compacted.push(entry(
+            json!({"type": "system", "subtype": "compact_boundary"}),
+        ));
+        compacted.push(history[2].clone());
+        let after = estimate_context(&compacted);
+        assert_eq!(
+            (after.basis, after.tokens),
+            (EstimateBasis::Content, 2 + 1 + 2)
+        );
     }
 
     #[test]

@@ -1,0 +1,61 @@
+//! Reads behind transcript import and export: which uuids a thread already holds, and the stored
+//! bodies exactly as they were sent.
+
+use std::collections::HashMap;
+
+use sqlx::Row;
+
+use super::{Store, StoreError, TenantId};
+
+impl Store {
+    /// `uuid → (seq, fingerprint)` for the given uuids that the thread already holds.
+    pub async fn stored_fingerprints(
+        &self,
+        tenant: &TenantId,
+        thread_id: &str,
+        uuids: &[String],
+    ) -> Result<HashMap<String, (i64, String)>, StoreError> {
+        let thread_key = self.thread_head(tenant, thread_id).await?.thread_key;
+        let mut stored = HashMap::new();
+        for chunk in uuids.chunks(super::messages::INSERT_CHUNK) {
+            let sql = format!(
+                "SELECT uuid, seq, content_hash FROM messages WHERE thread_key = $1 AND uuid IN ({})",
+                super::list_placeholders(2, chunk.len())
+            );
+            let mut query = sqlx::query(&sql).bind(thread_key.clone());
+            for uuid in chunk {
+                query = query.bind(uuid.clone());
+            }
+            for row in query.fetch_all(&self.pool).await? {
+                stored.insert(
+                    row.try_get("uuid")?,
+                    (row.try_get("seq")?, row.try_get("content_hash")?),
+                );
+            }
+        }
+        Ok(stored)
+    }
+
+    /// `(seq, body)` of the messages with `seq > after_seq`, in seq order, at most `limit`: each
+    /// body is the JSON text that was sent (or, for an entry Loupe wrote itself, its JSON).
+    pub async fn export_page(
+        &self,
+        tenant: &TenantId,
+        thread_id: &str,
+        after_seq: i64,
+        limit: i64,
+    ) -> Result<Vec<(i64, String)>, StoreError> {
+        let thread_key = self.thread_head(tenant, thread_id).await?.thread_key;
+        let rows = sqlx::query(
+            "SELECT seq, body FROM messages WHERE thread_key = $1 AND seq > $2 ORDER BY seq LIMIT $3",
+        )
+        .bind(thread_key)
+        .bind(after_seq)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| Ok((row.try_get("seq")?, row.try_get("body")?)))
+            .collect()
+    }
+}

@@ -1,0 +1,449 @@
+//! Real agent transcripts: import (HTTP and CLI), export, byte-for-byte round trips, every entry
+//! type stored, Claude Code's field names understood. Fixtures: `tests/fixtures/claude-code/`, a
+//! Claude Code 2.1 session (progress floods, snapshots, queue operations, an old-style summary,
+//! system subtypes, thinking with signatures, an image, an API error, two compactions, one with a
+//! preserved segment) and its sub-agent's own file.
+
+use crate::common::TestApp;
+use axum::http::{Method, StatusCode};
+use serde_json::{json, Value};
+
+on_both_backends!(
+    import_then_export_gives_every_line_back,
+    a_reimport_stores_nothing_and_a_partial_one_continues,
+    unknown_types_are_listed_with_their_type_and_never_sent,
+    claude_code_field_names_mean_what_they_say,
+    bad_lines_are_refused_with_their_reason_and_the_rest_is_stored,
+    the_cli_imports_and_exports_on_the_database_and_through_a_server,
+);
+
+const SESSION: &str = include_str!("../fixtures/claude-code/session.jsonl");
+const AGENT: &str = include_str!("../fixtures/claude-code/agent-a7c41e9.jsonl");
+
+async fn import(app: &TestApp, thread: &str, body: &str) -> Value {
+    let response = app
+        .raw_as(
+            None,
+            Method::POST,
+            &format!("/v1/threads/{thread}/import"),
+            Some("application/x-ndjson"),
+            body.as_bytes().to_vec(),
+        )
+        .await;
+    assert_eq!(response.status, StatusCode::OK, "{}", response.body);
+    response.body
+}
+
+async fn export(app: &TestApp, thread: &str) -> String {
+    let response = app.get(&format!("/v1/threads/{thread}/export")).await;
+    assert_eq!(response.status, StatusCode::OK, "{}", response.body);
+    assert_eq!(
+        response.headers.get("content-type").unwrap(),
+        "application/x-ndjson"
+    );
+    // The helper parses a JSON body when it can; an export of several lines never is one.
+    response.body.as_str().expect("JSON Lines").to_owned()
+}
+
+fn values(jsonl: &str) -> Vec<Value> {
+    jsonl
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect()
+}
+
+async fn import_then_export_gives_every_line_back(app: TestApp) {
+    let thread = app.thread("session").await;
+    let report = import(&app, &thread, &format!("{SESSION}{AGENT}")).await;
+    let lines = SESSION.lines().count() + AGENT.lines().count();
+    assert_eq!(report["lines"], lines as u64, "{report}");
+    assert_eq!(report["stored"], lines as u64, "{report}");
+    assert_eq!(report["refused"], 0, "{report}");
+    assert_eq!(
+        report["sidechain_threads"],
+        json!(["session.agent-a7c41e9"])
+    );
+
+    // Byte for byte, so the JSON values (key order included) are the same too.
+    let exported = export(&app, &thread).await;
+    assert_eq!(exported, SESSION);
+    assert_eq!(values(&exported), values(SESSION));
+    let sub = export(&app, "session.agent-a7c41e9").await;
+    assert_eq!(sub, AGENT);
+    let metadata = app.get("/v1/threads/session.agent-a7c41e9").await.body["metadata"].clone();
+    assert_eq!(metadata["parent_thread"], "session");
+    assert_eq!(metadata["agent_id"], "a7c41e9");
+
+    // Every entry got its seq, in line order.
+    let page = app
+        .get(&format!("/v1/threads/{thread}/messages?limit=1000"))
+        .await;
+    let stored = page.body["messages"].as_array().unwrap();
+    assert_eq!(stored.len(), SESSION.lines().count());
+    for (index, (entry, line)) in stored.iter().zip(values(SESSION)).enumerate() {
+        assert_eq!(entry["seq"], index as i64);
+        assert_eq!(entry["type"], line["type"], "seq {index}");
+    }
+
+    // The context starts at the last boundary: its summary, then the preserved segment named
+    // by uuids, then the rest; valid for the provider.
+    let context = app
+        .get(&format!("/v1/threads/{thread}/context?provider=anthropic"))
+        .await;
+    assert_eq!(context.status, StatusCode::OK, "{}", context.body);
+    let messages = context.body["messages"].as_array().unwrap();
+    let texts: Vec<String> = messages.iter().map(|m| m["content"].to_string()).collect();
+    assert!(texts[0].contains("now round 1.005 to 1.01"), "{texts:?}");
+    assert!(
+        texts
+            .iter()
+            .any(|t| t.contains("The CSV writer calls toFixed")),
+        "the preserved segment is kept: {texts:?}"
+    );
+    assert!(texts.last().unwrap().contains("Opened the PR"), "{texts:?}");
+    assert!(!texts.iter().any(|t| t.contains("amount parser rounded")));
+    app.finish().await;
+}
+
+async fn a_reimport_stores_nothing_and_a_partial_one_continues(app: TestApp) {
+    let thread = app.thread("again").await;
+    // A crash after the first 40 lines: the re-run stores only the rest.
+    let first: String = SESSION.lines().take(40).map(|l| format!("{l}\n")).collect();
+    let report = import(&app, &thread, &first).await;
+    assert_eq!(report["stored"], 40);
+    let report = import(&app, &thread, SESSION).await;
+    let total = SESSION.lines().count() as u64;
+    assert_eq!(report["stored"], total - 40, "{report}");
+    assert_eq!(report["already_stored"], 40, "{report}");
+    let report = import(&app, &thread, SESSION).await;
+    assert_eq!(report["stored"], 0, "{report}");
+    assert_eq!(report["already_stored"], total, "{report}");
+    assert_eq!(export(&app, &thread).await, SESSION);
+    // A file sent in two requests, the second continuing the first's uuid chain, names its
+    // uuid-less entries as one request does.
+    let other = app.thread("split").await;
+    let (head, rest) =
+        SESSION.split_at(SESSION.find("\n{\"type\":\"queue-operation\"").unwrap() + 1);
+    let part = import(&app, &other, head).await;
+    let previous = part["last_uuid"].as_str().unwrap().to_owned();
+    let response = app
+        .raw_as(
+            None,
+            Method::POST,
+            &format!("/v1/threads/{other}/import?previous_uuid={previous}"),
+            Some("application/x-ndjson"),
+            rest.as_bytes().to_vec(),
+        )
+        .await;
+    assert_eq!(response.status, StatusCode::OK, "{}", response.body);
+    let uuids = |body: &Value| -> Vec<Value> {
+        body["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["uuid"].clone())
+            .collect()
+    };
+    let a = app
+        .get(&format!("/v1/threads/{thread}/messages?limit=1000"))
+        .await;
+    let b = app
+        .get(&format!("/v1/threads/{other}/messages?limit=1000"))
+        .await;
+    assert_eq!(uuids(&a.body), uuids(&b.body));
+    app.finish().await;
+}
+
+async fn unknown_types_are_listed_with_their_type_and_never_sent(app: TestApp) {
+    let thread = app.thread("kinds").await;
+    let entries = json!([
+        {"type": "summary", "summary": "Fix the parser", "leafUuid": "x1"},
+        {"uuid": "u1", "type": "user", "message": {"role": "user", "content": "hi"}},
+        {"type": "file-history-snapshot", "messageId": "u1", "snapshot": {"trackedFileBackups": {}}, "isSnapshotUpdate": false},
+        {"type": "queue-operation", "operation": "enqueue", "content": "later"},
+        {"uuid": "a1", "type": "assistant", "message": {"role": "assistant", "id": "m1", "content": [{"type": "text", "text": "hello"}]}},
+    ]);
+    app.append(&thread, entries.clone()).await;
+    let page = app.get(&format!("/v1/threads/{thread}/messages")).await;
+    let listed: Vec<(i64, String)> = page.body["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            (
+                m["seq"].as_i64().unwrap(),
+                m["type"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            (0, "summary".to_owned()),
+            (1, "user".to_owned()),
+            (2, "file-history-snapshot".to_owned()),
+            (3, "queue-operation".to_owned()),
+            (4, "assistant".to_owned())
+        ]
+    );
+    let context = app.get(&format!("/v1/threads/{thread}/context")).await;
+    assert_eq!(
+        context.body["messages"].as_array().unwrap().len(),
+        2,
+        "{}",
+        context.body
+    );
+    assert!(!context.body["messages"].to_string().contains("later"));
+    // A whole transcript with such entries normalizes too.
+    let normalized = app
+        .post(
+            "/v1/normalize",
+            json!({"provider": "anthropic", "messages": entries}),
+        )
+        .await;
+    assert_eq!(normalized.status, StatusCode::OK, "{}", normalized.body);
+    assert_eq!(normalized.body["messages"].as_array().unwrap().len(), 2);
+    app.finish().await;
+}
+
+async fn claude_code_field_names_mean_what_they_say(app: TestApp) {
+    let thread = app.thread("camel").await;
+    let entries = json!([
+        {"uuid": "u0", "type": "user", "message": {"role": "user", "content": "Question one"}},
+        {"uuid": "a0", "type": "assistant", "message": {"role": "assistant", "id": "m0", "content": [{"type": "text", "text": "Answer one"}]}},
+        {"uuid": "b0", "type": "system", "subtype": "compact_boundary", "content": "Conversation compacted", "logicalParentUuid": "a0",
+         "compactMetadata": {"trigger": "manual", "preTokens": 40, "preservedSegment": {"headUuid": "a0", "anchorUuid": "s0", "tailUuid": "a0"}}},
+        {"uuid": "s0", "type": "user", "isCompactSummary": true, "isVisibleInTranscriptOnly": true, "message": {"role": "user", "content": "SUMMARY of earlier work"}},
+        {"uuid": "v0", "type": "user", "isVirtual": true, "message": {"role": "user", "content": "VIRTUAL inner call"}},
+        {"uuid": "e0", "type": "assistant", "isApiErrorMessage": true, "message": {"role": "assistant", "id": "syn", "model": "<synthetic>", "content": [{"type": "text", "text": "API Error: 529 Overloaded"}]}},
+        {"uuid": "m1", "type": "user", "isMeta": true, "message": {"role": "user", "content": "<system-reminder>ctx</system-reminder>"}},
+        {"uuid": "u1", "type": "user", "message": {"role": "user", "content": "Question two"}},
+    ]);
+    app.append(&thread, entries.clone()).await;
+    let context = app.get(&format!("/v1/threads/{thread}/context")).await;
+    assert_eq!(context.status, StatusCode::OK, "{}", context.body);
+    let text = context.body["messages"].to_string();
+    assert!(!text.contains("VIRTUAL"), "{text}");
+    assert!(!text.contains("API Error"), "{text}");
+    assert!(
+        !text.contains("Question one"),
+        "before the boundary: {text}"
+    );
+    assert!(text.contains("SUMMARY of earlier work"), "{text}");
+    assert!(text.contains("Answer one"), "the preserved segment: {text}");
+    assert!(text.contains("Question two"), "{text}");
+    // Stored entries keep the spelling they came with.
+    let exported = export(&app, &thread).await;
+    assert_eq!(values(&exported), entries.as_array().unwrap().clone());
+    assert!(exported.contains("\"isVirtual\":true"));
+    assert!(!exported.contains("is_virtual"));
+    // A retry of the same batch is a replay, whatever the spelling.
+    let retry = app
+        .post(
+            &format!("/v1/threads/{thread}/messages"),
+            json!({"messages": entries}),
+        )
+        .await;
+    assert_eq!(retry.status, StatusCode::OK, "{}", retry.body);
+    assert_eq!(retry.body["replayed"], true);
+    app.finish().await;
+}
+
+async fn bad_lines_are_refused_with_their_reason_and_the_rest_is_stored(app: TestApp) {
+    let thread = app.thread("bad").await;
+    let body = concat!(
+        "{\"uuid\":\"g1\",\"type\":\"user\",\"message\":{\"role\":\"user\",\"content\":\"one\"}}\n",
+        "{this is not json\n",
+        "\n",
+        "{\"uuid\":\"g2\",\"type\":\"assistant\",\"message\":{\"role\":\"user\",\"content\":\"x\"}}\r\n",
+        "{\"uuid\":\"g1\",\"type\":\"user\",\"message\":{\"role\":\"user\",\"content\":\"changed\"}}\n",
+        "{\"uuid\":\"g3\",\"type\":\"user\",\"message\":{\"role\":\"user\",\"content\":\"three\"}}",
+    );
+    let report = import(&app, &thread, body).await;
+    assert_eq!(report["lines"], 5, "{report}");
+    assert_eq!(report["stored"], 2, "{report}");
+    assert_eq!(report["refused"], 3, "{report}");
+    let refused: Vec<(u64, String)> = report["refusals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["line"].as_u64().unwrap(),
+                r["reason"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(refused[0].0, 2);
+    assert!(refused[0].1.contains("not a valid entry"), "{refused:?}");
+    assert_eq!(refused[1].0, 3);
+    assert!(refused[1].1.contains("message.role"), "{refused:?}");
+    assert_eq!(refused[2].0, 4);
+    assert!(refused[2].1.contains("other content"), "{refused:?}");
+
+    let wrong_type = app
+        .raw_as(
+            None,
+            Method::POST,
+            &format!("/v1/threads/{thread}/import"),
+            Some("application/json"),
+            b"{}".to_vec(),
+        )
+        .await;
+    wrong_type.assert_problem(StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported-media-type");
+    let missing = app
+        .raw_as(
+            None,
+            Method::POST,
+            "/v1/threads/nope/import",
+            Some("application/x-ndjson"),
+            b"{}".to_vec(),
+        )
+        .await;
+    missing.assert_problem(StatusCode::NOT_FOUND, "not-found");
+    app.get("/v1/threads/nope/export")
+        .await
+        .assert_problem(StatusCode::NOT_FOUND, "not-found");
+    app.finish().await;
+}
+
+async fn the_cli_imports_and_exports_on_the_database_and_through_a_server(app: TestApp) {
+    use clap::Parser;
+    let dir = std::env::temp_dir().join(format!("loupe-cli-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let session = dir.join("session.jsonl");
+    let agent = dir.join("agent.jsonl");
+    std::fs::write(&session, SESSION).unwrap();
+    std::fs::write(&agent, AGENT).unwrap();
+    let run = |args: Vec<String>| async move {
+        loupe::cli::run(loupe::cli::Cli::parse_from(args))
+            .await
+            .unwrap();
+    };
+    let s = |v: &str| v.to_owned();
+
+    // On the database directly, twice (the second run stores nothing new).
+    for _ in 0..2 {
+        run(vec![
+            s("loupe"),
+            s("import"),
+            s("--thread"),
+            s("direct"),
+            s("--database-url"),
+            app.url.clone(),
+            session.display().to_string(),
+            agent.display().to_string(),
+        ])
+        .await;
+    }
+    let out = dir.join("direct.jsonl");
+    run(vec![
+        s("loupe"),
+        s("export"),
+        s("--thread"),
+        s("direct"),
+        s("--database-url"),
+        app.url.clone(),
+        s("-o"),
+        out.display().to_string(),
+    ])
+    .await;
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), SESSION);
+
+    // Through a running server.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let router = app.router.clone();
+    let server = tokio::spawn(async move { axum::serve(listener, router).await });
+    run(vec![
+        s("loupe"),
+        s("import"),
+        s("--thread"),
+        s("remote"),
+        s("--url"),
+        base.clone(),
+        session.display().to_string(),
+        agent.display().to_string(),
+    ])
+    .await;
+    let out = dir.join("remote.jsonl");
+    run(vec![
+        s("loupe"),
+        s("export"),
+        s("--thread"),
+        s("remote.agent-a7c41e9"),
+        s("--url"),
+        base,
+        s("-o"),
+        out.display().to_string(),
+    ])
+    .await;
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), AGENT);
+    assert_eq!(export(&app, "remote").await, SESSION);
+    server.abort();
+    std::fs::remove_dir_all(&dir).unwrap();
+    app.finish().await;
+}
+
+/// A generated transcript of about 24 MB (a session's shape: progress floods between tool
+/// rounds) goes through the streaming importer in one pass, in batches, and comes back whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_generated_transcript_streams_through_in_batches() {
+    let app = TestApp::new(crate::common::Backend::Sqlite).await;
+    let thread = app.thread("large").await;
+    let lines = generated_transcript(60_000);
+    let bytes: usize = lines.iter().map(|l| l.len() + 1).sum();
+    assert!(bytes > 20_000_000, "{bytes} bytes");
+    let tenant = loupe::store::TenantId::default_tenant();
+    let mut importer = loupe::import::Importer::new(
+        app.store.clone(),
+        tenant.clone(),
+        thread.clone(),
+        String::new(),
+    );
+    let mut splitter = loupe::import::LineSplitter::new(1 << 20);
+    // Fed in 64 KiB pieces that cut lines anywhere, as a socket or a file delivers them.
+    let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
+    for chunk in text.as_bytes().chunks(64 * 1024) {
+        for piece in splitter.feed(chunk) {
+            importer.push_piece(piece).await.unwrap();
+        }
+    }
+    assert!(splitter.finish().is_none());
+    let report = importer.finish().await.unwrap();
+    assert_eq!(report.lines, 60_000);
+    assert_eq!(report.stored, 60_000);
+    assert_eq!(report.refused, 0);
+    let last = app
+        .store
+        .export_page(&tenant, &thread, 59_998, 10)
+        .await
+        .unwrap();
+    assert_eq!(last, [(59_999, lines[59_999].clone())]);
+    app.finish().await;
+}
+
+/// Claude Code-shaped lines: rounds of a prompt, a tool call with usage, twelve progress events
+/// and a tool result of a few hundred bytes.
+fn generated_transcript(count: usize) -> Vec<String> {
+    (0..count)
+        .map(|i| {
+            let uuid = format!("gen-{i:08}");
+            let value = match i % 15 {
+                0 => json!({"parentUuid": null, "isSidechain": false, "type": "user", "uuid": uuid,
+                    "message": {"role": "user", "content": format!("Step {i}: run the tests again.")}}),
+                1 => json!({"isSidechain": false, "type": "assistant", "uuid": uuid, "requestId": format!("req_{i}"),
+                    "message": {"id": format!("msg_{i}"), "role": "assistant", "model": "claude-opus-4-5",
+                        "content": [{"type": "tool_use", "id": format!("toolu_{i}"), "name": "Bash", "input": {"command": "pnpm test"}}],
+                        "usage": {"input_tokens": 3, "cache_read_input_tokens": 20_000 + i, "output_tokens": 40}}}),
+                14 => json!({"isSidechain": false, "type": "user", "uuid": uuid,
+                    "message": {"role": "user", "content": [{"type": "tool_result", "tool_use_id": format!("toolu_{}", i - 13),
+                        "content": "PASS src/parse/amount.test.ts\n".repeat(12)}]}}),
+                _ => json!({"isSidechain": false, "type": "progress", "uuid": uuid, "toolUseID": format!("bash-progress-{i}"),
+                    "data": {"type": "bash_progress", "output": "  PASS src/parse/amount.test.ts (12 ms)\n".repeat(8),
+                        "elapsedTimeSeconds": i % 60}}),
+            };
+            value.to_string()
+        })
+        .collect()
+}
