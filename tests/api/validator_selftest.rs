@@ -664,7 +664,8 @@ fn gemini_doc_examples() {
     ]);
     assert!(gemini::validate(good.as_array().unwrap()).is_empty());
     // Signatures matter only in the current turn (after the last user prompt).
-    let old = json!([prompt, call(None), answer, prompt]);
+    let old =
+        json!([prompt, call(None), answer, {"role": "model", "parts": [{"text": "done"}]}, prompt]);
     assert!(gemini::validate(old.as_array().unwrap()).is_empty());
 }
 
