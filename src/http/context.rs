@@ -32,7 +32,9 @@ pub fn router() -> OpenApiRouter<AppState> {
 #[derive(Debug, Default, Deserialize, IntoParams, ToSchema)]
 #[into_params(parameter_in = Query)]
 pub struct ContextOptions {
-    /// `anthropic` (Messages API blocks, the default) or `openai` (Chat Completions).
+    /// `anthropic` (Messages API blocks, the default), `openai` (Chat Completions),
+    /// `openai_responses` (the Responses `input` items) or `gemini` (generateContent `contents`).
+    /// The response's `messages` holds that provider's list, ready to send.
     #[serde(default)]
     #[param(value_type = Option<Provider>)]
     pub provider: Provider,
@@ -44,10 +46,16 @@ pub struct ContextOptions {
     )]
     pub tools: Option<String>,
     /// `keep` replays signed thinking blocks verbatim (the default); `strip` drops every thinking
-    /// block (a model switch, or thinking turned off).
+    /// block (thinking turned off); `enabled` keeps them for a request with manual thinking
+    /// (Anthropic `thinking.type: "enabled"`): a tool loop in progress opened without thinking is
+    /// closed (`thinking_loop_closed`).
     #[serde(default)]
     #[param(value_type = Option<ThinkingMode>)]
     pub thinking: ThinkingMode,
+    /// The model the request goes to (1–256 characters). Thinking blocks, OpenAI reasoning items
+    /// and Gemini thought signatures written by another model (the stored `message.model`) are
+    /// dropped and reported (`foreign_thinking_dropped`). Omitted: kept whatever model wrote them.
+    pub model: Option<String>,
     /// Place one `cache_control` breakpoint on the last block (Anthropic).
     #[serde(default)]
     pub cache: bool,
@@ -90,15 +98,30 @@ impl ContextOptions {
                 Some(names)
             }
         };
+        if let Some(model) = &self.model {
+            if !valid_model(model) {
+                return Err(ApiError::bad_request(format!(
+                    "model: {model:?} is not a model id ({MODEL_RULE})"
+                )));
+            }
+        }
         Ok(NormalizeOptions {
             provider: self.provider,
             tools,
             thinking: self.thinking,
+            model: self.model.clone(),
             cache: self.cache,
             advisor: self.advisor,
             microcompact: None,
         })
     }
+}
+
+/// Model ids as Loupe accepts them.
+const MODEL_RULE: &str = "1–256 characters, no control characters";
+
+fn valid_model(model: &str) -> bool {
+    (1..=256).contains(&model.chars().count()) && !model.chars().any(char::is_control)
 }
 
 /// The position of the first name that is not a tool name the providers accept.
@@ -403,6 +426,9 @@ pub struct NormalizeRequest {
     pub tools: Option<Vec<String>>,
     #[serde(default)]
     pub thinking: ThinkingMode,
+    /// The model the request goes to (1–256 characters): thinking, reasoning items and thought
+    /// signatures written by another model are dropped.
+    pub model: Option<String>,
     #[serde(default)]
     pub cache: bool,
     #[serde(default)]
@@ -435,10 +461,17 @@ pub async fn normalize_history(
             problem: format!("a tool name is {TOOL_NAME_RULE}"),
         }));
     }
+    if let Some(model) = request.model.as_deref().filter(|m| !valid_model(m)) {
+        return Err(ApiError::field(FieldError {
+            path: "model".to_owned(),
+            problem: format!("{model:?} is not a model id ({MODEL_RULE})"),
+        }));
+    }
     let options = NormalizeOptions {
         provider: request.provider,
         tools: request.tools,
         thinking: request.thinking,
+        model: request.model,
         cache: request.cache,
         advisor: request.advisor,
         microcompact: None,

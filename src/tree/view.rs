@@ -134,6 +134,19 @@ pub fn zoom_tool(provider: Provider) -> Value {
                 "parameters": tool["input_schema"],
             }
         }),
+        Provider::OpenaiResponses => json!({
+            "type": "function",
+            "name": tool["name"],
+            "description": tool["description"],
+            "parameters": tool["input_schema"],
+        }),
+        Provider::Gemini => json!({
+            "functionDeclarations": [{
+                "name": tool["name"],
+                "description": tool["description"],
+                "parameters": tool["input_schema"],
+            }]
+        }),
     }
 }
 

@@ -9,7 +9,11 @@
 //!    orphans, empty text, unsigned / trailing thinking, virtual / meta / attachment / system /
 //!    progress entries, compact boundaries (with preserved segments) and snips, synthetic API
 //!    errors after media, bad ids, non-object inputs, assistant-first lists, > 100 images, unknown
-//!    block types.
+//!    block types, media the providers refuse (media type, magic bytes, size, pixels, many
+//!    images).
+//!
+//! Steps of chaotic loops also switch models ([`MODELS`]) and carry the other providers'
+//! reasoning: OpenAI `reasoning` items and Gemini `thought_signature`s.
 //!
 //! Every text a history carries holds a unique tag like `[u12]`, so a substring check cannot be
 //! satisfied by another text.
@@ -36,7 +40,17 @@ pub const PDF_STUB: &str =
     "JVBERi0xLjQKJcfsj6IKMSAwIG9iago8PD4+CmVuZG9iagp0cmFpbGVyCjw8Pj4KJSVFT0YK";
 
 const TOOL_NAMES: &[&str] = &["Bash", "Read", "Edit", "Grep", "Glob", "ToolSearch"];
-const MODEL: &str = "claude-opus-5";
+/// The models assistant entries are written by; chaotic histories switch between them.
+pub const MODELS: &[&str] = &["claude-opus-5", "claude-sonnet-5"];
+/// PNG headers (signature and IHDR) of 9000×10 and 3000×3000 pixels: all a size check reads.
+pub const PNG_9000X10: &str = "iVBORw0KGgoAAAANSUhEUgAAIygAAAAKCAYAAAAAAAAA";
+pub const PNG_3000X3000: &str = "iVBORw0KGgoAAAANSUhEUgAAC7gAAAu4CAYAAAAAAAAA";
+/// A BMP file header.
+pub const BMP: &str = "Qk02AAAAAAAAADYAAAA=";
+
+pub fn image_of(media_type: &str, data: &str) -> Value {
+    json!({"type": "image", "source": {"type": "base64", "media_type": media_type, "data": data}})
+}
 
 pub fn image_block() -> Value {
     json!({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG_1PX}})
@@ -90,6 +104,12 @@ pub struct StepSpec {
     pub split: bool,
     /// With `split`: each tool result stored right after its `tool_use` fragment.
     pub interleave: bool,
+    /// The index in [`MODELS`] of the model that wrote it.
+    pub model: usize,
+    /// An OpenAI Responses `reasoning` item before its text / calls.
+    pub reasoning: bool,
+    /// A Gemini `thought_signature` on its first call (or its last text).
+    pub signed: bool,
 }
 
 /// A user prompt and the assistant steps answering it; the last step has no client tool call.
@@ -159,6 +179,9 @@ pub enum Mutation {
     CompactBoundary(Index, Option<(Index, Index)>),
     /// A `snip` entry hiding up to a few earlier entries.
     Snip(Index, Vec<Index>),
+    /// A user prompt with media a provider refuses (variant 0..6): a BMP, JPEG bytes declared
+    /// PNG, over 5 MB of base64, 9000 px wide, 25 images of 3000 px, a "PDF" without `%PDF-`.
+    BadMedia(Index, u8),
 }
 
 impl Mutation {
@@ -202,6 +225,7 @@ fn step_spec(chaos: bool, with_tools: bool) -> impl Strategy<Value = StepSpec> {
             .prop_map(|(advisor, answered)| ServerSpec { advisor, answered }),
     );
     let split = prop::bool::weighted(if chaos { 0.35 } else { 0.0 });
+    let model = prop::bool::weighted(if chaos { 0.25 } else { 0.0 }).prop_map(usize::from);
     (
         prop::bool::weighted(0.5),
         prop::bool::weighted(0.1),
@@ -210,9 +234,12 @@ fn step_spec(chaos: bool, with_tools: bool) -> impl Strategy<Value = StepSpec> {
         tools,
         split,
         any::<bool>(),
+        model,
+        prop::bool::weighted(if chaos { 0.25 } else { 0.0 }),
+        prop::bool::weighted(if chaos { 0.3 } else { 0.0 }),
     )
         .prop_map(
-            |(thinking, redacted, text, server, tools, split, interleave)| StepSpec {
+            |(
                 thinking,
                 redacted,
                 text,
@@ -220,6 +247,22 @@ fn step_spec(chaos: bool, with_tools: bool) -> impl Strategy<Value = StepSpec> {
                 tools,
                 split,
                 interleave,
+                model,
+                reasoning,
+                signed,
+            )| {
+                StepSpec {
+                    thinking,
+                    redacted,
+                    text,
+                    server,
+                    tools,
+                    split,
+                    interleave,
+                    model,
+                    reasoning,
+                    signed,
+                }
             },
         )
 }
@@ -270,6 +313,7 @@ fn mutation() -> impl Strategy<Value = Mutation> {
         1 => i().prop_map(Mutation::SyntheticAssistant),
         2 => (i(), prop::option::of((i(), i()))).prop_map(|(a, p)| Mutation::CompactBoundary(a, p)),
         1 => (i(), prop::collection::vec(i(), 1..4)).prop_map(|(a, v)| Mutation::Snip(a, v)),
+        2 => (i(), 0u8..6).prop_map(|(a, v)| Mutation::BadMedia(a, v)),
     ]
 }
 
@@ -334,6 +378,8 @@ fn has_block(e: &Entry, ty: &str) -> bool {
 #[derive(Default)]
 struct Builder {
     n: u64,
+    /// The index in [`MODELS`] of the model writing assistant entries now.
+    model: usize,
     entries: Vec<Entry>,
     /// boundary uuid → (first uuid, last uuid) of its preserved segment.
     preserved: HashMap<String, (String, String)>,
@@ -370,7 +416,7 @@ impl Builder {
     fn assistant(&mut self, msg_id: &str, blocks: Vec<Value>, stop: Option<&str>) -> Entry {
         let mut m = message(Role::Assistant, Content::Blocks(blocks));
         m.id = Some(msg_id.to_string());
-        m.model = Some(MODEL.to_string());
+        m.model = Some(MODELS[self.model].to_string());
         m.stop_reason = stop.map(str::to_string);
         m.usage = Some(
             json!({"input_tokens": 1200 + self.n, "output_tokens": 80, "cache_read_input_tokens": 0}),
@@ -435,6 +481,7 @@ impl Builder {
     }
 
     fn step(&mut self, s: &StepSpec) {
+        self.model = s.model;
         let msg_id = self.msg_id();
         let mut blocks = Vec::new();
         if s.thinking {
@@ -443,6 +490,10 @@ impl Builder {
         if s.redacted {
             let data = format!("EmwKAhgBEgy{}redacted", self.next());
             blocks.push(json!({"type": "redacted_thinking", "data": data}));
+        }
+        if s.reasoning {
+            let n = self.next();
+            blocks.push(json!({"type": "reasoning", "id": format!("rs_{n:020}"), "summary": [], "encrypted_content": format!("gAAAAB{n}enc")}));
         }
         if s.text || (s.tools.is_empty() && s.server.is_none()) {
             let t = self.text("a", "I'll check the project structure.");
@@ -485,6 +536,16 @@ impl Builder {
                 json!({"type": "tool_use", "id": id, "name": TOOL_NAMES[t.name], "input": input}),
             );
             ids.push((id, t.result));
+        }
+        if s.signed {
+            let sig = format!("CiQB{}thoughtsig", self.next());
+            let at = blocks
+                .iter()
+                .position(|b| b["type"] == "tool_use")
+                .or_else(|| blocks.iter().rposition(|b| b["type"] == "text"));
+            if let Some(at) = at {
+                blocks[at]["thought_signature"] = json!(sig);
+            }
         }
         let stop = if ids.is_empty() {
             "end_turn"
@@ -817,6 +878,25 @@ impl Builder {
                 let t = self.text("u", "here are the screenshots");
                 let mut blocks = vec![json!({"type": "text", "text": t})];
                 blocks.extend((0..*n).map(|_| image_block()));
+                let e = self.user(Content::Blocks(blocks));
+                self.insert_at(at, e);
+            }
+            Mutation::BadMedia(at, variant) => {
+                let t = self.text("u", "what is in this picture?");
+                let mut blocks = vec![json!({"type": "text", "text": t})];
+                match variant {
+                    0 => blocks.push(image_of("image/bmp", BMP)),
+                    1 => blocks.push(image_of("image/jpeg", PNG_1PX)),
+                    2 => {
+                        let big = PNG_1PX.to_string() + &"A".repeat(5_600_000);
+                        blocks.push(image_of("image/png", &big));
+                    }
+                    3 => blocks.push(image_of("image/png", PNG_9000X10)),
+                    4 => blocks.extend((0..25).map(|_| image_of("image/png", PNG_3000X3000))),
+                    _ => blocks.push(
+                        json!({"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "AAAAAAAA"}}),
+                    ),
+                }
                 let e = self.user(Content::Blocks(blocks));
                 self.insert_at(at, e);
             }

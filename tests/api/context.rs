@@ -226,7 +226,7 @@ async fn snipped_messages_leave_the_context_but_not_the_store(app: TestApp) {
 async fn bad_context_options_are_400(app: TestApp) {
     let thread = app.thread("opts").await;
     let base = format!("/v1/threads/{thread}/context");
-    app.get(&format!("{base}?provider=gemini"))
+    app.get(&format!("{base}?provider=cohere"))
         .await
         .assert_problem(StatusCode::BAD_REQUEST, "bad-request");
     app.get(&format!("{base}?thinking=maybe"))
@@ -302,7 +302,7 @@ async fn the_stateless_normalizer_merges_split_fragments() {
         .assert_problem(StatusCode::UNPROCESSABLE_ENTITY, "validation");
     app.post(
         "/v1/normalize",
-        json!({"messages": [], "provider": "gemini"}),
+        json!({"messages": [], "provider": "cohere"}),
     )
     .await
     .assert_problem(StatusCode::UNPROCESSABLE_ENTITY, "validation");

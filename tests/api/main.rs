@@ -19,6 +19,7 @@ mod normalize_invariants;
 mod normalize_perf;
 mod normalize_smoke_props;
 mod openapi;
+mod providers;
 mod summarize_extractive;
 mod summarize_models;
 mod tenants;

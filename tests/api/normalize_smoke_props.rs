@@ -191,33 +191,37 @@ fn build(ops: &[Op]) -> Vec<Entry> {
 
 fn arb_opts() -> impl Strategy<Value = NormalizeOptions> {
     (
-        any::<bool>(),
-        any::<bool>(),
+        0..4usize,
+        0..3usize,
         any::<bool>(),
         any::<bool>(),
         any::<bool>(),
         any::<bool>(),
     )
-        .prop_map(|(oa, strip, cache, advisor, tools, mc)| NormalizeOptions {
-            provider: if oa {
-                Provider::Openai
-            } else {
-                Provider::Anthropic
+        .prop_map(
+            |(p, thinking, cache, advisor, tools, mc)| NormalizeOptions {
+                provider: [
+                    Provider::Anthropic,
+                    Provider::Openai,
+                    Provider::OpenaiResponses,
+                    Provider::Gemini,
+                ][p],
+                tools: tools.then(|| vec!["Bash".to_string()]),
+                thinking: [
+                    ThinkingMode::Keep,
+                    ThinkingMode::Strip,
+                    ThinkingMode::Enabled,
+                ][thinking],
+                model: None,
+                cache,
+                advisor,
+                microcompact: mc.then(|| MicrocompactOptions {
+                    keep_recent: 1,
+                    min_bytes: 1,
+                    ..Default::default()
+                }),
             },
-            tools: tools.then(|| vec!["Bash".to_string()]),
-            thinking: if strip {
-                ThinkingMode::Strip
-            } else {
-                ThinkingMode::Keep
-            },
-            cache,
-            advisor,
-            microcompact: mc.then(|| MicrocompactOptions {
-                keep_recent: 1,
-                min_bytes: 1,
-                ..Default::default()
-            }),
-        })
+        )
 }
 
 fn ty(b: &Value) -> &str {
@@ -441,6 +445,14 @@ proptest! {
         let check = match opts.provider {
             Provider::Anthropic => check_anthropic(&a.messages),
             Provider::Openai => check_openai(&a.messages),
+            Provider::OpenaiResponses => {
+                let v = loupe_validate::responses::validate(&a.messages);
+                if v.is_empty() { Ok(()) } else { Err(format!("{v:?}")) }
+            }
+            Provider::Gemini => {
+                let v = loupe_validate::gemini::validate(&a.messages);
+                if v.is_empty() { Ok(()) } else { Err(format!("{v:?}")) }
+            }
         };
         prop_assert!(check.is_ok(), "{:?}\n{}", check, serde_json::to_string_pretty(&a.messages).unwrap());
         if entries.iter().all(|e| e.kind == loupe::history::EntryKind::Progress) {
@@ -453,7 +465,12 @@ proptest! {
 
 #[test]
 fn empty_history_gives_empty_messages() {
-    for provider in [Provider::Anthropic, Provider::Openai] {
+    for provider in [
+        Provider::Anthropic,
+        Provider::Openai,
+        Provider::OpenaiResponses,
+        Provider::Gemini,
+    ] {
         let n = normalize(
             &[],
             &NormalizeOptions {

@@ -89,6 +89,8 @@ fn assert_valid(context: &Value, provider: &str) {
     let messages = context["messages"].as_array().unwrap();
     let violations = match provider {
         "openai" => openai::validate(messages),
+        "openai_responses" => loupe_validate::responses::validate(messages),
+        "gemini" => loupe_validate::gemini::validate(messages),
         _ => anthropic::validate(messages, &AnthropicRules::default()),
     };
     assert!(violations.is_empty(), "{violations:?}\n{context}");
@@ -130,7 +132,7 @@ async fn zoom_is_offered_once_the_thread_is_summarized_and_answers_the_seed_case
         .await;
         drain(&runner).await;
     }
-    for provider in ["anthropic", "openai"] {
+    for provider in ["anthropic", "openai", "openai_responses", "gemini"] {
         let context = app
             .get(&format!(
                 "/v1/threads/{thread}/context?view=outline&provider={provider}"
@@ -141,6 +143,7 @@ async fn zoom_is_offered_once_the_thread_is_summarized_and_answers_the_seed_case
         assert_eq!(tools.len(), 1, "{}", context.body);
         let name = match provider {
             "openai" => &tools[0]["function"]["name"],
+            "gemini" => &tools[0]["functionDeclarations"][0]["name"],
             _ => &tools[0]["name"],
         };
         assert_eq!(name, "zoom");
@@ -154,6 +157,7 @@ async fn zoom_is_offered_once_the_thread_is_summarized_and_answers_the_seed_case
         let text = first["content"]
             .as_str()
             .or_else(|| first["content"][0]["text"].as_str())
+            .or_else(|| first["parts"][0]["text"].as_str())
             .unwrap_or_else(|| panic!("{first}"));
         assert!(text.starts_with(HEADER), "{text}");
     }

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::chaos::{self, naive_messages, text_inventory};
 use loupe::history::{Content, Entry, EntryKind};
-use loupe_validate::{anthropic, openai, AnthropicRules, Violation};
+use loupe_validate::{anthropic, gemini, openai, responses, AnthropicRules, Violation};
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
@@ -410,6 +410,9 @@ fn text_inventory_follows_boundary_snip_virtual_and_errors() {
                 tools: vec![],
                 split: false,
                 interleave: false,
+                model: 0,
+                reasoning: false,
+                signed: false,
             }],
         }],
         &[],
@@ -557,4 +560,184 @@ fn openai_doc_examples() {
             "{name}: expected {rule} containing {text:?}, got {v:#?}"
         );
     }
+}
+
+#[test]
+fn responses_doc_examples() {
+    let prompt = json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "go"}]});
+    let call =
+        json!({"type": "function_call", "call_id": "call_1", "name": "Bash", "arguments": "{}"});
+    let output = json!({"type": "function_call_output", "call_id": "call_1", "output": "ok"});
+    let rs = json!({"type": "reasoning", "id": "rs_1", "summary": []});
+    let cases: Vec<(&str, Value, &str, &str)> = vec![
+        ("B2.1 tool role", json!([{"type": "message", "role": "tool", "content": "x"}]), "D3.1", "Invalid value: 'tool'. Supported values are: 'assistant', 'system', 'developer', and 'user'."),
+        ("B2.2 orphan output", json!([prompt, output]), "D3.2", "No tool call found for function call output with call_id call_1."),
+        ("B2.3 missing output", json!([prompt, call, prompt]), "D3.3", "No tool output found for function call"),
+        ("B2.3 message between", json!([prompt, call, prompt, output]), "D3.3", "No tool output found for function call"),
+        ("B2.4 reasoning alone", json!([prompt, rs, prompt]), "D3.4", "Item 'rs_1' of type 'reasoning' was provided without its required following item."),
+        ("B2.5 reasoning shape", json!([prompt, {"type": "reasoning", "id": "rs_2"}, call, output]), "D3.5", "needs id and summary"),
+        ("A7.1 bmp", json!([{"type": "message", "role": "user", "content": [{"type": "input_image", "image_url": format!("data:image/bmp;base64,{}", chaos::BMP), "detail": "auto"}]}]), "D1.16", "Image format image/bmp not supported"),
+    ];
+    for (name, list, rule, text) in cases {
+        let v = responses::validate(list.as_array().unwrap());
+        assert!(
+            v.iter().any(|v| v.rule == rule && v.message.contains(text)),
+            "{name}: expected {rule} containing {text:?}, got {v:#?}"
+        );
+    }
+    let good = json!([prompt, rs, call, output, prompt]);
+    assert!(responses::validate(good.as_array().unwrap()).is_empty());
+}
+
+#[test]
+fn gemini_doc_examples() {
+    let prompt = json!({"role": "user", "parts": [{"text": "go"}]});
+    let call = |sig: Option<&str>| {
+        let mut p = json!({"functionCall": {"id": "c1", "name": "Task", "args": {}}});
+        if let Some(sig) = sig {
+            p["thoughtSignature"] = json!(sig);
+        }
+        json!({"role": "model", "parts": [p]})
+    };
+    let answer = json!({"role": "user", "parts": [{"functionResponse": {"id": "c1", "name": "Task", "response": {"output": "ok"}}}]});
+    let cases: Vec<(&str, Value, &str, &str)> = vec![
+        (
+            "C1 role",
+            json!([{"role": "assistant", "parts": [{"text": "x"}]}]),
+            "D4.1",
+            "Please use a valid role: user, model.",
+        ),
+        (
+            "C2 no parts",
+            json!([{"role": "user", "parts": []}]),
+            "D4.1",
+            "contents.parts must not be empty.",
+        ),
+        (
+            "C3 two fields",
+            json!([{"role": "user", "parts": [{"text": "x", "inlineData": {"mimeType": "image/png", "data": ""}}]}]),
+            "D4.1",
+            "required oneof field 'data' must have one initialized field",
+        ),
+        (
+            "C6 count",
+            json!([prompt, call(Some("s")), prompt]),
+            "D4.3",
+            "the number of function response parts is equal to the number of function call parts",
+        ),
+        (
+            "C5 response alone",
+            json!([prompt, {"role": "model", "parts": [{"text": "x"}]}, answer]),
+            "D4.4",
+            "function response turn comes immediately after a function call turn",
+        ),
+        (
+            "C8 ends with model",
+            json!([prompt, {"role": "model", "parts": [{"text": "x"}]}]),
+            "D4.2",
+            "Requests ending with a model turn are not supported.",
+        ),
+        (
+            "C9 alternation",
+            json!([prompt, prompt]),
+            "D4.2",
+            "alternate between user and model",
+        ),
+        (
+            "C10 signature",
+            json!([prompt, call(None), answer]),
+            "D4.5",
+            "Function call is missing a thought_signature in functionCall parts.",
+        ),
+    ];
+    for (name, list, rule, text) in cases {
+        let v = gemini::validate(list.as_array().unwrap());
+        assert!(
+            v.iter().any(|v| v.rule == rule && v.message.contains(text)),
+            "{name}: expected {rule} containing {text:?}, got {v:#?}"
+        );
+    }
+    let good = json!([
+        prompt,
+        call(Some("skip_thought_signature_validator")),
+        answer
+    ]);
+    assert!(gemini::validate(good.as_array().unwrap()).is_empty());
+    // Signatures matter only in the current turn (after the last user prompt).
+    let old =
+        json!([prompt, call(None), answer, {"role": "model", "parts": [{"text": "done"}]}, prompt]);
+    assert!(gemini::validate(old.as_array().unwrap()).is_empty());
+}
+
+#[test]
+fn media_and_thinking_rules() {
+    let img = |media: &str, data: &str| json!({"role": "user", "content": [chaos::image_of(media, data)]});
+    let cases: Vec<(&str, Value, &str)> = vec![
+        (
+            "A7.1 media type",
+            img("image/bmp", chaos::BMP),
+            "Image format image/bmp not supported",
+        ),
+        (
+            "A7.1 magic bytes",
+            img("image/jpeg", chaos::PNG_1PX),
+            "Could not process image",
+        ),
+        (
+            "A7.3 pixels",
+            img("image/png", chaos::PNG_9000X10),
+            "9000x10",
+        ),
+        (
+            "A7.2 size",
+            img(
+                "image/png",
+                &(chaos::PNG_1PX.to_string() + &"A".repeat(5_300_000)),
+            ),
+            "image exceeds 5 MB maximum",
+        ),
+    ];
+    for (name, list, text) in cases {
+        let v = anth(json!([list]));
+        assert!(
+            v.iter()
+                .any(|v| v.rule == "D1.16" && v.message.contains(text)),
+            "{name}: expected D1.16 containing {text:?}, got {v:#?}"
+        );
+    }
+    // Beyond 20 images, each is at most 2000 px a side.
+    let many = |n: usize| json!([{"role": "user", "content": (0..n).map(|_| chaos::image_of("image/png", chaos::PNG_3000X3000)).collect::<Vec<_>>()}]);
+    assert!(anth(many(20)).is_empty());
+    assert!(anth(many(21))
+        .iter()
+        .any(|v| v.message.contains("many-image")));
+    // D1.13 manual mode and D1.14 provenance.
+    let loop_list = json!([
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "Bash", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "ok"}]},
+    ]);
+    let manual = AnthropicRules {
+        thinking_enabled: true,
+        manual_thinking: true,
+        ..AnthropicRules::default()
+    };
+    let v = anthropic::validate(loop_list.as_array().unwrap(), &manual);
+    assert!(v.iter().any(|v| v.rule == "D1.13"
+        && v.message
+            .contains("Expected `thinking` or `redacted_thinking`, but found `tool_use`")));
+    let signed = json!([
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "t", "signature": "OLD"}, {"type": "text", "text": "x"}]},
+        {"role": "user", "content": "more"},
+    ]);
+    let switched = AnthropicRules {
+        thinking_enabled: true,
+        foreign_signatures: vec!["OLD".into()],
+        ..AnthropicRules::default()
+    };
+    assert_eq!(
+        rules_of(&anthropic::validate(signed.as_array().unwrap(), &switched)),
+        ["D1.14"]
+    );
 }

@@ -15,8 +15,7 @@ use super::{
 pub const MAX_MESSAGES: usize = 100_000;
 /// A1.8: the whole body is at most 32 MB; the messages alone must fit.
 pub const MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
-/// A7.2: 5 MB of base64 per image (the partner platforms' limit, and the agent loop's own check).
-pub const MAX_IMAGE_BASE64_BYTES: usize = 5 * 1024 * 1024;
+pub use crate::media::{IMAGE_MEDIA_TYPES, MAX_IMAGE_BASE64_BYTES};
 
 /// A2.5: block types a user/assistant message may carry (GA and beta).
 pub const KNOWN_BLOCK_TYPES: &[&str] = &[
@@ -52,9 +51,6 @@ pub const TOOL_RESULT_CONTENT_TYPES: &[&str] = &[
     "tool_reference",
 ];
 
-/// A7.1: image media types.
-pub const IMAGE_MEDIA_TYPES: &[&str] = &["image/jpeg", "image/png", "image/gif", "image/webp"];
-
 /// Validate an Anthropic `messages` array. An empty result means every checked rule holds.
 pub fn validate(messages: &[Value], rules: &AnthropicRules) -> Vec<Violation> {
     let msgs = view(messages);
@@ -82,6 +78,8 @@ const CHECKS: &[Check] = &[
     check_server_tools,
     check_thinking_shape,
     check_thinking_mode,
+    check_manual_thinking,
+    check_thinking_provenance,
     check_cache_control,
     check_media,
     check_tool_result_content,
@@ -762,6 +760,64 @@ fn check_thinking_mode(msgs: &[Msg<'_>], rules: &AnthropicRules, out: &mut Vec<V
     }
 }
 
+/// D1.13 (manual mode, A6.5): when the list ends with a tool-result-only user turn, the assistant
+/// turn that opened the loop (the first after the last user turn with anything else) starts with
+/// thinking.
+fn check_manual_thinking(msgs: &[Msg<'_>], rules: &AnthropicRules, out: &mut Vec<Violation>) {
+    if !rules.manual_thinking || !msgs.last().is_some_and(is_tool_result_only) {
+        return;
+    }
+    let start = msgs
+        .iter()
+        .rposition(|m| m.is_user() && !is_tool_result_only(m))
+        .map_or(0, |i| i + 1);
+    let Some((i, opener)) = msgs
+        .iter()
+        .enumerate()
+        .skip(start)
+        .find(|(_, m)| m.is_assistant())
+    else {
+        return;
+    };
+    let first = opener
+        .blocks
+        .first()
+        .and_then(|b| block_type(b))
+        .unwrap_or("");
+    if !is_thinking(first) {
+        out.push(Violation::at(
+            "D1.13",
+            i,
+            format!("messages.{i}.content.0.type: Expected `thinking` or `redacted_thinking`, but found `{first}`. When `thinking` is enabled, a final `assistant` message must start with a thinking block (preceeding the lastmost set of `tool_use` and `tool_result` blocks)."),
+        ));
+    }
+}
+
+/// D1.14: no thinking block written by another model (its signature or redacted data is listed in
+/// `foreign_signatures`).
+fn check_thinking_provenance(msgs: &[Msg<'_>], rules: &AnthropicRules, out: &mut Vec<Violation>) {
+    if rules.foreign_signatures.is_empty() {
+        return;
+    }
+    for (i, m) in msgs.iter().enumerate() {
+        for (j, t, b) in m.typed() {
+            let sig = match t {
+                "thinking" => b.get("signature"),
+                "redacted_thinking" => b.get("data"),
+                _ => continue,
+            };
+            let sig = sig.and_then(Value::as_str).unwrap_or_default();
+            if rules.foreign_signatures.iter().any(|f| f == sig) {
+                out.push(Violation::at(
+                    "D1.14",
+                    i,
+                    format!("messages.{i}.content.{j}: Invalid `signature` in `{t}` block (written by another model)"),
+                ));
+            }
+        }
+    }
+}
+
 /// Every block of a message with its path, including blocks nested in `tool_result` content.
 fn all_blocks<'m>(m: &'m Msg<'_>) -> Vec<(String, bool, &'m Value)> {
     let mut v = Vec::new();
@@ -841,24 +897,12 @@ fn check_cache_control(msgs: &[Msg<'_>], rules: &AnthropicRules, out: &mut Vec<V
     }
 }
 
-/// A7.1: base64 image data starts with the magic bytes of its media type (PNG `\x89PNG`, JPEG
-/// `\xFF\xD8\xFF`, GIF `GIF8`, WebP `RIFF`), compared in base64 form.
-fn base64_magic_matches(media: &str, data: &str) -> bool {
-    let prefix = match media {
-        "image/png" => "iVBORw0KGgo",
-        "image/jpeg" => "/9j/",
-        "image/gif" => "R0lGOD",
-        "image/webp" => "UklGR",
-        _ => return true,
-    };
-    data.starts_with(prefix)
-}
-
 /// D1.16 media: images / documents only in user turns or inside a `tool_result`; at most
-/// `max_media` of them in all; base64 images of a supported media type whose data has that
-/// type's magic bytes, ≤ 5 MB (A7.1, A7.2).
+/// `max_media` of them in all; base64 images pass the shared image rules (A7.1–A7.3: media type,
+/// magic bytes, ≤ 5 MB, ≤ 8000 px, ≤ 2000 px beyond 20 images; see [`crate::media`]).
 fn check_media(msgs: &[Msg<'_>], rules: &AnthropicRules, out: &mut Vec<Violation>) {
     let mut count = 0usize;
+    let mut images = Vec::new();
     for (i, m) in msgs.iter().enumerate() {
         for (path, nested, b) in all_blocks(m) {
             let ty = block_type(b).unwrap_or_default();
@@ -882,34 +926,25 @@ fn check_media(msgs: &[Msg<'_>], rules: &AnthropicRules, out: &mut Vec<Violation
                     .get("media_type")
                     .and_then(Value::as_str)
                     .unwrap_or_default();
-                if !IMAGE_MEDIA_TYPES.contains(&media) {
-                    out.push(Violation::at(
-                        "D1.16",
-                        i,
-                        format!("messages.{i}.{path}.image.source.base64.media_type: Input should be 'image/jpeg', 'image/png', 'image/gif' or 'image/webp' (got {media:?})"),
-                    ));
-                } else if let Some(data) = source.get("data").and_then(Value::as_str) {
-                    if !base64_magic_matches(media, data) {
-                        out.push(Violation::at(
-                            "D1.16",
-                            i,
-                            format!("messages.{i}.{path}.image.source.base64.data: Could not process image: data is not {media}"),
-                        ));
-                    }
-                }
-                let len = source
+                let data = source
                     .get("data")
                     .and_then(Value::as_str)
-                    .map_or(0, str::len);
-                if len > MAX_IMAGE_BASE64_BYTES {
-                    out.push(Violation::at(
-                        "D1.16",
-                        i,
-                        format!("messages.{i}.{path}.image.source.base64: image exceeds 5 MB maximum: {len} bytes > {MAX_IMAGE_BASE64_BYTES} bytes"),
-                    ));
-                }
+                    .unwrap_or_default();
+                images.push((
+                    i,
+                    format!("{path}.image.source.base64"),
+                    media.to_string(),
+                    data.to_string(),
+                ));
             }
         }
+    }
+    for (i, path, problem) in crate::media::check_images(&images) {
+        out.push(Violation::at(
+            "D1.16",
+            i,
+            format!("messages.{i}.{path}: {problem}"),
+        ));
     }
     if count > rules.max_media {
         out.push(Violation::new(
@@ -1443,7 +1478,8 @@ mod tests {
 
     #[test]
     fn media() {
-        let img = json!({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}});
+        let png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==";
+        let img = json!({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": png}});
         let doc = json!({"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0="}});
         let bmp = json!({"type": "image", "source": {"type": "base64", "media_type": "image/bmp", "data": "Qk0="}});
         let list = json!([
@@ -1453,8 +1489,20 @@ mod tests {
         let v = run(check_media, list);
         assert_eq!(rules_of(&v), ["D1.16", "D1.16"]);
 
-        assert!(v[0].message.contains("media_type"));
-        assert!(v[1].message.contains("only allowed in user messages"));
+        assert!(v
+            .iter()
+            .any(|v| v.message.contains("Image format image/bmp not supported")));
+        assert!(v
+            .iter()
+            .any(|v| v.message.contains("only allowed in user messages")));
+        // A PNG header of 9000 px wide (A7.3).
+        let wide = "iVBORw0KGgoAAAANSUhEUgAAIygAAAABCAYAAAAfFcSJ";
+        let v = run(
+            check_media,
+            json!([{"role": "user", "content": [{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": wide}}]}]),
+        );
+        assert_eq!(rules_of(&v), ["D1.16"]);
+        assert!(v[0].message.contains("9000x1"), "{v:?}");
         let jpeg_as_png = json!([{"role": "user", "content": [{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "/9j/4AAQSkZJRg=="}}]}]);
         let v = run(check_media, jpeg_as_png);
         assert_eq!(rules_of(&v), ["D1.16"]);

@@ -6,8 +6,9 @@
 //! far as the document lets us tell.
 //!
 //! Rule ids are the document's: `D1.n` for the Anthropic invariants, `D2.n` for OpenAI Chat
-//! Completions, and the A / B row id (e.g. `A4.9`) where a check comes from a detailed row that
-//! D1 / D2 do not restate. `D1.0` / `D2.0` are the envelope shape (every message an object of the
+//! Completions, `D3.n` for OpenAI Responses, `D4.n` for Gemini (the image rules of D1.16 apply
+//! to every provider's images), and the A / B row id (e.g. `A4.9`) where a check comes from a
+//! detailed row that D1 / D2 do not restate. `D1.0` / `D2.0` are the envelope shape (every message an object of the
 //! expected keys, content of the expected JSON type).
 
 use std::borrow::Cow;
@@ -16,7 +17,10 @@ use std::fmt;
 use serde_json::{json, Value};
 
 pub mod anthropic;
+pub mod gemini;
+pub mod media;
 pub mod openai;
+pub mod responses;
 
 /// One broken rule.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,6 +85,13 @@ pub struct AnthropicRules {
     /// Reject block types the provider does not list (A2.5). Default true: the provider rejects
     /// unknown types, whatever Loupe stores.
     pub known_block_types_only: bool,
+    /// Manual thinking (`thinking.type: "enabled"`, A6.5 / D1.13): when the list ends with a user
+    /// turn of tool results only, the assistant turn that opened that tool loop starts with
+    /// thinking. Default false.
+    pub manual_thinking: bool,
+    /// Signatures (and redacted `data`) of thinking written by another model than the request's:
+    /// none may be sent (D1.14). Default empty.
+    pub foreign_signatures: Vec<String>,
 }
 
 impl Default for AnthropicRules {
@@ -93,6 +104,8 @@ impl Default for AnthropicRules {
             max_cache_breakpoints: 4,
             max_media: 100,
             known_block_types_only: true,
+            manual_thinking: false,
+            foreign_signatures: Vec::new(),
         }
     }
 }
@@ -107,6 +120,46 @@ pub struct OpenAiRules {
 impl Default for OpenAiRules {
     fn default() -> Self {
         OpenAiRules { allow_empty: true }
+    }
+}
+
+/// Settings for the OpenAI Responses validator.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResponsesRules {
+    /// An empty list is "nothing to send yet". Default true.
+    pub allow_empty: bool,
+    /// Ids of reasoning items written by another model than the request's (D3.4 / §E). Default
+    /// empty.
+    pub foreign_reasoning: Vec<String>,
+}
+
+impl Default for ResponsesRules {
+    fn default() -> Self {
+        ResponsesRules {
+            allow_empty: true,
+            foreign_reasoning: Vec::new(),
+        }
+    }
+}
+
+/// Settings for the Gemini validator.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GeminiRules {
+    /// An empty list is "nothing to send yet". Default true.
+    pub allow_empty: bool,
+    /// Gemini 3+: the current turn's function calls carry signatures (D4.5). Default true.
+    pub require_signatures: bool,
+    /// Thought signatures written by another model (C12). Default empty.
+    pub foreign_signatures: Vec<String>,
+}
+
+impl Default for GeminiRules {
+    fn default() -> Self {
+        GeminiRules {
+            allow_empty: true,
+            require_signatures: true,
+            foreign_signatures: Vec::new(),
+        }
     }
 }
 

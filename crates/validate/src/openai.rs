@@ -55,7 +55,40 @@ const CHECKS: &[Check] = &[
     check_results_follow_calls,
     check_no_orphan_tool_messages,
     check_no_thinking,
+    check_images,
 ];
+
+/// D1.16 for Chat Completions: base64 `image_url` parts (data URLs) pass the shared image rules.
+fn check_images(msgs: &[Value], _: &OpenAiRules, out: &mut Vec<Violation>) {
+    let mut images = Vec::new();
+    for (i, m) in msgs.iter().enumerate() {
+        let Some(parts) = m.get("content").and_then(Value::as_array) else {
+            continue;
+        };
+        for (j, p) in parts.iter().enumerate() {
+            let url = p
+                .get("image_url")
+                .and_then(|u| u.get("url"))
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            if let Some((media, data)) = crate::media::data_url(url) {
+                images.push((
+                    i,
+                    format!("content[{j}]"),
+                    media.to_string(),
+                    data.to_string(),
+                ));
+            }
+        }
+    }
+    for (i, path, problem) in crate::media::check_images(&images) {
+        out.push(Violation::at(
+            "D1.16",
+            i,
+            format!("messages[{i}].{path}: {problem}"),
+        ));
+    }
+}
 
 fn role(m: &Value) -> Option<&str> {
     m.get("role").and_then(Value::as_str)
@@ -392,7 +425,7 @@ mod tests {
     fn good() -> Value {
         json!([
             {"role": "system", "content": "be brief"},
-            {"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "image_url", "image_url": {"url": "data:image/png;base64,xx"}}]},
+            {"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="}}]},
             {"role": "assistant", "content": null, "tool_calls": [call("call_1"), call("call_2")]},
             {"role": "tool", "tool_call_id": "call_2", "content": "b"},
             {"role": "tool", "tool_call_id": "call_1", "content": [{"type": "text", "text": "a"}]},

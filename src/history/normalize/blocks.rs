@@ -16,6 +16,12 @@ pub const ORPHANED_TOOL_RESULT: &str = "[Orphaned tool result removed due to con
 pub const ADVISOR_RESPONSE: &str = "[Advisor response]";
 /// Tool result emptied of references to tools no longer available.
 pub const TOOL_REFERENCES_REMOVED: &str = "[Tool references removed - tools no longer available]";
+/// Closes a tool loop that was opened without thinking (`thinking=enabled`).
+pub const LOOP_CLOSED: &str = "[Continue from the tool results above]";
+/// Gemini's documented stand-in for a missing thought signature on a function call.
+pub const DUMMY_THOUGHT_SIGNATURE: &str = "skip_thought_signature_validator";
+/// The stored field holding a Gemini thought signature on a text or `tool_use` block.
+pub const THOUGHT_SIGNATURE: &str = "thought_signature";
 /// Prefix of micro-compaction placeholders.
 pub const CLEARED_PREFIX: &str = "[Old tool result content cleared";
 
@@ -48,8 +54,13 @@ pub fn str_field<'a>(v: &'a Value, field: &str) -> Option<&'a str> {
     v.get(field).and_then(Value::as_str)
 }
 
+/// Thinking of any provider: Anthropic `thinking` / `redacted_thinking`, and OpenAI `reasoning`
+/// items stored as blocks. None of them may end an assistant turn.
 pub fn is_thinking(v: &Value) -> bool {
-    matches!(block_type(v), Some("thinking" | "redacted_thinking"))
+    matches!(
+        block_type(v),
+        Some("thinking" | "redacted_thinking" | "reasoning")
+    )
 }
 
 pub fn is_media(v: &Value) -> bool {
@@ -85,6 +96,7 @@ pub fn is_supported_type(t: &str) -> bool {
             | "mcp_tool_use"
             | "mcp_tool_result"
             | "advisor_tool_result"
+            | "reasoning"
     )
 }
 

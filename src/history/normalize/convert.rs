@@ -6,6 +6,7 @@ use serde_json::{Map, Value};
 
 use super::blocks::{
     block_type, is_server_result, is_supported_type, preview, str_field, text_block,
+    THOUGHT_SIGNATURE,
 };
 use super::media::strip_media_types;
 use super::{Block, Ctx, Msg, NormalizeOptions, Provider, RepairKind, ThinkingMode};
@@ -120,7 +121,14 @@ pub fn to_messages(
 fn assistant_only(v: &Value) -> bool {
     matches!(
         block_type(v),
-        Some("tool_use" | "server_tool_use" | "mcp_tool_use" | "thinking" | "redacted_thinking")
+        Some(
+            "tool_use"
+                | "server_tool_use"
+                | "mcp_tool_use"
+                | "thinking"
+                | "redacted_thinking"
+                | "reasoning"
+        )
     ) || is_server_result(v)
 }
 
@@ -137,7 +145,46 @@ fn valid_thinking(v: &Value) -> bool {
     match block_type(v) {
         Some("thinking") => str_field(v, "thinking").is_some() && nonempty("signature"),
         Some("redacted_thinking") => nonempty("data"),
+        // An OpenAI reasoning item needs its id and a summary array (`docs/PROVIDER-RULES.md` D.3).
+        Some("reasoning") => nonempty("id") && v.get("summary").is_some_and(Value::is_array),
         _ => true,
+    }
+}
+
+/// What reaches the provider of each kind of reasoning (see the module docs of `normalize`).
+struct ReasoningPolicy<'e> {
+    /// Anthropic thinking / redacted_thinking blocks.
+    thinking: bool,
+    /// OpenAI Responses reasoning items.
+    reasoning: bool,
+    /// Gemini thought signatures.
+    signatures: bool,
+    /// The request's model; reasoning of entries written by another model is foreign.
+    model: Option<&'e str>,
+    entries: &'e [Entry],
+}
+
+impl<'e> ReasoningPolicy<'e> {
+    fn new(opts: &'e NormalizeOptions, entries: &'e [Entry]) -> Self {
+        let on = opts.thinking != ThinkingMode::Strip;
+        ReasoningPolicy {
+            thinking: on && opts.provider == Provider::Anthropic,
+            reasoning: on && opts.provider == Provider::OpenaiResponses,
+            signatures: on && opts.provider == Provider::Gemini,
+            model: opts.model.as_deref(),
+            entries,
+        }
+    }
+
+    /// The model that wrote the entry, when a request model is set and it is another one.
+    fn foreign(&self, src: u32) -> Option<String> {
+        let want = self.model?;
+        let wrote = self
+            .entries
+            .get(src as usize)
+            .and_then(|e| e.message.as_ref())
+            .and_then(|m| m.model.as_deref());
+        (wrote != Some(want)).then(|| wrote.unwrap_or("an unknown model").to_string())
     }
 }
 
@@ -151,9 +198,12 @@ fn valid_thinking(v: &Value) -> bool {
 ///   neither a string nor an array gets its JSON text as content (reported with the same kind);
 /// - assistant-only blocks in a user turn and user-only blocks in an assistant turn are dropped
 ///   (`misplaced_block_dropped`);
-/// - thinking: dropped silently in `strip` mode and for OpenAI; in `keep` mode a `thinking` without
-///   a non-empty `signature` (or without `thinking` text) and a `redacted_thinking` without `data`
-///   are dropped (`invalid_thinking_dropped`);
+/// - reasoning reaches its own provider only: `thinking` / `redacted_thinking` Anthropic, `reasoning`
+///   items OpenAI Responses, `thought_signature` fields Gemini; elsewhere, and in `strip` mode,
+///   they are dropped silently. A `thinking` without a non-empty `signature` (or without `thinking`
+///   text), a `redacted_thinking` without `data` and a `reasoning` without `id` or `summary` array
+///   are dropped (`invalid_thinking_dropped`); with a request `model`, those written by another
+///   model (the entry's `message.model`) are dropped (`foreign_thinking_dropped`);
 /// - `tool_use.input` that is not an object: a string holding a JSON object is parsed, anything
 ///   else becomes `{}` (`invalid_tool_input_repaired`); a missing id becomes `""` (rewritten
 ///   later), a missing name becomes `unknown_tool`.
@@ -163,8 +213,22 @@ pub fn sanitize_blocks(
     opts: &NormalizeOptions,
     ctx: &mut Ctx,
 ) {
-    let drop_thinking = opts.thinking == ThinkingMode::Strip || opts.provider == Provider::Openai;
+    let policy = ReasoningPolicy::new(opts, ctx.entries);
     blocks.retain_mut(|b| {
+        if let Some(obj) = b.v.as_object_mut() {
+            if obj.contains_key(THOUGHT_SIGNATURE) {
+                if !policy.signatures {
+                    obj.remove(THOUGHT_SIGNATURE);
+                } else if let Some(model) = policy.foreign(b.src) {
+                    obj.remove(THOUGHT_SIGNATURE);
+                    ctx.report(
+                        RepairKind::ForeignThinkingDropped,
+                        [b.src],
+                        format!("dropped a thought signature written by {model}"),
+                    );
+                }
+            }
+        }
         let Some(t) = block_type(&b.v).map(str::to_string) else {
             ctx.report(
                 RepairKind::InvalidBlockDropped,
@@ -202,8 +266,13 @@ pub fn sanitize_blocks(
             return false;
         }
         match t.as_str() {
-            "thinking" | "redacted_thinking" => {
-                if drop_thinking {
+            "thinking" | "redacted_thinking" | "reasoning" => {
+                let kept = if t == "reasoning" {
+                    policy.reasoning
+                } else {
+                    policy.thinking
+                };
+                if !kept {
                     return false;
                 }
                 if !valid_thinking(&b.v) {
@@ -211,6 +280,14 @@ pub fn sanitize_blocks(
                         RepairKind::InvalidThinkingDropped,
                         [b.src],
                         format!("dropped unsigned or malformed {t} block"),
+                    );
+                    return false;
+                }
+                if let Some(model) = policy.foreign(b.src) {
+                    ctx.report(
+                        RepairKind::ForeignThinkingDropped,
+                        [b.src],
+                        format!("dropped {t} block written by {model}"),
                     );
                     return false;
                 }

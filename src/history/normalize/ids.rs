@@ -68,9 +68,9 @@ pub fn sanitize_name(name: &str) -> String {
 /// Rewrites invalid ids. Runs after pairing, so `tool_use` ids are unique and every `tool_result`
 /// answers a `tool_use` of the previous turn: a request-wide map original → new id is consistent.
 /// Valid ids are kept (they are reserved first, so a minted id never collides with one); invalid
-/// ones become `toolu_<hex16>` (Anthropic) / `call_<hex16>` (OpenAI, ≤ 40 chars). Server tool ids
-/// that do not match `^srvtoolu_[a-zA-Z0-9_]+$` become `srvtoolu_<hex16>` together with their
-/// result blocks in the same turn. For OpenAI, function names are sanitized too.
+/// ones become `toolu_<hex16>` (Anthropic) / `call_<hex16>` (OpenAI, Gemini: ≤ 40 chars). Server
+/// tool ids that do not match `^srvtoolu_[a-zA-Z0-9_]+$` become `srvtoolu_<hex16>` together with
+/// their result blocks in the same turn. For the other providers, function names are sanitized.
 /// Reports `tool_id_rewritten` / `tool_name_rewritten`.
 pub fn sanitize_ids(msgs: &mut [Msg], provider: Provider, ctx: &mut Ctx) {
     let mut taken: HashSet<String> = HashSet::new();
@@ -85,7 +85,7 @@ pub fn sanitize_ids(msgs: &mut [Msg], provider: Provider, ctx: &mut Ctx) {
             }
         }
     }
-    let prefix = if provider == Provider::Openai {
+    let prefix = if provider != Provider::Anthropic {
         "call_"
     } else {
         "toolu_"

@@ -1,12 +1,28 @@
-//! Step e (media-error strip map) and step l (`stripExcessMediaItems`), `docs/NORMALIZATION.md` § Pipeline.
+//! Step e (media-error strip map) and step l (`stripExcessMediaItems`), `docs/NORMALIZATION.md`
+//! § Pipeline, and Loupe's media rules (what every provider accepts, `docs/PROVIDER-RULES.md`
+//! A.7 / D1.16): each refused item becomes a short text placeholder naming the reason
+//! (`media_refused`); stored entries are never changed.
 
 use std::collections::HashMap;
 
 use serde_json::Value;
 
-use super::blocks::{block_type, is_media, is_type};
+use super::blocks::{block_type, is_media, is_type, str_field, text_block};
+use super::image::{decode_base64_prefix, dimensions, sniff};
 use super::{Block, Ctx, Msg, RepairKind};
 use crate::history::model::{Entry, EntryKind};
+
+/// Image media types every provider accepts.
+pub const IMAGE_MEDIA_TYPES: &[&str] = &["image/jpeg", "image/png", "image/gif", "image/webp"];
+/// Base64 characters per image (5 MB: the strictest of the providers' limits).
+pub const MAX_IMAGE_BASE64_BYTES: usize = 5 * 1024 * 1024;
+/// Pixels per side of any image.
+pub const MAX_IMAGE_SIDE: u32 = 8000;
+/// Beyond this many images in a request, each must fit [`MANY_IMAGES_MAX_SIDE`].
+pub const MANY_IMAGES: usize = 20;
+pub const MANY_IMAGES_MAX_SIDE: u32 = 2000;
+/// The largest request body (32 MB); media are refused, oldest first, until the messages fit.
+pub const MAX_REQUEST_BYTES: usize = 32 * 1024 * 1024;
 
 /// Maximum media items (images + documents) per request.
 pub const MAX_MEDIA_ITEMS: usize = 100;
@@ -80,6 +96,160 @@ pub fn strip_media_types(blocks: &mut Vec<Block>, types: &[&str]) -> usize {
     let before = blocks.len();
     blocks.retain(|b| !block_type(&b.v).is_some_and(|t| types.contains(&t)));
     before - blocks.len()
+}
+
+/// Visits every image and document (top level, and inside `tool_result` content) oldest first,
+/// with the source entry of its block.
+fn for_each_media(msgs: &mut [Msg], mut f: impl FnMut(&mut Value, u32)) {
+    for m in msgs.iter_mut() {
+        for b in m.blocks.iter_mut() {
+            let src = b.src;
+            if is_media(&b.v) {
+                f(&mut b.v, src);
+            } else if is_type(&b.v, "tool_result") {
+                if let Some(Value::Array(items)) = b.v.get_mut("content") {
+                    for item in items.iter_mut().filter(|x| is_media(x)) {
+                        f(item, src);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The base64 source of an image or document: `(media_type, data)`; `None` for URL, file and
+/// text sources (nothing to read).
+fn base64_source(v: &Value) -> Option<(&str, Option<&str>)> {
+    let source = v.get("source")?;
+    if str_field(source, "type") != Some("base64") {
+        return None;
+    }
+    Some((
+        str_field(source, "media_type").unwrap_or(""),
+        str_field(source, "data"),
+    ))
+}
+
+/// Pixel size of a base64 image's data: the header is read from a short prefix, or from the whole
+/// data for a JPEG whose frame header comes later.
+fn pixel_size(data: &str) -> Option<(u32, u32)> {
+    let head = decode_base64_prefix(data, 64 * 1024)?;
+    dimensions(&head).or_else(|| {
+        if sniff(&head) == Some("image/jpeg") && head.len() == 64 * 1024 {
+            dimensions(&decode_base64_prefix(data, usize::MAX)?)
+        } else {
+            None
+        }
+    })
+}
+
+/// Why the provider would refuse this image or document, if it would.
+fn refusal(v: &Value) -> Option<String> {
+    let (media, data) = base64_source(v)?;
+    let Some(data) = data else {
+        return Some("no base64 data".into());
+    };
+    let head = decode_base64_prefix(data, 16);
+    if is_type(v, "document") {
+        if media != "application/pdf" {
+            return Some(format!("media type {media:?} is not accepted"));
+        }
+        return match head.as_deref().and_then(sniff) {
+            Some("application/pdf") => None,
+            _ => Some("data is not application/pdf".into()),
+        };
+    }
+    if !IMAGE_MEDIA_TYPES.contains(&media) {
+        return Some(format!("media type {media:?} is not accepted"));
+    }
+    if data.len() > MAX_IMAGE_BASE64_BYTES {
+        return Some(format!(
+            "{} bytes of base64 > {MAX_IMAGE_BASE64_BYTES} bytes",
+            data.len()
+        ));
+    }
+    match head.as_deref().and_then(sniff) {
+        Some(found) if found == media => {}
+        Some(found) => return Some(format!("data is {found}, not {media}")),
+        None => return Some(format!("data is not {media}")),
+    }
+    let Some((w, h)) = pixel_size(data) else {
+        return Some("unreadable image header".into());
+    };
+    if w > MAX_IMAGE_SIDE || h > MAX_IMAGE_SIDE {
+        return Some(format!("{w}x{h} px > {MAX_IMAGE_SIDE}x{MAX_IMAGE_SIDE}"));
+    }
+    None
+}
+
+/// Replaces the media item by its placeholder and reports why.
+fn refuse(v: &mut Value, src: u32, reason: &str, ctx: &mut Ctx) {
+    let kind = block_type(v).unwrap_or("media").to_string();
+    *v = text_block(&format!("[{kind} removed: {reason}]"));
+    ctx.report(
+        RepairKind::MediaRefused,
+        [src],
+        format!("{kind} replaced by a placeholder: {reason}"),
+    );
+}
+
+/// Loupe — every base64 image must have an accepted media type ([`IMAGE_MEDIA_TYPES`]) that its
+/// magic bytes agree with, at most [`MAX_IMAGE_BASE64_BYTES`] of base64, a readable header and at
+/// most [`MAX_IMAGE_SIDE`] pixels a side; every base64 document must be a PDF (`%PDF-`). Others
+/// become placeholders (`media_refused`). URL and file sources are not read.
+pub fn refuse_unacceptable(msgs: &mut [Msg], ctx: &mut Ctx) {
+    for_each_media(msgs, |v, src| {
+        if let Some(reason) = refusal(v) {
+            refuse(v, src, &reason, ctx);
+        }
+    });
+}
+
+/// Loupe — limits over the whole request, after the per-item checks and the count cap: with more
+/// than [`MANY_IMAGES`] images, each larger than [`MANY_IMAGES_MAX_SIDE`] a side is refused; then,
+/// while the messages would exceed [`MAX_REQUEST_BYTES`], the oldest base64 media are refused.
+pub fn enforce_request_limits(msgs: &mut [Msg], ctx: &mut Ctx) {
+    let mut images = 0usize;
+    let mut media_bytes = 0usize;
+    for_each_media(msgs, |v, _| {
+        images += usize::from(is_type(v, "image"));
+        media_bytes += base64_source(v).and_then(|(_, d)| d).map_or(0, str::len);
+    });
+    if images > MANY_IMAGES {
+        for_each_media(msgs, |v, src| {
+            let size = match base64_source(v) {
+                Some((_, Some(data))) if is_type(v, "image") => pixel_size(data),
+                _ => None,
+            };
+            if let Some((w, h)) = size.filter(|(w, h)| *w.max(h) > MANY_IMAGES_MAX_SIDE) {
+                let reason = format!(
+                    "{w}x{h} px > {MANY_IMAGES_MAX_SIDE}x{MANY_IMAGES_MAX_SIDE} in a request of more than {MANY_IMAGES} images"
+                );
+                refuse(v, src, &reason, ctx);
+            }
+        });
+    }
+    if media_bytes == 0 {
+        return;
+    }
+    let mut total: usize = msgs
+        .iter()
+        .flat_map(|m| m.blocks.iter())
+        .map(|b| serde_json::to_string(&b.v).map_or(0, |s| s.len()) + 1)
+        .sum();
+    if total <= MAX_REQUEST_BYTES {
+        return;
+    }
+    for_each_media(msgs, |v, src| {
+        let Some((_, Some(data))) = base64_source(v) else {
+            return;
+        };
+        if total <= MAX_REQUEST_BYTES {
+            return;
+        }
+        total = total.saturating_sub(data.len());
+        refuse(v, src, "the request would exceed 32 MB", ctx);
+    });
 }
 
 fn nested_media_count(v: &Value) -> usize {
@@ -247,6 +417,118 @@ mod tests {
         );
         assert_eq!(s[1].1.len(), 2);
         assert_eq!(kinds(&ctx), vec![RepairKind::MediaCapped]);
+    }
+
+    fn png_of(w: u32, h: u32) -> String {
+        // A PNG signature and IHDR chunk are all the size check reads.
+        let mut v = b"\x89PNG\r\n\x1a\n\0\0\0\x0dIHDR".to_vec();
+        v.extend_from_slice(&w.to_be_bytes());
+        v.extend_from_slice(&h.to_be_bytes());
+        v.extend_from_slice(&[8, 6, 0, 0, 0, 0, 0, 0, 0]);
+        b64(&v)
+    }
+
+    fn b64(bytes: &[u8]) -> String {
+        const A: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+        bytes
+            .chunks(3)
+            .flat_map(|c| {
+                let v = u32::from(c[0]) << 16
+                    | u32::from(*c.get(1).unwrap_or(&0)) << 8
+                    | u32::from(*c.get(2).unwrap_or(&0));
+                (0..4).map(move |i| {
+                    if i <= c.len() {
+                        A[((v >> (18 - 6 * i)) & 63) as usize] as char
+                    } else {
+                        '='
+                    }
+                })
+            })
+            .collect()
+    }
+
+    fn image(media: &str, data: &str) -> Value {
+        json!({"type": "image", "source": {"type": "base64", "media_type": media, "data": data}})
+    }
+
+    #[test]
+    fn refused_media_become_placeholders_with_the_reason() {
+        let e = vec![user(
+            0,
+            json!([
+                image("image/png", PNG),
+                image("image/bmp", "Qk02"),
+                image("image/jpeg", PNG),
+                image("image/png", &png_of(9000, 10)),
+                image("image/png", &"A".repeat(MAX_IMAGE_BASE64_BYTES + 1)),
+                {"type": "tool_result", "tool_use_id": "a", "content": [image("image/gif", "AAAA")]},
+                {"type": "image", "source": {"type": "url", "url": "https://x/y.bmp"}},
+                {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "AAAA"}},
+            ]),
+        )];
+        let mut m = msgs(&e);
+        let mut ctx = Ctx::new(&e);
+        refuse_unacceptable(&mut m, &mut ctx);
+        let s = shape(&m);
+        assert_eq!(s[0].1[0], image("image/png", PNG));
+        assert_eq!(
+            s[0].1[1],
+            text("[image removed: media type \"image/bmp\" is not accepted]")
+        );
+        assert_eq!(
+            s[0].1[2],
+            text("[image removed: data is image/png, not image/jpeg]")
+        );
+        assert_eq!(s[0].1[3], text("[image removed: 9000x10 px > 8000x8000]"));
+        assert_eq!(
+            s[0].1[4],
+            text(&format!(
+                "[image removed: {} bytes of base64 > {MAX_IMAGE_BASE64_BYTES} bytes]",
+                MAX_IMAGE_BASE64_BYTES + 1
+            ))
+        );
+        assert_eq!(
+            s[0].1[5]["content"][0],
+            text("[image removed: data is not image/gif]")
+        );
+        assert_eq!(s[0].1[6]["type"], "image");
+        assert_eq!(
+            s[0].1[7],
+            text("[document removed: data is not application/pdf]")
+        );
+        assert_eq!(kinds(&ctx), vec![RepairKind::MediaRefused; 6]);
+    }
+
+    #[test]
+    fn many_images_must_be_small_and_the_request_must_fit() {
+        let mut blocks = vec![image("image/png", &png_of(2001, 10))];
+        blocks.extend((0..20).map(|_| image("image/png", &png_of(2000, 2000))));
+        let e = vec![user(0, Value::Array(blocks.clone()))];
+        let mut m = msgs(&e);
+        let mut ctx = Ctx::new(&e);
+        enforce_request_limits(&mut m, &mut ctx);
+        assert_eq!(shape(&m)[0].1[0]["type"], "text");
+        assert_eq!(shape(&m)[0].1[1], blocks[1]);
+        assert_eq!(kinds(&ctx), vec![RepairKind::MediaRefused]);
+        // 20 images: no small-size rule.
+        let e = vec![user(0, Value::Array(blocks[..20].to_vec()))];
+        let mut m = msgs(&e);
+        let mut ctx = Ctx::new(&e);
+        enforce_request_limits(&mut m, &mut ctx);
+        assert!(ctx.repairs.is_empty());
+        // Seven 5 MB images are over 32 MB: the oldest go until the rest fits.
+        let big = PNG.to_string() + &"A".repeat(MAX_IMAGE_BASE64_BYTES - PNG.len());
+        let e = vec![user(
+            0,
+            Value::Array((0..7).map(|_| image("image/png", &big)).collect()),
+        )];
+        let mut m = msgs(&e);
+        let mut ctx = Ctx::new(&e);
+        enforce_request_limits(&mut m, &mut ctx);
+        let s = shape(&m);
+        assert_eq!(s[0].1[0]["type"], "text");
+        assert_eq!(s[0].1[1]["type"], "image");
+        assert_eq!(kinds(&ctx), vec![RepairKind::MediaRefused]);
     }
 
     #[test]

@@ -23,13 +23,25 @@
 //!    empty/whitespace text blocks, trailing thinking, adjacent users merged,
 //!    `ensureNonEmptyAssistantContent`, `sanitizeErrorToolResultContent`.
 //! 10. [`pairing::ensure_tool_result_pairing`] (j).
-//! 11. [`advisor::strip_advisor_blocks`] (k), [`media::strip_excess_media`] (l).
+//! 11. [`advisor::strip_advisor_blocks`] (k); media: [`media::refuse_unacceptable`] (Loupe: media
+//!     type, magic bytes, 5 MB of base64, 8000 px), [`media::strip_excess_media`] (l),
+//!     [`media::enforce_request_limits`] (Loupe: 2000 px beyond 20 images, 32 MB in all).
 //! 12. [`enforce`] (Loupe): id sanitizing, empty error results, trailing thinking, empty turns,
-//!     first turn `user`, strict alternation.
+//!     first turn `user`, strict alternation; then, with `thinking=enabled` (Anthropic),
+//!     [`thinking::close_loop_without_thinking`].
 //! 13. [`microcompact::microcompact`] (optional; only rewrites tool-result content, so it runs
 //!     last, on the final shape; results are found by the final, already paired ids).
-//! 14. [`cache::add_cache_breakpoint`] (m), [`output`] (n): `{role, content}` (Anthropic) or Chat
-//!     Completions messages (OpenAI).
+//! 14. Rendering, a final pure step over the shared working shape: [`cache::add_cache_breakpoint`]
+//!     (m) and [`output::to_anthropic`] (n), [`output::to_openai`] (Chat Completions),
+//!     [`responses::to_responses`] (Responses `input` items) or [`gemini::to_gemini`]
+//!     (`contents`).
+//!
+//! Provider-specific reasoning lives in the stored assistant content: Anthropic `thinking` /
+//! `redacted_thinking` blocks, OpenAI Responses `reasoning` items stored as blocks of type
+//! `reasoning` (`{type, id, summary, encrypted_content}`), and Gemini thought signatures stored as
+//! a `thought_signature` field of the text or `tool_use` block they came on. Each reaches only its
+//! own provider (dropped silently for the others, like any foreign reasoning); with `model`, those
+//! written by another model are dropped and reported (`foreign_thinking_dropped`).
 //!
 //! # Where Loupe goes beyond the reference
 //! - Whitespace-only text blocks are removed everywhere (not only whitespace-only assistants), and
@@ -69,12 +81,16 @@ pub mod cache;
 pub mod cleanup;
 pub mod convert;
 pub mod enforce;
+pub mod gemini;
 pub mod ids;
+pub mod image;
 pub mod media;
 pub mod merge;
 pub mod microcompact;
 pub mod output;
 pub mod pairing;
+pub mod responses;
+pub mod thinking;
 pub mod tokens;
 pub mod tool_reference;
 pub mod view;
@@ -94,6 +110,11 @@ pub enum Provider {
     Anthropic,
     /// OpenAI Chat Completions: user / assistant (`tool_calls`) / tool messages.
     Openai,
+    /// OpenAI Responses: the `input` item list (`message`, `function_call`,
+    /// `function_call_output`, `reasoning`).
+    OpenaiResponses,
+    /// Gemini generateContent: the `contents` list (`user` / `model` turns of `parts`).
+    Gemini,
 }
 
 /// What to do with `thinking` / `redacted_thinking` blocks.
@@ -103,8 +124,13 @@ pub enum ThinkingMode {
     /// Replay signed blocks verbatim; drop unsigned or malformed ones.
     #[default]
     Keep,
-    /// Drop every thinking and redacted_thinking block.
+    /// Drop every thinking and redacted_thinking block (and OpenAI reasoning items and Gemini
+    /// thought signatures).
     Strip,
+    /// As `keep`, for a request sent with manual thinking (`thinking.type: "enabled"`, Anthropic):
+    /// a tool loop in progress must have been opened by an assistant turn starting with thinking.
+    /// When it was not, the loop is closed (see [`thinking::close_loop_without_thinking`]).
+    Enabled,
 }
 
 /// Options of [`normalize`].
@@ -115,6 +141,10 @@ pub struct NormalizeOptions {
     /// other tools in `tool_reference` blocks are stripped).
     pub tools: Option<Vec<String>>,
     pub thinking: ThinkingMode,
+    /// The model the request goes to. Thinking, OpenAI reasoning items and Gemini thought
+    /// signatures written by another model (the stored entry's `message.model`) are dropped.
+    /// `None`: every model's are kept.
+    pub model: Option<String>,
     /// Put one `cache_control: {"type":"ephemeral"}` on the last block of the last message
     /// (Anthropic only).
     pub cache: bool,
@@ -233,6 +263,17 @@ pub enum RepairKind {
     /// A block the provider does not accept was dropped: an unknown or unhandled beta block type
     /// (both providers), or a block with no Chat Completions equivalent (OpenAI conversion).
     UnsupportedBlockDropped,
+    /// A thinking / redacted_thinking block, an OpenAI reasoning item or a Gemini thought
+    /// signature written by another model than the request's `model` was dropped.
+    ForeignThinkingDropped,
+    /// An image or document the provider refuses (media type, magic bytes, size, pixels, the
+    /// request's total size) was replaced by a short text placeholder naming the reason.
+    MediaRefused,
+    /// With `thinking=enabled`, the tool loop in progress was opened without thinking: a text
+    /// block after its last tool results closes it, so the next response starts a new turn.
+    ThinkingLoopClosed,
+    /// An OpenAI reasoning item not immediately followed by the item it produced was dropped.
+    ReasoningDropped,
 }
 
 /// One repair applied to the history, naming the stored entries involved.
@@ -250,7 +291,9 @@ pub struct Repair {
 /// The result of [`normalize`].
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct Normalized {
-    /// The provider messages (what precedes the caller's next user turn).
+    /// The provider messages (what precedes the caller's next user turn): Anthropic `messages`,
+    /// Chat Completions `messages`, the Responses `input` items, or the Gemini `contents`, ready
+    /// to send as they are.
     #[schema(value_type = Vec<Object>)]
     pub messages: Vec<Value>,
     pub repairs: Vec<Repair>,
@@ -387,8 +430,13 @@ pub fn normalize(entries: &[Entry], opts: &NormalizeOptions) -> Normalized {
     if !opts.advisor {
         advisor::strip_advisor_blocks(&mut msgs, &mut ctx);
     }
+    media::refuse_unacceptable(&mut msgs, &mut ctx);
     media::strip_excess_media(&mut msgs, media::MAX_MEDIA_ITEMS, &mut ctx);
+    media::enforce_request_limits(&mut msgs, &mut ctx);
     msgs = enforce::run(msgs, opts.provider, &mut ctx);
+    if opts.thinking == ThinkingMode::Enabled && opts.provider == Provider::Anthropic {
+        thinking::close_loop_without_thinking(&mut msgs, &mut ctx);
+    }
     if let Some(mc) = &opts.microcompact {
         // Last content rewrite, so a placeholder written by an earlier step is never cleared only
         // on a second pass (idempotence).
@@ -400,6 +448,8 @@ pub fn normalize(entries: &[Entry], opts: &NormalizeOptions) -> Normalized {
             output::to_anthropic(msgs)
         }
         Provider::Openai => output::to_openai(msgs, &mut ctx),
+        Provider::OpenaiResponses => responses::to_responses(msgs, &mut ctx),
+        Provider::Gemini => gemini::to_gemini(msgs, &mut ctx),
     };
     let estimated_tokens = estimate_tokens(&messages);
     Normalized {
@@ -414,6 +464,9 @@ pub fn normalize(entries: &[Entry], opts: &NormalizeOptions) -> Normalized {
 pub(crate) mod testutil {
     use super::*;
     use serde_json::json;
+
+    /// A real 1×1 PNG, base64.
+    pub const PNG: &str = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==";
 
     pub fn entry(v: Value) -> Entry {
         serde_json::from_value(v).expect("valid entry")

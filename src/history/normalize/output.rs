@@ -71,7 +71,7 @@ fn search_result_text(v: &Value) -> String {
 }
 
 /// A tool result's content as the string of an OpenAI tool message.
-fn tool_text(v: &Value, name: &str) -> String {
+pub(super) fn tool_text(v: &Value, name: &str) -> String {
     let s = match v.get("content") {
         Some(Value::String(s)) => s.clone(),
         Some(Value::Array(items)) => texts_of(items).join("\n\n"),
@@ -86,7 +86,7 @@ fn tool_text(v: &Value, name: &str) -> String {
 }
 
 /// One user block as an OpenAI content part; `None` when it has no equivalent.
-fn user_part(v: &Value) -> Option<Value> {
+pub(super) fn user_part(v: &Value) -> Option<Value> {
     let source = v.get("source");
     let src_type = source.and_then(|s| str_field(s, "type"));
     match block_type(v)? {
@@ -218,7 +218,7 @@ pub fn to_openai(msgs: Vec<Msg>, ctx: &mut Ctx) -> Vec<Value> {
     out
 }
 
-fn part_to_block(p: &Value) -> Value {
+pub(super) fn part_to_block(p: &Value) -> Value {
     match block_type(p) {
         Some("image_url") => {
             let url = p
@@ -252,7 +252,13 @@ fn part_to_block(p: &Value) -> Value {
     }
 }
 
-fn entry(i: usize, kind: EntryKind, role: Role, content: Content, id: Option<String>) -> Entry {
+pub(super) fn entry(
+    i: usize,
+    kind: EntryKind,
+    role: Role,
+    content: Content,
+    id: Option<String>,
+) -> Entry {
     Entry {
         seq: Some(i as i64),
         message: Some(ApiMessage {
@@ -267,8 +273,14 @@ fn entry(i: usize, kind: EntryKind, role: Role, content: Content, id: Option<Str
 /// again gives the same messages). Each assistant turn gets a distinct synthetic message id
 /// (`msg_loupe_<i>`) so no merging happens across turns; `seq` is the message index. OpenAI `tool`
 /// messages become user entries holding one `tool_result` each (merged again by normalization);
-/// `system`/`developer` messages are skipped.
+/// `system`/`developer` messages are skipped. Responses items and Gemini contents: see
+/// [`super::responses::entries_from_items`] and [`super::gemini::entries_from_contents`].
 pub fn entries_from_messages(messages: &[Value], provider: Provider) -> Vec<Entry> {
+    match provider {
+        Provider::OpenaiResponses => return super::responses::entries_from_items(messages),
+        Provider::Gemini => return super::gemini::entries_from_contents(messages),
+        Provider::Anthropic | Provider::Openai => {}
+    }
     let mut out = Vec::with_capacity(messages.len());
     for (i, m) in messages.iter().enumerate() {
         let role = str_field(m, "role").unwrap_or("");
@@ -408,8 +420,8 @@ mod tests {
 
     #[test]
     fn openai_null_content_with_calls_and_media_parts() {
-        let img = json!({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "QUJD"}});
-        let pdf = json!({"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBE"}});
+        let img = json!({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG}});
+        let pdf = json!({"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0x"}});
         let urlimg = json!({"type": "image", "source": {"type": "url", "url": "https://x/y.png"}});
         let e = vec![
             user(0, json!([text("see"), img, pdf, urlimg])),
@@ -424,8 +436,8 @@ mod tests {
             out[0]["content"],
             json!([
                 {"type": "text", "text": "see"},
-                {"type": "image_url", "image_url": {"url": "data:image/png;base64,QUJD"}},
-                {"type": "file", "file": {"filename": "document.pdf", "file_data": "data:application/pdf;base64,JVBE"}},
+                {"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{PNG}")}},
+                {"type": "file", "file": {"filename": "document.pdf", "file_data": "data:application/pdf;base64,JVBERi0x"}},
                 {"type": "image_url", "image_url": {"url": "https://x/y.png"}},
             ])
         );

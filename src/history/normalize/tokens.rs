@@ -12,8 +12,11 @@ pub fn rough(s: &str) -> u64 {
 
 fn block_tokens(b: &Value) -> u64 {
     match block_type(b) {
-        Some("text") => rough(str_field(b, "text").unwrap_or("")),
-        Some("image" | "document" | "image_url" | "file" | "input_audio") => 2000,
+        Some("text" | "input_text" | "output_text") => rough(str_field(b, "text").unwrap_or("")),
+        Some(
+            "image" | "document" | "image_url" | "file" | "input_audio" | "input_image"
+            | "input_file",
+        ) => 2000,
         Some("tool_result") => content_tokens(b.get("content")),
         Some("tool_use") => {
             let input = b.get("input").map(Value::to_string).unwrap_or_default();
@@ -22,6 +25,30 @@ fn block_tokens(b: &Value) -> u64 {
         Some("thinking") => rough(str_field(b, "thinking").unwrap_or("")),
         Some("redacted_thinking") => rough(str_field(b, "data").unwrap_or("")),
         _ => rough(&b.to_string()),
+    }
+}
+
+fn gemini_part_tokens(p: &Value) -> u64 {
+    if let Some(t) = str_field(p, "text") {
+        rough(t)
+    } else if p.get("inlineData").is_some() || p.get("fileData").is_some() {
+        2000
+    } else if let Some(call) = p.get("functionCall") {
+        let args = call.get("args").map(Value::to_string).unwrap_or_default();
+        rough(&format!(
+            "{}{}",
+            str_field(call, "name").unwrap_or(""),
+            args
+        ))
+    } else if let Some(resp) = p.get("functionResponse") {
+        rough(
+            &resp
+                .get("response")
+                .map(Value::to_string)
+                .unwrap_or_default(),
+        )
+    } else {
+        rough(&p.to_string())
     }
 }
 
@@ -39,11 +66,31 @@ fn content_tokens(c: Option<&Value>) -> u64 {
 ///   `image_url`/`file`/`input_audio` parts) → **2000 flat**, also nested in tool results;
 ///   `tool_result` → the sum of its content; `tool_use` → `name + JSON(input)`; `thinking` → the
 ///   thinking text (signature ignored); `redacted_thinking` → `data`; any other block → its JSON;
-/// - OpenAI `tool_calls` → `name + arguments` each; `tool` messages → their content.
+/// - OpenAI `tool_calls` → `name + arguments` each; `tool` messages → their content;
+/// - Responses items: `message` → its content parts (`input_text`/`output_text` as text,
+///   `input_image`/`input_file` 2000), `function_call` → `name + arguments`,
+///   `function_call_output` → its output, any other item (`reasoning`) → its JSON;
+/// - Gemini contents: each part's text, `inlineData` 2000, `functionCall` → `name + JSON(args)`,
+///   `functionResponse` → JSON of its response.
 pub fn estimate_tokens(messages: &[Value]) -> u64 {
     messages
         .iter()
         .map(|m| {
+            if let Some(parts) = m.get("parts").and_then(Value::as_array) {
+                return parts.iter().map(gemini_part_tokens).sum();
+            }
+            match str_field(m, "type") {
+                Some("function_call") => {
+                    let name = str_field(m, "name").unwrap_or("");
+                    let args = str_field(m, "arguments").unwrap_or("");
+                    return rough(&format!("{name}{args}"));
+                }
+                Some("function_call_output") => {
+                    return rough(str_field(m, "output").unwrap_or(""));
+                }
+                Some("message") | None => {}
+                Some(_) => return rough(&m.to_string()),
+            }
             let calls: u64 = m
                 .get("tool_calls")
                 .and_then(Value::as_array)
@@ -65,7 +112,7 @@ pub fn estimate_tokens(messages: &[Value]) -> u64 {
 }
 
 /// Rough token count of one stored entry as the model would see it, at characters / 4
-/// (reference-behaviour §8.1; the summary tree's budgets and a boundary's `pre_tokens` use it):
+/// (`docs/NORMALIZATION.md`; the summary tree's budgets and a boundary's `pre_tokens` use it):
 /// the [`estimate_tokens`] of a user/assistant/attachment message's content, the text of a
 /// `local_command` system entry; 0 for every other entry (progress, boundaries, snips, virtual
 /// and API-error entries never reach the model).

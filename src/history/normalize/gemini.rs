@@ -1,0 +1,446 @@
+//! Rendering for Gemini generateContent: the `contents` list, and its inverse.
+//!
+//! # Mapping
+//! - Assistant turn → `{"role":"model","parts":[…]}`: text → `{text}`, `tool_use` →
+//!   `{functionCall: {id, name, args}}`; a stored `thought_signature` goes on the same part as
+//!   `thoughtSignature`. Server tool blocks have no equivalent (`unsupported_block_dropped`). A turn
+//!   left with no part gets `(no content)`.
+//! - User turn → `{"role":"user","parts":[…]}`: text, base64 images and PDFs as
+//!   `{inlineData: {mimeType, data}}`, text documents and search results as text, URL media as
+//!   `[image: <url>]` / `[document: <url>]` text. Its `tool_result`s become one user turn of
+//!   `{functionResponse: {id, name, response: {output | error}}}` parts in the order of the calls
+//!   (the text as for Chat Completions); a functionResponse turn holds nothing else, so the turn's
+//!   other blocks follow as a user turn of their own after a `(no content)` model turn
+//!   (`placeholder_turn_inserted`).
+//! - The list never ends with a model turn: a `(no content)` user turn is appended
+//!   (`placeholder_turn_inserted`), which the caller's next user content joins.
+//! - In the current turn (the contents after the last user turn with something other than
+//!   function responses), the first `functionCall` part of each model turn carries a
+//!   `thoughtSignature`: the stored one, else the documented dummy
+//!   ([`DUMMY_THOUGHT_SIGNATURE`]).
+
+use std::collections::HashMap;
+
+use serde_json::{json, Map, Value};
+
+use super::blocks::{
+    block_type, is_type, str_field, DUMMY_THOUGHT_SIGNATURE, NO_CONTENT, THOUGHT_SIGNATURE,
+};
+use super::output::{entry, tool_text, user_part};
+use super::{Ctx, Msg, RepairKind};
+use crate::history::model::{Content, Entry, EntryKind, Role};
+
+fn text_part(text: &str) -> Value {
+    json!({"text": text})
+}
+
+fn content(role: &str, parts: Vec<Value>) -> Value {
+    json!({"role": role, "parts": parts})
+}
+
+/// A part with the block's stored thought signature, if any.
+fn signed(mut part: Value, block: &Value) -> Value {
+    if let Some(sig) = str_field(block, THOUGHT_SIGNATURE) {
+        part["thoughtSignature"] = json!(sig);
+    }
+    part
+}
+
+/// A Chat Completions user part in its Gemini form.
+fn gemini_part(chat: Value) -> Value {
+    let data_url = |url: &str| -> Option<(String, String)> {
+        let (media, data) = url.strip_prefix("data:")?.split_once(";base64,")?;
+        Some((media.to_string(), data.to_string()))
+    };
+    match block_type(&chat) {
+        Some("image_url") => {
+            let url = chat
+                .get("image_url")
+                .and_then(|u| str_field(u, "url"))
+                .unwrap_or("");
+            match data_url(url) {
+                Some((media, data)) => json!({"inlineData": {"mimeType": media, "data": data}}),
+                None => text_part(&format!("[image: {url}]")),
+            }
+        }
+        Some("file") => {
+            let data = chat
+                .get("file")
+                .and_then(|f| str_field(f, "file_data"))
+                .unwrap_or("");
+            match data_url(data) {
+                Some((media, data)) => json!({"inlineData": {"mimeType": media, "data": data}}),
+                None => text_part("[document]"),
+            }
+        }
+        _ => text_part(str_field(&chat, "text").unwrap_or("")),
+    }
+}
+
+fn is_function_response(p: &Value) -> bool {
+    p.get("functionResponse").is_some()
+}
+
+/// The Gemini `contents` (see the module docs for the mapping).
+pub fn to_gemini(msgs: Vec<Msg>, ctx: &mut Ctx) -> Vec<Value> {
+    let mut out: Vec<Value> = Vec::with_capacity(msgs.len() + 1);
+    // id → (name, position) of the calls of the last model turn.
+    let mut calls: HashMap<String, (String, usize)> = HashMap::new();
+    let mut last_src = 0u32;
+    for m in msgs {
+        last_src = m.primary_src();
+        if m.is_assistant() {
+            calls.clear();
+            let mut parts = Vec::with_capacity(m.blocks.len());
+            for b in m.blocks {
+                match block_type(&b.v) {
+                    Some("text") => parts.push(signed(
+                        text_part(str_field(&b.v, "text").unwrap_or("")),
+                        &b.v,
+                    )),
+                    Some("tool_use") => {
+                        let id = str_field(&b.v, "id").unwrap_or("").to_string();
+                        let name = str_field(&b.v, "name").unwrap_or("").to_string();
+                        let args = b.v.get("input").cloned().unwrap_or_else(|| json!({}));
+                        calls.insert(id.clone(), (name.clone(), calls.len()));
+                        parts.push(signed(
+                            json!({"functionCall": {"id": id, "name": name, "args": args}}),
+                            &b.v,
+                        ));
+                    }
+                    Some("thinking" | "redacted_thinking" | "reasoning") => {}
+                    t => ctx.report(
+                        RepairKind::UnsupportedBlockDropped,
+                        [b.src],
+                        format!(
+                            "dropped assistant {} block: no Gemini equivalent",
+                            t.unwrap_or("?")
+                        ),
+                    ),
+                }
+            }
+            if parts.is_empty() {
+                parts.push(text_part(NO_CONTENT));
+            }
+            out.push(content("model", parts));
+            continue;
+        }
+        let mut responses: Vec<(usize, Value)> = Vec::new();
+        let mut parts: Vec<Value> = Vec::new();
+        for b in m.blocks {
+            if is_type(&b.v, "tool_result") {
+                let id = str_field(&b.v, "tool_use_id").unwrap_or("").to_string();
+                let (name, at) = calls
+                    .get(&id)
+                    .cloned()
+                    .unwrap_or_else(|| ("tool".to_string(), usize::MAX));
+                let text = tool_text(&b.v, &name);
+                let key = if b.v.get("is_error") == Some(&json!(true)) {
+                    "error"
+                } else {
+                    "output"
+                };
+                let mut response = Map::new();
+                response.insert(key.into(), json!(text));
+                responses.push((
+                    at,
+                    json!({"functionResponse": {"id": id, "name": name, "response": response}}),
+                ));
+            } else if let Some(p) = user_part(&b.v) {
+                parts.push(gemini_part(p));
+            } else {
+                ctx.report(
+                    RepairKind::UnsupportedBlockDropped,
+                    [b.src],
+                    format!(
+                        "dropped user {} block: no Gemini equivalent",
+                        block_type(&b.v).unwrap_or("?")
+                    ),
+                );
+            }
+        }
+        if !responses.is_empty() {
+            responses.sort_by_key(|(at, _)| *at);
+            out.push(content(
+                "user",
+                responses.into_iter().map(|(_, p)| p).collect(),
+            ));
+            if parts.is_empty() {
+                continue;
+            }
+            out.push(content("model", vec![text_part(NO_CONTENT)]));
+            ctx.report(
+                RepairKind::PlaceholderTurnInserted,
+                [last_src],
+                format!("{NO_CONTENT} model turn inserted between function responses and the user's other content"),
+            );
+        }
+        if parts.is_empty() {
+            parts.push(text_part(NO_CONTENT));
+        }
+        out.push(content("user", parts));
+    }
+    if out.last().is_some_and(|c| c["role"] == "model") {
+        out.push(content("user", vec![text_part(NO_CONTENT)]));
+        ctx.report(
+            RepairKind::PlaceholderTurnInserted,
+            [last_src],
+            format!(
+                "{NO_CONTENT} user turn appended: a Gemini request cannot end with a model turn"
+            ),
+        );
+    }
+    sign_current_turn(&mut out);
+    out
+}
+
+/// The first `functionCall` part of each model turn of the current turn gets the dummy signature
+/// when it has none.
+fn sign_current_turn(contents: &mut [Value]) {
+    let start = contents
+        .iter()
+        .rposition(|c| {
+            c["role"] == "user"
+                && c["parts"]
+                    .as_array()
+                    .is_some_and(|ps| ps.iter().any(|p| !is_function_response(p)))
+        })
+        .map_or(0, |i| i + 1);
+    for c in contents[start..]
+        .iter_mut()
+        .filter(|c| c["role"] == "model")
+    {
+        let Some(parts) = c["parts"].as_array_mut() else {
+            continue;
+        };
+        if let Some(first) = parts.iter_mut().find(|p| p.get("functionCall").is_some()) {
+            if str_field(first, "thoughtSignature").is_none_or(str::is_empty) {
+                first["thoughtSignature"] = json!(DUMMY_THOUGHT_SIGNATURE);
+            }
+        }
+    }
+}
+
+/// A Gemini part as a stored block.
+fn part_block(p: &Value) -> Option<Value> {
+    let mut block = if let Some(t) = str_field(p, "text") {
+        json!({"type": "text", "text": t})
+    } else if let Some(call) = p.get("functionCall") {
+        json!({
+            "type": "tool_use",
+            "id": str_field(call, "id").unwrap_or(""),
+            "name": str_field(call, "name").unwrap_or(""),
+            "input": call.get("args").cloned().unwrap_or_else(|| json!({})),
+        })
+    } else if let Some(resp) = p.get("functionResponse") {
+        let response = resp.get("response");
+        let error = response.and_then(|r| r.get("error"));
+        let text = error
+            .or_else(|| response.and_then(|r| r.get("output")))
+            .cloned()
+            .unwrap_or_else(|| json!(""));
+        let mut b = json!({
+            "type": "tool_result",
+            "tool_use_id": str_field(resp, "id").unwrap_or(""),
+            "content": text,
+        });
+        if error.is_some() {
+            b["is_error"] = json!(true);
+        }
+        b
+    } else if let Some(inline) = p.get("inlineData") {
+        let media = str_field(inline, "mimeType").unwrap_or("");
+        let ty = if media.starts_with("image/") {
+            "image"
+        } else {
+            "document"
+        };
+        json!({"type": ty, "source": {"type": "base64", "media_type": media, "data": str_field(inline, "data").unwrap_or("")}})
+    } else {
+        return None;
+    };
+    if let Some(sig) = str_field(p, "thoughtSignature") {
+        block[THOUGHT_SIGNATURE] = json!(sig);
+    }
+    Some(block)
+}
+
+/// Gemini contents back into entries (see [`super::entries_from_messages`]): one entry per
+/// content, `model` as assistant.
+pub fn entries_from_contents(contents: &[Value]) -> Vec<Entry> {
+    contents
+        .iter()
+        .enumerate()
+        .filter_map(|(i, c)| {
+            let blocks: Vec<Value> = c
+                .get("parts")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(part_block)
+                .collect();
+            match str_field(c, "role") {
+                Some("model") => Some(entry(
+                    i,
+                    EntryKind::Assistant,
+                    Role::Assistant,
+                    Content::Blocks(blocks),
+                    Some(format!("msg_loupe_{i}")),
+                )),
+                Some("user") => Some(entry(
+                    i,
+                    EntryKind::User,
+                    Role::User,
+                    Content::Blocks(blocks),
+                    None,
+                )),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testutil::*;
+    use super::super::{entries_from_messages, normalize, NormalizeOptions, Provider};
+    use super::*;
+
+    fn opts() -> NormalizeOptions {
+        NormalizeOptions {
+            provider: Provider::Gemini,
+            ..Default::default()
+        }
+    }
+
+    fn signed_tu(id: &str, sig: &str) -> Value {
+        let mut b = tu(id);
+        b["thought_signature"] = json!(sig);
+        b
+    }
+
+    fn call(id: &str) -> Value {
+        json!({"functionCall": {"id": id, "name": "Bash", "args": {"command": "ls"}}})
+    }
+
+    fn response(id: &str) -> Value {
+        json!({"functionResponse": {"id": id, "name": "Bash", "response": {"output": "ok"}}})
+    }
+
+    #[test]
+    fn calls_are_answered_in_order_and_signatures_stay_on_their_part() {
+        let e = vec![
+            user(0, json!("go")),
+            asst(
+                1,
+                "X",
+                json!([
+                    thinking("t"),
+                    text("running"),
+                    signed_tu("c1", "SIG1"),
+                    tu("c2")
+                ]),
+            ),
+            user(2, json!([tr("c2"), tr("c1")])),
+            asst(3, "Y", json!([tu("c3")])),
+            user(4, json!([tr("c3")])),
+        ];
+        let n = normalize(&e, &opts());
+        let mut c1 = call("c1");
+        c1["thoughtSignature"] = json!("SIG1");
+        let mut c3 = call("c3");
+        c3["thoughtSignature"] = json!(DUMMY_THOUGHT_SIGNATURE);
+        assert_eq!(
+            n.messages,
+            vec![
+                json!({"role": "user", "parts": [{"text": "go"}]}),
+                json!({"role": "model", "parts": [{"text": "running"}, c1, call("c2")]}),
+                json!({"role": "user", "parts": [response("c1"), response("c2")]}),
+                json!({"role": "model", "parts": [c3]}),
+                json!({"role": "user", "parts": [response("c3")]}),
+            ]
+        );
+        assert!(n.repairs.is_empty());
+        let again = normalize(
+            &entries_from_messages(&n.messages, Provider::Gemini),
+            &opts(),
+        );
+        assert_eq!(again.messages, n.messages);
+    }
+
+    #[test]
+    fn mixed_user_turn_is_split_and_the_list_ends_with_the_user() {
+        let e = vec![
+            user(0, json!("go")),
+            asst(1, "X", json!([tu("c1")])),
+            user(
+                2,
+                json!([{"type": "tool_result", "tool_use_id": "c1", "is_error": true, "content": "boom"}, text("why?")]),
+            ),
+            asst(3, "Y", json!([text("because")])),
+        ];
+        let n = normalize(&e, &opts());
+        assert_eq!(
+            n.messages[2],
+            json!({"role": "user", "parts": [{"functionResponse": {"id": "c1", "name": "Bash", "response": {"error": "boom"}}}]})
+        );
+        assert_eq!(
+            n.messages[3],
+            json!({"role": "model", "parts": [{"text": NO_CONTENT}]})
+        );
+        assert_eq!(
+            n.messages[4],
+            json!({"role": "user", "parts": [{"text": "why?"}]})
+        );
+        assert_eq!(
+            n.messages[6],
+            json!({"role": "user", "parts": [{"text": NO_CONTENT}]})
+        );
+        assert_eq!(n.messages.len(), 7);
+        let kinds: Vec<RepairKind> = n.repairs.iter().map(|r| r.kind).collect();
+        assert_eq!(
+            kinds,
+            vec![
+                RepairKind::PlaceholderTurnInserted,
+                RepairKind::PlaceholderTurnInserted
+            ]
+        );
+        let again = normalize(
+            &entries_from_messages(&n.messages, Provider::Gemini),
+            &opts(),
+        );
+        assert_eq!(again.messages, n.messages);
+    }
+
+    #[test]
+    fn signatures_of_another_model_are_dropped_and_others_never_see_them() {
+        let mut a = asst(1, "X", json!([signed_tu("c1", "SIG1")]));
+        a.message.as_mut().unwrap().model = Some("gemini-a".into());
+        let e = vec![user(0, json!("go")), a, user(2, json!([tr("c1")]))];
+        let other = normalize(
+            &e,
+            &NormalizeOptions {
+                model: Some("gemini-b".into()),
+                ..opts()
+            },
+        );
+        assert_eq!(
+            other.messages[1]["parts"][0]["thoughtSignature"],
+            json!(DUMMY_THOUGHT_SIGNATURE)
+        );
+        assert_eq!(other.repairs[0].kind, RepairKind::ForeignThinkingDropped);
+        let same = normalize(
+            &e,
+            &NormalizeOptions {
+                model: Some("gemini-a".into()),
+                ..opts()
+            },
+        );
+        assert_eq!(
+            same.messages[1]["parts"][0]["thoughtSignature"],
+            json!("SIG1")
+        );
+        let anthropic = normalize(&e, &NormalizeOptions::default());
+        assert_eq!(anthropic.messages[1]["content"][0], tu("c1"));
+    }
+}
