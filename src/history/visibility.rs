@@ -19,6 +19,9 @@ pub fn is_sent_to_model(entry: &Entry) -> bool {
         EntryKind::System => entry.subtype.as_deref() == Some(subtype::LOCAL_COMMAND),
         // Listed rather than matched by `_`, so a new kind has to be decided here.
         EntryKind::Progress => false,
+        // Types Loupe does not model (file-history-snapshot, queue-operation, …) are kept,
+        // never sent.
+        EntryKind::Other => false,
     }
 }
 

@@ -258,12 +258,13 @@ pub async fn get_context(
         .store
         .context_window(&tenant, &path.thread_id, None)
         .await?;
+    let context_tokens = crate::history::normalize::estimate_context(&window.entries);
     let entries = window.entries;
     let normalized = off_the_executor(move || normalize(&entries, &options)).await?;
     Ok(Json(ContextResponse {
         normalized,
         next_seq: window.next_seq,
-        context_tokens: crate::history::normalize::estimate_context(&window.entries),
+        context_tokens,
         tools: Vec::new(),
         outline: None,
     }))
