@@ -519,11 +519,17 @@ mod tests {
 
     #[test]
     fn a_fault_travels_with_its_cause_chain_and_stays_out_of_the_body() {
-        let cause = StoreError::Database(sqlx::Error::Io(std::io::Error::other("disk gone")));
+        let cause = StoreError::Corrupt("message body: disk gone".to_owned());
         let response = ApiError::from(cause).into_response();
         assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
         let fault = response.extensions().get::<Fault>().expect("the fault");
         assert!(fault.to_string().contains("disk gone"), "{fault}");
+        // A fault of the database answers 503 and keeps its cause too.
+        let cause = StoreError::Database(sqlx::Error::Io(std::io::Error::other("reset")));
+        let response = ApiError::from(cause).into_response();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let fault = response.extensions().get::<Fault>().expect("the fault");
+        assert!(fault.to_string().contains("reset"), "{fault}");
         // A caller's mistake carries no fault: nothing to log.
         let response = ApiError::not_found("thread").into_response();
         assert!(response.extensions().get::<Fault>().is_none());

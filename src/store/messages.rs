@@ -167,7 +167,9 @@ impl Store {
         thread_id: &str,
         request: AppendRequest,
     ) -> Result<AppendOutcome, StoreError> {
-        let batch = PreparedBatch::new(request.entries, chrono::Utc::now())?;
+        // Times are stored in milliseconds: the answer shows what a later read will.
+        let now = chrono::DateTime::from_timestamp_millis(now_millis()).unwrap_or_default();
+        let batch = PreparedBatch::new(request.entries, now)?;
         let mut tx = self.writer.begin().await?;
         let thread =
             claim_thread(&mut tx, tenant, thread_id, &batch, self.auto_compact_tokens).await?;
