@@ -51,7 +51,8 @@ call POST "/v1/threads/$thread/messages" '{"messages": [{"uuid": "smoke-0", "typ
 expect 409 "uuid conflict"
 [[ $(jq -r .type <<<"$body") == "urn:loupe:problem:uuid-conflict" ]] || fail "uuid conflict type: $body"
 
-call POST "/v1/threads/$thread/messages" '{"messages": [{"type": "robot"}]}'
+# Any entry type is stored (unknown ones verbatim), but a user entry must hold a user message.
+call POST "/v1/threads/$thread/messages" '{"messages": [{"type": "user", "message": {"role": "assistant", "content": "hi"}}]}'
 expect 422 "invalid message"
 [[ $(jq -r .type <<<"$body") == "urn:loupe:problem:validation" ]] || fail "validation type: $body"
 

@@ -55,6 +55,11 @@ pub struct ContextOptions {
     /// The model the request goes to (1–256 characters). Thinking blocks, OpenAI reasoning items
     /// and Gemini thought signatures written by another model (the stored `message.model`) are
     /// dropped and reported (`foreign_thinking_dropped`). Omitted: kept whatever model wrote them.
+    #[param(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\u0000-\u001F\u007F-\u009F]*$"
+    )]
     pub model: Option<String>,
     /// Place one `cache_control` breakpoint on the last block (Anthropic).
     #[serde(default)]
@@ -429,6 +434,11 @@ pub struct NormalizeRequest {
     pub thinking: ThinkingMode,
     /// The model the request goes to (1–256 characters): thinking, reasoning items and thought
     /// signatures written by another model are dropped.
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = r"^[^\u0000-\u001F\u007F-\u009F]*$"
+    )]
     pub model: Option<String>,
     #[serde(default)]
     pub cache: bool,

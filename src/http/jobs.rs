@@ -131,6 +131,7 @@ pub async fn get_job(
 #[into_params(parameter_in = Query)]
 pub struct ThreadJobsQuery {
     /// Most jobs returned, newest first: 1–100, default 20.
+    #[param(minimum = 1, maximum = 100)]
     pub limit: Option<u32>,
 }
 

@@ -23,7 +23,9 @@ pub const NDJSON: &str = "application/x-ndjson";
 const EXPORT_PAGE: i64 = 1000;
 
 pub fn router() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new().routes(routes!(import_transcript, export_transcript))
+    OpenApiRouter::new()
+        .routes(routes!(import_transcript))
+        .routes(routes!(export_transcript))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
