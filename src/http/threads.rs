@@ -73,7 +73,7 @@ pub struct ThreadListResponse {
 #[into_params(parameter_in = Query)]
 pub struct ListThreadsQuery {
     /// The `next_cursor` of the previous page.
-    #[param(pattern = r"^-?[0-9]{1,18}\..+$")]
+    #[param(pattern = r"^-?[0-9]{1,18}\.[^\u0000]+$")]
     pub cursor: Option<String>,
     /// Page size, 1–200 (default 50).
     #[param(minimum = 1, maximum = 200)]

@@ -33,6 +33,7 @@ pub fn router() -> OpenApiRouter<AppState> {
 pub struct ImportQuery {
     /// When this body continues a file sent in an earlier request: that request's `last_uuid`,
     /// so entries without a uuid are named as in one import of the whole file.
+    #[param(pattern = r"^[^\u0000]*$")]
     pub previous_uuid: Option<String>,
 }
 
