@@ -15,6 +15,7 @@ on_both_backends!(
     claude_code_field_names_mean_what_they_say,
     bad_lines_are_refused_with_their_reason_and_the_rest_is_stored,
     the_cli_imports_and_exports_on_the_database_and_through_a_server,
+    a_reported_usage_anchors_the_estimate_and_triggers_auto_compaction,
 );
 
 const SESSION: &str = include_str!("../fixtures/claude-code/session.jsonl");
@@ -446,4 +447,50 @@ fn generated_transcript(count: usize) -> Vec<String> {
             value.to_string()
         })
         .collect()
+}
+
+/// The append path (not only the pure estimate): an assistant entry reporting `usage` sets the
+/// thread's estimate to those figures, and crossing the threshold that way enqueues compaction,
+/// although the entries' own text is tiny.
+async fn a_reported_usage_anchors_the_estimate_and_triggers_auto_compaction(app: TestApp) {
+    let thread = app.thread("anchored").await;
+    let settings = app
+        .request(
+            Method::PUT,
+            &format!("/v1/threads/{thread}/settings"),
+            Some(json!({"auto_compact_tokens": 10_000})),
+        )
+        .await;
+    assert_eq!(settings.status, StatusCode::OK, "{}", settings.body);
+    let uri = format!("/v1/threads/{thread}/messages");
+    let small = app
+        .post(
+            &uri,
+            json!({"messages": [crate::common::user("u0", "hello")]}),
+        )
+        .await;
+    assert_eq!(small.status, StatusCode::CREATED, "{}", small.body);
+    assert!(small
+        .body
+        .get("compaction_job_id")
+        .is_none_or(Value::is_null));
+
+    let reported = json!({"uuid": "a0", "type": "assistant", "message": {"role": "assistant",
+        "id": "msg_0", "model": "claude-x", "content": [{"type": "text", "text": "hi"}],
+        "usage": {"input_tokens": 3, "cache_read_input_tokens": 12_000, "output_tokens": 40}}});
+    let anchored = app.post(&uri, json!({"messages": [reported]})).await;
+    assert_eq!(anchored.status, StatusCode::CREATED, "{}", anchored.body);
+    assert!(
+        anchored.body["compaction_job_id"].is_string(),
+        "crossing the threshold by reported usage enqueues a compaction: {}",
+        anchored.body
+    );
+
+    let context = app
+        .get(&format!("/v1/threads/{thread}/context?provider=anthropic"))
+        .await;
+    assert_eq!(context.status, StatusCode::OK, "{}", context.body);
+    assert_eq!(context.body["context_tokens"]["basis"], "usage");
+    assert!(context.body["context_tokens"]["tokens"].as_i64().unwrap() >= 12_043);
+    app.finish().await;
 }
