@@ -348,3 +348,28 @@ pub fn assistant(uuid: &str, id: &str, text: &str) -> Value {
     serde_json::json!({"uuid": uuid, "type": "assistant",
         "message": {"role": "assistant", "id": id, "content": [{"type": "text", "text": text}]}})
 }
+
+/// `n` API rounds numbered from `from`, worth compacting: a prompt (uuid `{prompt}{i}`), a tool
+/// call, its result (`fn f() {}` repeated `result_lines` times) and the answer.
+pub fn tool_rounds(prompt: &str, from: usize, n: usize, result_lines: usize) -> Vec<Value> {
+    let mut messages = Vec::new();
+    for i in from..from + n {
+        messages.push(user(&format!("{prompt}{i}"), &format!("Question {i}?")));
+        messages.push(
+            serde_json::json!({"uuid": format!("t{i}"), "type": "assistant", "message": {
+            "role": "assistant", "id": format!("msg_{i}"), "content": [{"type": "tool_use",
+            "id": format!("toolu_{i}"), "name": "Read", "input": {"path": "f"}}]}}),
+        );
+        messages.push(
+            serde_json::json!({"uuid": format!("r{i}"), "type": "user", "message": {
+            "role": "user", "content": [{"type": "tool_result",
+            "tool_use_id": format!("toolu_{i}"), "content": "fn f() {}\n".repeat(result_lines)}]}}),
+        );
+        messages.push(assistant(
+            &format!("a{i}"),
+            &format!("msg_{i}"),
+            &format!("Answer {i}."),
+        ));
+    }
+    messages
+}

@@ -205,27 +205,7 @@ fn assert_whole(messages: &[Value], acknowledged: &[String]) {
 
 /// Rounds worth compacting: prompt, tool call, result, answer.
 fn rounds(n: usize) -> Vec<Value> {
-    let mut messages = Vec::new();
-    for i in 0..n {
-        messages.push(crate::common::user(
-            &format!("q{i}"),
-            &format!("Question {i}?"),
-        ));
-        messages.push(
-            json!({"uuid": format!("t{i}"), "type": "assistant", "message": {
-            "role": "assistant", "id": format!("msg_{i}"), "content": [{"type": "tool_use",
-            "id": format!("toolu_{i}"), "name": "Read", "input": {"path": "f"}}]}}),
-        );
-        messages.push(json!({"uuid": format!("r{i}"), "type": "user", "message": {
-            "role": "user", "content": [{"type": "tool_result",
-            "tool_use_id": format!("toolu_{i}"), "content": "fn f() {}\n".repeat(50)}]}}));
-        messages.push(crate::common::assistant(
-            &format!("a{i}"),
-            &format!("msg_{i}"),
-            &format!("Answer {i}."),
-        ));
-    }
-    messages
+    crate::common::tool_rounds("q", 0, n, 50)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -172,24 +172,8 @@ impl Summarizer for Panicking {
 
 /// Rounds enough to compact: prompt, tool call, result, answer.
 async fn rounds(app: &TestApp, thread: &str, from: usize, n: usize) {
-    let mut messages = Vec::new();
-    for i in from..from + n {
-        messages.push(user(&format!("u{i}"), &format!("Question {i}?")));
-        messages.push(
-            json!({"uuid": format!("t{i}"), "type": "assistant", "message": {
-            "role": "assistant", "id": format!("msg_{i}"), "content": [{"type": "tool_use",
-            "id": format!("toolu_{i}"), "name": "Read", "input": {"path": "f"}}]}}),
-        );
-        messages.push(json!({"uuid": format!("r{i}"), "type": "user", "message": {
-            "role": "user", "content": [{"type": "tool_result",
-            "tool_use_id": format!("toolu_{i}"), "content": "fn f() {}\n".repeat(200)}]}}));
-        messages.push(crate::common::assistant(
-            &format!("a{i}"),
-            &format!("msg_{i}"),
-            &format!("Answer {i}."),
-        ));
-    }
-    app.append(thread, messages).await;
+    app.append(thread, crate::common::tool_rounds("u", from, n, 200))
+        .await;
 }
 
 async fn compaction_job(app: &TestApp, thread: &str) -> String {
