@@ -19,7 +19,8 @@ use crate::store::{NewThread, Store, StoreError, TenantId};
 const MAX_LINE_BYTES: usize = 64 * 1024 * 1024;
 /// Bytes read from a file at a time.
 const READ_CHUNK: usize = 256 * 1024;
-/// Lines per request in `--url` mode: each request stays well inside the server's timeout.
+/// Lines per request in `--url` mode. The server would take one streamed body of any length;
+/// parts keep what a failed request must resend small, and each retried part is idempotent.
 const LINES_PER_REQUEST: usize = 2_000;
 /// Bytes per request in `--url` mode (lines are never split).
 const BYTES_PER_REQUEST: usize = 8 * 1024 * 1024;

@@ -299,7 +299,8 @@ impl FromRequestParts<AppState> for ExpensiveSlot {
 
 /// Refuses a NUL in the path or query, then reads the whole request body before the handler runs, within `body_read_timeout` and the body
 /// limit: a client that sends its body slowly is cut off with 408 `body-timeout` and never holds
-/// an expensive slot or a database connection while it trickles in.
+/// an expensive slot or a database connection while it trickles in. The one exception is a
+/// transcript import, which streams its body in bounded pieces, each within the same timeout.
 pub async fn read_body(State(state): State<AppState>, request: Request, next: Next) -> Response {
     use http_body_util::BodyExt;
     // A NUL in a path or query value (a thread id, a job id, a cursor) can be neither stored nor
@@ -310,7 +311,8 @@ pub async fn read_body(State(state): State<AppState>, request: Request, next: Ne
             .into_response();
     }
     let (parts, body) = request.into_parts();
-    if axum::body::HttpBody::size_hint(&body).exact() == Some(0) {
+    let streamed = super::transcripts::is_streamed_import(&parts.method, parts.uri.path());
+    if streamed || axum::body::HttpBody::size_hint(&body).exact() == Some(0) {
         return next.run(Request::from_parts(parts, body)).await;
     }
     let limits = &state.limits;

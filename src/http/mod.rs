@@ -375,12 +375,16 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// Answers 503 `timeout` when a request runs longer than the configured limit.
+/// Answers 503 `timeout` when a request runs longer than the configured limit. A streamed
+/// import has no overall limit: it runs as long as its body keeps arriving.
 async fn timeout(
     axum::extract::State(limits): axum::extract::State<Arc<Limits>>,
     request: Request,
     next: Next,
 ) -> Response {
+    if transcripts::is_streamed_import(request.method(), request.uri().path()) {
+        return next.run(request).await;
+    }
     match tokio::time::timeout(limits.request_timeout, next.run(request)).await {
         Ok(response) => response,
         Err(_) => ApiError::new(

@@ -47,8 +47,13 @@ pub struct ImportQuery {
 /// be stored (not JSON, an invalid entry, a uuid stored with other content, longer than the body
 /// limit) is refused with its line number and reason, and the import goes on. Sub-agent entries
 /// (`isSidechain: true`) go to the thread `<thread_id>.agent-<agentId>`, created when missing with
-/// `parent_thread`, `agent_id` and `sidechain: true` in its metadata. The request must finish
-/// within the server's request timeout; send a long file in parts, passing `previous_uuid`.
+/// `parent_thread`, `agent_id` and `sidechain: true` in its metadata.
+///
+/// The body streams: it has no size limit and no overall time limit (only each line is bounded
+/// by the body limit), but the server waits at most the body-read timeout (`--body-read-timeout`)
+/// for each next piece of it; a body that stalls longer is answered 408 `body-timeout`, and the
+/// batches committed before stay. A file may also be sent in parts, each passing the previous
+/// part's `last_uuid` as `previous_uuid`.
 #[utoipa::path(
     post, path = "/v1/threads/{thread_id}/import", tag = "transcripts", operation_id = "importTranscript",
     params(ThreadPath, ImportQuery),
@@ -60,6 +65,7 @@ pub struct ImportQuery {
         (status = 200, description = "The body was read to its end; the counts say what was stored, skipped and refused", body = ImportReport),
         (status = 400, description = "A bad query parameter, or the body could not be read (`bad-request`); batches committed before stay", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such thread (`not-found`)", body = Problem, content_type = "application/problem+json"),
+        (status = 408, description = "The next piece of the body did not arrive within the body-read timeout (`body-timeout`); batches committed before stay", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "The body is not `application/x-ndjson` (`unsupported-media-type`)", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -91,7 +97,20 @@ pub async fn import_transcript(
     );
     let mut splitter = LineSplitter::new(state.limits.body_bytes);
     let mut stream = body.into_data_stream();
-    while let Some(chunk) = stream.next().await {
+    let idle = state.limits.body_read_timeout;
+    // No overall deadline (a 1 GB file may take minutes), but a stalled client is cut off.
+    while let Some(chunk) = tokio::time::timeout(idle, stream.next())
+        .await
+        .map_err(|_| {
+            ApiError::new(
+                ProblemKind::BodyTimeout,
+                format!(
+                    "no part of the body arrived for {} s; the batches before it are stored",
+                    idle.as_secs_f64()
+                ),
+            )
+        })?
+    {
         let chunk = chunk.map_err(|e| ApiError::bad_request(format!("reading the body: {e}")))?;
         for piece in splitter.feed(&chunk) {
             importer.push_piece(piece).await?;
@@ -172,6 +191,19 @@ fn export_stream(
     })
 }
 
+/// Whether a request is an import, whose body the handler streams itself: the body-reading guard
+/// and the request timeout leave it alone.
+pub fn is_streamed_import(method: &axum::http::Method, path: &str) -> bool {
+    let mut segments = path.split('/');
+    method == axum::http::Method::POST
+        && segments.next() == Some("")
+        && segments.next() == Some("v1")
+        && segments.next() == Some("threads")
+        && segments.next().is_some_and(|id| !id.is_empty())
+        && segments.next() == Some("import")
+        && segments.next().is_none()
+}
+
 /// Stored bodies as JSON Lines.
 pub fn jsonl(page: &[(i64, String)]) -> Bytes {
     let mut out = Vec::with_capacity(page.iter().map(|(_, body)| body.len() + 1).sum());
@@ -180,4 +212,21 @@ pub fn jsonl(page: &[(i64, String)]) -> Bytes {
         out.push(b'\n');
     }
     Bytes::from(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_streamed_import;
+    use axum::http::Method;
+
+    #[test]
+    fn only_a_thread_import_is_streamed() {
+        assert!(is_streamed_import(&Method::POST, "/v1/threads/t-1/import"));
+        assert!(!is_streamed_import(&Method::GET, "/v1/threads/t-1/import"));
+        assert!(!is_streamed_import(&Method::POST, "/v1/threads/t-1/export"));
+        assert!(!is_streamed_import(&Method::POST, "/v1/threads//import"));
+        assert!(!is_streamed_import(&Method::POST, "/v1/threads/t/import/x"));
+        assert!(!is_streamed_import(&Method::POST, "/v1/threads/import"));
+        assert!(!is_streamed_import(&Method::POST, "/v2/threads/t/import"));
+    }
 }

@@ -6,6 +6,7 @@
 
 use crate::common::TestApp;
 use axum::http::{Method, StatusCode};
+use futures_util::StreamExt;
 use serde_json::{json, Value};
 
 on_both_backends!(
@@ -422,6 +423,91 @@ async fn a_large_generated_transcript_streams_through_in_batches() {
         .unwrap();
     assert_eq!(last, [(59_999, lines[59_999].clone())]);
     app.finish().await;
+}
+
+/// An HTTP import streams: a body larger than the body limit that takes longer than the request
+/// timeout to arrive is read to its end, as long as each piece comes within the body-read timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_import_may_outlast_the_request_timeout_and_the_body_limit() {
+    let app = TestApp::new(crate::common::Backend::Sqlite).await;
+    let limits = loupe::http::Limits {
+        request_timeout: std::time::Duration::from_millis(600),
+        body_read_timeout: std::time::Duration::from_secs(5),
+        body_bytes: 64 * 1024,
+        ..app.limits.clone()
+    };
+    let app = app.reconfigure(limits, loupe::http::AuthMode::Open);
+    let thread = app.thread("streamed").await;
+    let lines = generated_transcript(1_500);
+    let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
+    assert!(text.len() > 4 * 64 * 1024, "{} bytes", text.len());
+    let pieces: Vec<axum::body::Bytes> = text
+        .as_bytes()
+        .chunks(text.len() / 4 + 1)
+        .map(axum::body::Bytes::copy_from_slice)
+        .collect();
+    let response = app.send(slow_import(&thread, pieces, 300)).await;
+    assert_eq!(response.status, StatusCode::OK, "{}", response.body);
+    assert_eq!(response.body["lines"], 1_500);
+    assert_eq!(response.body["stored"], 1_500);
+    assert_eq!(export(&app, &thread).await, text);
+    app.finish().await;
+}
+
+/// A body that stops arriving is cut off with 408 `body-timeout`; the batches committed before the
+/// stall stay, and re-sending the whole file stores only the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_import_is_cut_off_and_a_retry_continues() {
+    let app = TestApp::new(crate::common::Backend::Sqlite).await;
+    let limits = loupe::http::Limits {
+        body_read_timeout: std::time::Duration::from_millis(300),
+        ..app.limits.clone()
+    };
+    let app = app.reconfigure(limits, loupe::http::AuthMode::Open);
+    let thread = app.thread("stalled").await;
+    let lines = generated_transcript(700);
+    let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
+    // 600 whole lines, then silence for longer than the body-read timeout.
+    let cut = lines[..600].iter().map(|l| l.len() + 1).sum::<usize>();
+    let pieces = vec![
+        axum::body::Bytes::copy_from_slice(&text.as_bytes()[..cut]),
+        axum::body::Bytes::copy_from_slice(&text.as_bytes()[cut..]),
+    ];
+    let response = app.send(slow_import(&thread, pieces, 1_500)).await;
+    response.assert_problem(StatusCode::REQUEST_TIMEOUT, "body-timeout");
+    let stored = values(&export(&app, &thread).await).len();
+    assert!(
+        (500..600).contains(&stored),
+        "the first batch of 500 is committed, the unfinished one is not: {stored}"
+    );
+    let report = import(&app, &thread, &text).await;
+    assert_eq!(report["already_stored"], stored);
+    assert_eq!(report["stored"], 700 - stored);
+    assert_eq!(export(&app, &thread).await, text);
+    app.finish().await;
+}
+
+/// An import request whose body arrives in `pieces`, with `pause_ms` before each piece after the
+/// first.
+fn slow_import(
+    thread: &str,
+    pieces: Vec<axum::body::Bytes>,
+    pause_ms: u64,
+) -> axum::http::Request<axum::body::Body> {
+    let stream = futures_util::stream::iter(pieces.into_iter().enumerate()).then(
+        move |(index, piece)| async move {
+            if index > 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(pause_ms)).await;
+            }
+            Ok::<_, std::convert::Infallible>(piece)
+        },
+    );
+    axum::http::Request::builder()
+        .method(Method::POST)
+        .uri(format!("/v1/threads/{thread}/import"))
+        .header("content-type", "application/x-ndjson")
+        .body(axum::body::Body::from_stream(stream))
+        .unwrap()
 }
 
 /// Claude Code-shaped lines: rounds of a prompt, a tool call with usage, twelve progress events
