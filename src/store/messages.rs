@@ -6,6 +6,7 @@ use sha2::{Digest, Sha256};
 use sqlx::any::AnyRow;
 use sqlx::{Any, Row};
 
+use super::group_commit::QueuedAppend;
 use super::{now_millis, Store, StoreError, TenantId};
 use crate::history::model::Entry;
 use crate::history::normalize::{context_entry_tokens, usage_tokens};
@@ -42,7 +43,7 @@ pub struct MessagePage {
 pub(super) const INSERT_CHUNK: usize = 200;
 
 /// An entry ready to be written.
-struct Prepared {
+pub(super) struct Prepared {
     entry: Entry,
     uuid: String,
     /// The client named the uuid (a generated one cannot be stored already).
@@ -82,8 +83,8 @@ fn prepare(mut entry: Entry, now: chrono::DateTime<chrono::Utc>) -> Result<Prepa
 
 /// A whole batch, prepared before any statement runs: what it will change on the thread row is
 /// known up front, so one `UPDATE` both takes the thread's lock and moves its counters.
-struct PreparedBatch {
-    entries: Vec<Prepared>,
+pub(super) struct PreparedBatch {
+    pub(super) entries: Vec<Prepared>,
     /// Entries a model sees (they get a `visible_rank`).
     visible: i64,
     tokens: BatchTokens,
@@ -116,6 +117,23 @@ impl PreparedBatch {
     fn len(&self) -> i64 {
         self.entries.len() as i64
     }
+}
+
+/// What one append did inside its group's transaction.
+pub(super) enum AppendStep {
+    Written {
+        messages: Vec<Entry>,
+        next_seq: i64,
+        auto_compaction_job: Option<String>,
+        /// A job was created, so a worker should wake once the group commits.
+        jobs_created: bool,
+    },
+    /// Every entry was already stored: an idempotent retry, to be rolled back.
+    Replayed {
+        thread_key: String,
+        next_seq: i64,
+        uuids: Vec<String>,
+    },
 }
 
 /// The thread row as the append's `UPDATE` left it, and what it was before.
@@ -170,23 +188,72 @@ impl Store {
         // Times are stored in milliseconds: the answer shows what a later read will.
         let now = chrono::DateTime::from_timestamp_millis(now_millis()).unwrap_or_default();
         let batch = PreparedBatch::new(request.entries, now)?;
-        let mut tx = self.writer.begin().await?;
-        let thread =
-            claim_thread(&mut tx, tenant, thread_id, &batch, self.auto_compact_tokens).await?;
-        if let Some(stored) = check_replay(&mut tx, &thread, &batch).await? {
-            // An idempotent retry: nothing of this transaction may stay, not even the counters.
-            tx.rollback().await?;
-            let uuids: Vec<&str> = batch.entries.iter().map(|p| p.uuid.as_str()).collect();
-            debug_assert_eq!(stored, uuids.len());
-            let messages = self.messages_by_uuid(&thread.thread_key, &uuids).await?;
-            return Ok(AppendOutcome {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.group_commit.submit(
+            self,
+            QueuedAppend {
+                tenant: tenant.clone(),
+                thread_id: thread_id.to_owned(),
+                batch,
+                expected_next_seq: request.expected_next_seq,
+                reply,
+            },
+        );
+        let step = answer.await.map_err(|_| StoreError::CommitFailed {
+            message: "the append's group was abandoned".to_owned(),
+            transient: true,
+        })??;
+        match step {
+            AppendStep::Written {
                 messages,
-                replayed: true,
+                next_seq,
+                auto_compaction_job,
+                jobs_created: _,
+            } => Ok(AppendOutcome {
+                messages,
+                replayed: false,
+                next_seq,
+                auto_compaction_job,
+            }),
+            AppendStep::Replayed {
+                thread_key,
+                next_seq,
+                uuids,
+            } => {
+                let uuids: Vec<&str> = uuids.iter().map(String::as_str).collect();
+                let messages = self.messages_by_uuid(&thread_key, &uuids).await?;
+                Ok(AppendOutcome {
+                    messages,
+                    replayed: true,
+                    next_seq,
+                    auto_compaction_job: None,
+                })
+            }
+        }
+    }
+
+    /// The append's statements, inside the transaction (a savepoint of its group's): claim the
+    /// thread, recognise a replay, check the expected seq, insert, enqueue what it triggers. A
+    /// replay is returned for the caller to roll back: nothing of it may stay, not even the
+    /// counters.
+    pub(super) async fn append_in(
+        &self,
+        tx: &mut sqlx::Transaction<'_, Any>,
+        tenant: &TenantId,
+        thread_id: &str,
+        batch: PreparedBatch,
+        expected_next_seq: Option<i64>,
+    ) -> Result<AppendStep, StoreError> {
+        let thread = claim_thread(tx, tenant, thread_id, &batch, self.auto_compact_tokens).await?;
+        if let Some(stored) = check_replay(tx, &thread, &batch).await? {
+            debug_assert_eq!(stored, batch.entries.len());
+            return Ok(AppendStep::Replayed {
+                thread_key: thread.thread_key,
                 next_seq: thread.first_seq,
-                auto_compaction_job: None,
+                uuids: batch.entries.into_iter().map(|p| p.uuid).collect(),
             });
         }
-        if let Some(expected) = request.expected_next_seq {
+        if let Some(expected) = expected_next_seq {
             if expected != thread.first_seq {
                 return Err(StoreError::SeqConflict {
                     expected,
@@ -196,8 +263,9 @@ impl Store {
         }
         let now = batch.now;
         let next_seq = thread.first_seq + batch.len();
+        let tokens = batch.tokens;
         let (messages, _) = insert_prepared(
-            &mut tx,
+            tx,
             &thread.thread_key,
             thread.first_seq,
             thread.visible_before,
@@ -206,17 +274,13 @@ impl Store {
         )
         .await?;
         let jobs = self
-            .enqueue_triggered_jobs(&mut tx, tenant, thread_id, &thread, &batch.tokens)
+            .enqueue_triggered_jobs(tx, tenant, thread_id, &thread, &tokens)
             .await?;
-        tx.commit().await?;
-        if jobs.created {
-            self.job_signal.notify_one();
-        }
-        Ok(AppendOutcome {
+        Ok(AppendStep::Written {
             messages,
-            replayed: false,
             next_seq,
             auto_compaction_job: jobs.auto_compaction,
+            jobs_created: jobs.created,
         })
     }
 

@@ -10,6 +10,7 @@
 mod admin;
 mod context;
 mod cursors;
+mod group_commit;
 mod jobs;
 mod keys;
 mod messages;
@@ -31,6 +32,7 @@ pub use context::{ContextWindow, MAX_WINDOW_ENTRIES};
 pub use cursors::{
     AdvanceOutcome, AdvanceRequest, Bookmark, Claim, CursorState, Lease, PendingBatch,
 };
+pub use group_commit::GroupCommitStats;
 pub use jobs::{
     ClaimedJob, CompactionWrite, EnqueueOutcome, Job, JobState, NewJob, NOTIFY_CHANNEL,
 };
@@ -155,6 +157,9 @@ pub enum StoreError {
     Corrupt(String),
     #[error(transparent)]
     Database(#[from] sqlx::Error),
+    /// The transaction of a group of appends failed: none of them was stored.
+    #[error("the commit failed: {message}")]
+    CommitFailed { message: String, transient: bool },
     #[error(transparent)]
     Migrate(#[from] sqlx::migrate::MigrateError),
 }
@@ -165,6 +170,9 @@ impl StoreError {
     /// lock held too long ("database is locked"), a serialization failure or deadlock. Retrying
     /// the same request later can succeed.
     pub fn is_transient(&self) -> bool {
+        if let StoreError::CommitFailed { transient, .. } = self {
+            return *transient;
+        }
         let StoreError::Database(error) = self else {
             return false;
         };
@@ -232,6 +240,8 @@ pub struct Store {
     auto_compact_tokens: i64,
     /// Attempts a job enqueued by a write (auto-compaction) gets.
     job_max_attempts: i64,
+    /// Appends waiting to be committed together.
+    group_commit: Arc<group_commit::GroupCommit>,
 }
 
 /// How to open a [`Store`].
@@ -299,6 +309,12 @@ impl Store {
             job_signal: Arc::new(tokio::sync::Notify::new()),
             auto_compact_tokens: options.auto_compact_tokens.max(0),
             job_max_attempts: options.job_max_attempts.max(1),
+            // SQLite has one writer; on PostgreSQL a few groups overlap their round trips and
+            // fsyncs, leaving connections for readers and workers.
+            group_commit: Arc::new(group_commit::GroupCommit::new(match backend {
+                Backend::Sqlite => 1,
+                Backend::Postgres => (options.max_connections / 2).clamp(1, 4) as usize,
+            })),
         })
     }
 

@@ -11,6 +11,7 @@ mod conformance;
 mod context;
 mod cursors;
 mod drills;
+mod group_commit;
 mod guard_rails;
 mod hostile;
 mod jobs;

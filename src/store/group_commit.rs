@@ -1,0 +1,237 @@
+//! Group commit: appends that arrive while another group is being written wait, then commit
+//! together, in one transaction and one fsync.
+//!
+//! The first append to find no group running starts one on a task of its own (so that a caller
+//! that goes away cannot cancel the others' writes) and the appends queued meanwhile form the next
+//! group. A lone append therefore waits for nothing. Each append runs inside its own savepoint:
+//! a replay or a refused append (conflict, unknown thread) is rolled back alone, and the others of
+//! its group still commit. Nobody is answered before the group's commit returns, so an
+//! acknowledged append is as durable as a single-append transaction; if the commit fails, every
+//! append of the group is answered with the error and a retry is idempotent as always.
+//!
+//! A group is written in (tenant, thread) order, stable for appends to the same thread, so the
+//! groups of concurrent runners (PostgreSQL) take thread locks in one order and cannot deadlock.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use tokio::sync::oneshot;
+
+use super::messages::{AppendStep, PreparedBatch};
+use super::{Store, StoreError, TenantId};
+
+/// Most appends written in one group: bounds the transaction and the wait of its last member.
+const MAX_GROUP_APPENDS: usize = 64;
+/// Most entries written in one group; a larger batch still forms a group of its own.
+const MAX_GROUP_ENTRIES: usize = 2_000;
+
+/// One append waiting for its group.
+pub(super) struct QueuedAppend {
+    pub tenant: TenantId,
+    pub thread_id: String,
+    pub batch: PreparedBatch,
+    pub expected_next_seq: Option<i64>,
+    pub reply: oneshot::Sender<Result<AppendStep, StoreError>>,
+}
+
+/// The appends waiting, and how many runners are writing groups.
+pub(super) struct GroupCommit {
+    state: Mutex<Queue>,
+    /// Runners allowed at once: 1 on SQLite (one writer), a few on PostgreSQL so that groups
+    /// overlap their round trips and fsyncs.
+    max_runners: usize,
+    /// Transactions committed, and the appends they held.
+    groups: AtomicU64,
+    grouped_appends: AtomicU64,
+}
+
+/// How appends were grouped since the store was opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GroupCommitStats {
+    /// Group transactions that committed.
+    pub groups: u64,
+    /// Appends those transactions held (replays and refusals included).
+    pub appends: u64,
+}
+
+#[derive(Default)]
+struct Queue {
+    waiting: Vec<QueuedAppend>,
+    runners: usize,
+}
+
+impl GroupCommit {
+    pub(super) fn new(max_runners: usize) -> Self {
+        GroupCommit {
+            state: Mutex::new(Queue::default()),
+            max_runners: max_runners.max(1),
+            groups: AtomicU64::new(0),
+            grouped_appends: AtomicU64::new(0),
+        }
+    }
+
+    /// Queues the append and starts a runner when fewer than allowed are running.
+    pub(super) fn submit(&self, store: &Store, append: QueuedAppend) {
+        let start = {
+            let mut queue = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            queue.waiting.push(append);
+            let start = queue.runners < self.max_runners;
+            if start {
+                queue.runners += 1;
+            }
+            start
+        };
+        if start {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let runner = RunnerGuard(store);
+                runner.0.run_groups().await;
+            });
+        }
+    }
+
+    /// The next group, oldest first, or `None` (and one runner fewer) when nothing waits.
+    fn next_group(&self) -> Option<Vec<QueuedAppend>> {
+        let mut queue = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if queue.waiting.is_empty() {
+            queue.runners -= 1;
+            return None;
+        }
+        let (mut count, mut entries) = (0, 0);
+        for append in &queue.waiting {
+            if count == MAX_GROUP_APPENDS
+                || (count > 0 && entries + append.batch.entries.len() > MAX_GROUP_ENTRIES)
+            {
+                break;
+            }
+            count += 1;
+            entries += append.batch.entries.len();
+        }
+        let mut group: Vec<QueuedAppend> = queue.waiting.drain(..count).collect();
+        group.sort_by(|a, b| (&a.tenant.0, &a.thread_id).cmp(&(&b.tenant.0, &b.thread_id)));
+        Some(group)
+    }
+}
+
+/// Gives the runner's place back if its task ends early (a panic): the appends still waiting get
+/// a new runner instead of waiting forever.
+struct RunnerGuard(Store);
+
+impl Drop for RunnerGuard {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        let queue = &self.0.group_commit;
+        let restart = {
+            let mut state = queue.state.lock().unwrap_or_else(|e| e.into_inner());
+            if state.waiting.is_empty() {
+                state.runners -= 1;
+                false
+            } else {
+                true
+            }
+        };
+        if restart {
+            let store = self.0.clone();
+            tokio::spawn(async move {
+                let runner = RunnerGuard(store);
+                runner.0.run_groups().await;
+            });
+        }
+    }
+}
+
+impl Store {
+    /// How appends were grouped into transactions so far.
+    pub fn group_commit_stats(&self) -> GroupCommitStats {
+        GroupCommitStats {
+            groups: self.group_commit.groups.load(Ordering::Relaxed),
+            appends: self.group_commit.grouped_appends.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Writes groups until nobody waits.
+    async fn run_groups(&self) {
+        while let Some(group) = self.group_commit.next_group() {
+            self.commit_group(group).await;
+        }
+    }
+
+    /// One transaction for the whole group, a savepoint for each append; answers each append
+    /// once the transaction's fate is known.
+    async fn commit_group(&self, group: Vec<QueuedAppend>) {
+        let mut tx = match self.writer.begin().await {
+            Ok(tx) => tx,
+            Err(error) => return answer_all_failed(group, &error.into()),
+        };
+        let mut answers = Vec::with_capacity(group.len());
+        for append in group {
+            let step = async {
+                let mut savepoint = sqlx::Acquire::begin(&mut tx).await?;
+                let step = self
+                    .append_in(
+                        &mut savepoint,
+                        &append.tenant,
+                        &append.thread_id,
+                        append.batch,
+                        append.expected_next_seq,
+                    )
+                    .await;
+                match &step {
+                    Ok(AppendStep::Written { .. }) => savepoint.commit().await?,
+                    // A replay writes nothing, not even the counters; a refusal neither.
+                    _ => savepoint.rollback().await?,
+                }
+                step
+            }
+            .await;
+            answers.push((append.reply, step));
+        }
+        match tx.commit().await {
+            Ok(()) => {
+                let stats = &self.group_commit;
+                stats.groups.fetch_add(1, Ordering::Relaxed);
+                stats
+                    .grouped_appends
+                    .fetch_add(answers.len() as u64, Ordering::Relaxed);
+                let created = answers.iter().any(|(_, step)| {
+                    matches!(
+                        step,
+                        Ok(AppendStep::Written {
+                            jobs_created: true,
+                            ..
+                        })
+                    )
+                });
+                if created {
+                    self.job_signal.notify_one();
+                }
+                for (reply, step) in answers {
+                    let _ = reply.send(step);
+                }
+            }
+            Err(error) => {
+                let error = StoreError::from(error);
+                let (message, transient) = (error.to_string(), error.is_transient());
+                for (reply, _) in answers {
+                    let _ = reply.send(Err(StoreError::CommitFailed {
+                        message: message.clone(),
+                        transient,
+                    }));
+                }
+            }
+        }
+    }
+}
+
+/// Every append of a group whose transaction failed gets the failure: none of them is stored.
+fn answer_all_failed(group: Vec<QueuedAppend>, error: &StoreError) {
+    let (message, transient) = (error.to_string(), error.is_transient());
+    for append in group {
+        let _ = append.reply.send(Err(StoreError::CommitFailed {
+            message: message.clone(),
+            transient,
+        }));
+    }
+}
