@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::{router::OpenApiRouter, routes};
 
+use super::answers::{InvalidField, MalformedJson};
 use super::problem::{ApiError, ApiJson, ApiPath, ApiQuery, Problem};
 use super::AppState;
 use crate::auth::check_tenant_id;
@@ -148,9 +149,9 @@ pub struct KeyPath {
     request_body = CreateTenantRequest,
     responses(
         (status = 201, description = "The tenant was created", body = TenantResponse),
-        (status = 400, description = "Malformed JSON (`bad-request`)", body = Problem, content_type = "application/problem+json"),
+        MalformedJson,
         (status = 409, description = "The id is taken (`tenant-exists`)", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "An invalid field (`validation`)", body = Problem, content_type = "application/problem+json"),
+        InvalidField,
     )
 )]
 pub async fn create_tenant(
@@ -186,8 +187,8 @@ pub async fn list_tenants(
     request_body = CreateKeyRequest,
     responses(
         (status = 201, description = "The key was created", body = CreatedKeyResponse),
-        (status = 400, description = "Malformed JSON (`bad-request`)", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "An invalid field (`validation`)", body = Problem, content_type = "application/problem+json"),
+        MalformedJson,
+        InvalidField,
     )
 )]
 pub async fn create_key(

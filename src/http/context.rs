@@ -9,6 +9,7 @@ use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::{router::OpenApiRouter, routes};
 
+use super::answers::{MalformedJson, Overloaded, PayloadTooLarge, ThreadNotFound, WindowTooLarge};
 use super::problem::{ApiError, ApiJson, ApiPath, ApiQuery, Problem, ProblemKind};
 use super::threads::ThreadPath;
 use super::{AppState, ExpensiveSlot, Tenant};
@@ -160,9 +161,9 @@ pub struct RoundsQuery {
     params(ThreadPath, RoundsQuery),
     responses(
         (status = 200, description = "The rounds", body = RoundsResponse),
-        (status = 404, description = "No such thread (`not-found`)", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "The window is too large (`window-too-large`)", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Too many expensive requests at once (`overloaded`); see `Retry-After`", body = Problem, content_type = "application/problem+json"),
+        ThreadNotFound,
+        WindowTooLarge,
+        Overloaded,
     )
 )]
 pub async fn get_rounds(
@@ -235,10 +236,10 @@ pub struct OutlineRef {
     responses(
         (status = 200, description = "The normalized context", body = ContextResponse),
         (status = 400, description = "A bad option (`bad-request`)", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such thread (`not-found`)", body = Problem, content_type = "application/problem+json"),
+        ThreadNotFound,
         (status = 409, description = "`view=outline` on a thread not in outline mode (`outline-disabled`)", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "The context is too large to load (`window-too-large`): compact the thread", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Too many expensive requests at once (`overloaded`); see `Retry-After`", body = Problem, content_type = "application/problem+json"),
+        WindowTooLarge,
+        Overloaded,
     )
 )]
 pub async fn get_context(
@@ -350,7 +351,7 @@ pub struct SnipResponse {
     responses(
         (status = 201, description = "The snip entry was appended", body = SnipResponse),
         (status = 200, description = "The same snip was already stored (idempotent retry)", body = SnipResponse),
-        (status = 404, description = "No such thread (`not-found`)", body = Problem, content_type = "application/problem+json"),
+        ThreadNotFound,
         (status = 409, description = "The snip uuid is used by another entry (`uuid-conflict`)", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Nothing named, or a named message does not exist (`validation`)", body = Problem, content_type = "application/problem+json"),
     )
@@ -453,10 +454,10 @@ pub struct NormalizeRequest {
     request_body = NormalizeRequest,
     responses(
         (status = 200, description = "The normalized context", body = Normalized),
-        (status = 400, description = "Malformed JSON (`bad-request`)", body = Problem, content_type = "application/problem+json"),
-        (status = 413, description = "Body over the size limit (`payload-too-large`)", body = Problem, content_type = "application/problem+json"),
+        MalformedJson,
+        PayloadTooLarge,
         (status = 422, description = "An invalid entry or option (`validation`)", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Too many expensive requests at once (`overloaded`); see `Retry-After`", body = Problem, content_type = "application/problem+json"),
+        Overloaded,
     )
 )]
 pub async fn normalize_history(

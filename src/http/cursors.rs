@@ -8,6 +8,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::{router::OpenApiRouter, routes};
 
+use super::answers::ThreadNotFound;
 use super::context::ContextOptions;
 use super::problem::{ApiError, ApiJson, ApiPath, ApiQuery, Problem};
 use super::threads::ThreadPath;
@@ -255,7 +256,7 @@ pub struct AdvanceResponse {
     params(ThreadPath),
     responses(
         (status = 200, description = "The cursors, by name", body = CursorListResponse),
-        (status = 404, description = "No such thread (`not-found`)", body = Problem, content_type = "application/problem+json"),
+        ThreadNotFound,
     )
 )]
 pub async fn list_cursors(
@@ -282,7 +283,7 @@ pub async fn list_cursors(
     responses(
         (status = 200, description = "The cursor", body = CursorResponse),
         (status = 400, description = "A bad cursor name (`bad-request`)", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such thread (`not-found`)", body = Problem, content_type = "application/problem+json"),
+        ThreadNotFound,
     )
 )]
 pub async fn get_cursor(
@@ -309,7 +310,7 @@ pub async fn get_cursor(
     responses(
         (status = 200, description = "The pending batch", body = PendingResponse),
         (status = 400, description = "A bad cursor name, limit or option (`bad-request`)", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such thread (`not-found`)", body = Problem, content_type = "application/problem+json"),
+        ThreadNotFound,
     )
 )]
 pub async fn get_pending(
@@ -346,7 +347,7 @@ pub async fn get_pending(
     responses(
         (status = 200, description = "The batch and its lease", body = ClaimResponse),
         (status = 400, description = "Malformed JSON, a bad cursor name or option (`bad-request`)", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such thread (`not-found`)", body = Problem, content_type = "application/problem+json"),
+        ThreadNotFound,
         (status = 409, description = "Another worker holds the lease (`cursor-leased`; `lease_expires_at` says until when)", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "A bad `limit` or `lease_seconds` (`validation`)", body = Problem, content_type = "application/problem+json"),
     )
@@ -416,7 +417,7 @@ pub async fn claim_cursor(
     responses(
         (status = 200, description = "The bookmark is at `to`", body = AdvanceResponse),
         (status = 400, description = "Malformed JSON or a bad cursor name (`bad-request`)", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such thread (`not-found`)", body = Problem, content_type = "application/problem+json"),
+        ThreadNotFound,
         (status = 409, description = "`cursor-conflict` (the bookmark is not at `expected`, or the caller's lease was taken over; `current` says where it is) or `cursor-leased` (another worker holds the lease, or the token is missing)", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "`to` is not a message of the thread (`validation`) or lies before the bookmark (`cursor-backward`)", body = Problem, content_type = "application/problem+json"),
     )

@@ -11,6 +11,7 @@ use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::{router::OpenApiRouter, routes};
 
+use super::answers::{MalformedJson, ThreadNotFound};
 use super::problem::{ApiError, ApiJson, ApiPath, ApiQuery, Problem};
 use super::threads::ThreadPath;
 use super::{AppState, Tenant};
@@ -149,7 +150,7 @@ pub struct JobListResponse {
     responses(
         (status = 200, description = "The thread's latest jobs, newest first", body = JobListResponse),
         (status = 400, description = "`limit` out of 1–100 (`bad-request`)", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such thread (`not-found`)", body = Problem, content_type = "application/problem+json"),
+        ThreadNotFound,
     )
 )]
 pub async fn list_thread_jobs(
@@ -192,8 +193,8 @@ pub struct CompactRequest {
     responses(
         (status = 202, description = "A compaction job was enqueued", body = JobResponse),
         (status = 200, description = "A compaction of this thread is already pending or running: that job", body = JobResponse),
-        (status = 400, description = "Malformed JSON (`bad-request`)", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such thread (`not-found`)", body = Problem, content_type = "application/problem+json"),
+        MalformedJson,
+        ThreadNotFound,
         (status = 422, description = "A bad option (`validation`)", body = Problem, content_type = "application/problem+json"),
     )
 )]

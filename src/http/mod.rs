@@ -1,6 +1,7 @@
 //! The REST API: one router per resource, the shared state, and the middleware stack.
 
 pub mod admin;
+pub mod answers;
 pub mod context;
 pub mod cursors;
 pub mod document;

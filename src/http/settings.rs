@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use utoipa_axum::{router::OpenApiRouter, routes};
 
+use super::answers::{MalformedJson, ThreadNotFound};
 use super::problem::{ApiError, ApiJson, ApiPath, Problem};
 use super::threads::ThreadPath;
 use super::{AppState, Tenant};
@@ -170,7 +171,7 @@ fn response(settings: ThreadSettings, default_threshold: i64) -> ThreadSettingsR
     params(ThreadPath),
     responses(
         (status = 200, description = "The settings", body = ThreadSettingsResponse),
-        (status = 404, description = "No such thread (`not-found`)", body = Problem, content_type = "application/problem+json"),
+        ThreadNotFound,
     )
 )]
 pub async fn get_settings(
@@ -195,8 +196,8 @@ pub async fn get_settings(
     request_body = ThreadSettingsBody,
     responses(
         (status = 200, description = "The settings now in force", body = ThreadSettingsResponse),
-        (status = 400, description = "Malformed JSON (`bad-request`)", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such thread (`not-found`)", body = Problem, content_type = "application/problem+json"),
+        MalformedJson,
+        ThreadNotFound,
         (status = 422, description = "A bad value (`validation`)", body = Problem, content_type = "application/problem+json"),
     )
 )]

@@ -9,6 +9,7 @@ use serde_json::{Map, Value};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::{router::OpenApiRouter, routes};
 
+use super::answers::{MalformedJson, ThreadNotFound};
 use super::problem::{ApiError, ApiJson, ApiPath, ApiQuery, Problem};
 use super::{AppState, Tenant};
 use crate::history::ingest::FieldError;
@@ -105,7 +106,7 @@ fn check_thread_id(id: &str) -> Result<(), ApiError> {
     request_body = CreateThreadRequest,
     responses(
         (status = 201, description = "The thread was created", body = ThreadResponse),
-        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
+        MalformedJson,
         (status = 409, description = "A thread with this id exists (`thread-exists`)", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "An invalid field (`validation`), or metadata over its size limit (16 KiB of JSON by default)", body = Problem, content_type = "application/problem+json"),
     )
@@ -173,7 +174,7 @@ pub async fn list_threads(
     params(ThreadPath),
     responses(
         (status = 200, description = "The thread", body = ThreadResponse),
-        (status = 404, description = "No such thread (`not-found`)", body = Problem, content_type = "application/problem+json"),
+        ThreadNotFound,
     )
 )]
 pub async fn get_thread(
@@ -191,7 +192,7 @@ pub async fn get_thread(
     params(ThreadPath),
     responses(
         (status = 204, description = "The thread and all its data are gone"),
-        (status = 404, description = "No such thread (`not-found`)", body = Problem, content_type = "application/problem+json"),
+        ThreadNotFound,
     )
 )]
 pub async fn delete_thread(
