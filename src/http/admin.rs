@@ -13,7 +13,6 @@ use super::answers::{InvalidField, MalformedJson};
 use super::problem::{ApiError, ApiJson, ApiPath, ApiQuery, Problem};
 use super::AppState;
 use crate::auth::check_tenant_id;
-use crate::history::ingest::FieldError;
 use crate::store::{ApiKeyRecord, StoreError, TenantId, TenantRecord};
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -27,22 +26,17 @@ pub fn router() -> OpenApiRouter<AppState> {
 const MAX_NAME_LEN: usize = 200;
 
 fn checked_tenant(field: &str, id: &str) -> Result<TenantId, ApiError> {
-    check_tenant_id(id).map_err(|problem| {
-        ApiError::field(FieldError {
-            path: field.to_owned(),
-            problem,
-        })
-    })?;
+    check_tenant_id(id).map_err(|problem| ApiError::invalid_field(field, problem))?;
     Ok(TenantId(id.to_owned()))
 }
 
 fn check_name(name: Option<&str>) -> Result<(), ApiError> {
     match name {
         Some(name) if name.chars().count() > MAX_NAME_LEN || name.contains('\0') => {
-            Err(ApiError::field(FieldError {
-                path: "name".to_owned(),
-                problem: format!("at most {MAX_NAME_LEN} characters, without NUL"),
-            }))
+            Err(ApiError::invalid_field(
+                "name",
+                format!("at most {MAX_NAME_LEN} characters, without NUL"),
+            ))
         }
         _ => Ok(()),
     }

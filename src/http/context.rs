@@ -13,7 +13,7 @@ use super::answers::{MalformedJson, Overloaded, PayloadTooLarge, ThreadNotFound,
 use super::problem::{ApiError, ApiJson, ApiPath, ApiQuery, Problem, ProblemKind};
 use super::threads::ThreadPath;
 use super::{AppState, ExpensiveSlot, Tenant};
-use crate::history::ingest::{check_entry, FieldError, MAX_UUID_LEN};
+use crate::history::ingest::{check_entry, MAX_UUID_LEN};
 use crate::history::model::Entry;
 use crate::history::normalize::ids::{is_valid_tool_name, TOOL_NAME_RULE};
 use crate::history::{
@@ -369,10 +369,10 @@ pub async fn snip_messages(
         super::check_key_field("uuid", uuid, MAX_UUID_LEN)?;
     }
     if request.seqs.is_empty() && request.uuids.is_empty() {
-        return Err(ApiError::field(FieldError {
-            path: "seqs".to_owned(),
-            problem: "name at least one message by seq or uuid".to_owned(),
-        }));
+        return Err(ApiError::invalid_field(
+            "seqs",
+            "name at least one message by seq or uuid",
+        ));
     }
     let named = state
         .store
@@ -468,16 +468,16 @@ pub async fn normalize_history(
         check_entry(entry, &format!("messages[{index}]")).map_err(ApiError::field)?;
     }
     if let Some(bad) = request.tools.as_deref().and_then(first_invalid_tool) {
-        return Err(ApiError::field(FieldError {
-            path: format!("tools[{bad}]"),
-            problem: format!("a tool name is {TOOL_NAME_RULE}"),
-        }));
+        return Err(ApiError::invalid_field(
+            format!("tools[{bad}]"),
+            format!("a tool name is {TOOL_NAME_RULE}"),
+        ));
     }
     if let Some(model) = request.model.as_deref().filter(|m| !valid_model(m)) {
-        return Err(ApiError::field(FieldError {
-            path: "model".to_owned(),
-            problem: format!("{model:?} is not a model id ({MODEL_RULE})"),
-        }));
+        return Err(ApiError::invalid_field(
+            "model",
+            format!("{model:?} is not a model id ({MODEL_RULE})"),
+        ));
     }
     let options = NormalizeOptions {
         provider: request.provider,

@@ -13,7 +13,6 @@ use super::context::ContextOptions;
 use super::problem::{ApiError, ApiJson, ApiPath, ApiQuery, Problem};
 use super::threads::ThreadPath;
 use super::{AppState, Tenant};
-use crate::history::ingest::FieldError;
 use crate::history::model::Entry;
 use crate::history::{normalize, Normalized};
 use crate::store::{
@@ -366,10 +365,10 @@ pub async fn claim_cursor(
         None => DEFAULT_BATCH,
         Some(limit) if (1..=max_limit).contains(&limit) => limit,
         Some(_) => {
-            return Err(ApiError::field(FieldError {
-                path: "limit".to_owned(),
-                problem: format!("must be between 1 and {max_limit}"),
-            }))
+            return Err(ApiError::invalid_field(
+                "limit",
+                format!("must be between 1 and {max_limit}"),
+            ))
         }
     };
     let max_lease = state.limits.cursor_lease_max.as_secs();
@@ -377,10 +376,10 @@ pub async fn claim_cursor(
         None => state.limits.cursor_lease_default.as_secs().min(max_lease),
         Some(seconds) if (1..=max_lease).contains(&seconds) => seconds,
         Some(_) => {
-            return Err(ApiError::field(FieldError {
-                path: "lease_seconds".to_owned(),
-                problem: format!("must be between 1 and {max_lease}"),
-            }))
+            return Err(ApiError::invalid_field(
+                "lease_seconds",
+                format!("must be between 1 and {max_lease}"),
+            ))
         }
     };
     options.normalize_options()?;
@@ -452,10 +451,7 @@ pub async fn advance_cursor(
         )
         .await
         .map_err(|error| match error {
-            StoreError::NoSuchMessage(_) => ApiError::field(FieldError {
-                path: "to".to_owned(),
-                problem: error.to_string(),
-            }),
+            StoreError::NoSuchMessage(_) => ApiError::invalid_field("to", error.to_string()),
             other => other.into(),
         })?;
     Ok(Json(AdvanceResponse {

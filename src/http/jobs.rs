@@ -15,7 +15,6 @@ use super::answers::{MalformedJson, ThreadNotFound};
 use super::problem::{ApiError, ApiJson, ApiPath, ApiQuery, Problem};
 use super::threads::ThreadPath;
 use super::{AppState, Tenant};
-use crate::history::ingest::FieldError;
 use crate::jobs::compaction::DEFAULT_KEEP_RECENT_ROUNDS;
 use crate::jobs::CompactionPayload;
 use crate::store::{millis_to_datetime, now_millis, Job, JobState};
@@ -208,17 +207,17 @@ pub async fn compact_thread(
         .keep_recent_rounds
         .unwrap_or(DEFAULT_KEEP_RECENT_ROUNDS);
     if keep > MAX_KEEP_RECENT_ROUNDS {
-        return Err(ApiError::field(FieldError {
-            path: "keep_recent_rounds".to_owned(),
-            problem: format!("at most {MAX_KEEP_RECENT_ROUNDS}"),
-        }));
+        return Err(ApiError::invalid_field(
+            "keep_recent_rounds",
+            format!("at most {MAX_KEEP_RECENT_ROUNDS}"),
+        ));
     }
     if let Some(instructions) = &request.instructions {
         if instructions.chars().count() > MAX_INSTRUCTIONS_CHARS {
-            return Err(ApiError::field(FieldError {
-                path: "instructions".to_owned(),
-                problem: format!("at most {MAX_INSTRUCTIONS_CHARS} characters"),
-            }));
+            return Err(ApiError::invalid_field(
+                "instructions",
+                format!("at most {MAX_INSTRUCTIONS_CHARS} characters"),
+            ));
         }
     }
     let payload = CompactionPayload::manual(&path.thread_id, keep, request.instructions);

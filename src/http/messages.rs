@@ -11,7 +11,7 @@ use super::answers::{MalformedJson, PayloadTooLarge, ThreadNotFound};
 use super::problem::{ApiError, ApiJson, ApiPath, ApiQuery, Problem};
 use super::threads::ThreadPath;
 use super::{AppState, Tenant};
-use crate::history::ingest::{check_entry, FieldError};
+use crate::history::ingest::check_entry;
 use crate::history::model::Entry;
 use crate::store::AppendRequest;
 
@@ -101,19 +101,19 @@ pub async fn append_messages(
     ApiJson(request): ApiJson<AppendMessagesRequest>,
 ) -> Result<(StatusCode, Json<AppendMessagesResponse>), ApiError> {
     if request.messages.is_empty() {
-        return Err(ApiError::field(FieldError {
-            path: "messages".to_owned(),
-            problem: "must hold at least one message".to_owned(),
-        }));
+        return Err(ApiError::invalid_field(
+            "messages",
+            "must hold at least one message",
+        ));
     }
     if request.messages.len() > state.limits.max_batch_messages {
-        return Err(ApiError::field(FieldError {
-            path: "messages".to_owned(),
-            problem: format!(
+        return Err(ApiError::invalid_field(
+            "messages",
+            format!(
                 "at most {} messages per append",
                 state.limits.max_batch_messages
             ),
-        }));
+        ));
     }
     for (index, entry) in request.messages.iter().enumerate() {
         check_entry(entry, &format!("messages[{index}]")).map_err(ApiError::field)?;

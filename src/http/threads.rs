@@ -12,7 +12,6 @@ use utoipa_axum::{router::OpenApiRouter, routes};
 use super::answers::{MalformedJson, ThreadNotFound};
 use super::problem::{ApiError, ApiJson, ApiPath, ApiQuery, Problem};
 use super::{AppState, Tenant};
-use crate::history::ingest::FieldError;
 use crate::store::{NewThread, Thread};
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -93,10 +92,10 @@ fn check_thread_id(id: &str) -> Result<(), ApiError> {
     if crate::auth::is_identifier(id, MAX_THREAD_ID_LEN) {
         Ok(())
     } else {
-        Err(ApiError::field(FieldError {
-            path: "id".to_owned(),
-            problem: format!("must be 1 to {MAX_THREAD_ID_LEN} characters of [A-Za-z0-9._:-]"),
-        }))
+        Err(ApiError::invalid_field(
+            "id",
+            format!("must be 1 to {MAX_THREAD_ID_LEN} characters of [A-Za-z0-9._:-]"),
+        ))
     }
 }
 
@@ -124,10 +123,10 @@ pub async fn create_thread(
         let bytes = serde_json::to_string(metadata).map_or(usize::MAX, |text| text.len());
         let max = state.limits.max_metadata_bytes;
         if bytes > max {
-            return Err(ApiError::field(FieldError {
-                path: "metadata".to_owned(),
-                problem: format!("at most {max} bytes of JSON, got {bytes}"),
-            }));
+            return Err(ApiError::invalid_field(
+                "metadata",
+                format!("at most {max} bytes of JSON, got {bytes}"),
+            ));
         }
     }
     let thread = state
