@@ -17,7 +17,7 @@ use super::threads::ThreadPath;
 use super::{AppState, Tenant};
 use crate::jobs::compaction::DEFAULT_KEEP_RECENT_ROUNDS;
 use crate::jobs::CompactionPayload;
-use crate::store::{millis_to_datetime, now_millis, Job, JobState};
+use crate::store::{millis_to_datetime, now_millis, Job, JobState, ThreadJobs};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -161,7 +161,7 @@ pub async fn list_thread_jobs(
     let limit = super::page_limit(query.limit, 20, MAX_THREAD_JOBS)?;
     let jobs = state
         .store
-        .recent_thread_jobs(&tenant, &path.thread_id, limit)
+        .thread_jobs(&tenant, &path.thread_id, ThreadJobs::Newest(limit))
         .await?;
     Ok(Json(JobListResponse {
         jobs: jobs.into_iter().map(Into::into).collect(),

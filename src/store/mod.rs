@@ -32,7 +32,7 @@ pub use cursors::{
     AdvanceOutcome, AdvanceRequest, Bookmark, Claim, CursorState, Lease, PendingBatch,
 };
 pub use jobs::{
-    ClaimedJob, CompactionWrite, EnqueueOutcome, Job, JobState, NewJob, NOTIFY_CHANNEL,
+    ClaimedJob, CompactionWrite, EnqueueOutcome, Job, JobState, NewJob, ThreadJobs, NOTIFY_CHANNEL,
 };
 pub use keys::{ApiKeyRecord, CreatedKey, KeyIdentity, TenantRecord};
 pub use messages::{fingerprint, AppendOutcome, AppendRequest, MessagePage};

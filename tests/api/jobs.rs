@@ -8,7 +8,7 @@ use crate::common::{assistant, user, TestApp};
 use async_trait::async_trait;
 use axum::http::{Method, StatusCode};
 use loupe::jobs::{Clock, JobsConfig, Runner, StepOutcome, KIND_NOOP};
-use loupe::store::{now_millis, AppendRequest, JobState, NewJob, StoreError, TenantId};
+use loupe::store::{now_millis, AppendRequest, JobState, NewJob, StoreError, TenantId, ThreadJobs};
 use loupe::summarize::{ExtractiveSummarizer, SummarizeError, Summarizer, Summary, SummaryRequest};
 use loupe_validate::{anthropic, openai, AnthropicRules};
 use serde_json::{json, Value};
@@ -371,7 +371,7 @@ async fn a_duplicate_trigger_returns_the_pending_job(app: TestApp) {
     assert_eq!(second["state"], "pending");
     assert_eq!(
         app.store
-            .thread_jobs(&TenantId::default_tenant(), &thread)
+            .thread_jobs(&TenantId::default_tenant(), &thread, ThreadJobs::All)
             .await
             .unwrap()
             .len(),
@@ -541,7 +541,7 @@ async fn auto_compaction_enqueues_exactly_one_job_when_the_threshold_is_crossed(
         conversation(&app, &thread, i, 1).await;
         let jobs = app
             .store
-            .thread_jobs(&TenantId::default_tenant(), &thread)
+            .thread_jobs(&TenantId::default_tenant(), &thread, ThreadJobs::All)
             .await
             .unwrap();
         crossed_at.push(jobs.len());
@@ -549,7 +549,7 @@ async fn auto_compaction_enqueues_exactly_one_job_when_the_threshold_is_crossed(
     assert_eq!(crossed_at, [0, 0, 1, 1, 1, 1, 1, 1]);
     let jobs = app
         .store
-        .thread_jobs(&TenantId::default_tenant(), &thread)
+        .thread_jobs(&TenantId::default_tenant(), &thread, ThreadJobs::All)
         .await
         .unwrap();
     assert_eq!(jobs[0].payload["trigger"], "auto");
