@@ -27,6 +27,7 @@ on_both_backends!(
     auto_compaction_enqueues_exactly_one_job_when_the_threshold_is_crossed,
     microcompaction_settings_change_the_context,
     another_tenants_job_is_not_found,
+    the_thread_jobs_listing_is_newest_first_and_limited,
 );
 
 const LEASE_MS: i64 = 300_000;
@@ -644,5 +645,37 @@ async fn another_tenants_job_is_not_found(app: TestApp) {
     app.get("/v1/jobs/job_missing")
         .await
         .assert_problem(StatusCode::NOT_FOUND, "not-found");
+    app.finish().await;
+}
+
+async fn the_thread_jobs_listing_is_newest_first_and_limited(app: TestApp) {
+    let thread = app.thread("listed").await;
+    conversation(&app, &thread, 0, 2).await;
+    // Two compactions that run (nothing to summarize), then a third left pending.
+    for _ in 0..2 {
+        let (status, body) = compact(&app, &thread, json!({})).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+        extractive(&app).step(Clock::System).await.unwrap();
+    }
+    let (status, body) = compact(&app, &thread, json!({})).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let all = app
+        .store
+        .thread_jobs(&TenantId::default_tenant(), &thread, ThreadJobs::All)
+        .await
+        .unwrap();
+    let newest_first: Vec<&str> = all.iter().rev().map(|job| job.id.as_str()).collect();
+    assert_eq!(newest_first.len(), 3, "{all:?}");
+    for (query, expected) in [("", &newest_first[..]), ("?limit=2", &newest_first[..2])] {
+        let listed = app.get(&format!("/v1/threads/{thread}/jobs{query}")).await;
+        assert_eq!(listed.status, StatusCode::OK, "{}", listed.body);
+        let ids: Vec<&str> = listed.body["jobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|job| job["id"].as_str().unwrap())
+            .collect();
+        assert_eq!(ids, expected, "{query}");
+    }
     app.finish().await;
 }
