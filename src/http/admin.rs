@@ -9,10 +9,10 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::{router::OpenApiRouter, routes};
 
+use super::answers::{InvalidField, MalformedJson};
 use super::problem::{ApiError, ApiJson, ApiPath, ApiQuery, Problem};
 use super::AppState;
 use crate::auth::check_tenant_id;
-use crate::history::ingest::FieldError;
 use crate::store::{ApiKeyRecord, StoreError, TenantId, TenantRecord};
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -26,22 +26,17 @@ pub fn router() -> OpenApiRouter<AppState> {
 const MAX_NAME_LEN: usize = 200;
 
 fn checked_tenant(field: &str, id: &str) -> Result<TenantId, ApiError> {
-    check_tenant_id(id).map_err(|problem| {
-        ApiError::field(FieldError {
-            path: field.to_owned(),
-            problem,
-        })
-    })?;
+    check_tenant_id(id).map_err(|problem| ApiError::invalid_field(field, problem))?;
     Ok(TenantId(id.to_owned()))
 }
 
 fn check_name(name: Option<&str>) -> Result<(), ApiError> {
     match name {
         Some(name) if name.chars().count() > MAX_NAME_LEN || name.contains('\0') => {
-            Err(ApiError::field(FieldError {
-                path: "name".to_owned(),
-                problem: format!("at most {MAX_NAME_LEN} characters, without NUL"),
-            }))
+            Err(ApiError::invalid_field(
+                "name",
+                format!("at most {MAX_NAME_LEN} characters, without NUL"),
+            ))
         }
         _ => Ok(()),
     }
@@ -148,9 +143,9 @@ pub struct KeyPath {
     request_body = CreateTenantRequest,
     responses(
         (status = 201, description = "The tenant was created", body = TenantResponse),
-        (status = 400, description = "Malformed JSON (`bad-request`)", body = Problem, content_type = "application/problem+json"),
+        MalformedJson,
         (status = 409, description = "The id is taken (`tenant-exists`)", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "An invalid field (`validation`)", body = Problem, content_type = "application/problem+json"),
+        InvalidField,
     )
 )]
 pub async fn create_tenant(
@@ -186,8 +181,8 @@ pub async fn list_tenants(
     request_body = CreateKeyRequest,
     responses(
         (status = 201, description = "The key was created", body = CreatedKeyResponse),
-        (status = 400, description = "Malformed JSON (`bad-request`)", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "An invalid field (`validation`)", body = Problem, content_type = "application/problem+json"),
+        MalformedJson,
+        InvalidField,
     )
 )]
 pub async fn create_key(

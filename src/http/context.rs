@@ -9,10 +9,11 @@ use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::{router::OpenApiRouter, routes};
 
+use super::answers::{MalformedJson, Overloaded, PayloadTooLarge, ThreadNotFound, WindowTooLarge};
 use super::problem::{ApiError, ApiJson, ApiPath, ApiQuery, Problem, ProblemKind};
 use super::threads::ThreadPath;
 use super::{AppState, ExpensiveSlot, Tenant};
-use crate::history::ingest::{check_entry, FieldError, MAX_UUID_LEN};
+use crate::history::ingest::{check_entry, MAX_UUID_LEN};
 use crate::history::model::Entry;
 use crate::history::normalize::ids::{is_valid_tool_name, TOOL_NAME_RULE};
 use crate::history::{
@@ -160,9 +161,9 @@ pub struct RoundsQuery {
     params(ThreadPath, RoundsQuery),
     responses(
         (status = 200, description = "The rounds", body = RoundsResponse),
-        (status = 404, description = "No such thread (`not-found`)", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "The window is too large (`window-too-large`)", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Too many expensive requests at once (`overloaded`); see `Retry-After`", body = Problem, content_type = "application/problem+json"),
+        ThreadNotFound,
+        WindowTooLarge,
+        Overloaded,
     )
 )]
 pub async fn get_rounds(
@@ -235,10 +236,10 @@ pub struct OutlineRef {
     responses(
         (status = 200, description = "The normalized context", body = ContextResponse),
         (status = 400, description = "A bad option (`bad-request`)", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such thread (`not-found`)", body = Problem, content_type = "application/problem+json"),
+        ThreadNotFound,
         (status = 409, description = "`view=outline` on a thread not in outline mode (`outline-disabled`)", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "The context is too large to load (`window-too-large`): compact the thread", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Too many expensive requests at once (`overloaded`); see `Retry-After`", body = Problem, content_type = "application/problem+json"),
+        WindowTooLarge,
+        Overloaded,
     )
 )]
 pub async fn get_context(
@@ -350,7 +351,7 @@ pub struct SnipResponse {
     responses(
         (status = 201, description = "The snip entry was appended", body = SnipResponse),
         (status = 200, description = "The same snip was already stored (idempotent retry)", body = SnipResponse),
-        (status = 404, description = "No such thread (`not-found`)", body = Problem, content_type = "application/problem+json"),
+        ThreadNotFound,
         (status = 409, description = "The snip uuid is used by another entry (`uuid-conflict`)", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Nothing named, or a named message does not exist (`validation`)", body = Problem, content_type = "application/problem+json"),
     )
@@ -368,10 +369,10 @@ pub async fn snip_messages(
         super::check_key_field("uuid", uuid, MAX_UUID_LEN)?;
     }
     if request.seqs.is_empty() && request.uuids.is_empty() {
-        return Err(ApiError::field(FieldError {
-            path: "seqs".to_owned(),
-            problem: "name at least one message by seq or uuid".to_owned(),
-        }));
+        return Err(ApiError::invalid_field(
+            "seqs",
+            "name at least one message by seq or uuid",
+        ));
     }
     let named = state
         .store
@@ -453,10 +454,10 @@ pub struct NormalizeRequest {
     request_body = NormalizeRequest,
     responses(
         (status = 200, description = "The normalized context", body = Normalized),
-        (status = 400, description = "Malformed JSON (`bad-request`)", body = Problem, content_type = "application/problem+json"),
-        (status = 413, description = "Body over the size limit (`payload-too-large`)", body = Problem, content_type = "application/problem+json"),
+        MalformedJson,
+        PayloadTooLarge,
         (status = 422, description = "An invalid entry or option (`validation`)", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Too many expensive requests at once (`overloaded`); see `Retry-After`", body = Problem, content_type = "application/problem+json"),
+        Overloaded,
     )
 )]
 pub async fn normalize_history(
@@ -467,16 +468,16 @@ pub async fn normalize_history(
         check_entry(entry, &format!("messages[{index}]")).map_err(ApiError::field)?;
     }
     if let Some(bad) = request.tools.as_deref().and_then(first_invalid_tool) {
-        return Err(ApiError::field(FieldError {
-            path: format!("tools[{bad}]"),
-            problem: format!("a tool name is {TOOL_NAME_RULE}"),
-        }));
+        return Err(ApiError::invalid_field(
+            format!("tools[{bad}]"),
+            format!("a tool name is {TOOL_NAME_RULE}"),
+        ));
     }
     if let Some(model) = request.model.as_deref().filter(|m| !valid_model(m)) {
-        return Err(ApiError::field(FieldError {
-            path: "model".to_owned(),
-            problem: format!("{model:?} is not a model id ({MODEL_RULE})"),
-        }));
+        return Err(ApiError::invalid_field(
+            "model",
+            format!("{model:?} is not a model id ({MODEL_RULE})"),
+        ));
     }
     let options = NormalizeOptions {
         provider: request.provider,

@@ -8,11 +8,11 @@ use serde::{Deserialize, Deserializer, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::{router::OpenApiRouter, routes};
 
+use super::answers::ThreadNotFound;
 use super::context::ContextOptions;
 use super::problem::{ApiError, ApiJson, ApiPath, ApiQuery, Problem};
 use super::threads::ThreadPath;
 use super::{AppState, Tenant};
-use crate::history::ingest::FieldError;
 use crate::history::model::Entry;
 use crate::history::{normalize, Normalized};
 use crate::store::{
@@ -255,7 +255,7 @@ pub struct AdvanceResponse {
     params(ThreadPath),
     responses(
         (status = 200, description = "The cursors, by name", body = CursorListResponse),
-        (status = 404, description = "No such thread (`not-found`)", body = Problem, content_type = "application/problem+json"),
+        ThreadNotFound,
     )
 )]
 pub async fn list_cursors(
@@ -282,7 +282,7 @@ pub async fn list_cursors(
     responses(
         (status = 200, description = "The cursor", body = CursorResponse),
         (status = 400, description = "A bad cursor name (`bad-request`)", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such thread (`not-found`)", body = Problem, content_type = "application/problem+json"),
+        ThreadNotFound,
     )
 )]
 pub async fn get_cursor(
@@ -309,7 +309,7 @@ pub async fn get_cursor(
     responses(
         (status = 200, description = "The pending batch", body = PendingResponse),
         (status = 400, description = "A bad cursor name, limit or option (`bad-request`)", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such thread (`not-found`)", body = Problem, content_type = "application/problem+json"),
+        ThreadNotFound,
     )
 )]
 pub async fn get_pending(
@@ -346,7 +346,7 @@ pub async fn get_pending(
     responses(
         (status = 200, description = "The batch and its lease", body = ClaimResponse),
         (status = 400, description = "Malformed JSON, a bad cursor name or option (`bad-request`)", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such thread (`not-found`)", body = Problem, content_type = "application/problem+json"),
+        ThreadNotFound,
         (status = 409, description = "Another worker holds the lease (`cursor-leased`; `lease_expires_at` says until when)", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "A bad `limit` or `lease_seconds` (`validation`)", body = Problem, content_type = "application/problem+json"),
     )
@@ -365,10 +365,10 @@ pub async fn claim_cursor(
         None => DEFAULT_BATCH,
         Some(limit) if (1..=max_limit).contains(&limit) => limit,
         Some(_) => {
-            return Err(ApiError::field(FieldError {
-                path: "limit".to_owned(),
-                problem: format!("must be between 1 and {max_limit}"),
-            }))
+            return Err(ApiError::invalid_field(
+                "limit",
+                format!("must be between 1 and {max_limit}"),
+            ))
         }
     };
     let max_lease = state.limits.cursor_lease_max.as_secs();
@@ -376,10 +376,10 @@ pub async fn claim_cursor(
         None => state.limits.cursor_lease_default.as_secs().min(max_lease),
         Some(seconds) if (1..=max_lease).contains(&seconds) => seconds,
         Some(_) => {
-            return Err(ApiError::field(FieldError {
-                path: "lease_seconds".to_owned(),
-                problem: format!("must be between 1 and {max_lease}"),
-            }))
+            return Err(ApiError::invalid_field(
+                "lease_seconds",
+                format!("must be between 1 and {max_lease}"),
+            ))
         }
     };
     options.normalize_options()?;
@@ -416,7 +416,7 @@ pub async fn claim_cursor(
     responses(
         (status = 200, description = "The bookmark is at `to`", body = AdvanceResponse),
         (status = 400, description = "Malformed JSON or a bad cursor name (`bad-request`)", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such thread (`not-found`)", body = Problem, content_type = "application/problem+json"),
+        ThreadNotFound,
         (status = 409, description = "`cursor-conflict` (the bookmark is not at `expected`, or the caller's lease was taken over; `current` says where it is) or `cursor-leased` (another worker holds the lease, or the token is missing)", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "`to` is not a message of the thread (`validation`) or lies before the bookmark (`cursor-backward`)", body = Problem, content_type = "application/problem+json"),
     )
@@ -451,10 +451,7 @@ pub async fn advance_cursor(
         )
         .await
         .map_err(|error| match error {
-            StoreError::NoSuchMessage(_) => ApiError::field(FieldError {
-                path: "to".to_owned(),
-                problem: error.to_string(),
-            }),
+            StoreError::NoSuchMessage(_) => ApiError::invalid_field("to", error.to_string()),
             other => other.into(),
         })?;
     Ok(Json(AdvanceResponse {

@@ -11,13 +11,13 @@ use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::{router::OpenApiRouter, routes};
 
+use super::answers::{MalformedJson, ThreadNotFound};
 use super::problem::{ApiError, ApiJson, ApiPath, ApiQuery, Problem};
 use super::threads::ThreadPath;
 use super::{AppState, Tenant};
-use crate::history::ingest::FieldError;
 use crate::jobs::compaction::DEFAULT_KEEP_RECENT_ROUNDS;
 use crate::jobs::CompactionPayload;
-use crate::store::{millis_to_datetime, now_millis, Job, JobState};
+use crate::store::{millis_to_datetime, now_millis, Job, JobState, ThreadJobs};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -149,7 +149,7 @@ pub struct JobListResponse {
     responses(
         (status = 200, description = "The thread's latest jobs, newest first", body = JobListResponse),
         (status = 400, description = "`limit` out of 1–100 (`bad-request`)", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such thread (`not-found`)", body = Problem, content_type = "application/problem+json"),
+        ThreadNotFound,
     )
 )]
 pub async fn list_thread_jobs(
@@ -161,7 +161,7 @@ pub async fn list_thread_jobs(
     let limit = super::page_limit(query.limit, 20, MAX_THREAD_JOBS)?;
     let jobs = state
         .store
-        .recent_thread_jobs(&tenant, &path.thread_id, limit)
+        .thread_jobs(&tenant, &path.thread_id, ThreadJobs::Newest(limit))
         .await?;
     Ok(Json(JobListResponse {
         jobs: jobs.into_iter().map(Into::into).collect(),
@@ -192,8 +192,8 @@ pub struct CompactRequest {
     responses(
         (status = 202, description = "A compaction job was enqueued", body = JobResponse),
         (status = 200, description = "A compaction of this thread is already pending or running: that job", body = JobResponse),
-        (status = 400, description = "Malformed JSON (`bad-request`)", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such thread (`not-found`)", body = Problem, content_type = "application/problem+json"),
+        MalformedJson,
+        ThreadNotFound,
         (status = 422, description = "A bad option (`validation`)", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -207,17 +207,17 @@ pub async fn compact_thread(
         .keep_recent_rounds
         .unwrap_or(DEFAULT_KEEP_RECENT_ROUNDS);
     if keep > MAX_KEEP_RECENT_ROUNDS {
-        return Err(ApiError::field(FieldError {
-            path: "keep_recent_rounds".to_owned(),
-            problem: format!("at most {MAX_KEEP_RECENT_ROUNDS}"),
-        }));
+        return Err(ApiError::invalid_field(
+            "keep_recent_rounds",
+            format!("at most {MAX_KEEP_RECENT_ROUNDS}"),
+        ));
     }
     if let Some(instructions) = &request.instructions {
         if instructions.chars().count() > MAX_INSTRUCTIONS_CHARS {
-            return Err(ApiError::field(FieldError {
-                path: "instructions".to_owned(),
-                problem: format!("at most {MAX_INSTRUCTIONS_CHARS} characters"),
-            }));
+            return Err(ApiError::invalid_field(
+                "instructions",
+                format!("at most {MAX_INSTRUCTIONS_CHARS} characters"),
+            ));
         }
     }
     let payload = CompactionPayload::manual(&path.thread_id, keep, request.instructions);

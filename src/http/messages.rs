@@ -7,10 +7,11 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::{router::OpenApiRouter, routes};
 
+use super::answers::{MalformedJson, PayloadTooLarge, ThreadNotFound};
 use super::problem::{ApiError, ApiJson, ApiPath, ApiQuery, Problem};
 use super::threads::ThreadPath;
 use super::{AppState, Tenant};
-use crate::history::ingest::{check_entry, FieldError};
+use crate::history::ingest::check_entry;
 use crate::history::model::Entry;
 use crate::store::AppendRequest;
 
@@ -86,10 +87,10 @@ pub struct ListMessagesQuery {
     responses(
         (status = 201, description = "The batch was stored", body = AppendMessagesResponse),
         (status = 200, description = "The batch was already stored (idempotent retry)", body = AppendMessagesResponse),
-        (status = 400, description = "Malformed JSON (`bad-request`)", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such thread (`not-found`)", body = Problem, content_type = "application/problem+json"),
+        MalformedJson,
+        ThreadNotFound,
         (status = 409, description = "`seq-conflict` (another writer appended first; `next_seq` says where the thread is), `uuid-conflict` (a uuid stored with other content) or `partial-replay`", body = Problem, content_type = "application/problem+json"),
-        (status = 413, description = "Body over the size limit (`payload-too-large`)", body = Problem, content_type = "application/problem+json"),
+        PayloadTooLarge,
         (status = 422, description = "An invalid message; `errors[].field` names it (`validation`)", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -100,19 +101,19 @@ pub async fn append_messages(
     ApiJson(request): ApiJson<AppendMessagesRequest>,
 ) -> Result<(StatusCode, Json<AppendMessagesResponse>), ApiError> {
     if request.messages.is_empty() {
-        return Err(ApiError::field(FieldError {
-            path: "messages".to_owned(),
-            problem: "must hold at least one message".to_owned(),
-        }));
+        return Err(ApiError::invalid_field(
+            "messages",
+            "must hold at least one message",
+        ));
     }
     if request.messages.len() > state.limits.max_batch_messages {
-        return Err(ApiError::field(FieldError {
-            path: "messages".to_owned(),
-            problem: format!(
+        return Err(ApiError::invalid_field(
+            "messages",
+            format!(
                 "at most {} messages per append",
                 state.limits.max_batch_messages
             ),
-        }));
+        ));
     }
     for (index, entry) in request.messages.iter().enumerate() {
         check_entry(entry, &format!("messages[{index}]")).map_err(ApiError::field)?;
@@ -151,7 +152,7 @@ pub async fn append_messages(
     responses(
         (status = 200, description = "One page of messages in seq order: at most `limit`, and cut once the stored bodies reach `--max-page-bytes` (4 MiB by default; a page holds at least one message). Go on from `next_after_seq`", body = MessagePageResponse),
         (status = 400, description = "A bad query parameter", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such thread (`not-found`)", body = Problem, content_type = "application/problem+json"),
+        ThreadNotFound,
     )
 )]
 pub async fn list_messages(

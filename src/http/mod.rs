@@ -1,6 +1,7 @@
 //! The REST API: one router per resource, the shared state, and the middleware stack.
 
 pub mod admin;
+pub mod answers;
 pub mod context;
 pub mod cursors;
 pub mod document;
@@ -146,10 +147,10 @@ impl<S: Send + Sync> FromRequestParts<S> for Tenant {
 /// bytes and no NUL character, which PostgreSQL cannot store or compare. 422 names the field.
 pub(crate) fn check_key_field(path: &str, value: &str, max: usize) -> Result<(), ApiError> {
     if value.len() > max || value.contains('\0') {
-        return Err(ApiError::field(crate::history::ingest::FieldError {
-            path: path.to_owned(),
-            problem: format!("must be at most {max} bytes, without NUL characters"),
-        }));
+        return Err(ApiError::invalid_field(
+            path,
+            format!("must be at most {max} bytes, without NUL characters"),
+        ));
     }
     Ok(())
 }

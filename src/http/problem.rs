@@ -197,6 +197,15 @@ impl ApiError {
         ApiError::new(ProblemKind::BadRequest, detail)
     }
 
+    /// 422 `validation` naming the one field that is wrong: its JSON path and what is wrong.
+    pub fn invalid_field(path: impl Into<String>, problem: impl Into<String>) -> Self {
+        ApiError::field(FieldError {
+            path: path.into(),
+            problem: problem.into(),
+        })
+    }
+
+    /// 422 `validation` for a field error found by a check (`history::ingest`).
     pub fn field(error: FieldError) -> Self {
         let detail = error.to_string();
         ApiError::new(ProblemKind::Validation, detail).with(
@@ -296,13 +305,10 @@ impl From<StoreError> for ApiError {
             StoreError::PartialReplay { .. } => {
                 ApiError::new(ProblemKind::PartialReplay, error.to_string())
             }
-            StoreError::DuplicateUuid(ref uuid) => {
-                let path = "messages[].uuid".to_owned();
-                ApiError::field(FieldError {
-                    path,
-                    problem: format!("uuid {uuid:?} appears twice in the batch"),
-                })
-            }
+            StoreError::DuplicateUuid(ref uuid) => ApiError::invalid_field(
+                "messages[].uuid",
+                format!("uuid {uuid:?} appears twice in the batch"),
+            ),
             StoreError::TenantExists(id) => ApiError::new(
                 ProblemKind::TenantExists,
                 format!("a tenant with id {id:?} already exists"),
@@ -310,14 +316,13 @@ impl From<StoreError> for ApiError {
             StoreError::KeyNotFound => ApiError::not_found("API key"),
             StoreError::BadCursor => ApiError::bad_request("invalid cursor"),
             StoreError::JobNotFound => ApiError::not_found("job"),
-            StoreError::NoSuchMessage(ref named) => ApiError::field(FieldError {
-                path: match named {
+            StoreError::NoSuchMessage(ref named) => {
+                let path = match named {
                     MessageRef::Seq(_) => "seqs",
                     MessageRef::Uuid(_) => "uuids",
-                }
-                .to_owned(),
-                problem: error.to_string(),
-            }),
+                };
+                ApiError::invalid_field(path, error.to_string())
+            }
             StoreError::WindowTooLarge { .. } => {
                 ApiError::new(ProblemKind::WindowTooLarge, error.to_string())
             }
@@ -417,10 +422,10 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
             Err(rejection) => return Err(rejection.into()),
         };
         if bytes.trim_ascii_start().first() != Some(&b'{') {
-            return Err(ApiError::field(FieldError {
-                path: String::new(),
-                problem: "the body must be a JSON object".to_owned(),
-            }));
+            return Err(ApiError::invalid_field(
+                "",
+                "the body must be a JSON object",
+            ));
         }
         Ok(ApiJson(value))
     }

@@ -7,10 +7,10 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use utoipa_axum::{router::OpenApiRouter, routes};
 
+use super::answers::{MalformedJson, ThreadNotFound};
 use super::problem::{ApiError, ApiJson, ApiPath, Problem};
 use super::threads::ThreadPath;
 use super::{AppState, Tenant};
-use crate::history::ingest::FieldError;
 use crate::history::normalize::ids::is_valid_tool_name;
 use crate::history::MicrocompactOptions;
 use crate::store::{MicrocompactSettings, ThreadSettings};
@@ -170,7 +170,7 @@ fn response(settings: ThreadSettings, default_threshold: i64) -> ThreadSettingsR
     params(ThreadPath),
     responses(
         (status = 200, description = "The settings", body = ThreadSettingsResponse),
-        (status = 404, description = "No such thread (`not-found`)", body = Problem, content_type = "application/problem+json"),
+        ThreadNotFound,
     )
 )]
 pub async fn get_settings(
@@ -195,8 +195,8 @@ pub async fn get_settings(
     request_body = ThreadSettingsBody,
     responses(
         (status = 200, description = "The settings now in force", body = ThreadSettingsResponse),
-        (status = 400, description = "Malformed JSON (`bad-request`)", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such thread (`not-found`)", body = Problem, content_type = "application/problem+json"),
+        MalformedJson,
+        ThreadNotFound,
         (status = 422, description = "A bad value (`validation`)", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -206,48 +206,60 @@ pub async fn put_settings(
     ApiPath(path): ApiPath<ThreadPath>,
     ApiJson(body): ApiJson<ThreadSettingsBody>,
 ) -> Result<Json<ThreadSettingsResponse>, ApiError> {
-    let invalid = |path: &str, problem: &str| {
-        ApiError::field(FieldError {
-            path: path.to_owned(),
-            problem: problem.to_owned(),
-        })
-    };
     if body.auto_compact_tokens.is_some_and(|n| n < 0) {
-        return Err(invalid("auto_compact_tokens", "must be 0 (off) or more"));
+        return Err(ApiError::invalid_field(
+            "auto_compact_tokens",
+            "must be 0 (off) or more",
+        ));
     }
     if let Some(mc) = &body.microcompact {
         if let Some(tools) = &mc.tools {
             if tools.len() > MAX_TOOLS {
-                return Err(invalid("microcompact.tools", "at most 256 tool names"));
+                return Err(ApiError::invalid_field(
+                    "microcompact.tools",
+                    "at most 256 tool names",
+                ));
             }
             if let Some(bad) = tools.iter().position(|t| !is_valid_tool_name(t)) {
-                return Err(invalid(
-                    &format!("microcompact.tools[{bad}]"),
+                return Err(ApiError::invalid_field(
+                    format!("microcompact.tools[{bad}]"),
                     "a tool name is 1–64 characters of [a-zA-Z0-9_-]",
                 ));
             }
         }
         if mc.keep_recent.is_some_and(|n| n > MAX_KEEP_RECENT) {
-            return Err(invalid("microcompact.keep_recent", "at most 100000"));
+            return Err(ApiError::invalid_field(
+                "microcompact.keep_recent",
+                "at most 100000",
+            ));
         }
         if mc.min_bytes.is_some_and(|n| n > MAX_MIN_BYTES) {
-            return Err(invalid("microcompact.min_bytes", "at most 1,000,000,000"));
+            return Err(ApiError::invalid_field(
+                "microcompact.min_bytes",
+                "at most 1,000,000,000",
+            ));
         }
     }
     let outline = body.outline.as_ref().map(OutlineBody::options);
     if let Some(outline) = &outline {
         if !(OutlineOptions::MIN_LINE_BYTES..=MAX_LINE_BYTES).contains(&outline.line_bytes) {
-            return Err(invalid("outline.line_bytes", "between 64 and 16384"));
+            return Err(ApiError::invalid_field(
+                "outline.line_bytes",
+                "between 64 and 16384",
+            ));
         }
         if outline.budget_bytes < 4 * outline.line_bytes || outline.budget_bytes > MAX_OUTLINE_BYTES
         {
-            return Err(invalid(
+            return Err(ApiError::invalid_field(
                 "outline.budget_bytes",
                 "at least 4 lines (4 × line_bytes) and at most 10,000,000",
             ));
         }
         if !(1..=MAX_TAIL_TOKENS).contains(&outline.tail_tokens) {
-            return Err(invalid("outline.tail_tokens", "between 1 and 10,000,000"));
+            return Err(ApiError::invalid_field(
+                "outline.tail_tokens",
+                "between 1 and 10,000,000",
+            ));
         }
     }
     let settings = ThreadSettings {

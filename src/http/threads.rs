@@ -9,9 +9,9 @@ use serde_json::{Map, Value};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::{router::OpenApiRouter, routes};
 
+use super::answers::{MalformedJson, ThreadNotFound};
 use super::problem::{ApiError, ApiJson, ApiPath, ApiQuery, Problem};
 use super::{AppState, Tenant};
-use crate::history::ingest::FieldError;
 use crate::store::{NewThread, Thread};
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -92,10 +92,10 @@ fn check_thread_id(id: &str) -> Result<(), ApiError> {
     if crate::auth::is_identifier(id, MAX_THREAD_ID_LEN) {
         Ok(())
     } else {
-        Err(ApiError::field(FieldError {
-            path: "id".to_owned(),
-            problem: format!("must be 1 to {MAX_THREAD_ID_LEN} characters of [A-Za-z0-9._:-]"),
-        }))
+        Err(ApiError::invalid_field(
+            "id",
+            format!("must be 1 to {MAX_THREAD_ID_LEN} characters of [A-Za-z0-9._:-]"),
+        ))
     }
 }
 
@@ -105,7 +105,7 @@ fn check_thread_id(id: &str) -> Result<(), ApiError> {
     request_body = CreateThreadRequest,
     responses(
         (status = 201, description = "The thread was created", body = ThreadResponse),
-        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
+        MalformedJson,
         (status = 409, description = "A thread with this id exists (`thread-exists`)", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "An invalid field (`validation`), or metadata over its size limit (16 KiB of JSON by default)", body = Problem, content_type = "application/problem+json"),
     )
@@ -123,10 +123,10 @@ pub async fn create_thread(
         let bytes = serde_json::to_string(metadata).map_or(usize::MAX, |text| text.len());
         let max = state.limits.max_metadata_bytes;
         if bytes > max {
-            return Err(ApiError::field(FieldError {
-                path: "metadata".to_owned(),
-                problem: format!("at most {max} bytes of JSON, got {bytes}"),
-            }));
+            return Err(ApiError::invalid_field(
+                "metadata",
+                format!("at most {max} bytes of JSON, got {bytes}"),
+            ));
         }
     }
     let thread = state
@@ -173,7 +173,7 @@ pub async fn list_threads(
     params(ThreadPath),
     responses(
         (status = 200, description = "The thread", body = ThreadResponse),
-        (status = 404, description = "No such thread (`not-found`)", body = Problem, content_type = "application/problem+json"),
+        ThreadNotFound,
     )
 )]
 pub async fn get_thread(
@@ -191,7 +191,7 @@ pub async fn get_thread(
     params(ThreadPath),
     responses(
         (status = 204, description = "The thread and all its data are gone"),
-        (status = 404, description = "No such thread (`not-found`)", body = Problem, content_type = "application/problem+json"),
+        ThreadNotFound,
     )
 )]
 pub async fn delete_thread(

@@ -11,6 +11,7 @@ use serde::Deserialize;
 use utoipa::IntoParams;
 use utoipa_axum::{router::OpenApiRouter, routes};
 
+use super::answers::ThreadNotFound;
 use super::problem::{ApiError, ApiPath, ApiQuery, Problem, ProblemKind};
 use super::threads::ThreadPath;
 use super::{AppState, Tenant};
@@ -64,8 +65,8 @@ pub struct ImportQuery {
     responses(
         (status = 200, description = "The body was read to its end; the counts say what was stored, skipped and refused", body = ImportReport),
         (status = 400, description = "A bad query parameter, or the body could not be read (`bad-request`); batches committed before stay", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such thread (`not-found`)", body = Problem, content_type = "application/problem+json"),
         (status = 408, description = "The next piece of the body did not arrive within the body-read timeout (`body-timeout`); batches committed before stay", body = Problem, content_type = "application/problem+json"),
+        ThreadNotFound,
         (status = 415, description = "The body is not `application/x-ndjson` (`unsupported-media-type`)", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -130,7 +131,7 @@ pub async fn import_transcript(
     params(ThreadPath),
     responses(
         (status = 200, description = "The thread, one entry per line, streamed", body = String, content_type = "application/x-ndjson"),
-        (status = 404, description = "No such thread (`not-found`)", body = Problem, content_type = "application/problem+json"),
+        ThreadNotFound,
     )
 )]
 pub async fn export_transcript(

@@ -7,6 +7,7 @@ use serde_json::Value;
 use utoipa::ToSchema;
 use utoipa_axum::{router::OpenApiRouter, routes};
 
+use super::answers::{MalformedJson, ThreadNotFound};
 use super::problem::{ApiError, ApiJson, ApiPath, Problem};
 use super::settings::OutlineBody;
 use super::threads::ThreadPath;
@@ -107,8 +108,8 @@ impl ZoomResponse {
     request_body = ZoomRequest,
     responses(
         (status = 200, description = "The tool result", body = ZoomResponse),
-        (status = 400, description = "Malformed JSON (`bad-request`)", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such thread (`not-found`)", body = Problem, content_type = "application/problem+json"),
+        MalformedJson,
+        ThreadNotFound,
         (status = 422, description = "Not `{id, n}` with integers (`validation`)", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -198,7 +199,7 @@ pub struct OutlineResponse {
     params(ThreadPath),
     responses(
         (status = 200, description = "The outline", body = OutlineResponse),
-        (status = 404, description = "No such thread (`not-found`)", body = Problem, content_type = "application/problem+json"),
+        ThreadNotFound,
     )
 )]
 pub async fn get_outline(

@@ -20,6 +20,15 @@ use super::{Backend, Store, StoreError, TenantId};
 use crate::history::model::{subtype, Entry};
 use crate::history::normalize::context_entry_tokens;
 
+/// Which of a thread's jobs [`Store::thread_jobs`] reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ThreadJobs {
+    /// Every job, oldest first.
+    All,
+    /// The latest `n` jobs, newest first.
+    Newest(u32),
+}
+
 /// The PostgreSQL `NOTIFY` channel an enqueue signals on.
 pub const NOTIFY_CHANNEL: &str = "loupe_jobs";
 
@@ -481,41 +490,28 @@ impl Store {
         Ok(count)
     }
 
-    /// Every job of a thread, oldest first.
+    /// A thread's jobs, as `which` says: all of them oldest first, or the latest few newest
+    /// first. Either is one indexed read.
     pub async fn thread_jobs(
         &self,
         tenant: &TenantId,
         thread_id: &str,
+        which: ThreadJobs,
     ) -> Result<Vec<Job>, StoreError> {
         let thread_key = self.thread_head(tenant, thread_id).await?.thread_key;
-        let rows = sqlx::query(&format!(
+        let order = match which {
+            ThreadJobs::All => "created_at, job_id",
+            ThreadJobs::Newest(_) => "created_at DESC, job_id DESC LIMIT $3",
+        };
+        let sql = format!(
             "SELECT {JOB_COLUMNS} FROM jobs WHERE thread_key = $1 AND tenant_id = $2 \
-             ORDER BY created_at, job_id"
-        ))
-        .bind(&thread_key)
-        .bind(&tenant.0)
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter().map(job_from_row).collect()
-    }
-
-    /// The thread's latest `limit` jobs, newest first (one indexed read).
-    pub async fn recent_thread_jobs(
-        &self,
-        tenant: &TenantId,
-        thread_id: &str,
-        limit: u32,
-    ) -> Result<Vec<Job>, StoreError> {
-        let thread_key = self.thread_head(tenant, thread_id).await?.thread_key;
-        let rows = sqlx::query(&format!(
-            "SELECT {JOB_COLUMNS} FROM jobs WHERE thread_key = $1 AND tenant_id = $2 \
-             ORDER BY created_at DESC, job_id DESC LIMIT $3"
-        ))
-        .bind(&thread_key)
-        .bind(&tenant.0)
-        .bind(i64::from(limit))
-        .fetch_all(&self.pool)
-        .await?;
+             ORDER BY {order}"
+        );
+        let mut query = sqlx::query(&sql).bind(&thread_key).bind(&tenant.0);
+        if let ThreadJobs::Newest(limit) = which {
+            query = query.bind(i64::from(limit));
+        }
+        let rows = query.fetch_all(&self.pool).await?;
         rows.iter().map(job_from_row).collect()
     }
 

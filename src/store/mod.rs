@@ -34,7 +34,7 @@ pub use cursors::{
 };
 pub use group_commit::GroupCommitStats;
 pub use jobs::{
-    ClaimedJob, CompactionWrite, EnqueueOutcome, Job, JobState, NewJob, NOTIFY_CHANNEL,
+    ClaimedJob, CompactionWrite, EnqueueOutcome, Job, JobState, NewJob, ThreadJobs, NOTIFY_CHANNEL,
 };
 pub use keys::{ApiKeyRecord, CreatedKey, KeyIdentity, TenantRecord};
 pub use messages::{fingerprint, AppendOutcome, AppendRequest, MessagePage};

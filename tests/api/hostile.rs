@@ -11,7 +11,7 @@ use axum::body::{Body, Bytes};
 use axum::http::{header, Method, Request, StatusCode};
 use loupe::http::Limits;
 use loupe::jobs::{Clock, JobsConfig, Runner, StepOutcome};
-use loupe::store::{JobState, TenantId};
+use loupe::store::{JobState, TenantId, ThreadJobs};
 use loupe::summarize::{ExtractiveSummarizer, SummarizeError, Summarizer, Summary, SummaryRequest};
 use serde_json::{json, Value};
 
@@ -306,7 +306,11 @@ async fn a_tree_job_keeps_its_dedup_key_while_running_and_runs_again_after_an_ap
     gate.entered.notified().await;
     // An append while the job runs: no second tree job, the running one is marked instead.
     app.append(&thread, vec![user("u1", LONG)]).await;
-    let jobs = app.store.thread_jobs(&tenant(), &thread).await.unwrap();
+    let jobs = app
+        .store
+        .thread_jobs(&tenant(), &thread, ThreadJobs::All)
+        .await
+        .unwrap();
     let live: Vec<_> = jobs
         .iter()
         .filter(|job| matches!(job.state, JobState::Pending | JobState::Running))
@@ -320,7 +324,11 @@ async fn a_tree_job_keeps_its_dedup_key_while_running_and_runs_again_after_an_ap
             break;
         }
     }
-    let jobs = app.store.thread_jobs(&tenant(), &thread).await.unwrap();
+    let jobs = app
+        .store
+        .thread_jobs(&tenant(), &thread, ThreadJobs::All)
+        .await
+        .unwrap();
     assert!(
         jobs.iter().all(|job| job.state == JobState::Succeeded),
         "{jobs:?}"
@@ -426,12 +434,20 @@ async fn auto_compaction_tries_again_after_an_unproductive_attempt(app: TestApp)
     }
     // Right after, the next append does not retry (backoff)…
     rounds(&app, &thread, 1, 1).await;
-    let jobs = app.store.thread_jobs(&tenant(), &thread).await.unwrap();
+    let jobs = app
+        .store
+        .thread_jobs(&tenant(), &thread, ThreadJobs::All)
+        .await
+        .unwrap();
     assert_eq!(jobs.len(), 1, "{jobs:?}");
     // …but once the backoff has passed, an append above the threshold enqueues again.
     execute(&app, "UPDATE jobs SET updated_at = updated_at - 7200000").await;
     rounds(&app, &thread, 2, 1).await;
-    let jobs = app.store.thread_jobs(&tenant(), &thread).await.unwrap();
+    let jobs = app
+        .store
+        .thread_jobs(&tenant(), &thread, ThreadJobs::All)
+        .await
+        .unwrap();
     assert_eq!(jobs.len(), 2, "{jobs:?}");
     assert_eq!(jobs[1].state, JobState::Pending);
     assert_eq!(jobs[1].payload["trigger"], "auto");

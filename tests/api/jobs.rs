@@ -8,7 +8,7 @@ use crate::common::{assistant, user, TestApp};
 use async_trait::async_trait;
 use axum::http::{Method, StatusCode};
 use loupe::jobs::{Clock, JobsConfig, Runner, StepOutcome, KIND_NOOP};
-use loupe::store::{now_millis, AppendRequest, JobState, NewJob, StoreError, TenantId};
+use loupe::store::{now_millis, AppendRequest, JobState, NewJob, StoreError, TenantId, ThreadJobs};
 use loupe::summarize::{ExtractiveSummarizer, SummarizeError, Summarizer, Summary, SummaryRequest};
 use loupe_validate::{anthropic, openai, AnthropicRules};
 use serde_json::{json, Value};
@@ -27,6 +27,7 @@ on_both_backends!(
     auto_compaction_enqueues_exactly_one_job_when_the_threshold_is_crossed,
     microcompaction_settings_change_the_context,
     another_tenants_job_is_not_found,
+    the_thread_jobs_listing_is_newest_first_and_limited,
 );
 
 const LEASE_MS: i64 = 300_000;
@@ -371,7 +372,7 @@ async fn a_duplicate_trigger_returns_the_pending_job(app: TestApp) {
     assert_eq!(second["state"], "pending");
     assert_eq!(
         app.store
-            .thread_jobs(&TenantId::default_tenant(), &thread)
+            .thread_jobs(&TenantId::default_tenant(), &thread, ThreadJobs::All)
             .await
             .unwrap()
             .len(),
@@ -541,7 +542,7 @@ async fn auto_compaction_enqueues_exactly_one_job_when_the_threshold_is_crossed(
         conversation(&app, &thread, i, 1).await;
         let jobs = app
             .store
-            .thread_jobs(&TenantId::default_tenant(), &thread)
+            .thread_jobs(&TenantId::default_tenant(), &thread, ThreadJobs::All)
             .await
             .unwrap();
         crossed_at.push(jobs.len());
@@ -549,7 +550,7 @@ async fn auto_compaction_enqueues_exactly_one_job_when_the_threshold_is_crossed(
     assert_eq!(crossed_at, [0, 0, 1, 1, 1, 1, 1, 1]);
     let jobs = app
         .store
-        .thread_jobs(&TenantId::default_tenant(), &thread)
+        .thread_jobs(&TenantId::default_tenant(), &thread, ThreadJobs::All)
         .await
         .unwrap();
     assert_eq!(jobs[0].payload["trigger"], "auto");
@@ -644,5 +645,37 @@ async fn another_tenants_job_is_not_found(app: TestApp) {
     app.get("/v1/jobs/job_missing")
         .await
         .assert_problem(StatusCode::NOT_FOUND, "not-found");
+    app.finish().await;
+}
+
+async fn the_thread_jobs_listing_is_newest_first_and_limited(app: TestApp) {
+    let thread = app.thread("listed").await;
+    conversation(&app, &thread, 0, 2).await;
+    // Two compactions that run (nothing to summarize), then a third left pending.
+    for _ in 0..2 {
+        let (status, body) = compact(&app, &thread, json!({})).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+        extractive(&app).step(Clock::System).await.unwrap();
+    }
+    let (status, body) = compact(&app, &thread, json!({})).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let all = app
+        .store
+        .thread_jobs(&TenantId::default_tenant(), &thread, ThreadJobs::All)
+        .await
+        .unwrap();
+    let newest_first: Vec<&str> = all.iter().rev().map(|job| job.id.as_str()).collect();
+    assert_eq!(newest_first.len(), 3, "{all:?}");
+    for (query, expected) in [("", &newest_first[..]), ("?limit=2", &newest_first[..2])] {
+        let listed = app.get(&format!("/v1/threads/{thread}/jobs{query}")).await;
+        assert_eq!(listed.status, StatusCode::OK, "{}", listed.body);
+        let ids: Vec<&str> = listed.body["jobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|job| job["id"].as_str().unwrap())
+            .collect();
+        assert_eq!(ids, expected, "{query}");
+    }
     app.finish().await;
 }

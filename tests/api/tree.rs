@@ -9,7 +9,7 @@ use crate::common::{assistant, user, TestApp};
 use async_trait::async_trait;
 use axum::http::{Method, StatusCode};
 use loupe::jobs::{Clock, JobsConfig, Runner, StepOutcome};
-use loupe::store::TenantId;
+use loupe::store::{TenantId, ThreadJobs};
 use loupe::summarize::{
     ExtractiveSummarizer, Purpose, SummarizeError, Summarizer, Summary, SummaryRequest,
 };
@@ -394,7 +394,7 @@ async fn a_duplicate_run_writes_nothing_and_a_failed_node_is_retried(app: TestAp
     // Succeeded tree jobs are pruned down to the latest; no compaction was ever enqueued.
     let jobs = app
         .store
-        .thread_jobs(&TenantId::default_tenant(), &thread)
+        .thread_jobs(&TenantId::default_tenant(), &thread, ThreadJobs::All)
         .await
         .unwrap();
     let kinds: Vec<&str> = jobs.iter().map(|job| job.kind.as_str()).collect();

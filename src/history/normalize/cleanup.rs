@@ -9,6 +9,7 @@ use super::blocks::{
 };
 use super::merge::merge_adjacent_users;
 use super::{Block, Ctx, Msg, RepairKind};
+use crate::history::model::Role;
 
 /// Runs the cleanup steps in order: [`filter_orphaned_thinking_only`],
 /// [`filter_whitespace_only_assistants`], [`remove_empty_text_blocks`],
@@ -162,9 +163,20 @@ pub fn filter_trailing_thinking(msgs: &mut [Msg], ctx: &mut Ctx) {
 /// `ensureNonEmptyAssistantContent`, applied to every assistant (the last one is not final in the
 /// request: the caller appends a user turn): empty content becomes `(no content)`.
 pub fn ensure_non_empty_assistants(msgs: &mut [Msg], ctx: &mut Ctx) {
+    fill_empty_turns(msgs, Role::Assistant, ctx);
+}
+
+/// Gives every turn of `role` with no content block a `(no content)` text block, reported as
+/// `placeholder_content`. The assistant's step is [`ensure_non_empty_assistants`]; the user's
+/// comes last, in `enforce`, for turns the later steps emptied.
+pub(super) fn fill_empty_turns(msgs: &mut [Msg], role: Role, ctx: &mut Ctx) {
+    let what = match role {
+        Role::User => "user turn",
+        Role::Assistant => "assistant content",
+    };
     for m in msgs
         .iter_mut()
-        .filter(|m| m.is_assistant() && m.blocks.is_empty())
+        .filter(|m| m.role == role && m.blocks.is_empty())
     {
         m.blocks.push(Block {
             v: text_block(NO_CONTENT),
@@ -173,7 +185,7 @@ pub fn ensure_non_empty_assistants(msgs: &mut [Msg], ctx: &mut Ctx) {
         ctx.report(
             RepairKind::PlaceholderContent,
             m.srcs.iter().copied(),
-            format!("empty assistant content set to {NO_CONTENT}"),
+            format!("empty {what} set to {NO_CONTENT}"),
         );
     }
 }

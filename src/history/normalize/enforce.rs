@@ -5,12 +5,12 @@ use std::collections::HashMap;
 use serde_json::json;
 
 use super::blocks::{
-    completed_with_no_output, is_type, str_field, text_block, tool_result_is_empty, NO_CONTENT,
+    completed_with_no_output, is_type, str_field, tool_result_is_empty, NO_CONTENT,
 };
-use super::cleanup::{ensure_non_empty_assistants, filter_trailing_thinking};
+use super::cleanup::{ensure_non_empty_assistants, fill_empty_turns, filter_trailing_thinking};
 use super::ids::sanitize_ids;
 use super::merge::merge_user;
-use super::{Block, Ctx, Msg, Provider, RepairKind};
+use super::{Ctx, Msg, Provider, RepairKind};
 use crate::history::model::Role;
 
 /// Runs, in order: [`sanitize_ids`], [`fill_empty_error_results`], trailing thinking removed and
@@ -57,20 +57,7 @@ pub fn fill_empty_error_results(msgs: &mut [Msg], ctx: &mut Ctx) {
 
 /// A user turn left empty (e.g. all its media capped) gets `(no content)`.
 pub fn fill_empty_users(msgs: &mut [Msg], ctx: &mut Ctx) {
-    for m in msgs
-        .iter_mut()
-        .filter(|m| m.is_user() && m.blocks.is_empty())
-    {
-        m.blocks.push(Block {
-            v: text_block(NO_CONTENT),
-            src: m.primary_src(),
-        });
-        ctx.report(
-            RepairKind::PlaceholderContent,
-            m.srcs.iter().copied(),
-            format!("empty user turn set to {NO_CONTENT}"),
-        );
-    }
+    fill_empty_turns(msgs, Role::User, ctx);
 }
 
 /// First turn `user` (a `(no content)` user turn is prepended: `leading_user_inserted`), strict

@@ -24,11 +24,17 @@ use std::collections::HashMap;
 use serde_json::{json, Map, Value};
 
 use super::blocks::{
-    block_type, is_type, str_field, DUMMY_THOUGHT_SIGNATURE, NO_CONTENT, THOUGHT_SIGNATURE,
+    block_type, str_field, DUMMY_THOUGHT_SIGNATURE, NO_CONTENT, THOUGHT_SIGNATURE,
 };
-use super::output::{entry, tool_text, user_part};
+use super::output::{
+    assistant_entry, report_dropped, split_data_url, split_user_turn, tool_result_block, tool_text,
+    tool_use_block, user_entry, ToolCall,
+};
 use super::{Ctx, Msg, RepairKind};
-use crate::history::model::{Content, Entry, EntryKind, Role};
+use crate::history::model::{Content, Entry, Role};
+
+/// The API [`to_gemini`] renders for, as its repairs name it.
+const GEMINI: &str = "Gemini";
 
 fn text_part(text: &str) -> Value {
     json!({"text": text})
@@ -48,17 +54,13 @@ fn signed(mut part: Value, block: &Value) -> Value {
 
 /// A Chat Completions user part in its Gemini form.
 fn gemini_part(chat: Value) -> Value {
-    let data_url = |url: &str| -> Option<(String, String)> {
-        let (media, data) = url.strip_prefix("data:")?.split_once(";base64,")?;
-        Some((media.to_string(), data.to_string()))
-    };
     match block_type(&chat) {
         Some("image_url") => {
             let url = chat
                 .get("image_url")
                 .and_then(|u| str_field(u, "url"))
                 .unwrap_or("");
-            match data_url(url) {
+            match split_data_url(url) {
                 Some((media, data)) => json!({"inlineData": {"mimeType": media, "data": data}}),
                 None => text_part(&format!("[image: {url}]")),
             }
@@ -68,7 +70,7 @@ fn gemini_part(chat: Value) -> Value {
                 .get("file")
                 .and_then(|f| str_field(f, "file_data"))
                 .unwrap_or("");
-            match data_url(data) {
+            match split_data_url(data) {
                 Some((media, data)) => json!({"inlineData": {"mimeType": media, "data": data}}),
                 None => text_part("[document]"),
             }
@@ -99,24 +101,15 @@ pub fn to_gemini(msgs: Vec<Msg>, ctx: &mut Ctx) -> Vec<Value> {
                         &b.v,
                     )),
                     Some("tool_use") => {
-                        let id = str_field(&b.v, "id").unwrap_or("").to_string();
-                        let name = str_field(&b.v, "name").unwrap_or("").to_string();
-                        let args = b.v.get("input").cloned().unwrap_or_else(|| json!({}));
-                        calls.insert(id.clone(), (name.clone(), calls.len()));
+                        let call = ToolCall::of(&b.v);
+                        calls.insert(call.id.to_string(), (call.name.to_string(), calls.len()));
                         parts.push(signed(
-                            json!({"functionCall": {"id": id, "name": name, "args": args}}),
+                            json!({"functionCall": {"id": call.id, "name": call.name, "args": call.args()}}),
                             &b.v,
                         ));
                     }
                     Some("thinking" | "redacted_thinking" | "reasoning") => {}
-                    t => ctx.report(
-                        RepairKind::UnsupportedBlockDropped,
-                        [b.src],
-                        format!(
-                            "dropped assistant {} block: no Gemini equivalent",
-                            t.unwrap_or("?")
-                        ),
-                    ),
+                    _ => report_dropped(ctx, Role::Assistant, &b, GEMINI),
                 }
             }
             if parts.is_empty() {
@@ -125,40 +118,27 @@ pub fn to_gemini(msgs: Vec<Msg>, ctx: &mut Ctx) -> Vec<Value> {
             out.push(content("model", parts));
             continue;
         }
-        let mut responses: Vec<(usize, Value)> = Vec::new();
-        let mut parts: Vec<Value> = Vec::new();
-        for b in m.blocks {
-            if is_type(&b.v, "tool_result") {
-                let id = str_field(&b.v, "tool_use_id").unwrap_or("").to_string();
-                let (name, at) = calls
-                    .get(&id)
-                    .cloned()
-                    .unwrap_or_else(|| ("tool".to_string(), usize::MAX));
-                let text = tool_text(&b.v, &name);
-                let key = if b.v.get("is_error") == Some(&json!(true)) {
-                    "error"
-                } else {
-                    "output"
-                };
-                let mut response = Map::new();
-                response.insert(key.into(), json!(text));
-                responses.push((
-                    at,
-                    json!({"functionResponse": {"id": id, "name": name, "response": response}}),
-                ));
-            } else if let Some(p) = user_part(&b.v) {
-                parts.push(gemini_part(p));
+        let (results, parts) = split_user_turn(m.blocks, GEMINI, ctx);
+        let mut responses: Vec<(usize, Value)> = Vec::with_capacity(results.len());
+        for r in &results {
+            let id = str_field(r, "tool_use_id").unwrap_or("");
+            let (name, at) = calls
+                .get(id)
+                .map_or(("tool", usize::MAX), |(name, at)| (name.as_str(), *at));
+            let text = tool_text(r, name);
+            let key = if r.get("is_error") == Some(&json!(true)) {
+                "error"
             } else {
-                ctx.report(
-                    RepairKind::UnsupportedBlockDropped,
-                    [b.src],
-                    format!(
-                        "dropped user {} block: no Gemini equivalent",
-                        block_type(&b.v).unwrap_or("?")
-                    ),
-                );
-            }
+                "output"
+            };
+            let mut response = Map::new();
+            response.insert(key.into(), json!(text));
+            responses.push((
+                at,
+                json!({"functionResponse": {"id": id, "name": name, "response": response}}),
+            ));
         }
+        let mut parts: Vec<Value> = parts.into_iter().map(gemini_part).collect();
         if !responses.is_empty() {
             responses.sort_by_key(|(at, _)| *at);
             out.push(content(
@@ -226,12 +206,11 @@ fn part_block(p: &Value) -> Option<Value> {
     let mut block = if let Some(t) = str_field(p, "text") {
         json!({"type": "text", "text": t})
     } else if let Some(call) = p.get("functionCall") {
-        json!({
-            "type": "tool_use",
-            "id": str_field(call, "id").unwrap_or(""),
-            "name": str_field(call, "name").unwrap_or(""),
-            "input": call.get("args").cloned().unwrap_or_else(|| json!({})),
-        })
+        tool_use_block(
+            str_field(call, "id").unwrap_or(""),
+            str_field(call, "name").unwrap_or(""),
+            call.get("args").cloned().unwrap_or_else(|| json!({})),
+        )
     } else if let Some(resp) = p.get("functionResponse") {
         let response = resp.get("response");
         let error = response.and_then(|r| r.get("error"));
@@ -239,11 +218,7 @@ fn part_block(p: &Value) -> Option<Value> {
             .or_else(|| response.and_then(|r| r.get("output")))
             .cloned()
             .unwrap_or_else(|| json!(""));
-        let mut b = json!({
-            "type": "tool_result",
-            "tool_use_id": str_field(resp, "id").unwrap_or(""),
-            "content": text,
-        });
+        let mut b = tool_result_block(str_field(resp, "id").unwrap_or(""), text);
         if error.is_some() {
             b["is_error"] = json!(true);
         }
@@ -280,20 +255,8 @@ pub fn entries_from_contents(contents: &[Value]) -> Vec<Entry> {
                 .filter_map(part_block)
                 .collect();
             match str_field(c, "role") {
-                Some("model") => Some(entry(
-                    i,
-                    EntryKind::Assistant,
-                    Role::Assistant,
-                    Content::Blocks(blocks),
-                    Some(format!("msg_loupe_{i}")),
-                )),
-                Some("user") => Some(entry(
-                    i,
-                    EntryKind::User,
-                    Role::User,
-                    Content::Blocks(blocks),
-                    None,
-                )),
+                Some("model") => Some(assistant_entry(i, Content::Blocks(blocks))),
+                Some("user") => Some(user_entry(i, Content::Blocks(blocks))),
                 _ => None,
             }
         })

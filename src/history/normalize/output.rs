@@ -22,7 +22,7 @@ use std::collections::HashMap;
 use serde_json::{json, Map, Value};
 
 use super::blocks::{block_type, completed_with_no_output, is_type, str_field, NO_CONTENT};
-use super::{Ctx, Msg, Provider, RepairKind};
+use super::{Block, Ctx, Msg, Provider, RepairKind};
 use crate::history::model::{ApiMessage, Content, Entry, EntryKind, Role};
 
 fn role_str(role: Role) -> &'static str {
@@ -133,6 +133,72 @@ pub(super) fn user_part(v: &Value) -> Option<Value> {
     }
 }
 
+/// Reports a block the target `api` has no form for (`unsupported_block_dropped`).
+pub(super) fn report_dropped(ctx: &mut Ctx, role: Role, block: &Block, api: &str) {
+    ctx.report(
+        RepairKind::UnsupportedBlockDropped,
+        [block.src],
+        format!(
+            "dropped {} {} block: no {api} equivalent",
+            role_str(role),
+            block_type(&block.v).unwrap_or("?")
+        ),
+    );
+}
+
+/// A `tool_use` block as the call an assistant turn makes in the OpenAI and Gemini APIs.
+pub(super) struct ToolCall<'a> {
+    pub id: &'a str,
+    pub name: &'a str,
+    input: Option<&'a Value>,
+}
+
+impl<'a> ToolCall<'a> {
+    pub fn of(block: &'a Value) -> Self {
+        ToolCall {
+            id: str_field(block, "id").unwrap_or(""),
+            name: str_field(block, "name").unwrap_or(""),
+            input: block.get("input"),
+        }
+    }
+
+    /// The input as a JSON string (OpenAI's `arguments`), `{}` when there is none.
+    pub fn arguments(&self) -> String {
+        self.input
+            .map_or_else(|| "{}".to_string(), Value::to_string)
+    }
+
+    /// The input as an object (Gemini's `args`), `{}` when there is none.
+    pub fn args(&self) -> Value {
+        self.input.cloned().unwrap_or_else(|| json!({}))
+    }
+}
+
+/// A user turn's blocks as the OpenAI and Gemini renderers take them: its `tool_result` blocks in
+/// order, and its other blocks as Chat Completions parts ([`user_part`]). A block with neither
+/// form is reported dropped (no `api` equivalent).
+pub(super) fn split_user_turn(
+    blocks: Vec<Block>,
+    api: &str,
+    ctx: &mut Ctx,
+) -> (Vec<Value>, Vec<Value>) {
+    let mut results = Vec::new();
+    let mut parts = Vec::new();
+    for b in blocks {
+        if is_type(&b.v, "tool_result") {
+            results.push(b.v);
+        } else if let Some(p) = user_part(&b.v) {
+            parts.push(p);
+        } else {
+            report_dropped(ctx, Role::User, &b, api);
+        }
+    }
+    (results, parts)
+}
+
+/// The API [`to_openai`] renders for, as its repairs name it.
+const CHAT_COMPLETIONS: &str = "Chat Completions";
+
 /// OpenAI Chat Completions messages (see the module docs for the mapping).
 pub fn to_openai(msgs: Vec<Msg>, ctx: &mut Ctx) -> Vec<Value> {
     let mut out = Vec::with_capacity(msgs.len() + 8);
@@ -146,23 +212,12 @@ pub fn to_openai(msgs: Vec<Msg>, ctx: &mut Ctx) -> Vec<Value> {
                 match block_type(&b.v) {
                     Some("text") => texts.push(str_field(&b.v, "text").unwrap_or("").to_string()),
                     Some("tool_use") => {
-                        let id = str_field(&b.v, "id").unwrap_or("").to_string();
-                        let name = str_field(&b.v, "name").unwrap_or("").to_string();
-                        let args =
-                            b.v.get("input")
-                                .map_or_else(|| "{}".to_string(), Value::to_string);
-                        names.insert(id.clone(), name.clone());
-                        calls.push(json!({"id": id, "type": "function", "function": {"name": name, "arguments": args}}));
+                        let call = ToolCall::of(&b.v);
+                        names.insert(call.id.to_string(), call.name.to_string());
+                        calls.push(json!({"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments()}}));
                     }
                     Some("thinking" | "redacted_thinking") => {}
-                    t => ctx.report(
-                        RepairKind::UnsupportedBlockDropped,
-                        [b.src],
-                        format!(
-                            "dropped assistant {} block: no Chat Completions equivalent",
-                            t.unwrap_or("?")
-                        ),
-                    ),
+                    _ => report_dropped(ctx, Role::Assistant, &b, CHAT_COMPLETIONS),
                 }
             }
             let content = if !texts.is_empty() {
@@ -181,31 +236,14 @@ pub fn to_openai(msgs: Vec<Msg>, ctx: &mut Ctx) -> Vec<Value> {
             out.push(Value::Object(obj));
             continue;
         }
-        let mut parts: Vec<Value> = Vec::new();
-        let mut had_results = false;
-        for b in m.blocks {
-            if is_type(&b.v, "tool_result") {
-                had_results = true;
-                let id = str_field(&b.v, "tool_use_id").unwrap_or("");
-                let name = names.get(id).map_or("tool", String::as_str);
-                out.push(
-                    json!({"role": "tool", "tool_call_id": id, "content": tool_text(&b.v, name)}),
-                );
-            } else if let Some(p) = user_part(&b.v) {
-                parts.push(p);
-            } else {
-                ctx.report(
-                    RepairKind::UnsupportedBlockDropped,
-                    [b.src],
-                    format!(
-                        "dropped user {} block: no Chat Completions equivalent",
-                        block_type(&b.v).unwrap_or("?")
-                    ),
-                );
-            }
+        let (results, mut parts) = split_user_turn(m.blocks, CHAT_COMPLETIONS, ctx);
+        for r in &results {
+            let id = str_field(r, "tool_use_id").unwrap_or("");
+            let name = names.get(id).map_or("tool", String::as_str);
+            out.push(json!({"role": "tool", "tool_call_id": id, "content": tool_text(r, name)}));
         }
         let content = match parts.len() {
-            0 if had_results => continue,
+            0 if !results.is_empty() => continue,
             0 => Value::String(NO_CONTENT.into()),
             1 if is_type(&parts[0], "text") => parts
                 .pop()
@@ -218,6 +256,11 @@ pub fn to_openai(msgs: Vec<Msg>, ctx: &mut Ctx) -> Vec<Value> {
     out
 }
 
+/// The media type and the data of a base64 `data:` URL.
+pub(super) fn split_data_url(url: &str) -> Option<(&str, &str)> {
+    url.strip_prefix("data:")?.split_once(";base64,")
+}
+
 pub(super) fn part_to_block(p: &Value) -> Value {
     match block_type(p) {
         Some("image_url") => {
@@ -225,10 +268,7 @@ pub(super) fn part_to_block(p: &Value) -> Value {
                 .get("image_url")
                 .and_then(|u| str_field(u, "url"))
                 .unwrap_or("");
-            match url
-                .strip_prefix("data:")
-                .and_then(|r| r.split_once(";base64,"))
-            {
+            match split_data_url(url) {
                 Some((media, data)) => {
                     json!({"type": "image", "source": {"type": "base64", "media_type": media, "data": data}})
                 }
@@ -238,10 +278,7 @@ pub(super) fn part_to_block(p: &Value) -> Value {
         Some("file") => {
             let f = p.get("file").cloned().unwrap_or_default();
             let data = str_field(&f, "file_data").unwrap_or("");
-            let (media, b64) = data
-                .strip_prefix("data:")
-                .and_then(|r| r.split_once(";base64,"))
-                .unwrap_or(("application/pdf", data));
+            let (media, b64) = split_data_url(data).unwrap_or(("application/pdf", data));
             let mut doc = json!({"type": "document", "source": {"type": "base64", "media_type": media, "data": b64}});
             if let Some(name) = str_field(&f, "filename") {
                 doc["title"] = json!(name);
@@ -252,13 +289,7 @@ pub(super) fn part_to_block(p: &Value) -> Value {
     }
 }
 
-pub(super) fn entry(
-    i: usize,
-    kind: EntryKind,
-    role: Role,
-    content: Content,
-    id: Option<String>,
-) -> Entry {
+fn entry(i: usize, kind: EntryKind, role: Role, content: Content, id: Option<String>) -> Entry {
     Entry {
         seq: Some(i as i64),
         message: Some(ApiMessage {
@@ -267,6 +298,35 @@ pub(super) fn entry(
         }),
         ..Entry::new(kind)
     }
+}
+
+/// The user entry of the `i`th message of an output.
+pub(super) fn user_entry(i: usize, content: Content) -> Entry {
+    entry(i, EntryKind::User, Role::User, content, None)
+}
+
+/// The assistant entry of the `i`th message of an output, with the synthetic message id
+/// `msg_loupe_<i>`, distinct for each turn so that no two turns merge.
+pub(super) fn assistant_entry(i: usize, content: Content) -> Entry {
+    let id = Some(format!("msg_loupe_{i}"));
+    entry(i, EntryKind::Assistant, Role::Assistant, content, id)
+}
+
+/// A stored `tool_use` block.
+pub(super) fn tool_use_block(id: &str, name: &str, input: Value) -> Value {
+    json!({"type": "tool_use", "id": id, "name": name, "input": input})
+}
+
+/// The input of a call whose `arguments` are a JSON string (OpenAI); `{}` when they do not parse.
+pub(super) fn parse_arguments(arguments: Option<&str>) -> Value {
+    arguments
+        .and_then(|a| serde_json::from_str::<Value>(a).ok())
+        .unwrap_or_else(|| json!({}))
+}
+
+/// A stored `tool_result` block answering the call `id`.
+pub(super) fn tool_result_block(id: &str, content: Value) -> Value {
+    json!({"type": "tool_result", "tool_use_id": id, "content": content})
 }
 
 /// Turns a normalized output back into entries (for idempotence checks: normalizing the result
@@ -285,20 +345,18 @@ pub fn entries_from_messages(messages: &[Value], provider: Provider) -> Vec<Entr
     for (i, m) in messages.iter().enumerate() {
         let role = str_field(m, "role").unwrap_or("");
         let content = m.get("content");
-        let asst_id = Some(format!("msg_loupe_{i}"));
         match (provider, role) {
             (Provider::Anthropic, "user" | "assistant") => {
-                let (kind, r, id) = if role == "user" {
-                    (EntryKind::User, Role::User, None)
-                } else {
-                    (EntryKind::Assistant, Role::Assistant, asst_id)
-                };
                 let c = match content {
                     Some(Value::String(s)) => Content::Text(s.clone()),
                     Some(Value::Array(items)) => Content::Blocks(items.clone()),
                     _ => Content::Blocks(Vec::new()),
                 };
-                out.push(entry(i, kind, r, c, id));
+                out.push(if role == "user" {
+                    user_entry(i, c)
+                } else {
+                    assistant_entry(i, c)
+                });
             }
             (Provider::Openai, "user") => {
                 let c = match content {
@@ -308,7 +366,7 @@ pub fn entries_from_messages(messages: &[Value], provider: Provider) -> Vec<Entr
                     }
                     _ => Content::Blocks(Vec::new()),
                 };
-                out.push(entry(i, EntryKind::User, Role::User, c, None));
+                out.push(user_entry(i, c));
             }
             (Provider::Openai, "assistant") => {
                 let mut blocks = Vec::new();
@@ -324,37 +382,20 @@ pub fn entries_from_messages(messages: &[Value], provider: Provider) -> Vec<Entr
                     .flatten()
                 {
                     let f = call.get("function").cloned().unwrap_or_default();
-                    let input = str_field(&f, "arguments")
-                        .and_then(|a| serde_json::from_str::<Value>(a).ok())
-                        .unwrap_or_else(|| json!({}));
-                    blocks.push(json!({
-                        "type": "tool_use",
-                        "id": str_field(call, "id").unwrap_or(""),
-                        "name": str_field(&f, "name").unwrap_or(""),
-                        "input": input,
-                    }));
+                    blocks.push(tool_use_block(
+                        str_field(call, "id").unwrap_or(""),
+                        str_field(&f, "name").unwrap_or(""),
+                        parse_arguments(str_field(&f, "arguments")),
+                    ));
                 }
-                out.push(entry(
-                    i,
-                    EntryKind::Assistant,
-                    Role::Assistant,
-                    Content::Blocks(blocks),
-                    asst_id,
-                ));
+                out.push(assistant_entry(i, Content::Blocks(blocks)));
             }
             (Provider::Openai, "tool") => {
-                let block = json!({
-                    "type": "tool_result",
-                    "tool_use_id": str_field(m, "tool_call_id").unwrap_or(""),
-                    "content": content.cloned().unwrap_or_else(|| json!("")),
-                });
-                out.push(entry(
-                    i,
-                    EntryKind::User,
-                    Role::User,
-                    Content::Blocks(vec![block]),
-                    None,
-                ));
+                let block = tool_result_block(
+                    str_field(m, "tool_call_id").unwrap_or(""),
+                    content.cloned().unwrap_or_else(|| json!("")),
+                );
+                out.push(user_entry(i, Content::Blocks(vec![block])));
             }
             _ => {}
         }

@@ -19,10 +19,16 @@ use std::collections::HashMap;
 
 use serde_json::{json, Value};
 
-use super::blocks::{block_type, is_type, str_field, NO_CONTENT};
-use super::output::{entry, part_to_block, tool_text, user_part};
+use super::blocks::{block_type, str_field, NO_CONTENT};
+use super::output::{
+    assistant_entry, parse_arguments, part_to_block, report_dropped, split_user_turn,
+    tool_result_block, tool_text, tool_use_block, user_entry, ToolCall,
+};
 use super::{Ctx, Msg, RepairKind};
-use crate::history::model::{Content, Entry, EntryKind, Role};
+use crate::history::model::{Content, Entry, Role};
+
+/// The API [`to_responses`] renders for, as its repairs name it.
+const RESPONSES: &str = "Responses";
 
 fn output_text(text: &str) -> Value {
     json!({"type": "output_text", "text": text, "annotations": []})
@@ -77,25 +83,15 @@ pub fn to_responses(msgs: Vec<Msg>, ctx: &mut Ctx) -> Vec<Value> {
                     ))),
                     Some("reasoning") => items.push(Item::Reasoning(b.v, b.src)),
                     Some("tool_use") => {
-                        let id = str_field(&b.v, "id").unwrap_or("").to_string();
-                        let name = str_field(&b.v, "name").unwrap_or("").to_string();
-                        let args =
-                            b.v.get("input")
-                                .map_or_else(|| "{}".to_string(), Value::to_string);
-                        names.insert(id.clone(), name.clone());
+                        let call = ToolCall::of(&b.v);
+                        names.insert(call.id.to_string(), call.name.to_string());
                         items.push(Item::Call(json!({
-                            "type": "function_call", "call_id": id, "name": name, "arguments": args,
+                            "type": "function_call", "call_id": call.id, "name": call.name,
+                            "arguments": call.arguments(),
                         })));
                     }
                     Some("thinking" | "redacted_thinking") => {}
-                    t => ctx.report(
-                        RepairKind::UnsupportedBlockDropped,
-                        [b.src],
-                        format!(
-                            "dropped assistant {} block: no Responses equivalent",
-                            t.unwrap_or("?")
-                        ),
-                    ),
+                    _ => report_dropped(ctx, Role::Assistant, &b, RESPONSES),
                 }
             }
             let before = out.len();
@@ -151,31 +147,17 @@ pub fn to_responses(msgs: Vec<Msg>, ctx: &mut Ctx) -> Vec<Value> {
             }
             continue;
         }
-        let mut parts: Vec<Value> = Vec::new();
-        let mut had_results = false;
-        for b in m.blocks {
-            if is_type(&b.v, "tool_result") {
-                had_results = true;
-                let id = str_field(&b.v, "tool_use_id").unwrap_or("");
-                let name = names.get(id).map_or("tool", String::as_str);
-                out.push(json!({
-                    "type": "function_call_output", "call_id": id, "output": tool_text(&b.v, name),
-                }));
-            } else if let Some(p) = user_part(&b.v) {
-                parts.push(input_part(p));
-            } else {
-                ctx.report(
-                    RepairKind::UnsupportedBlockDropped,
-                    [b.src],
-                    format!(
-                        "dropped user {} block: no Responses equivalent",
-                        block_type(&b.v).unwrap_or("?")
-                    ),
-                );
-            }
+        let (results, parts) = split_user_turn(m.blocks, RESPONSES, ctx);
+        for r in &results {
+            let id = str_field(r, "tool_use_id").unwrap_or("");
+            let name = names.get(id).map_or("tool", String::as_str);
+            out.push(json!({
+                "type": "function_call_output", "call_id": id, "output": tool_text(r, name),
+            }));
         }
+        let mut parts: Vec<Value> = parts.into_iter().map(input_part).collect();
         if parts.is_empty() {
-            if had_results {
+            if !results.is_empty() {
                 continue;
             }
             parts.push(json!({"type": "input_text", "text": NO_CONTENT}));
@@ -211,13 +193,7 @@ pub fn entries_from_items(items: &[Value]) -> Vec<Entry> {
     let mut asst_at = 0usize;
     let flush = |asst: &mut Vec<Value>, at: usize, out: &mut Vec<Entry>| {
         if !asst.is_empty() {
-            out.push(entry(
-                at,
-                EntryKind::Assistant,
-                Role::Assistant,
-                Content::Blocks(std::mem::take(asst)),
-                Some(format!("msg_loupe_{at}")),
-            ));
+            out.push(assistant_entry(at, Content::Blocks(std::mem::take(asst))));
         }
     };
     for (i, item) in items.iter().enumerate() {
@@ -232,17 +208,11 @@ pub fn entries_from_items(items: &[Value]) -> Vec<Entry> {
         let assistant_side: Option<Vec<Value>> = match (ty, role) {
             ("message", "assistant") => Some(parts()),
             ("reasoning", _) => Some(vec![item.clone()]),
-            ("function_call", _) => {
-                let input = str_field(item, "arguments")
-                    .and_then(|a| serde_json::from_str::<Value>(a).ok())
-                    .unwrap_or_else(|| json!({}));
-                Some(vec![json!({
-                    "type": "tool_use",
-                    "id": str_field(item, "call_id").unwrap_or(""),
-                    "name": str_field(item, "name").unwrap_or(""),
-                    "input": input,
-                })])
-            }
+            ("function_call", _) => Some(vec![tool_use_block(
+                str_field(item, "call_id").unwrap_or(""),
+                str_field(item, "name").unwrap_or(""),
+                parse_arguments(str_field(item, "arguments")),
+            )]),
             _ => None,
         };
         if let Some(blocks) = assistant_side {
@@ -254,21 +224,14 @@ pub fn entries_from_items(items: &[Value]) -> Vec<Entry> {
         }
         flush(&mut asst, asst_at, &mut out);
         let blocks = match (ty, role) {
-            ("function_call_output", _) => vec![json!({
-                "type": "tool_result",
-                "tool_use_id": str_field(item, "call_id").unwrap_or(""),
-                "content": item.get("output").cloned().unwrap_or_else(|| json!("")),
-            })],
+            ("function_call_output", _) => vec![tool_result_block(
+                str_field(item, "call_id").unwrap_or(""),
+                item.get("output").cloned().unwrap_or_else(|| json!("")),
+            )],
             ("message", "user") => parts(),
             _ => continue,
         };
-        out.push(entry(
-            i,
-            EntryKind::User,
-            Role::User,
-            Content::Blocks(blocks),
-            None,
-        ));
+        out.push(user_entry(i, Content::Blocks(blocks)));
     }
     flush(&mut asst, asst_at, &mut out);
     out
