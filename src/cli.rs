@@ -10,7 +10,7 @@ mod transcripts;
 
 use crate::http::{AuthMode, Limits};
 use crate::jobs::JobsConfig;
-use crate::store::{Store, StoreOptions, TenantId};
+use crate::store::{SqliteSynchronous, Store, StoreOptions, TenantId};
 use crate::summarize::{self, Backend, SummarizerConfig};
 use crate::telemetry::LogFormat;
 
@@ -127,6 +127,10 @@ pub struct DatabaseArgs {
     /// Most open database connections.
     #[arg(long, env = "LOUPE_DB_MAX_CONNECTIONS", default_value_t = crate::store::DEFAULT_MAX_CONNECTIONS)]
     pub db_max_connections: u32,
+    /// SQLite only: `normal` (an answered append survives a crash of the process) or `full`
+    /// (it survives a power loss too: the WAL is synced at every commit).
+    #[arg(long, env = "LOUPE_SQLITE_SYNCHRONOUS", default_value = "normal", value_parser = clap::builder::TypedValueParser::try_map(clap::builder::PossibleValuesParser::new(["normal", "full"]), |v| v.parse::<SqliteSynchronous>()))]
+    pub sqlite_synchronous: SqliteSynchronous,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -401,6 +405,7 @@ impl DatabaseArgs {
     pub fn options(&self) -> StoreOptions {
         let mut options = StoreOptions::new(&self.database_url);
         options.max_connections = self.db_max_connections;
+        options.sqlite_synchronous = self.sqlite_synchronous;
         options
     }
 

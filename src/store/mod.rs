@@ -255,6 +255,41 @@ pub struct StoreOptions {
     pub auto_compact_tokens: i64,
     /// Attempts of jobs the store enqueues itself (auto-compaction).
     pub job_max_attempts: i64,
+    /// How SQLite makes a commit durable (ignored by PostgreSQL).
+    pub sqlite_synchronous: SqliteSynchronous,
+}
+
+/// SQLite's `synchronous` setting in WAL mode: what an answered append survives.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum SqliteSynchronous {
+    /// No fsync at commit: an answered append survives a crash of the process, and a power loss
+    /// may lose the last ones (the WAL is synced at checkpoints).
+    #[default]
+    Normal,
+    /// The WAL is synced at every commit (one fsync per group of appends): an answered append
+    /// survives a power loss too.
+    Full,
+}
+
+impl std::str::FromStr for SqliteSynchronous {
+    type Err = String;
+
+    fn from_str(value: &str) -> Result<Self, Self::Err> {
+        match value.to_ascii_lowercase().as_str() {
+            "normal" => Ok(SqliteSynchronous::Normal),
+            "full" => Ok(SqliteSynchronous::Full),
+            _ => Err(format!("{value:?} is not `normal` or `full`")),
+        }
+    }
+}
+
+impl SqliteSynchronous {
+    fn pragma(self) -> &'static str {
+        match self {
+            SqliteSynchronous::Normal => "PRAGMA synchronous = NORMAL",
+            SqliteSynchronous::Full => "PRAGMA synchronous = FULL",
+        }
+    }
 }
 
 /// `docs/NORMALIZATION.md` § Compaction: effective window (200,000 − 20,000 output reserve) − 13,000.
@@ -274,6 +309,7 @@ impl StoreOptions {
             acquire_timeout: Duration::from_secs(10),
             auto_compact_tokens: DEFAULT_AUTO_COMPACT_TOKENS,
             job_max_attempts: DEFAULT_JOB_MAX_ATTEMPTS,
+            sqlite_synchronous: SqliteSynchronous::default(),
         }
     }
 }
@@ -294,10 +330,18 @@ impl Store {
             &connect_options,
             options.max_connections,
             options.acquire_timeout,
+            options.sqlite_synchronous,
         )
         .await?;
         let writer = if backend == Backend::Sqlite && !options.url.contains(":memory:") {
-            open_pool(backend, &connect_options, 1, options.acquire_timeout).await?
+            open_pool(
+                backend,
+                &connect_options,
+                1,
+                options.acquire_timeout,
+                options.sqlite_synchronous,
+            )
+            .await?
         } else {
             pool.clone()
         };
@@ -375,6 +419,7 @@ async fn open_pool(
     connect_options: &AnyConnectOptions,
     max_connections: u32,
     acquire_timeout: Duration,
+    synchronous: SqliteSynchronous,
 ) -> Result<AnyPool, StoreError> {
     let pool = AnyPoolOptions::new()
         .max_connections(max_connections)
@@ -382,14 +427,13 @@ async fn open_pool(
         .after_connect(move |conn, _meta| {
             Box::pin(async move {
                 if backend == Backend::Sqlite {
-                    // WAL lets readers run beside the one writer. `synchronous = NORMAL` in WAL:
-                    // a committed transaction survives a crash of the process; a power loss
-                    // may lose the last commits, never the file's integrity (see the README,
-                    // "Durability"). The busy timeout only covers other processes on the file:
-                    // in this one, writers queue on the writer pool.
+                    // WAL lets readers run beside the one writer; `synchronous` decides what a
+                    // commit survives (see the README, "Durability"). The busy timeout only
+                    // covers other processes on the file: in this one, writers queue on the
+                    // writer pool.
                     conn.execute("PRAGMA journal_mode = WAL").await?;
                     conn.execute("PRAGMA busy_timeout = 30000").await?;
-                    conn.execute("PRAGMA synchronous = NORMAL").await?;
+                    conn.execute(synchronous.pragma()).await?;
                 }
                 Ok(())
             })
@@ -491,5 +535,27 @@ mod tests {
             Backend::Sqlite
         );
         assert!(Backend::from_url("mysql://x").is_err());
+    }
+
+    #[tokio::test]
+    async fn sqlite_commits_as_durably_as_configured() {
+        let dir = std::env::temp_dir().join(format!("loupe-sync-{}", uuid::Uuid::new_v4()));
+        for (setting, expected) in [(SqliteSynchronous::Normal, 1), (SqliteSynchronous::Full, 2)] {
+            let mut options =
+                StoreOptions::new(format!("sqlite://{}/{setting:?}.db", dir.display()));
+            options.sqlite_synchronous = setting;
+            let store = Store::connect(&options).await.unwrap();
+            for pool in [&store.pool, &store.writer] {
+                let level: i64 = sqlx::query_scalar("PRAGMA synchronous")
+                    .fetch_one(pool)
+                    .await
+                    .unwrap();
+                assert_eq!(level, expected, "{setting:?}");
+            }
+            store.close().await;
+        }
+        assert_eq!("FULL".parse(), Ok(SqliteSynchronous::Full));
+        assert!("off".parse::<SqliteSynchronous>().is_err());
+        std::fs::remove_dir_all(dir).unwrap();
     }
 }
