@@ -260,6 +260,18 @@ impl Report {
     }
 }
 
+/// The replayed thread's outline settings: the defaults, or those of `LOUPE_REPLAY_OUTLINE` (a
+/// JSON object such as `{"budget_bytes": 64000, "tail_tokens": 16000}`) to compare settings.
+fn outline_settings() -> Value {
+    let mut settings = json!({"enabled": true});
+    if let Ok(extra) = std::env::var("LOUPE_REPLAY_OUTLINE") {
+        let extra: serde_json::Map<String, Value> =
+            serde_json::from_str(&extra).expect("LOUPE_REPLAY_OUTLINE is a JSON object");
+        settings.as_object_mut().unwrap().extend(extra);
+    }
+    settings
+}
+
 /// Appends each round, runs the jobs it caused, and reads the context (`view=outline` when
 /// `outlined`, else the plain view under automatic compaction) as the next request would.
 async fn replay(app: &TestApp, rounds: &[Vec<Value>], outlined: bool) -> (String, Report) {
@@ -271,7 +283,7 @@ async fn replay(app: &TestApp, rounds: &[Vec<Value>], outlined: bool) -> (String
             .request(
                 axum::http::Method::PUT,
                 &format!("/v1/threads/{thread}/settings"),
-                Some(json!({"outline": {"enabled": true}})),
+                Some(json!({"outline": outline_settings()})),
             )
             .await;
         assert!(settings.status.is_success(), "{}", settings.body);
@@ -435,7 +447,8 @@ async fn a_tool_heavy_session_is_outlined_without_notes_for_less_than_compaction
 }
 
 /// The figures of docs/TREE.md and BENCHMARKS.md: `cargo test --test api
-/// tool_heavy_replay_figures -- --ignored --nocapture`.
+/// tool_heavy_replay_figures -- --ignored --nocapture` (other outline settings:
+/// `LOUPE_REPLAY_OUTLINE`).
 #[tokio::test]
 #[ignore = "a long replay, run by hand for the figures"]
 async fn tool_heavy_replay_figures() {
