@@ -5,6 +5,8 @@
 # Usage: scripts/hotpath.sh BINARY sqlite|postgres
 #   HOTPATH_DURATION seconds per wrk run, at most 20 (default 10); HOTPATH_RUNS runs (default 1)
 #   HOTPATH_PG_ADMIN  admin URL of a PostgreSQL server for `postgres` (default: the tests' server)
+#   HOTPATH_PHASES    the phases to run, space-separated (default: all); the server inherits the
+#                     environment, so e.g. LOUPE_SQLITE_SYNCHRONOUS=full applies to it
 # Phases, wrk -t2 -c8 on 127.0.0.1 only:
 #   ceiling   GET /healthz: the bare axum stack (middleware and all), no database;
 #   appends   POST …/messages, 2 messages of ~300 B, round-robin over 100 threads;
@@ -19,6 +21,8 @@ backend=${2:?usage: scripts/hotpath.sh BINARY sqlite|postgres}
 duration=${HOTPATH_DURATION:-10}
 (( duration >= 1 && duration <= 20 )) || { echo "hotpath.sh: HOTPATH_DURATION must be 1–20" >&2; exit 2; }
 runs=${HOTPATH_RUNS:-1}
+phases=" ${HOTPATH_PHASES:-ceiling appends raw-1k ctx-1k ctx-10k} "
+wanted() { [[ $phases == *" $1 "* ]]; }
 pg_admin=${HOTPATH_PG_ADMIN:-postgres://loupe:loupe@127.0.0.1:5432/postgres}
 command -v wrk >/dev/null || { echo "hotpath.sh: wrk is required" >&2; exit 2; }
 tmp=$(mktemp -d)
@@ -94,17 +98,25 @@ measure() {
 
 echo "hotpath.sh: $backend, $(basename "$binary"), ${duration}s per phase, $runs run(s); $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 for (( r = 1; r <= runs; r++ )); do
-  start
-  measure ceiling "$base/healthz"
-  start
-  run="a$RANDOM"
-  for (( i = 0; i < 100; i++ )); do new_thread "$run-t$i"; done
-  LOAD_RUN=$run LOAD_BATCH=2 LOAD_THREAD_COUNT=100 measure appends -s scripts/load/append_spread.lua "$base"
-  start
-  new_thread k1; fill k1 1000
-  measure raw-1k "$base/v1/threads/k1/messages?limit=1000"
-  measure ctx-1k "$base/v1/threads/k1/context"
-  new_thread k10; fill k10 10000
-  measure ctx-10k "$base/v1/threads/k10/context"
+  if wanted ceiling; then
+    start
+    measure ceiling "$base/healthz"
+  fi
+  if wanted appends; then
+    start
+    run="a$RANDOM"
+    for (( i = 0; i < 100; i++ )); do new_thread "$run-t$i"; done
+    LOAD_RUN=$run LOAD_BATCH=2 LOAD_THREAD_COUNT=100 measure appends -s scripts/load/append_spread.lua "$base"
+  fi
+  if wanted raw-1k || wanted ctx-1k || wanted ctx-10k; then
+    start
+    new_thread k1; fill k1 1000
+    wanted raw-1k && measure raw-1k "$base/v1/threads/k1/messages?limit=1000"
+    wanted ctx-1k && measure ctx-1k "$base/v1/threads/k1/context"
+    if wanted ctx-10k; then
+      new_thread k10; fill k10 10000
+      measure ctx-10k "$base/v1/threads/k10/context"
+    fi
+  fi
 done
 echo "hotpath.sh: done; load average $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -37,8 +37,8 @@ pub(super) struct QueuedAppend {
 /// The appends waiting, and how many runners are writing groups.
 pub(super) struct GroupCommit {
     state: Mutex<Queue>,
-    /// Runners allowed at once: 1 on SQLite (one writer), a few on PostgreSQL so that groups
-    /// overlap their round trips and fsyncs.
+    /// Runners allowed at once: 1 on SQLite (one writer); on PostgreSQL most of the pool, so
+    /// appends keep running side by side and group only when every runner is busy.
     max_runners: usize,
     /// Transactions committed, and the appends they held.
     groups: AtomicU64,

@@ -353,11 +353,12 @@ impl Store {
             job_signal: Arc::new(tokio::sync::Notify::new()),
             auto_compact_tokens: options.auto_compact_tokens.max(0),
             job_max_attempts: options.job_max_attempts.max(1),
-            // SQLite has one writer; on PostgreSQL a few groups overlap their round trips and
-            // fsyncs, leaving connections for readers and workers.
+            // SQLite has one writer. PostgreSQL already shares one WAL flush among concurrent
+            // commits, so its groups only form once the runners (the pool, less room for
+            // readers and workers) are all busy: fewer runners measured slower (BENCHMARKS.md).
             group_commit: Arc::new(group_commit::GroupCommit::new(match backend {
                 Backend::Sqlite => 1,
-                Backend::Postgres => (options.max_connections / 2).clamp(1, 4) as usize,
+                Backend::Postgres => options.max_connections.saturating_sub(2).max(1) as usize,
             })),
         })
     }
