@@ -15,6 +15,7 @@ mod guard_rails;
 mod hostile;
 mod jobs;
 mod lifecycle;
+mod normalize_incremental;
 mod normalize_invariants;
 mod normalize_perf;
 mod normalize_smoke_props;
