@@ -9,6 +9,7 @@ mod fake_provider;
 
 mod conformance;
 mod context;
+mod context_cache;
 mod cursors;
 mod drills;
 mod guard_rails;
