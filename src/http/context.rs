@@ -370,9 +370,10 @@ fn continue_read(
         Ok(run) => run,
         Err(fallback) => return Ok(Err(fallback)),
     };
-    let body = context_body(&run, &cached.checkpoint, tail.next_seq)?;
     crate::metrics::context_read("incremental");
-    match run.advance(&mut cached.checkpoint, &tail.entries) {
+    let (run, moved) = run.advance(&mut cached.checkpoint, &tail.entries);
+    let body = context_body(&run, &cached.checkpoint, tail.next_seq)?;
+    match moved {
         Err(NOT_REPRODUCED) => {
             tracing::warn!(
                 thread_key = %cached.thread_key,
@@ -403,8 +404,9 @@ fn full_read(
                 format!("a read from scratch fell back: {reason}"),
             )
         })?;
+    let (run, moved) = run.advance(&mut checkpoint, &window.entries);
     let body = context_body(&run, &checkpoint, window.next_seq)?;
-    if let Ok(true) = run.advance(&mut checkpoint, &window.entries) {
+    if moved == Ok(true) {
         cache.put(
             key,
             CachedContext {
@@ -683,7 +685,10 @@ mod tests {
         let body = context_body(&run, &checkpoint, 4).unwrap();
         assert_eq!(String::from_utf8(body).unwrap(), expected);
         // And from a checkpoint.
-        assert!(run.advance(&mut checkpoint, &entries).unwrap());
+        let (moved, advanced) = run.advance(&mut checkpoint, &entries);
+        assert!(advanced.unwrap());
+        let body = context_body(&moved, &checkpoint, 4).unwrap();
+        assert_eq!(String::from_utf8(body).unwrap(), expected);
         let tail = &entries[checkpoint.resume_seq().unwrap() as usize..];
         let run = checkpoint.continue_with(tail, &options).unwrap();
         let body = context_body(&run, &checkpoint, 4).unwrap();

@@ -5,7 +5,8 @@
 //! with the entries appended since (falling back to a read from scratch when the checkpoint cannot
 //! be used), then moves the checkpoint. Every read must equal `normalize` of the same window, as a
 //! whole `Normalized` value (messages, repairs with their seqs, boundary, token estimate), in both
-//! of its forms (values, and the JSON written from the serialized prefix), and its context-token
+//! of its forms (values, and the JSON written from the serialized prefix, also once the checkpoint
+//! has moved), and its context-token
 //! estimate must equal `estimate_context` of the window; for every provider and a spread of
 //! options (thinking mode, request model, cache, advisor, available tools, micro-compaction).
 //!
@@ -172,13 +173,21 @@ fn read_at(
         prop_assert_eq!(run.context_estimate(), estimate_context(window));
         // A cut a run from which falls back is only skipped (the checkpoint stays); one whose
         // run gives another tail means the split is wrong.
-        let advanced = run.advance(&mut cp, &window[at..]);
+        let (moved, advanced) = run.advance(&mut cp, &window[at..]);
         prop_assert!(
             advanced != Err(NOT_REPRODUCED),
             "not reproduced at {} entries (options {:?})\nhistory:\n{}",
             end,
             opts,
             dump(window)
+        );
+        // The service answers from the moved checkpoint and the run from its cut.
+        let answer = serde_json::to_value(moved.json(&cp)).unwrap();
+        prop_assert_eq!(
+            &answer,
+            &expected,
+            "the answer after the move (options {:?})",
+            opts
         );
         if cp.resume_seq().is_some() {
             reads.checkpoints += 1;

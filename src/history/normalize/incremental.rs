@@ -562,16 +562,32 @@ impl TailRun {
     }
 
     /// Moves `checkpoint` (the one this run continued) to the run's cut, once a run from the cut
-    /// reproduces this run's tail. `Ok(false)`: the tail holds no cut. An error leaves the
-    /// checkpoint as it was: the run from the cut fell back (the checkpoint stays usable), or it
-    /// gave another tail ([`NOT_REPRODUCED`]: drop the checkpoint).
+    /// reproduces this run's tail, and returns the run to answer the read with (the same context
+    /// either way): after a move, that run from the cut, whose stable part the checkpoint now
+    /// holds serialized, so nothing is serialized twice; else this run. `Ok(false)`: the tail
+    /// holds no cut. An error leaves the checkpoint as it was: the run from the cut fell back
+    /// (the checkpoint stays usable), or it gave another tail ([`NOT_REPRODUCED`]: drop the
+    /// checkpoint).
     pub fn advance(
         mut self,
         checkpoint: &mut Checkpoint,
         tail: &[Entry],
-    ) -> Result<bool, Fallback> {
+    ) -> (TailRun, Result<bool, Fallback>) {
+        match self.move_to_cut(checkpoint, tail) {
+            Ok(Some(again)) => (again, Ok(true)),
+            Ok(None) => (self, Ok(false)),
+            Err(fallback) => (self, Err(fallback)),
+        }
+    }
+
+    /// [`TailRun::advance`]: the run from the new cut, once the checkpoint moved there.
+    fn move_to_cut(
+        &mut self,
+        checkpoint: &mut Checkpoint,
+        tail: &[Entry],
+    ) -> Result<Option<TailRun>, Fallback> {
         let Some(next) = self.next.take() else {
-            return Ok(false);
+            return Ok(None);
         };
         let cut_seq = next.prefix.resume_seq.unwrap_or(i64::MAX);
         let is_stable = |r: &Repair| !r.seqs.is_empty() && r.seqs.iter().all(|&s| s < cut_seq);
@@ -649,7 +665,7 @@ impl TailRun {
         }
         rendered.tokens += self.stable_tokens;
         checkpoint.prefix = next.prefix;
-        Ok(true)
+        Ok(Some(again))
     }
 }
 
@@ -1022,7 +1038,7 @@ mod tests {
     fn read_after(entries: &[Entry], first: usize, opts: &NormalizeOptions) -> Option<Value> {
         let mut cp = Checkpoint::start();
         let run = cp.continue_with(&entries[..first], opts).unwrap();
-        assert!(run.advance(&mut cp, &entries[..first]).unwrap(), "a cut");
+        assert!(run.advance(&mut cp, &entries[..first]).1.unwrap(), "a cut");
         let resume = cp.resume_seq().unwrap();
         let at = entries.iter().position(|e| e.seq == Some(resume)).unwrap();
         let got = cp
