@@ -13,7 +13,7 @@ use super::merge::merge_user;
 use super::{Block, Ctx, Fallback, Msg, PassEnd, Provider, RepairKind};
 use crate::history::model::Role;
 
-/// Runs, in order: [`sanitize_ids`] (its rewrites, then their reports), [`fill_empty_error_results`],
+/// Runs, in order: [`super::ids::sanitize_ids`] (its rewrites, then their reports), [`fill_empty_error_results`],
 /// trailing thinking removed and empty assistants filled again (pairing, advisor and media steps
 /// can leave them), [`fill_empty_users`], [`enforce_shape_after`]. `after_user`: the messages
 /// follow a user turn of a checkpointed prefix (`incremental`), so the first is not the first turn.

@@ -11,7 +11,7 @@
 //! - the prefix's provider items, serialized once (`Box<RawValue>`), and its repairs, serialized
 //!   and grouped by pass: the pipeline reports pass by pass, so the prefix's repairs and the
 //!   tail's interleave stage by stage;
-//! - what the passes over the whole request need to know of the prefix ([`Facts`]): the message
+//! - what the passes over the whole request need to know of the prefix (`Facts`): the message
 //!   ids and tool ids it used, the uuids its snips hide, its media counts and bytes, its calls of
 //!   compactable tools, the assistant turn that opened its tool loop in progress, its token
 //!   estimate.

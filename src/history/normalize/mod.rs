@@ -6,6 +6,9 @@
 //! `docs/PROVIDER-RULES.md` D1 (Anthropic) or D2 (OpenAI Chat Completions) for *any* input.
 //!
 //! # Pipeline, in order
+//! The passes run in [`pipeline::run`] (rendering in [`pipeline::render`]), which a read that goes
+//! on from a checkpoint of the window's prefix shares: [`incremental`] runs them over the entries
+//! after the checkpoint only (`docs/NORMALIZATION.md` § Incremental reads).
 //! 1. [`view::slice_after_boundary`] (a): the last compact boundary and what follows it; Loupe's
 //!    `preserved_segment {first_seq, last_seq}` re-inserts the kept range after the summaries.
 //! 2. [`view::hide_snipped`] (b): every `snip` entry of the input hides its `removed_uuids`.
