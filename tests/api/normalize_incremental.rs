@@ -197,8 +197,12 @@ fn read_at(
     Ok(reads)
 }
 
-/// The read points: distinct ends in `1..=len`, ascending, the whole history last.
+/// The read points: distinct ends in `1..=len`, ascending, the whole history last (an empty
+/// history is read once, empty).
 fn ends(len: usize, points: &[Index]) -> Vec<usize> {
+    if len == 0 {
+        return vec![0];
+    }
     let mut ends: Vec<usize> = points.iter().map(|p| 1 + p.index(len)).collect();
     ends.push(len);
     ends.sort_unstable();
