@@ -200,6 +200,10 @@ pub struct ServeArgs {
     /// Most bytes of message bodies in one page of messages (a page always holds at least one).
     #[arg(long, env = "LOUPE_MAX_PAGE_BYTES", default_value_t = Limits::DEFAULT.max_page_bytes)]
     pub max_page_bytes: usize,
+    /// Bytes of normalized context prefixes kept in memory (per process), so a context read
+    /// normalizes only what was appended since the last read (0 turns the cache off).
+    #[arg(long, env = "LOUPE_CONTEXT_CACHE_BYTES", default_value_t = Limits::DEFAULT.context_cache_bytes)]
+    pub context_cache_bytes: usize,
     /// What this process runs: the HTTP API, the background job workers, or both.
     #[arg(long, env = "LOUPE_ROLE", value_enum, default_value_t = Role::All)]
     pub role: Role,
@@ -396,6 +400,7 @@ impl ServeArgs {
             max_page_bytes: self.max_page_bytes.max(1),
             max_connections: self.max_connections.max(1),
             header_read_timeout: Duration::from_secs(self.header_read_timeout_secs.max(1)),
+            context_cache_bytes: self.context_cache_bytes,
             ..Limits::default()
         }
     }

@@ -12,6 +12,10 @@
 //! - `loupe_jobs_queued` (gauge) and `loupe_jobs_completed_total{kind,outcome}`: set by the job
 //!   queue through [`set_jobs_queued`] and [`job_finished`].
 //! - `loupe_rate_limited_total` and `loupe_overloaded_total`: requests refused by the guard rails.
+//! - `loupe_context_reads_total{path}`: context reads that went on from a cached checkpoint
+//!   (`incremental`) or normalized the whole window (`full`); `loupe_context_fallbacks_total{reason}`:
+//!   reads that had a checkpoint but could not use it; `loupe_context_cache_bytes` (gauge): what
+//!   the cached checkpoints weigh.
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -29,6 +33,9 @@ pub const JOBS_QUEUED: &str = "loupe_jobs_queued";
 pub const JOBS_COMPLETED: &str = "loupe_jobs_completed_total";
 pub const RATE_LIMITED: &str = "loupe_rate_limited_total";
 pub const OVERLOADED: &str = "loupe_overloaded_total";
+pub const CONTEXT_READS: &str = "loupe_context_reads_total";
+pub const CONTEXT_FALLBACKS: &str = "loupe_context_fallbacks_total";
+pub const CONTEXT_CACHE_BYTES: &str = "loupe_context_cache_bytes";
 
 /// Latency buckets, in seconds.
 const DURATION_BUCKETS: &[f64] = &[
@@ -82,6 +89,19 @@ fn describe() {
     describe_counter!(
         OVERLOADED,
         "Expensive requests refused for lack of capacity"
+    );
+    describe_counter!(
+        CONTEXT_READS,
+        "Context reads, by path: incremental (from a cached checkpoint) or full"
+    );
+    describe_counter!(
+        CONTEXT_FALLBACKS,
+        "Context reads that had a cached checkpoint but normalized the whole window, by reason"
+    );
+    describe_gauge!(
+        CONTEXT_CACHE_BYTES,
+        Unit::Bytes,
+        "Bytes held by the context cache's checkpoints"
     );
     // Gauges exist from the start, so dashboards see a zero instead of no data.
     metrics::gauge!(JOBS_QUEUED).set(0.0);
@@ -152,6 +172,21 @@ pub fn rate_limited() {
 
 pub fn overloaded() {
     metrics::counter!(OVERLOADED).increment(1);
+}
+
+/// A context read that took `path` (`incremental` or `full`).
+pub fn context_read(path: &'static str) {
+    metrics::counter!(CONTEXT_READS, "path" => path).increment(1);
+}
+
+/// A context read that could not go on from its cached checkpoint, and why (a fixed text).
+pub fn context_fallback(reason: &'static str) {
+    metrics::counter!(CONTEXT_FALLBACKS, "reason" => reason).increment(1);
+}
+
+/// What the context cache holds now.
+pub fn context_cache_bytes(bytes: usize) {
+    metrics::gauge!(CONTEXT_CACHE_BYTES).set(bytes as f64);
 }
 
 /// The backend part of a summarizer name: `anthropic:claude-…` → `anthropic`.

@@ -1,8 +1,11 @@
 //! The model-facing views of a thread: API rounds, the normalized context, snips, and the
 //! stateless normalizer.
 
+use std::sync::Arc;
+
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -10,16 +13,20 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::{router::OpenApiRouter, routes};
 
 use super::answers::{MalformedJson, Overloaded, PayloadTooLarge, ThreadNotFound, WindowTooLarge};
+use super::context_cache::ContextCache;
+use super::context_cache::{CachedContext, ContextKey};
 use super::problem::{ApiError, ApiJson, ApiPath, ApiQuery, Problem, ProblemKind};
 use super::threads::ThreadPath;
 use super::{AppState, ExpensiveSlot, Tenant};
 use crate::history::ingest::{check_entry, MAX_UUID_LEN};
 use crate::history::model::Entry;
 use crate::history::normalize::ids::{is_valid_tool_name, TOOL_NAME_RULE};
+use crate::history::normalize::incremental::{Checkpoint, NormalizedJson, TailRun, NOT_REPRODUCED};
+use crate::history::normalize::{ContextEstimate, Fallback};
 use crate::history::{
     group_rounds, normalize, NormalizeOptions, Normalized, Provider, Round, ThinkingMode,
 };
-use crate::store::AppendRequest;
+use crate::store::{AppendRequest, ContextTail, ContextWindow};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -248,7 +255,7 @@ pub async fn get_context(
     Tenant(tenant): Tenant,
     ApiPath(path): ApiPath<ThreadPath>,
     ApiQuery(options): ApiQuery<ContextOptions>,
-) -> Result<Json<ContextResponse>, ApiError> {
+) -> Result<Response, ApiError> {
     let view = options.view;
     let mut options = options.normalize_options()?;
     let settings = state
@@ -258,22 +265,160 @@ pub async fn get_context(
     options.microcompact = settings.microcompact_options();
     if view == ContextView::Outline {
         let outline = settings.outline.unwrap_or_default();
-        return outline_context(&state, &tenant, &path.thread_id, &outline, &options).await;
+        return outline_context(&state, &tenant, &path.thread_id, &outline, &options)
+            .await
+            .map(IntoResponse::into_response);
+    }
+    let cache = state.context_cache.clone();
+    if !cache.is_enabled() {
+        let window = state
+            .store
+            .context_window(&tenant, &path.thread_id, None)
+            .await?;
+        let context_tokens = crate::history::normalize::estimate_context(&window.entries);
+        let entries = window.entries;
+        let normalized = off_the_executor(move || normalize(&entries, &options)).await?;
+        return Ok(Json(ContextResponse {
+            normalized,
+            next_seq: window.next_seq,
+            context_tokens,
+            tools: Vec::new(),
+            outline: None,
+        })
+        .into_response());
+    }
+    let key = ContextKey::new(&tenant, &path.thread_id, &options);
+    if let Some(cached) = cache.take(&key) {
+        let tail = match cached.checkpoint.resume_seq() {
+            Some(resume) => {
+                let tail = state
+                    .store
+                    .context_tail(&tenant, &path.thread_id, resume, cached.window_start)
+                    .await;
+                match tail {
+                    Ok(tail) => Some(tail),
+                    Err(error) => {
+                        // Nothing is wrong with the checkpoint: keep it for the next read.
+                        cache.put(key, cached);
+                        return Err(error.into());
+                    }
+                }
+            }
+            None => None,
+        };
+        if let Some(tail) = tail.filter(|tail| tail.thread_key == cached.thread_key) {
+            let (cache, key, options) = (cache.clone(), key.clone(), options.clone());
+            let read = off_the_executor(move || continue_read(cached, tail, &options, &cache, key))
+                .await??;
+            match read {
+                Ok(body) => return Ok(json_response(body)),
+                Err(Fallback(reason)) => crate::metrics::context_fallback(reason),
+            }
+        }
     }
     let window = state
         .store
         .context_window(&tenant, &path.thread_id, None)
         .await?;
-    let context_tokens = crate::history::normalize::estimate_context(&window.entries);
-    let entries = window.entries;
-    let normalized = off_the_executor(move || normalize(&entries, &options)).await?;
-    Ok(Json(ContextResponse {
-        normalized,
-        next_seq: window.next_seq,
-        context_tokens,
-        tools: Vec::new(),
-        outline: None,
-    }))
+    let body = off_the_executor(move || full_read(window, &options, &cache, key)).await??;
+    Ok(json_response(body))
+}
+
+/// The body of a context answer, written from a checkpoint's serialized prefix and the run over
+/// its tail: the JSON of [`ContextResponse`] (without `outline`), not parsed again.
+#[derive(Serialize)]
+struct ContextBody<'a> {
+    #[serde(flatten)]
+    normalized: NormalizedJson<'a>,
+    next_seq: i64,
+    context_tokens: ContextEstimate,
+    tools: [Value; 0],
+}
+
+fn context_body(
+    run: &TailRun,
+    checkpoint: &Checkpoint,
+    next_seq: i64,
+) -> Result<Vec<u8>, ApiError> {
+    let body = ContextBody {
+        normalized: run.json(checkpoint),
+        next_seq,
+        context_tokens: run.context_estimate(),
+        tools: [],
+    };
+    serde_json::to_vec(&body).map_err(|error| {
+        ApiError::new(
+            ProblemKind::Internal,
+            format!("the context did not serialize: {error}"),
+        )
+    })
+}
+
+fn json_response(body: Vec<u8>) -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+/// A read that goes on from the thread's cached checkpoint: only `tail` (the entries after it) is
+/// normalized. The checkpoint then moves on and goes back into the cache. `Ok(Err(_))`: the tail
+/// could change what the checkpoint holds, so the caller reads the whole window.
+fn continue_read(
+    mut cached: CachedContext,
+    tail: ContextTail,
+    options: &NormalizeOptions,
+    cache: &Arc<ContextCache>,
+    key: ContextKey,
+) -> Result<Result<Vec<u8>, Fallback>, ApiError> {
+    let run = match cached.checkpoint.continue_with(&tail.entries, options) {
+        Ok(run) => run,
+        Err(fallback) => return Ok(Err(fallback)),
+    };
+    crate::metrics::context_read("incremental");
+    let (run, moved) = run.advance(&mut cached.checkpoint, &tail.entries);
+    let body = context_body(&run, &cached.checkpoint, tail.next_seq)?;
+    match moved {
+        Err(NOT_REPRODUCED) => {
+            tracing::warn!(
+                thread_key = %cached.thread_key,
+                "a context checkpoint did not reproduce its tail; dropped"
+            );
+        }
+        // Moved on, or kept where it was: either way it serves the next read.
+        Ok(_) | Err(_) => cache.put(key, cached),
+    }
+    Ok(Ok(body))
+}
+
+/// A read of the whole window, from scratch; it leaves a checkpoint in the cache when the window
+/// holds a closed round to end one at.
+fn full_read(
+    window: ContextWindow,
+    options: &NormalizeOptions,
+    cache: &Arc<ContextCache>,
+    key: ContextKey,
+) -> Result<Vec<u8>, ApiError> {
+    crate::metrics::context_read("full");
+    let mut checkpoint = Checkpoint::start();
+    let run = checkpoint
+        .continue_with(&window.entries, options)
+        .map_err(|Fallback(reason)| {
+            ApiError::new(
+                ProblemKind::Internal,
+                format!("a read from scratch fell back: {reason}"),
+            )
+        })?;
+    let (run, moved) = run.advance(&mut checkpoint, &window.entries);
+    let body = context_body(&run, &checkpoint, window.next_seq)?;
+    if moved == Ok(true) {
+        cache.put(
+            key,
+            CachedContext {
+                thread_key: window.thread_key,
+                window_start: window.start_seq,
+                checkpoint,
+            },
+        );
+    }
+    Ok(body)
 }
 
 /// The outlined context: the stored outline's lines, then the messages from its boundary on.
@@ -512,6 +657,45 @@ pub(crate) async fn off_the_executor<T: Send + 'static>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_written_body_is_the_context_response() {
+        let entries: Vec<Entry> = serde_json::from_value(serde_json::json!([
+            {"seq": 0, "uuid": "a", "type": "user", "message": {"role": "user", "content": "go"}},
+            {"seq": 1, "uuid": "b", "type": "assistant", "message": {"role": "assistant", "id": "m1",
+                "content": [{"type": "tool_use", "id": "t1", "name": "Bash", "input": {}}]}},
+            {"seq": 2, "uuid": "c", "type": "user", "message": {"role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "ok"}]}},
+            {"seq": 3, "uuid": "d", "type": "assistant", "message": {"role": "assistant", "id": "m2",
+                "content": [{"type": "text", "text": " "}, {"type": "tool_use", "id": "t2", "name": "Bash", "input": {}}]}},
+        ]))
+        .unwrap();
+        let options = NormalizeOptions {
+            cache: true,
+            ..NormalizeOptions::default()
+        };
+        let expected = serde_json::to_string(&ContextResponse {
+            normalized: normalize(&entries, &options),
+            next_seq: 4,
+            context_tokens: crate::history::normalize::estimate_context(&entries),
+            tools: Vec::new(),
+            outline: None,
+        })
+        .unwrap();
+        let mut checkpoint = Checkpoint::start();
+        let run = checkpoint.continue_with(&entries, &options).unwrap();
+        let body = context_body(&run, &checkpoint, 4).unwrap();
+        assert_eq!(String::from_utf8(body).unwrap(), expected);
+        // And from a checkpoint.
+        let (moved, advanced) = run.advance(&mut checkpoint, &entries);
+        assert!(advanced.unwrap());
+        let body = context_body(&moved, &checkpoint, 4).unwrap();
+        assert_eq!(String::from_utf8(body).unwrap(), expected);
+        let tail = &entries[checkpoint.resume_seq().unwrap() as usize..];
+        let run = checkpoint.continue_with(tail, &options).unwrap();
+        let body = context_body(&run, &checkpoint, 4).unwrap();
+        assert_eq!(String::from_utf8(body).unwrap(), expected);
+    }
 
     #[test]
     fn tool_lists_are_parsed_and_checked() {

@@ -3,6 +3,7 @@
 pub mod admin;
 pub mod answers;
 pub mod context;
+pub mod context_cache;
 pub mod cursors;
 pub mod document;
 pub mod guard;
@@ -75,6 +76,9 @@ pub struct Limits {
     pub max_connections: usize,
     /// Longest time a connection may take to send a request's headers.
     pub header_read_timeout: Duration,
+    /// Bytes of normalized context prefixes kept in memory, so a context read normalizes only
+    /// what was appended since the last one (0: every read normalizes the whole window).
+    pub context_cache_bytes: usize,
 }
 
 impl Limits {
@@ -98,6 +102,7 @@ impl Limits {
         max_page_bytes: 4 * 1024 * 1024,
         max_connections: 1_024,
         header_read_timeout: Duration::from_secs(10),
+        context_cache_bytes: 256 * 1024 * 1024,
     };
 }
 
@@ -113,16 +118,20 @@ pub struct AppState {
     pub store: Store,
     pub limits: Arc<Limits>,
     pub guards: Arc<Guards>,
+    /// The threads' normalized context prefixes (`context_cache`), shared by every request.
+    pub context_cache: Arc<context_cache::ContextCache>,
 }
 
 impl AppState {
     /// The state of a service authenticating callers by `auth`.
     pub fn new(store: Store, limits: Limits, auth: AuthMode) -> Self {
         let guards = Arc::new(Guards::new(auth, &limits));
+        let context_cache = Arc::new(context_cache::ContextCache::new(limits.context_cache_bytes));
         AppState {
             store,
             limits: Arc::new(limits),
             guards,
+            context_cache,
         }
     }
 }

@@ -1,5 +1,6 @@
 //! Reads for the context view: the entries after the last compact boundary, found by index so
-//! the cost does not grow with the length of the history.
+//! the cost does not grow with the length of the history; and the entries from a seq on, for a
+//! read that goes on from a cached checkpoint of the window's prefix.
 
 use std::collections::HashSet;
 
@@ -17,6 +18,23 @@ pub struct ContextWindow {
     /// The seq of the last compact boundary, if the thread has one.
     pub boundary_seq: Option<i64>,
     pub next_seq: i64,
+    /// The seq the window starts at: the boundary, its preserved segment's first seq, or
+    /// `from_seq`.
+    pub start_seq: i64,
+    /// The thread's internal key, opaque: a thread deleted and created again under the same id
+    /// has another, so what was cached of the old one is not used for the new one.
+    pub thread_key: String,
+}
+
+/// A thread's entries from a seq on: what a context read fetches when it goes on from a cached
+/// checkpoint of the window's prefix.
+#[derive(Debug, Clone)]
+pub struct ContextTail {
+    /// In seq order, from the seq asked for to the end of the thread.
+    pub entries: Vec<Entry>,
+    pub next_seq: i64,
+    /// See [`ContextWindow::thread_key`].
+    pub thread_key: String,
 }
 
 /// Most entries one window read returns; a larger window is refused rather than loaded whole.
@@ -64,14 +82,7 @@ impl Store {
                 max: MAX_WINDOW_ENTRIES,
             });
         }
-        let rows = sqlx::query(
-            "SELECT seq, uuid, created_at, body FROM messages WHERE thread_key = $1 AND seq >= $2 ORDER BY seq",
-        )
-        .bind(&thread_key)
-        .bind(start)
-        .fetch_all(&self.pool)
-        .await?;
-        let mut entries: Vec<Entry> = rows.iter().map(entry_from_row).collect::<Result<_, _>>()?;
+        let mut entries = self.entries_from(&thread_key, start).await?;
         // The boundary as read above, with a Claude Code preserved segment resolved to seqs.
         if let (Some(entry), Some(seq)) = (boundary, boundary_seq) {
             if let Some(slot) = entries.iter_mut().find(|e| e.seq == Some(seq)) {
@@ -82,7 +93,46 @@ impl Store {
             entries,
             boundary_seq,
             next_seq,
+            start_seq: start,
+            thread_key,
         })
+    }
+
+    /// The entries from `from_seq` on, for a read that goes on from a checkpoint of the window
+    /// starting at `window_start` (whose size is bounded as [`Store::context_window`] bounds it).
+    /// Two indexed reads, whatever the length of the thread.
+    pub async fn context_tail(
+        &self,
+        tenant: &TenantId,
+        thread_id: &str,
+        from_seq: i64,
+        window_start: i64,
+    ) -> Result<ContextTail, StoreError> {
+        let head = self.thread_head(tenant, thread_id).await?;
+        if head.next_seq - window_start > MAX_WINDOW_ENTRIES {
+            return Err(StoreError::WindowTooLarge {
+                entries: head.next_seq - window_start,
+                max: MAX_WINDOW_ENTRIES,
+            });
+        }
+        let entries = self.entries_from(&head.thread_key, from_seq).await?;
+        Ok(ContextTail {
+            entries,
+            next_seq: head.next_seq,
+            thread_key: head.thread_key,
+        })
+    }
+
+    /// A thread's entries from `seq` on, in seq order.
+    async fn entries_from(&self, thread_key: &str, seq: i64) -> Result<Vec<Entry>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT seq, uuid, created_at, body FROM messages WHERE thread_key = $1 AND seq >= $2 ORDER BY seq",
+        )
+        .bind(thread_key)
+        .bind(seq)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(entry_from_row).collect()
     }
 
     /// A Claude Code boundary names its preserved segment by uuids

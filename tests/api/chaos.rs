@@ -211,6 +211,11 @@ fn tool_spec() -> impl Strategy<Value = ToolSpec> {
 
 /// One step; `chaos` allows split fragments and unanswered server tools.
 fn step_spec(chaos: bool, with_tools: bool) -> impl Strategy<Value = StepSpec> {
+    step_spec_split(chaos, if chaos { 0.35 } else { 0.0 }, with_tools)
+}
+
+/// [`step_spec`] with responses streamed as fragments with probability `split`.
+fn step_spec_split(chaos: bool, split: f64, with_tools: bool) -> impl Strategy<Value = StepSpec> {
     let tools = if with_tools {
         prop::collection::vec(tool_spec(), 1..=3).boxed()
     } else {
@@ -224,7 +229,7 @@ fn step_spec(chaos: bool, with_tools: bool) -> impl Strategy<Value = StepSpec> {
         )
             .prop_map(|(advisor, answered)| ServerSpec { advisor, answered }),
     );
-    let split = prop::bool::weighted(if chaos { 0.35 } else { 0.0 });
+    let split = prop::bool::weighted(split);
     let model = prop::bool::weighted(if chaos { 0.25 } else { 0.0 }).prop_map(usize::from);
     (
         prop::bool::weighted(0.5),
@@ -321,6 +326,28 @@ fn mutation() -> impl Strategy<Value = Mutation> {
 /// conversion is a valid Anthropic list with thinking enabled).
 pub fn clean_history() -> impl Strategy<Value = Vec<Entry>> {
     prop::collection::vec(loop_spec(false), 1..=4).prop_map(|loops| build(&loops, &[]))
+}
+
+/// Well-formed agent loops as an agent writes them: a prompt, then up to eight steps of a response
+/// (streamed as one entry per block, sharing `message.id`, in about half the steps, tool results
+/// interleaved or after the fragments) with every call answered, and a final answer; one model,
+/// no mutation.
+pub fn agent_loop_history() -> impl Strategy<Value = Vec<Entry>> {
+    let agent_loop = (
+        any::<bool>(),
+        prop::bool::weighted(0.1),
+        prop::collection::vec(step_spec_split(false, 0.5, true), 0..=8),
+        step_spec_split(false, 0.5, false),
+    )
+        .prop_map(|(prompt_as_string, prompt_image, mut steps, last)| {
+            steps.push(last);
+            LoopSpec {
+                prompt_as_string,
+                prompt_image,
+                steps,
+            }
+        });
+    prop::collection::vec(agent_loop, 1..=5).prop_map(|loops| build(&loops, &[]))
 }
 
 /// The loops and mutations a chaotic history is built from (shrinkable).

@@ -9,6 +9,7 @@ mod fake_provider;
 
 mod conformance;
 mod context;
+mod context_cache;
 mod cursors;
 mod drills;
 mod group_commit;
@@ -16,6 +17,7 @@ mod guard_rails;
 mod hostile;
 mod jobs;
 mod lifecycle;
+mod normalize_incremental;
 mod normalize_invariants;
 mod normalize_perf;
 mod normalize_smoke_props;

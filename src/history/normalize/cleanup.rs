@@ -8,7 +8,7 @@ use super::blocks::{
     is_blank_text, is_thinking, is_type, str_field, text_block, NO_CONTENT, NO_MESSAGE_CONTENT,
 };
 use super::merge::merge_adjacent_users;
-use super::{Block, Ctx, Msg, RepairKind};
+use super::{Block, Ctx, Fallback, Msg, NoSeam, PassEnd, RepairKind};
 use crate::history::model::Role;
 
 /// Runs the cleanup steps in order: [`filter_orphaned_thinking_only`],
@@ -19,14 +19,30 @@ use crate::history::model::Role;
 /// Deviation from the reference order (trailing thinking before whitespace filtering): empty text
 /// blocks are removed first so that e.g. `[thinking, text " "]` cannot be left ending in thinking.
 pub fn run(msgs: Vec<Msg>, ctx: &mut Ctx) -> Vec<Msg> {
+    run_passes(msgs, ctx, &mut NoSeam).expect("a plain run never falls back")
+}
+
+/// [`run`], with `pass` ending each pass (see [`PassEnd`]).
+pub fn run_passes(
+    msgs: Vec<Msg>,
+    ctx: &mut Ctx,
+    pass: &mut dyn PassEnd,
+) -> Result<Vec<Msg>, Fallback> {
     let msgs = filter_orphaned_thinking_only(msgs, ctx);
+    pass.pass_done(&msgs, ctx)?;
     let msgs = filter_whitespace_only_assistants(msgs, ctx);
+    pass.pass_done(&msgs, ctx)?;
     let mut msgs = remove_empty_text_blocks(msgs, ctx);
+    pass.pass_done(&msgs, ctx)?;
     filter_trailing_thinking(&mut msgs, ctx);
+    pass.pass_done(&msgs, ctx)?;
     let mut msgs = merge_adjacent_users(msgs, ctx);
+    pass.pass_done(&msgs, ctx)?;
     ensure_non_empty_assistants(&mut msgs, ctx);
+    pass.pass_done(&msgs, ctx)?;
     sanitize_error_tool_results(&mut msgs, ctx);
-    msgs
+    pass.pass_done(&msgs, ctx)?;
+    Ok(msgs)
 }
 
 /// `filterOrphanedThinkingOnlyMessages`: an assistant whose content is all thinking /

@@ -8,21 +8,38 @@ use super::blocks::{
     completed_with_no_output, is_type, str_field, tool_result_is_empty, NO_CONTENT,
 };
 use super::cleanup::{ensure_non_empty_assistants, fill_empty_turns, filter_trailing_thinking};
-use super::ids::sanitize_ids;
+use super::ids::{report_rewrites, rewrite_ids};
 use super::merge::merge_user;
-use super::{Ctx, Msg, Provider, RepairKind};
+use super::{Ctx, Fallback, Msg, PassEnd, Provider, RepairKind};
 use crate::history::model::Role;
 
-/// Runs, in order: [`sanitize_ids`], [`fill_empty_error_results`], trailing thinking removed and
-/// empty assistants filled again (pairing, advisor and media steps can leave them), [`fill_empty_users`],
-/// [`enforce_shape`].
-pub fn run(mut msgs: Vec<Msg>, provider: Provider, ctx: &mut Ctx) -> Vec<Msg> {
-    sanitize_ids(&mut msgs, provider, ctx);
+/// Runs, in order: [`super::ids::sanitize_ids`] (its rewrites, then their reports), [`fill_empty_error_results`],
+/// trailing thinking removed and empty assistants filled again (pairing, advisor and media steps
+/// can leave them), [`fill_empty_users`], [`enforce_shape_after`]. `after_user`: the messages
+/// follow a user turn of a checkpointed prefix (`incremental`), so the first is not the first turn.
+/// `pass` ends each pass (see [`PassEnd`]).
+pub fn run(
+    mut msgs: Vec<Msg>,
+    provider: Provider,
+    after_user: bool,
+    ctx: &mut Ctx,
+    pass: &mut dyn PassEnd,
+) -> Result<Vec<Msg>, Fallback> {
+    let rewrites = rewrite_ids(&mut msgs, provider, ctx);
+    pass.pass_done(&msgs, ctx)?;
+    report_rewrites(rewrites, ctx);
+    pass.pass_done(&msgs, ctx)?;
     fill_empty_error_results(&mut msgs, ctx);
+    pass.pass_done(&msgs, ctx)?;
     filter_trailing_thinking(&mut msgs, ctx);
+    pass.pass_done(&msgs, ctx)?;
     ensure_non_empty_assistants(&mut msgs, ctx);
+    pass.pass_done(&msgs, ctx)?;
     fill_empty_users(&mut msgs, ctx);
-    enforce_shape(msgs, ctx)
+    pass.pass_done(&msgs, ctx)?;
+    let msgs = enforce_shape_after(msgs, after_user, ctx);
+    pass.pass_done(&msgs, ctx)?;
+    Ok(msgs)
 }
 
 /// An `is_error` tool result must not have empty content: it gets
@@ -64,11 +81,17 @@ pub fn fill_empty_users(msgs: &mut [Msg], ctx: &mut Ctx) {
 /// alternation (two assistant turns are separated by a `(no content)` user turn:
 /// `placeholder_turn_inserted`; two user turns are merged).
 pub fn enforce_shape(msgs: Vec<Msg>, ctx: &mut Ctx) -> Vec<Msg> {
+    enforce_shape_after(msgs, false, ctx)
+}
+
+/// [`enforce_shape`] for messages that follow a user turn (`after_user`, the last turn of a
+/// checkpointed prefix): a first assistant turn then needs no leading user turn.
+pub fn enforce_shape_after(msgs: Vec<Msg>, after_user: bool, ctx: &mut Ctx) -> Vec<Msg> {
     let mut out: Vec<Msg> = Vec::with_capacity(msgs.len() + 1);
     for m in msgs {
         let src = m.primary_src();
         match out.last_mut() {
-            None if m.is_assistant() => {
+            None if m.is_assistant() && !after_user => {
                 let mut u = Msg::text(Role::User, NO_CONTENT, src);
                 u.is_meta = true;
                 out.push(u);

@@ -85,6 +85,14 @@ fn is_function_response(p: &Value) -> bool {
 
 /// The Gemini `contents` (see the module docs for the mapping).
 pub fn to_gemini(msgs: Vec<Msg>, ctx: &mut Ctx) -> Vec<Value> {
+    let mut out = unsigned_contents(msgs, ctx);
+    sign_current_turn(&mut out);
+    out
+}
+
+/// [`to_gemini`] without the signatures of the current turn: which turn is current depends on what
+/// follows, so a checkpointed prefix keeps its contents unsigned (`incremental`).
+pub fn unsigned_contents(msgs: Vec<Msg>, ctx: &mut Ctx) -> Vec<Value> {
     let mut out: Vec<Value> = Vec::with_capacity(msgs.len() + 1);
     // id → (name, position) of the calls of the last model turn.
     let mut calls: HashMap<String, (String, usize)> = HashMap::new();
@@ -170,14 +178,13 @@ pub fn to_gemini(msgs: Vec<Msg>, ctx: &mut Ctx) -> Vec<Value> {
             ),
         );
     }
-    sign_current_turn(&mut out);
     out
 }
 
-/// The first `functionCall` part of each model turn of the current turn gets the dummy signature
-/// when it has none.
-fn sign_current_turn(contents: &mut [Value]) {
-    let start = contents
+/// Where the current turn starts: just after the last user content holding something other than
+/// function responses; `None` when there is none (the turn started earlier, or at the start).
+pub fn current_turn_start(contents: &[Value]) -> Option<usize> {
+    contents
         .iter()
         .rposition(|c| {
             c["role"] == "user"
@@ -185,20 +192,34 @@ fn sign_current_turn(contents: &mut [Value]) {
                     .as_array()
                     .is_some_and(|ps| ps.iter().any(|p| !is_function_response(p)))
         })
-        .map_or(0, |i| i + 1);
-    for c in contents[start..]
-        .iter_mut()
-        .filter(|c| c["role"] == "model")
-    {
-        let Some(parts) = c["parts"].as_array_mut() else {
-            continue;
-        };
-        if let Some(first) = parts.iter_mut().find(|p| p.get("functionCall").is_some()) {
-            if str_field(first, "thoughtSignature").is_none_or(str::is_empty) {
-                first["thoughtSignature"] = json!(DUMMY_THOUGHT_SIGNATURE);
-            }
+        .map(|i| i + 1)
+}
+
+/// The first `functionCall` part of each model turn of the current turn gets the dummy signature
+/// when it has none.
+pub fn sign_current_turn(contents: &mut [Value]) {
+    let start = current_turn_start(contents).unwrap_or(0);
+    for c in contents[start..].iter_mut() {
+        if let Some(signed) = signed_in_current_turn(c) {
+            *c = signed;
         }
     }
+}
+
+/// A content as it is sent inside the current turn, when that differs: a model turn whose first
+/// `functionCall` part has no signature gets the dummy one.
+pub fn signed_in_current_turn(content: &Value) -> Option<Value> {
+    if content["role"] != "model" {
+        return None;
+    }
+    let parts = content["parts"].as_array()?;
+    let at = parts.iter().position(|p| p.get("functionCall").is_some())?;
+    if str_field(&parts[at], "thoughtSignature").is_some_and(|s| !s.is_empty()) {
+        return None;
+    }
+    let mut signed = content.clone();
+    signed["parts"][at]["thoughtSignature"] = json!(DUMMY_THOUGHT_SIGNATURE);
+    Some(signed)
 }
 
 /// A Gemini part as a stored block.

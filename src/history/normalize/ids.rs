@@ -73,6 +73,19 @@ pub fn sanitize_name(name: &str) -> String {
 /// their result blocks in the same turn. For the other providers, function names are sanitized.
 /// Reports `tool_id_rewritten` / `tool_name_rewritten`.
 pub fn sanitize_ids(msgs: &mut [Msg], provider: Provider, ctx: &mut Ctx) {
+    let rewrites = rewrite_ids(msgs, provider, ctx);
+    report_rewrites(rewrites, ctx);
+}
+
+/// The client tool ids [`rewrite_ids`] rewrote, in order, with the new id and the blocks involved.
+pub struct Rewrites {
+    order: Vec<String>,
+    map: HashMap<String, (String, Vec<u32>)>,
+}
+
+/// The rewriting part of [`sanitize_ids`]: server ids and names are reported as they are
+/// rewritten, client ids only by [`report_rewrites`], once both sides of each pair are known.
+pub fn rewrite_ids(msgs: &mut [Msg], provider: Provider, ctx: &mut Ctx) -> Rewrites {
     let mut taken: HashSet<String> = HashSet::new();
     let mut any_invalid = false;
     for m in msgs.iter().filter(|m| m.is_assistant()) {
@@ -123,6 +136,12 @@ pub fn sanitize_ids(msgs: &mut [Msg], provider: Provider, ctx: &mut Ctx) {
             }
         }
     }
+    Rewrites { order, map }
+}
+
+/// Reports the client tool ids [`rewrite_ids`] rewrote (`tool_id_rewritten`), in order.
+pub fn report_rewrites(rewrites: Rewrites, ctx: &mut Ctx) {
+    let Rewrites { order, map } = rewrites;
     for orig in order {
         let (new, srcs) = &map[&orig];
         ctx.report(

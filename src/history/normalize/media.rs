@@ -208,38 +208,123 @@ pub fn refuse_unacceptable(msgs: &mut [Msg], ctx: &mut Ctx) {
 /// Loupe — limits over the whole request, after the per-item checks and the count cap: with more
 /// than [`MANY_IMAGES`] images, each larger than [`MANY_IMAGES_MAX_SIDE`] a side is refused; then,
 /// while the messages would exceed [`MAX_REQUEST_BYTES`], the oldest base64 media are refused.
+///
+/// The pipeline runs the two passes itself ([`refuse_large_images_of_many`],
+/// [`refuse_oldest_until_fits`]), so that a run resumed after a checkpoint counts the prefix's
+/// images and bytes too (`incremental`); this is the same decision for one whole request.
 pub fn enforce_request_limits(msgs: &mut [Msg], ctx: &mut Ctx) {
-    let mut images = 0usize;
-    let mut media_bytes = 0usize;
-    for_each_media(msgs, |v, _| {
-        images += usize::from(is_type(v, "image"));
-        media_bytes += base64_source(v).and_then(|(_, d)| d).map_or(0, str::len);
-    });
-    if images > MANY_IMAGES {
-        for_each_media(msgs, |v, src| {
-            let size = match base64_source(v) {
-                Some((_, Some(data))) if is_type(v, "image") => pixel_size(data),
-                _ => None,
-            };
-            if let Some((w, h)) = size.filter(|(w, h)| *w.max(h) > MANY_IMAGES_MAX_SIDE) {
-                let reason = format!(
-                    "{w}x{h} px > {MANY_IMAGES_MAX_SIDE}x{MANY_IMAGES_MAX_SIDE} in a request of more than {MANY_IMAGES} images"
-                );
-                refuse(v, src, &reason, ctx);
+    let media = request_media(msgs);
+    if media.images > MANY_IMAGES {
+        refuse_large_images_of_many(msgs, ctx);
+    }
+    if media.media_bytes == 0 {
+        return;
+    }
+    let total: usize = msgs.iter().map(block_bytes).sum();
+    if total > MAX_REQUEST_BYTES {
+        refuse_oldest_until_fits(msgs, total, ctx);
+    }
+}
+
+/// What the request-wide limits count in some messages, before they refuse anything.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RequestMedia {
+    /// Images, top level and inside tool results.
+    pub images: usize,
+    /// Images larger than [`MANY_IMAGES_MAX_SIDE`] a side (refused in a request of many images).
+    /// Only counted by [`request_media_with_sizes`]: reading pixel sizes decodes each header.
+    pub large_images: usize,
+    /// Bytes of base64 media data.
+    pub media_bytes: usize,
+}
+
+impl std::ops::AddAssign for RequestMedia {
+    fn add_assign(&mut self, other: RequestMedia) {
+        self.images += other.images;
+        self.large_images += other.large_images;
+        self.media_bytes += other.media_bytes;
+    }
+}
+
+/// Every image and document of `msgs` (top level, and inside `tool_result` content), oldest first.
+fn visit_media(msgs: &[Msg], mut f: impl FnMut(&Value)) {
+    for b in msgs.iter().flat_map(|m| m.blocks.iter()) {
+        if is_media(&b.v) {
+            f(&b.v);
+        } else if is_type(&b.v, "tool_result") {
+            if let Some(Value::Array(items)) = b.v.get("content") {
+                items.iter().filter(|x| is_media(x)).for_each(&mut f);
             }
-        });
+        }
     }
-    if media_bytes == 0 {
-        return;
+}
+
+/// The images and media bytes of `msgs`, as [`enforce_request_limits`] counts them.
+pub fn request_media(msgs: &[Msg]) -> RequestMedia {
+    let mut media = RequestMedia::default();
+    visit_media(msgs, |v| {
+        media.images += usize::from(is_type(v, "image"));
+        media.media_bytes += base64_source(v).and_then(|(_, d)| d).map_or(0, str::len);
+    });
+    media
+}
+
+/// [`request_media`] with `large_images` counted.
+pub fn request_media_with_sizes(msgs: &[Msg]) -> RequestMedia {
+    let mut media = request_media(msgs);
+    visit_media(msgs, |v| {
+        media.large_images += usize::from(large_size(v).is_some())
+    });
+    media
+}
+
+/// The pixel size of a base64 image over [`MANY_IMAGES_MAX_SIDE`] a side.
+fn large_size(v: &Value) -> Option<(u32, u32)> {
+    let size = match base64_source(v) {
+        Some((_, Some(data))) if is_type(v, "image") => pixel_size(data),
+        _ => None,
+    };
+    size.filter(|(w, h)| *w.max(h) > MANY_IMAGES_MAX_SIDE)
+}
+
+/// Loupe — in a request of more than [`MANY_IMAGES`] images, each image larger than
+/// [`MANY_IMAGES_MAX_SIDE`] a side is refused.
+pub fn refuse_large_images_of_many(msgs: &mut [Msg], ctx: &mut Ctx) {
+    for_each_media(msgs, |v, src| {
+        if let Some((w, h)) = large_size(v) {
+            let reason = format!(
+                "{w}x{h} px > {MANY_IMAGES_MAX_SIDE}x{MANY_IMAGES_MAX_SIDE} in a request of more than {MANY_IMAGES} images"
+            );
+            refuse(v, src, &reason, ctx);
+        }
+    });
+}
+
+/// The bytes a message adds to the request's size as [`enforce_request_limits`] counts it: each
+/// block's JSON plus one.
+pub fn block_bytes(m: &Msg) -> usize {
+    m.blocks.iter().map(|b| json_len(&b.v) + 1).sum()
+}
+
+/// The length of a value's compact JSON, without building the string.
+fn json_len(v: &Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
     }
-    let mut total: usize = msgs
-        .iter()
-        .flat_map(|m| m.blocks.iter())
-        .map(|b| serde_json::to_string(&b.v).map_or(0, |s| s.len()) + 1)
-        .sum();
-    if total <= MAX_REQUEST_BYTES {
-        return;
-    }
+    let mut count = Count(0);
+    serde_json::to_writer(&mut count, v).map_or(0, |()| count.0)
+}
+
+/// Loupe — while the request (`total` bytes) would exceed [`MAX_REQUEST_BYTES`], its oldest
+/// base64 media are refused.
+pub fn refuse_oldest_until_fits(msgs: &mut [Msg], mut total: usize, ctx: &mut Ctx) {
     for_each_media(msgs, |v, src| {
         let Some((_, Some(data))) = base64_source(v) else {
             return;
@@ -250,6 +335,14 @@ pub fn enforce_request_limits(msgs: &mut [Msg], ctx: &mut Ctx) {
         total = total.saturating_sub(data.len());
         refuse(v, src, "the request would exceed 32 MB", ctx);
     });
+}
+
+/// The images and documents [`strip_excess_media`] counts in one message.
+pub fn media_items(m: &Msg) -> usize {
+    m.blocks
+        .iter()
+        .map(|b| usize::from(is_media(&b.v)) + nested_media_count(&b.v))
+        .sum()
 }
 
 fn nested_media_count(v: &Value) -> usize {
@@ -266,11 +359,7 @@ fn nested_media_count(v: &Value) -> usize {
 /// `tool_result`s, and removes the oldest first, scanning messages front to back; within a message
 /// nested media go before top-level ones. Emptied turns are fixed later by `enforce`.
 pub fn strip_excess_media(msgs: &mut [Msg], max: usize, ctx: &mut Ctx) {
-    let total: usize = msgs
-        .iter()
-        .flat_map(|m| m.blocks.iter())
-        .map(|b| usize::from(is_media(&b.v)) + nested_media_count(&b.v))
-        .sum();
+    let total: usize = msgs.iter().map(media_items).sum();
     if total <= max {
         return;
     }

@@ -6,6 +6,9 @@
 //! `docs/PROVIDER-RULES.md` D1 (Anthropic) or D2 (OpenAI Chat Completions) for *any* input.
 //!
 //! # Pipeline, in order
+//! The passes run in [`pipeline::run`] (rendering in [`pipeline::render`]), which a read that goes
+//! on from a checkpoint of the window's prefix shares: [`incremental`] runs them over the entries
+//! after the checkpoint only (`docs/NORMALIZATION.md` § Incremental reads).
 //! 1. [`view::slice_after_boundary`] (a): the last compact boundary and what follows it; Loupe's
 //!    `preserved_segment {first_seq, last_seq}` re-inserts the kept range after the summaries.
 //! 2. [`view::hide_snipped`] (b): every `snip` entry of the input hides its `removed_uuids`.
@@ -84,11 +87,13 @@ pub mod enforce;
 pub mod gemini;
 pub mod ids;
 pub mod image;
+pub mod incremental;
 pub mod media;
 pub mod merge;
 pub mod microcompact;
 pub mod output;
 pub mod pairing;
+pub mod pipeline;
 pub mod responses;
 pub mod thinking;
 pub mod tokens;
@@ -102,7 +107,7 @@ pub use tokens::{
 };
 
 /// The provider whose message format is produced.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum Provider {
     /// Anthropic Messages API: `{role, content}` messages.
@@ -118,7 +123,7 @@ pub enum Provider {
 }
 
 /// What to do with `thinking` / `redacted_thinking` blocks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum ThinkingMode {
     /// Replay signed blocks verbatim; drop unsigned or malformed ones.
@@ -133,8 +138,9 @@ pub enum ThinkingMode {
     Enabled,
 }
 
-/// Options of [`normalize`].
-#[derive(Debug, Clone, Default)]
+/// Options of [`normalize`]. Every field changes the output, so the whole value is what a cached
+/// normalization is keyed by (`incremental`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct NormalizeOptions {
     pub provider: Provider,
     /// Tools available to the model: `None` = every tool; `Some(list)` = only those (references to
@@ -160,7 +166,7 @@ pub struct NormalizeOptions {
 /// `[Old tool result content cleared: <tool>, <bytes> bytes]` (`tool_use_id` and `is_error` kept).
 /// The size of a result is the byte length of its string content, or for array content the sum of
 /// its text lengths plus the JSON length of its other blocks.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct MicrocompactOptions {
     /// Compactable tool names.
     pub tools: Vec<String>,
@@ -368,6 +374,10 @@ impl Msg {
 pub struct Ctx<'a> {
     pub entries: &'a [Entry],
     pub repairs: Vec<Repair>,
+    /// Where each pass's repairs end in `repairs` ([`Ctx::end_stage`]). Repairs are reported pass
+    /// by pass, so a run resumed after a checkpoint (`incremental`) interleaves the prefix's
+    /// repairs with its own stage by stage.
+    pub stage_ends: Vec<usize>,
 }
 
 impl<'a> Ctx<'a> {
@@ -375,7 +385,13 @@ impl<'a> Ctx<'a> {
         Ctx {
             entries,
             repairs: Vec::new(),
+            stage_ends: Vec::new(),
         }
+    }
+
+    /// Closes the current pass: the repairs reported since the last call form its stage.
+    pub fn end_stage(&mut self) {
+        self.stage_ends.push(self.repairs.len());
     }
 
     /// Records a repair involving the entries at `srcs` (indices into the input slice).
@@ -385,11 +401,27 @@ impl<'a> Ctx<'a> {
         srcs: I,
         detail: String,
     ) {
+        self.report_after(kind, None, srcs, detail);
+    }
+
+    /// As [`Ctx::report`], also naming an `earlier` entry (`seq`, `uuid`) that lies before the
+    /// input slice: an entry of a checkpointed prefix, which a resumed run no longer holds.
+    pub fn report_after<I: IntoIterator<Item = u32>>(
+        &mut self,
+        kind: RepairKind,
+        earlier: Option<(i64, Option<&str>)>,
+        srcs: I,
+        detail: String,
+    ) {
         let mut idx: Vec<u32> = srcs.into_iter().collect();
         idx.sort_unstable();
         idx.dedup();
-        let mut seqs = Vec::with_capacity(idx.len());
+        let mut seqs = Vec::with_capacity(idx.len() + 1);
         let mut uuids = Vec::new();
+        if let Some((seq, uuid)) = earlier {
+            seqs.push(seq);
+            uuids.extend(uuid.map(str::to_owned));
+        }
         for i in idx {
             if let Some(e) = self.entries.get(i as usize) {
                 seqs.push(e.seq_or(i as usize));
@@ -407,6 +439,28 @@ impl<'a> Ctx<'a> {
     }
 }
 
+/// Why a run resumed after a checkpoint cannot go on: something after the checkpoint could change
+/// what the checkpoint holds, so the read normalizes the whole window instead (`incremental`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fallback(pub &'static str);
+
+/// What runs after every pass of the pipeline ([`pipeline::run`]): it closes the pass's stage of
+/// repairs and, in a run resumed after a checkpoint, checks that the pass could not have reached
+/// across into the prefix ([`incremental`]).
+pub trait PassEnd {
+    fn pass_done(&mut self, msgs: &[Msg], ctx: &mut Ctx) -> Result<(), Fallback>;
+}
+
+/// The end of a pass of a plain run: only the stage is closed.
+pub struct NoSeam;
+
+impl PassEnd for NoSeam {
+    fn pass_done(&mut self, _msgs: &[Msg], ctx: &mut Ctx) -> Result<(), Fallback> {
+        ctx.end_stage();
+        Ok(())
+    }
+}
+
 /// Normalizes a stored history into the provider's message list. See the module docs for the
 /// pipeline. Deterministic; never fails; the output satisfies `docs/PROVIDER-RULES.md` D1 / D2 once the
 /// caller adds its next user turn (merged into a trailing user turn, if any).
@@ -417,40 +471,13 @@ impl<'a> Ctx<'a> {
 /// messages, API-error records, reduction to `{role, content}`) are not reported.
 pub fn normalize(entries: &[Entry], opts: &NormalizeOptions) -> Normalized {
     let mut ctx = Ctx::new(entries);
-    let (view_idx, boundary) = view::slice_after_boundary(entries);
-    let view_idx = view::hide_snipped(entries, view_idx);
-    let view_idx = view::reorder_attachments(entries, view_idx, &mut ctx);
-    let view_idx = view::drop_virtual(entries, view_idx);
-    let strip = media::build_strip_map(entries, &view_idx);
-    let msgs = convert::to_messages(entries, &view_idx, &strip, opts, &mut ctx);
-    let mut msgs = tool_reference::strip_tool_references(msgs, opts.tools.as_deref(), &mut ctx);
-    msgs = merge::merge_messages(msgs, &mut ctx);
-    msgs = cleanup::run(msgs, &mut ctx);
-    msgs = pairing::ensure_tool_result_pairing(msgs, &mut ctx);
-    if !opts.advisor {
-        advisor::strip_advisor_blocks(&mut msgs, &mut ctx);
+    let mut seam = incremental::Seam::start();
+    let (msgs, boundary) = pipeline::run(entries, opts, &mut seam, &mut ctx)
+        .expect("a run from the start of the view never falls back");
+    let mut messages = pipeline::render(msgs, opts, true, &mut ctx);
+    if opts.provider == Provider::Gemini {
+        gemini::sign_current_turn(&mut messages);
     }
-    media::refuse_unacceptable(&mut msgs, &mut ctx);
-    media::strip_excess_media(&mut msgs, media::MAX_MEDIA_ITEMS, &mut ctx);
-    media::enforce_request_limits(&mut msgs, &mut ctx);
-    msgs = enforce::run(msgs, opts.provider, &mut ctx);
-    if opts.thinking == ThinkingMode::Enabled && opts.provider == Provider::Anthropic {
-        thinking::close_loop_without_thinking(&mut msgs, &mut ctx);
-    }
-    if let Some(mc) = &opts.microcompact {
-        // Last content rewrite, so a placeholder written by an earlier step is never cleared only
-        // on a second pass (idempotence).
-        microcompact::microcompact(&mut msgs, mc, &mut ctx);
-    }
-    let messages = match opts.provider {
-        Provider::Anthropic => {
-            cache::add_cache_breakpoint(&mut msgs, opts.cache);
-            output::to_anthropic(msgs)
-        }
-        Provider::Openai => output::to_openai(msgs, &mut ctx),
-        Provider::OpenaiResponses => responses::to_responses(msgs, &mut ctx),
-        Provider::Gemini => gemini::to_gemini(msgs, &mut ctx),
-    };
     let estimated_tokens = estimate_tokens(&messages);
     Normalized {
         messages,

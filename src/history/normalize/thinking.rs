@@ -12,6 +12,28 @@ fn only_tool_results(m: &Msg) -> bool {
     m.is_user() && !m.blocks.is_empty() && m.blocks.iter().all(|b| is_type(&b.v, "tool_result"))
 }
 
+/// The assistant turn that opened the tool loop a checkpointed prefix ends in (`incremental`): a
+/// run resumed after the prefix no longer holds it, but the loop may go on in the tail.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoopOpener {
+    pub starts_with_thinking: bool,
+    pub seq: i64,
+    pub uuid: Option<String>,
+}
+
+/// Where the tool loop that `msgs` end in starts: just after the last user turn holding anything
+/// but tool results; `None` when there is no such turn (the loop may have started earlier).
+pub fn loop_start(msgs: &[Msg]) -> Option<usize> {
+    msgs.iter()
+        .rposition(|m| m.is_user() && !only_tool_results(m))
+        .map(|i| i + 1)
+}
+
+/// Whether a turn opens a loop as manual thinking wants it: with a thinking block.
+pub fn starts_with_thinking(m: &Msg) -> bool {
+    m.blocks.first().is_some_and(is_anthropic_thinking)
+}
+
 /// A tool loop is in progress when the list ends with a user turn holding only tool results; it
 /// was opened by the first assistant turn after the last user turn with anything else. When that
 /// turn does not start with thinking (it never had any, or it was dropped: another model's,
@@ -20,31 +42,43 @@ fn only_tool_results(m: &Msg) -> bool {
 /// response starts a new turn (`thinking_loop_closed`). Runs on the final shape (after
 /// `enforce`).
 pub fn close_loop_without_thinking(msgs: &mut [Msg], ctx: &mut Ctx) {
+    close_loop_after(msgs, None, ctx);
+}
+
+/// [`close_loop_without_thinking`] for messages that follow a checkpointed prefix whose own loop
+/// was opened by `earlier`: when no user turn of `msgs` ends that loop, it is still in progress.
+pub fn close_loop_after(msgs: &mut [Msg], earlier: Option<&LoopOpener>, ctx: &mut Ctx) {
     if !msgs.last().is_some_and(only_tool_results) {
         return;
     }
-    let start = msgs
-        .iter()
-        .rposition(|m| m.is_user() && !only_tool_results(m))
-        .map_or(0, |i| i + 1);
-    let Some(opener) = msgs[start..].iter().find(|m| m.is_assistant()) else {
-        return;
+    let start = loop_start(msgs);
+    let (thinks, opener_src, earlier) = match (start, earlier) {
+        (None, Some(opener)) => (opener.starts_with_thinking, None, Some(opener)),
+        _ => {
+            let start = start.unwrap_or(0);
+            let Some(opener) = msgs[start..].iter().find(|m| m.is_assistant()) else {
+                return;
+            };
+            (
+                starts_with_thinking(opener),
+                Some(opener.primary_src()),
+                None,
+            )
+        }
     };
-    if opener.blocks.first().is_some_and(is_anthropic_thinking) {
+    if thinks {
         return;
     }
-    let opener_src = opener.primary_src();
     let Some(last) = msgs.last_mut() else { return };
     let last_src = last.primary_src();
     last.blocks.push(Block {
         v: text_block(LOOP_CLOSED),
         src: last_src,
     });
-    let mut srcs = vec![opener_src, last_src];
-    srcs.sort_unstable();
-    srcs.dedup();
-    ctx.report(
+    let srcs = opener_src.into_iter().chain([last_src]);
+    ctx.report_after(
         RepairKind::ThinkingLoopClosed,
+        earlier.map(|o| (o.seq, o.uuid.as_deref())),
         srcs,
         "thinking is enabled but the tool loop in progress was opened without thinking: closed by a text block after its results".into(),
     );

@@ -1,0 +1,95 @@
+//! The passes of the pipeline in order (the module docs of [`super`] list them with their file),
+//! shared by a plain [`super::normalize`] and by a read resumed after a checkpoint
+//! ([`super::incremental`]).
+//!
+//! Each pass is followed by the [`Seam`]'s `pass_done`: it closes the pass's stage of repairs
+//! and, in a resumed run, checks that the pass could not have reached across into the prefix.
+//! The few passes that look at the whole request (media counts and sizes, the loop in progress,
+//! the first turn) take what the prefix holds from the seam. A run from the start of the view
+//! passes every check.
+
+use serde_json::Value;
+
+use super::incremental::Seam;
+use super::{
+    advisor, cache, cleanup, convert, enforce, gemini, media, merge, microcompact, output, pairing,
+    responses, thinking, tool_reference, view, Ctx, Fallback, Msg, NormalizeOptions, PassEnd,
+    Provider, ThinkingMode,
+};
+use crate::history::model::Entry;
+
+/// Steps 1–13: the entries → the final working messages, and the boundary the view starts at.
+pub fn run(
+    entries: &[Entry],
+    opts: &NormalizeOptions,
+    seam: &mut Seam,
+    ctx: &mut Ctx,
+) -> Result<(Vec<Msg>, Option<i64>), Fallback> {
+    let (view, boundary) = seam.view(entries)?;
+    let view = view::hide_snipped(entries, view);
+    seam.check_view(entries, &view)?;
+    let view = view::reorder_attachments(entries, view, ctx);
+    ctx.end_stage();
+    let view = view::drop_virtual(entries, view);
+    let strip = media::build_strip_map(entries, &view);
+    let msgs = convert::to_messages(entries, &view, &strip, opts, ctx);
+    seam.converted(&msgs)?;
+    seam.pass_done(&msgs, ctx)?;
+    let msgs = tool_reference::strip_tool_references(msgs, opts.tools.as_deref(), ctx);
+    seam.pass_done(&msgs, ctx)?;
+    let msgs = merge::merge_messages(msgs, ctx);
+    seam.pass_done(&msgs, ctx)?;
+    let msgs = cleanup::run_passes(msgs, ctx, seam)?;
+    let mut msgs = pairing::ensure_tool_result_pairing(msgs, ctx);
+    seam.pass_done(&msgs, ctx)?;
+    if !opts.advisor {
+        advisor::strip_advisor_blocks(&mut msgs, ctx);
+    }
+    seam.pass_done(&msgs, ctx)?;
+    media::refuse_unacceptable(&mut msgs, ctx);
+    seam.pass_done(&msgs, ctx)?;
+    seam.count_media_items(&msgs)?;
+    media::strip_excess_media(&mut msgs, media::MAX_MEDIA_ITEMS, ctx);
+    seam.pass_done(&msgs, ctx)?;
+    if seam.many_images(&msgs)? {
+        media::refuse_large_images_of_many(&mut msgs, ctx);
+    }
+    seam.pass_done(&msgs, ctx)?;
+    if let Some(total) = seam.oversized_request(&msgs)? {
+        media::refuse_oldest_until_fits(&mut msgs, total, ctx);
+    }
+    seam.pass_done(&msgs, ctx)?;
+    let mut msgs = enforce::run(msgs, opts.provider, seam.after_user_turn(), ctx, seam)?;
+    if opts.thinking == ThinkingMode::Enabled && opts.provider == Provider::Anthropic {
+        thinking::close_loop_after(&mut msgs, seam.loop_opener(), ctx);
+    }
+    seam.pass_done(&msgs, ctx)?;
+    if let Some(mc) = &opts.microcompact {
+        // Last content rewrite, so a placeholder written by an earlier step is never cleared only
+        // on a second pass (idempotence).
+        microcompact::microcompact(&mut msgs, mc, ctx);
+    }
+    seam.pass_done(&msgs, ctx)?;
+    seam.check_end(&msgs, opts)?;
+    Ok((msgs, boundary))
+}
+
+/// Step 14: the messages in the provider's shape. `last`: they end the request, so the Anthropic
+/// cache breakpoint goes on their last block. Gemini contents come unsigned: the caller signs the
+/// current turn ([`gemini::sign_current_turn`]), which may begin before these messages.
+pub fn render(
+    mut msgs: Vec<Msg>,
+    opts: &NormalizeOptions,
+    last: bool,
+    ctx: &mut Ctx,
+) -> Vec<Value> {
+    match opts.provider {
+        Provider::Anthropic => {
+            cache::add_cache_breakpoint(&mut msgs, opts.cache && last);
+            output::to_anthropic(msgs)
+        }
+        Provider::Openai => output::to_openai(msgs, ctx),
+        Provider::OpenaiResponses => responses::to_responses(msgs, ctx),
+        Provider::Gemini => gemini::unsigned_contents(msgs, ctx),
+    }
+}

@@ -1,0 +1,215 @@
+//! The context cache: each thread's normalized prefix (an incremental [`Checkpoint`]) per tenant,
+//! thread and options, so that a context read normalizes only what was appended since the last
+//! one (`docs/NORMALIZATION.md` § Incremental reads). In-process, bounded by bytes, least recently
+//! used out first; `--context-cache-bytes 0` turns it off.
+//!
+//! A read takes its checkpoint out of the cache, works on it alone and puts it back moved on, so
+//! no lock is held while normalizing. A concurrent read of the same thread and options finds
+//! nothing and normalizes the whole window: slower, never wrong (the later of the two checkpoints
+//! put back stays; both are valid).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+
+use crate::history::normalize::incremental::Checkpoint;
+use crate::history::NormalizeOptions;
+use crate::store::TenantId;
+
+/// What a checkpoint is cached under. The tenant is part of the key, so a tenant can only ever
+/// reach its own threads' checkpoints; the options are all of them (the thread's
+/// micro-compaction settings included), since each changes the output.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ContextKey {
+    tenant: TenantId,
+    thread_id: String,
+    options: NormalizeOptions,
+}
+
+impl ContextKey {
+    pub fn new(tenant: &TenantId, thread_id: &str, options: &NormalizeOptions) -> ContextKey {
+        ContextKey {
+            tenant: tenant.clone(),
+            thread_id: thread_id.to_owned(),
+            options: options.clone(),
+        }
+    }
+
+    fn approx_bytes(&self) -> usize {
+        let tools: usize = self.options.tools.iter().flatten().map(String::len).sum();
+        self.tenant.0.len()
+            + self.thread_id.len()
+            + tools
+            + self.options.model.as_ref().map_or(0, String::len)
+            + 128
+    }
+}
+
+/// A cached checkpoint, and what it belongs to.
+#[derive(Debug)]
+pub struct CachedContext {
+    /// The thread it was read from ([`crate::store::ContextWindow::thread_key`]): a thread
+    /// deleted and created again under the same id does not match.
+    pub thread_key: String,
+    /// Where the window starts: its size is bounded from there.
+    pub window_start: i64,
+    pub checkpoint: Checkpoint,
+}
+
+/// The cache (see the module docs).
+#[derive(Debug)]
+pub struct ContextCache {
+    budget: usize,
+    lru: Mutex<Lru>,
+}
+
+#[derive(Debug, Default)]
+struct Lru {
+    entries: HashMap<ContextKey, Slot>,
+    /// Use order: the least recently used first.
+    order: BTreeMap<u64, ContextKey>,
+    clock: u64,
+    bytes: usize,
+}
+
+#[derive(Debug)]
+struct Slot {
+    used: u64,
+    bytes: usize,
+    cached: CachedContext,
+}
+
+impl ContextCache {
+    /// A cache holding at most `budget` bytes of checkpoints (0: nothing is cached).
+    pub fn new(budget: usize) -> ContextCache {
+        ContextCache {
+            budget,
+            lru: Mutex::new(Lru::default()),
+        }
+    }
+
+    pub fn is_enabled(&self) -> bool {
+        self.budget > 0
+    }
+
+    /// Takes the key's checkpoint out of the cache, if it holds one.
+    pub fn take(&self, key: &ContextKey) -> Option<CachedContext> {
+        let mut lru = self.lock();
+        let slot = lru.entries.remove(key)?;
+        lru.order.remove(&slot.used);
+        lru.bytes -= slot.bytes;
+        crate::metrics::context_cache_bytes(lru.bytes);
+        Some(slot.cached)
+    }
+
+    /// Puts a checkpoint (back) under `key`, then drops the least recently used ones until the
+    /// cache fits its budget. One larger than the whole budget is not kept.
+    pub fn put(&self, key: ContextKey, cached: CachedContext) {
+        let bytes = key.approx_bytes() + cached.checkpoint.approx_bytes();
+        if bytes > self.budget {
+            return;
+        }
+        let mut lru = self.lock();
+        if let Some(old) = lru.entries.remove(&key) {
+            lru.order.remove(&old.used);
+            lru.bytes -= old.bytes;
+        }
+        while lru.bytes + bytes > self.budget {
+            let Some((_, oldest)) = lru.order.pop_first() else {
+                break;
+            };
+            if let Some(slot) = lru.entries.remove(&oldest) {
+                lru.bytes -= slot.bytes;
+            }
+        }
+        lru.clock += 1;
+        let used = lru.clock;
+        lru.order.insert(used, key.clone());
+        lru.entries.insert(
+            key,
+            Slot {
+                used,
+                bytes,
+                cached,
+            },
+        );
+        lru.bytes += bytes;
+        crate::metrics::context_cache_bytes(lru.bytes);
+    }
+
+    /// How many checkpoints the cache holds, and their bytes.
+    pub fn size(&self) -> (usize, usize) {
+        let lru = self.lock();
+        (lru.entries.len(), lru.bytes)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Lru> {
+        // A panic while holding the lock leaves consistent maps (every update completes before
+        // anything can panic), so a poisoned lock is still usable.
+        self.lru
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(tenant: &str, thread: &str) -> ContextKey {
+        ContextKey::new(
+            &TenantId(tenant.to_owned()),
+            thread,
+            &NormalizeOptions::default(),
+        )
+    }
+
+    fn cached(thread_key: &str) -> CachedContext {
+        CachedContext {
+            thread_key: thread_key.to_owned(),
+            window_start: 0,
+            checkpoint: Checkpoint::start(),
+        }
+    }
+
+    #[test]
+    fn tenants_and_options_are_apart() {
+        let cache = ContextCache::new(1 << 20);
+        cache.put(key("a", "t"), cached("ka"));
+        assert!(cache.take(&key("b", "t")).is_none());
+        let openai = ContextKey::new(
+            &TenantId("a".into()),
+            "t",
+            &NormalizeOptions {
+                provider: crate::history::Provider::Openai,
+                ..Default::default()
+            },
+        );
+        assert!(cache.take(&openai).is_none());
+        assert_eq!(cache.take(&key("a", "t")).unwrap().thread_key, "ka");
+        assert!(cache.take(&key("a", "t")).is_none(), "taken out");
+        assert_eq!(cache.size(), (0, 0));
+    }
+
+    #[test]
+    fn the_least_recently_used_go_first() {
+        let one = key("a", "1").approx_bytes() + Checkpoint::start().approx_bytes();
+        let cache = ContextCache::new(one * 2 + one / 2);
+        cache.put(key("a", "1"), cached("k1"));
+        cache.put(key("a", "2"), cached("k2"));
+        // 1 is used again (taken and put back), so 2 is the oldest when 3 comes.
+        let c1 = cache.take(&key("a", "1")).unwrap();
+        cache.put(key("a", "1"), c1);
+        cache.put(key("a", "3"), cached("k3"));
+        assert!(cache.take(&key("a", "2")).is_none());
+        assert!(cache.take(&key("a", "1")).is_some());
+        assert!(cache.take(&key("a", "3")).is_some());
+    }
+
+    #[test]
+    fn a_zero_budget_keeps_nothing() {
+        let cache = ContextCache::new(0);
+        assert!(!cache.is_enabled());
+        cache.put(key("a", "t"), cached("k"));
+        assert_eq!(cache.size(), (0, 0));
+    }
+}

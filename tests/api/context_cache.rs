@@ -1,0 +1,363 @@
+//! Context reads through the cache of normalized prefixes (`http::context_cache`), on both
+//! backends: an agent's appends, streamed fragments, snips, micro-compaction settings, a real
+//! compaction and a thread deleted and created again are interleaved with context reads, and every
+//! answer, for a spread of options, must be byte for byte the JSON of a service whose cache is
+//! off. The incremental path must have been taken along the way.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode};
+use axum::Router;
+use http_body_util::BodyExt;
+use loupe::http::context_cache::ContextCache;
+use loupe::http::{AppState, AuthMode, Limits};
+use loupe::jobs::{Clock, JobsConfig, Runner};
+use loupe::summarize::ExtractiveSummarizer;
+use serde_json::{json, Value};
+use tower::ServiceExt;
+
+use crate::common::{assistant, user, TestApp};
+
+on_both_backends!(
+    cached_context_reads_equal_uncached_ones,
+    a_tenants_cached_context_never_answers_another_tenant,
+);
+
+/// The options every step is read with.
+const QUERIES: &[&str] = &[
+    "",
+    "?cache=true&thinking=enabled",
+    "?provider=openai",
+    "?provider=openai_responses&thinking=strip",
+    "?provider=gemini&model=claude-opus-5",
+    "?tools=Bash,Grep&advisor=true",
+];
+
+/// The service with its cache on, a handle on that cache, and the same service with it off.
+struct Services {
+    cached: Router,
+    cache: Arc<ContextCache>,
+    uncached: Router,
+}
+
+fn services(app: &TestApp, auth: impl Fn() -> AuthMode) -> Services {
+    let limits = Limits {
+        rate_limit_per_sec: 0.0,
+        ..Limits::default()
+    };
+    let state = AppState::new(app.store.clone(), limits.clone(), auth());
+    let cache = state.context_cache.clone();
+    let uncached = AppState::new(
+        app.store.clone(),
+        Limits {
+            context_cache_bytes: 0,
+            ..limits
+        },
+        auth(),
+    );
+    Services {
+        cached: loupe::http::router(state),
+        cache,
+        uncached: loupe::http::router(uncached),
+    }
+}
+
+/// The status and the raw body bytes of a GET.
+async fn get(router: &Router, key: Option<&str>, uri: &str) -> (StatusCode, Vec<u8>) {
+    let mut request = Request::builder().method(Method::GET).uri(uri);
+    if let Some(key) = key {
+        request = request.header("authorization", format!("Bearer {key}"));
+    }
+    let response = router
+        .clone()
+        .oneshot(request.body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    let status = response.status();
+    (
+        status,
+        response
+            .into_body()
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes()
+            .to_vec(),
+    )
+}
+
+/// Reads the thread's context with every option set through both services: the same bytes.
+async fn same_answers(s: &Services, key: Option<&str>, thread: &str, step: &str) {
+    for query in QUERIES {
+        let uri = format!("/v1/threads/{thread}/context{query}");
+        // Twice through the cache: after an append, then with nothing appended.
+        for pass in ["after the step", "read again"] {
+            let (status, cached) = get(&s.cached, key, &uri).await;
+            let (expected_status, uncached) = get(&s.uncached, key, &uri).await;
+            assert_eq!(status, expected_status, "{step}, {query}, {pass}");
+            assert_eq!(
+                String::from_utf8_lossy(&cached),
+                String::from_utf8_lossy(&uncached),
+                "{step}, {query}, {pass}"
+            );
+        }
+    }
+}
+
+/// `loupe_context_reads_total{path="incremental"}` in the process's metrics (other tests add to
+/// it too, so only its growth by at least some count says something).
+fn incremental_reads() -> u64 {
+    loupe::metrics::render()
+        .lines()
+        .find(|l| l.starts_with("loupe_context_reads_total{path=\"incremental\"}"))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A response `id` streamed as fragments: text, then tool calls each followed by its result.
+fn streamed(prefix: &str, id: &str, tools: usize) -> Vec<Value> {
+    let mut entries = vec![json!({"uuid": format!("{prefix}-t"), "type": "assistant",
+        "message": {"role": "assistant", "id": id, "model": "claude-opus-5",
+            "content": [{"type": "text", "text": format!("Looking at {prefix}.")}]}})];
+    for k in 0..tools {
+        let call = format!("toolu_{prefix}_{k}");
+        entries.push(json!({"uuid": format!("{prefix}-u{k}"), "type": "assistant",
+            "message": {"role": "assistant", "id": id, "model": "claude-opus-5",
+                "content": [{"type": "tool_use", "id": call, "name": if k % 2 == 0 { "Read" } else { "Bash" },
+                    "input": {"file_path": format!("src/{prefix}.rs")}}]}}));
+        entries.push(json!({"uuid": format!("{prefix}-r{k}"), "type": "user",
+            "message": {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call,
+                "content": format!("fn {prefix}_{k}() {{}}\n").repeat(20)}]}}));
+    }
+    entries
+}
+
+async fn append(s: &Services, key: Option<&str>, thread: &str, messages: Value) {
+    let mut request = Request::builder()
+        .method(Method::POST)
+        .uri(format!("/v1/threads/{thread}/messages"))
+        .header("content-type", "application/json");
+    if let Some(key) = key {
+        request = request.header("authorization", format!("Bearer {key}"));
+    }
+    let body = serde_json::to_vec(&json!({ "messages": messages })).unwrap();
+    let response = s
+        .cached
+        .clone()
+        .oneshot(request.body(Body::from(body)).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::CREATED);
+}
+
+async fn cached_context_reads_equal_uncached_ones(app: TestApp) {
+    let s = services(&app, || AuthMode::Open);
+    let thread = app.thread("agent").await;
+    let before = incremental_reads();
+
+    append(
+        &s,
+        None,
+        &thread,
+        json!([user("p0", "Fix the failing test.")]),
+    )
+    .await;
+    same_answers(&s, None, &thread, "a prompt").await;
+    for i in 0..4 {
+        append(
+            &s,
+            None,
+            &thread,
+            json!(streamed(&format!("r{i}"), &format!("msg_r{i}"), 1 + i % 2)),
+        )
+        .await;
+        same_answers(&s, None, &thread, &format!("round {i}")).await;
+    }
+    // A response whose calls are not answered yet, then answered.
+    append(&s, None, &thread, json!([{"uuid": "open", "type": "assistant", "message": {"role": "assistant",
+        "id": "msg_open", "content": [{"type": "tool_use", "id": "toolu_open", "name": "Grep", "input": {"pattern": "x"}}]}}]))
+    .await;
+    same_answers(&s, None, &thread, "an unanswered call").await;
+    append(&s, None, &thread, json!([{"uuid": "open-r", "type": "user", "message": {"role": "user",
+        "content": [{"type": "tool_result", "tool_use_id": "toolu_open", "content": "src/lib.rs:1"}]}},
+        assistant("done0", "msg_done0", "The test passes now."),
+        user("p1", "Now update the docs."),
+        {"uuid": "att1", "type": "attachment", "message": {"role": "user", "content": [{"type": "text", "text": "<system-reminder>docs/</system-reminder>"}]}}]))
+    .await;
+    same_answers(
+        &s,
+        None,
+        &thread,
+        "answered, a new prompt and an attachment",
+    )
+    .await;
+    for i in 4..6 {
+        append(
+            &s,
+            None,
+            &thread,
+            json!(streamed(&format!("r{i}"), &format!("msg_r{i}"), 2)),
+        )
+        .await;
+        same_answers(&s, None, &thread, &format!("round {i}")).await;
+    }
+
+    // A snip of an old message: the checkpoint holds it, so the next read starts over.
+    let snip = app
+        .post(
+            &format!("/v1/threads/{thread}/snip"),
+            json!({"uuids": ["r0-t"]}),
+        )
+        .await;
+    assert_eq!(snip.status, StatusCode::CREATED, "{}", snip.body);
+    same_answers(&s, None, &thread, "a snip of an old message").await;
+    append(&s, None, &thread, json!(streamed("r6", "msg_r6", 1))).await;
+    same_answers(&s, None, &thread, "round 6").await;
+    // A snip of the latest round only.
+    let snip = app
+        .post(
+            &format!("/v1/threads/{thread}/snip"),
+            json!({"uuids": ["r6-r0"]}),
+        )
+        .await;
+    assert_eq!(snip.status, StatusCode::CREATED, "{}", snip.body);
+    same_answers(&s, None, &thread, "a snip of the latest result").await;
+
+    // Micro-compaction turned on: other settings, another cached prefix.
+    let settings = app
+        .request(
+            Method::PUT,
+            &format!("/v1/threads/{thread}/settings"),
+            Some(json!({"microcompact": {"enabled": true, "keep_recent": 2, "min_bytes": 100}})),
+        )
+        .await;
+    assert_eq!(settings.status, StatusCode::OK, "{}", settings.body);
+    same_answers(&s, None, &thread, "micro-compaction on").await;
+    for i in 7..10 {
+        append(
+            &s,
+            None,
+            &thread,
+            json!(streamed(&format!("r{i}"), &format!("msg_r{i}"), 2)),
+        )
+        .await;
+        same_answers(&s, None, &thread, &format!("round {i}, micro-compacted")).await;
+    }
+
+    // A real compaction: a new boundary and summary, the latest round kept.
+    let compact = app
+        .post(
+            &format!("/v1/threads/{thread}/compact"),
+            json!({"keep_recent_rounds": 1}),
+        )
+        .await;
+    assert_eq!(compact.status, StatusCode::ACCEPTED, "{}", compact.body);
+    Runner::new(
+        app.store.clone(),
+        Arc::new(ExtractiveSummarizer::new()),
+        JobsConfig::default(),
+    )
+    .step(Clock::System)
+    .await
+    .unwrap();
+    same_answers(&s, None, &thread, "after a compaction").await;
+    for i in 10..12 {
+        append(
+            &s,
+            None,
+            &thread,
+            json!(streamed(&format!("r{i}"), &format!("msg_r{i}"), 1)),
+        )
+        .await;
+        same_answers(
+            &s,
+            None,
+            &thread,
+            &format!("round {i} after the compaction"),
+        )
+        .await;
+    }
+
+    // The thread deleted and created again under the same id: its old prefix must not be used.
+    let old_length = app.get(&format!("/v1/threads/{thread}")).await.body["message_count"]
+        .as_u64()
+        .unwrap();
+    let deleted = app.delete(&format!("/v1/threads/{thread}")).await;
+    assert_eq!(deleted.status, StatusCode::NO_CONTENT, "{}", deleted.body);
+    app.thread("agent").await;
+    // It grows past the old checkpoint's resume point before it is read, every entry a
+    // response of its own, so only the thread's identity tells the old prefix from the new one.
+    let mut answers = vec![user("q0", "A new task.")];
+    answers.extend((0..old_length + 4).map(|i| {
+        assistant(
+            &format!("n{i}"),
+            &format!("msg_n{i}"),
+            &format!("Step {i}."),
+        )
+    }));
+    append(&s, None, &thread, json!(answers)).await;
+    same_answers(&s, None, &thread, "the new thread").await;
+    for i in 0..2 {
+        let round = json!(streamed(&format!("m{i}"), &format!("msg_m{i}"), 1));
+        append(&s, None, &thread, round).await;
+        same_answers(&s, None, &thread, &format!("new thread, round {i}")).await;
+    }
+
+    let (checkpoints, bytes) = s.cache.size();
+    assert!(checkpoints > 0 && bytes > 0, "checkpoints are cached");
+    // Most reads after the first of each step and option set go on from a checkpoint.
+    let incremental = incremental_reads() - before;
+    assert!(incremental >= 60, "only {incremental} incremental reads");
+    app.finish().await;
+}
+
+async fn a_tenants_cached_context_never_answers_another_tenant(app: TestApp) {
+    let app = app.keyed();
+    let (alice, bob) = (app.create_key("alice").await, app.create_key("bob").await);
+    let keyed = || AuthMode::Keyed {
+        admin_key: Some(crate::common::ADMIN_KEY.to_owned()),
+    };
+    let s = services(&app, keyed);
+    for (key, who) in [(&alice, "alice"), (&bob, "bob")] {
+        let created = app
+            .post_as(key, "/v1/threads", json!({"id": "shared"}))
+            .await;
+        assert_eq!(created.status, StatusCode::CREATED, "{}", created.body);
+        append(
+            &s,
+            Some(key),
+            "shared",
+            json!([user(&format!("{who}-p"), &format!("{who}'s secret task"))]),
+        )
+        .await;
+        append(
+            &s,
+            Some(key),
+            "shared",
+            json!(streamed(who, &format!("msg_{who}"), 1)),
+        )
+        .await;
+    }
+    for round in 0..3 {
+        for (key, who, other) in [(&alice, "alice", "bob"), (&bob, "bob", "alice")] {
+            same_answers(&s, Some(key), "shared", &format!("{who}, round {round}")).await;
+            let (_, body) = get(&s.cached, Some(key), "/v1/threads/shared/context").await;
+            let text = String::from_utf8_lossy(&body);
+            assert!(text.contains(&format!("{who}'s secret")), "{text}");
+            assert!(!text.contains(&format!("{other}'s secret")), "{text}");
+            append(
+                &s,
+                Some(key),
+                "shared",
+                json!(streamed(
+                    &format!("{who}{round}"),
+                    &format!("msg_{who}{round}"),
+                    1
+                )),
+            )
+            .await;
+        }
+    }
+    app.finish().await;
+}
