@@ -288,22 +288,14 @@ pub async fn get_context(
         .into_response());
     }
     let key = ContextKey::new(&tenant, &path.thread_id, &options);
-    if let Some(cached) = cache.take(&key) {
+    if let Some(cached) = cache.get(&key) {
         let tail = match cached.checkpoint.resume_seq() {
-            Some(resume) => {
-                let tail = state
+            Some(resume) => Some(
+                state
                     .store
                     .context_tail(&tenant, &path.thread_id, resume, cached.window_start)
-                    .await;
-                match tail {
-                    Ok(tail) => Some(tail),
-                    Err(error) => {
-                        // Nothing is wrong with the checkpoint: keep it for the next read.
-                        cache.put(key, cached);
-                        return Err(error.into());
-                    }
-                }
-            }
+                    .await?,
+            ),
             None => None,
         };
         if let Some(tail) = tail.filter(|tail| tail.thread_key == cached.thread_key) {
@@ -359,10 +351,12 @@ fn json_response(body: Vec<u8>) -> Response {
 }
 
 /// A read that goes on from the thread's cached checkpoint: only `tail` (the entries after it) is
-/// normalized. The checkpoint then moves on and goes back into the cache. `Ok(Err(_))`: the tail
-/// could change what the checkpoint holds, so the caller reads the whole window.
+/// normalized. When the tail holds a new cut, the checkpoint moves on and goes back into the
+/// cache; otherwise the read answers from the shared checkpoint as it is, so concurrent reads of a
+/// thread never wait for each other. `Ok(Err(_))`: the tail could change what the checkpoint
+/// holds, so the caller reads the whole window.
 fn continue_read(
-    mut cached: CachedContext,
+    cached: Arc<CachedContext>,
     tail: ContextTail,
     options: &NormalizeOptions,
     cache: &Arc<ContextCache>,
@@ -373,17 +367,24 @@ fn continue_read(
         Err(fallback) => return Ok(Err(fallback)),
     };
     crate::metrics::context_read("incremental");
-    let (run, moved) = run.advance(&mut cached.checkpoint, &tail.entries);
-    let body = context_body(&run, &cached.checkpoint, tail.next_seq)?;
+    if !run.has_cut() {
+        return context_body(&run, &cached.checkpoint, tail.next_seq).map(Ok);
+    }
+    // Moving needs a checkpoint of its own: taken out of the cache, and copied only when another
+    // read holds it at this moment.
+    drop(cache.take(&key));
+    let mut owned = Arc::unwrap_or_clone(cached);
+    let (run, moved) = run.advance(&mut owned.checkpoint, &tail.entries);
+    let body = context_body(&run, &owned.checkpoint, tail.next_seq)?;
     match moved {
         Err(NOT_REPRODUCED) => {
             tracing::warn!(
-                thread_key = %cached.thread_key,
+                thread_key = %owned.thread_key,
                 "a context checkpoint did not reproduce its tail; dropped"
             );
         }
         // Moved on, or kept where it was: either way it serves the next read.
-        Ok(_) | Err(_) => cache.put(key, cached),
+        Ok(_) | Err(_) => cache.put(key, owned),
     }
     Ok(Ok(body))
 }

@@ -9,7 +9,8 @@
 //! put back stays; both are valid).
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use crate::history::normalize::incremental::Checkpoint;
 use crate::history::NormalizeOptions;
@@ -45,7 +46,7 @@ impl ContextKey {
 }
 
 /// A cached checkpoint, and what it belongs to.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct CachedContext {
     /// The thread it was read from ([`crate::store::ContextWindow::thread_key`]): a thread
     /// deleted and created again under the same id does not match.
@@ -60,6 +61,8 @@ pub struct CachedContext {
 pub struct ContextCache {
     budget: usize,
     lru: Mutex<Lru>,
+    /// Reads that found a checkpoint.
+    hits: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -75,7 +78,8 @@ struct Lru {
 struct Slot {
     used: u64,
     bytes: usize,
-    cached: CachedContext,
+    /// Shared: concurrent reads of one thread all go on from it.
+    cached: Arc<CachedContext>,
 }
 
 impl ContextCache {
@@ -84,6 +88,7 @@ impl ContextCache {
         ContextCache {
             budget,
             lru: Mutex::new(Lru::default()),
+            hits: AtomicU64::new(0),
         }
     }
 
@@ -91,8 +96,27 @@ impl ContextCache {
         self.budget > 0
     }
 
+    /// The key's checkpoint, left in the cache (and marked as used) for reads beside this one.
+    pub fn get(&self, key: &ContextKey) -> Option<Arc<CachedContext>> {
+        let mut lru = self.lock();
+        lru.clock += 1;
+        let used = lru.clock;
+        let slot = lru.entries.get_mut(key)?;
+        let previous = std::mem::replace(&mut slot.used, used);
+        let cached = slot.cached.clone();
+        lru.order.remove(&previous);
+        lru.order.insert(used, key.clone());
+        self.hits.fetch_add(1, Ordering::Relaxed);
+        Some(cached)
+    }
+
+    /// Reads that found a checkpoint so far.
+    pub fn hits(&self) -> u64 {
+        self.hits.load(Ordering::Relaxed)
+    }
+
     /// Takes the key's checkpoint out of the cache, if it holds one.
-    pub fn take(&self, key: &ContextKey) -> Option<CachedContext> {
+    pub fn take(&self, key: &ContextKey) -> Option<Arc<CachedContext>> {
         let mut lru = self.lock();
         let slot = lru.entries.remove(key)?;
         lru.order.remove(&slot.used);
@@ -129,7 +153,7 @@ impl ContextCache {
             Slot {
                 used,
                 bytes,
-                cached,
+                cached: Arc::new(cached),
             },
         );
         lru.bytes += bytes;
@@ -196,9 +220,8 @@ mod tests {
         let cache = ContextCache::new(one * 2 + one / 2);
         cache.put(key("a", "1"), cached("k1"));
         cache.put(key("a", "2"), cached("k2"));
-        // 1 is used again (taken and put back), so 2 is the oldest when 3 comes.
-        let c1 = cache.take(&key("a", "1")).unwrap();
-        cache.put(key("a", "1"), c1);
+        // 1 is read again (and stays cached), so 2 is the oldest when 3 comes.
+        assert_eq!(cache.get(&key("a", "1")).unwrap().thread_key, "k1");
         cache.put(key("a", "3"), cached("k3"));
         assert!(cache.take(&key("a", "2")).is_none());
         assert!(cache.take(&key("a", "1")).is_some());

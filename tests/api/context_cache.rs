@@ -22,6 +22,7 @@ use crate::common::{assistant, user, TestApp};
 on_both_backends!(
     cached_context_reads_equal_uncached_ones,
     a_tenants_cached_context_never_answers_another_tenant,
+    concurrent_reads_of_a_thread_all_go_on_from_its_checkpoint,
 );
 
 /// The options every step is read with.
@@ -359,5 +360,48 @@ async fn a_tenants_cached_context_never_answers_another_tenant(app: TestApp) {
             .await;
         }
     }
+    app.finish().await;
+}
+
+/// Reads of one thread at the same moment share its checkpoint: each finds it (none waits for or
+/// misses it because another holds it), and each answers what the uncached service does.
+async fn concurrent_reads_of_a_thread_all_go_on_from_its_checkpoint(app: TestApp) {
+    let s = services(&app, || AuthMode::Open);
+    let thread = app.thread("busy").await;
+    append(
+        &s,
+        None,
+        &thread,
+        json!([user("p0", "Fix the failing test.")]),
+    )
+    .await;
+    for i in 0..4 {
+        append(
+            &s,
+            None,
+            &thread,
+            json!(streamed(&format!("r{i}"), &format!("msg_r{i}"), 1)),
+        )
+        .await;
+    }
+    let uri = format!("/v1/threads/{thread}/context");
+    // The first read leaves a checkpoint; the second moves it to the last closed round.
+    same_answers(&s, None, &thread, "before the burst").await;
+    let (_, expected) = get(&s.uncached, None, &uri).await;
+    let hits = s.cache.hits();
+    let answers = futures_util::future::join_all((0..8).map(|_| get(&s.cached, None, &uri))).await;
+    assert_eq!(s.cache.hits() - hits, 8, "every read found the checkpoint");
+    for (status, body) in answers {
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(
+            String::from_utf8_lossy(&body),
+            String::from_utf8_lossy(&expected)
+        );
+    }
+    assert_eq!(
+        s.cache.size().0,
+        QUERIES.len(),
+        "the checkpoints stay cached"
+    );
     app.finish().await;
 }

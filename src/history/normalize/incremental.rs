@@ -561,6 +561,12 @@ impl TailRun {
         })
     }
 
+    /// Whether the run's tail holds a cut the checkpoint could move to ([`TailRun::advance`]);
+    /// without one, the run answers from the checkpoint as it is.
+    pub fn has_cut(&self) -> bool {
+        self.next.is_some()
+    }
+
     /// Moves `checkpoint` (the one this run continued) to the run's cut, once a run from the cut
     /// reproduces this run's tail, and returns the run to answer the read with (the same context
     /// either way): after a move, that run from the cut, whose stable part the checkpoint now
