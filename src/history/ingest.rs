@@ -44,10 +44,10 @@ pub fn check_entry(entry: &Entry, path: &str) -> Result<(), FieldError> {
     }
     // The subtype is stored in its own column and looked up by value.
     if let Some(subtype) = &entry.subtype {
-        if subtype.len() > MAX_SUBTYPE_LEN || subtype.contains('\0') {
+        if subtype.chars().count() > MAX_SUBTYPE_LEN || subtype.contains('\0') {
             return Err(FieldError::new(
                 format!("{path}.subtype"),
-                format!("must be at most {MAX_SUBTYPE_LEN} bytes, without NUL characters"),
+                format!("must be at most {MAX_SUBTYPE_LEN} characters, without NUL characters"),
             ));
         }
     }
@@ -145,6 +145,17 @@ mod tests {
 
     fn entry(value: Value) -> Entry {
         serde_json::from_value(value).unwrap()
+    }
+
+    /// The subtype's limit counts characters, as the schema's `maxLength` does.
+    #[test]
+    fn a_subtype_is_up_to_100_characters_without_nul() {
+        let system =
+            |subtype: &str| entry(json!({"type": "system", "subtype": subtype, "content": "x"}));
+        assert_eq!(check_entry(&system(&"é".repeat(100)), "m"), Ok(()));
+        let long = check_entry(&system(&"é".repeat(101)), "m").unwrap_err();
+        assert_eq!(long.path, "m.subtype");
+        assert!(check_entry(&system("a\0b"), "m").is_err());
     }
 
     #[test]

@@ -129,9 +129,9 @@ pub struct Entry {
     #[schema(read_only)]
     pub seq: Option<i64>,
     /// Unique within the thread (and within a batch); generated when omitted. Re-sending the same
-    /// uuid is idempotent. 1–200 characters.
+    /// uuid is idempotent. 1–200 characters, no NUL.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(min_length = 1, max_length = 200)]
+    #[schema(min_length = 1, max_length = 200, pattern = r"^[^\u0000]*$")]
     pub uuid: Option<String>,
     /// An open string. Loupe models `user`, `assistant`, `attachment`, `system` and `progress`;
     /// any other type (`file-history-snapshot`, `queue-operation`, `summary`, …) is stored as sent,
@@ -161,7 +161,9 @@ pub struct Entry {
     #[serde(default, skip_serializing_if = "is_false")]
     pub is_visible_in_transcript_only: bool,
     /// For `system` entries: `compact_boundary`, `local_command`, `snip`, `informational`, …
+    /// At most 100 characters, no NUL.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(max_length = 100, pattern = r"^[^\u0000]*$")]
     pub subtype: Option<String>,
     /// For `system` entries: their text (a `local_command` entry's output becomes user text).
     /// Any JSON value.

@@ -152,6 +152,12 @@ async fn append(s: &Services, key: Option<&str>, thread: &str, messages: Value) 
     assert_eq!(response.status(), StatusCode::CREATED);
 }
 
+/// Round `i` of the agent (a streamed response with `tools` tool calls, then their results).
+async fn append_round(s: &Services, thread: &str, i: usize, tools: usize) {
+    let round = streamed(&format!("r{i}"), &format!("msg_r{i}"), tools);
+    append(s, None, thread, json!(round)).await;
+}
+
 async fn cached_context_reads_equal_uncached_ones(app: TestApp) {
     let s = services(&app, || AuthMode::Open);
     let thread = app.thread("agent").await;
@@ -166,13 +172,7 @@ async fn cached_context_reads_equal_uncached_ones(app: TestApp) {
     .await;
     same_answers(&s, None, &thread, "a prompt").await;
     for i in 0..4 {
-        append(
-            &s,
-            None,
-            &thread,
-            json!(streamed(&format!("r{i}"), &format!("msg_r{i}"), 1 + i % 2)),
-        )
-        .await;
+        append_round(&s, &thread, i, 1 + i % 2).await;
         same_answers(&s, None, &thread, &format!("round {i}")).await;
     }
     // A response whose calls are not answered yet, then answered.
@@ -194,13 +194,7 @@ async fn cached_context_reads_equal_uncached_ones(app: TestApp) {
     )
     .await;
     for i in 4..6 {
-        append(
-            &s,
-            None,
-            &thread,
-            json!(streamed(&format!("r{i}"), &format!("msg_r{i}"), 2)),
-        )
-        .await;
+        append_round(&s, &thread, i, 2).await;
         same_answers(&s, None, &thread, &format!("round {i}")).await;
     }
 
@@ -236,13 +230,7 @@ async fn cached_context_reads_equal_uncached_ones(app: TestApp) {
     assert_eq!(settings.status, StatusCode::OK, "{}", settings.body);
     same_answers(&s, None, &thread, "micro-compaction on").await;
     for i in 7..10 {
-        append(
-            &s,
-            None,
-            &thread,
-            json!(streamed(&format!("r{i}"), &format!("msg_r{i}"), 2)),
-        )
-        .await;
+        append_round(&s, &thread, i, 2).await;
         same_answers(&s, None, &thread, &format!("round {i}, micro-compacted")).await;
     }
 
@@ -264,13 +252,7 @@ async fn cached_context_reads_equal_uncached_ones(app: TestApp) {
     .unwrap();
     same_answers(&s, None, &thread, "after a compaction").await;
     for i in 10..12 {
-        append(
-            &s,
-            None,
-            &thread,
-            json!(streamed(&format!("r{i}"), &format!("msg_r{i}"), 1)),
-        )
-        .await;
+        append_round(&s, &thread, i, 1).await;
         same_answers(
             &s,
             None,
@@ -376,13 +358,7 @@ async fn concurrent_reads_of_a_thread_all_go_on_from_its_checkpoint(app: TestApp
     )
     .await;
     for i in 0..4 {
-        append(
-            &s,
-            None,
-            &thread,
-            json!(streamed(&format!("r{i}"), &format!("msg_r{i}"), 1)),
-        )
-        .await;
+        append_round(&s, &thread, i, 1).await;
     }
     let uri = format!("/v1/threads/{thread}/context");
     // The first read leaves a checkpoint; the second moves it to the last closed round.
