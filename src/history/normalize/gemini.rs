@@ -287,7 +287,7 @@ pub fn entries_from_contents(contents: &[Value]) -> Vec<Entry> {
 #[cfg(test)]
 mod tests {
     use super::super::testutil::*;
-    use super::super::{entries_from_messages, normalize, NormalizeOptions, Provider};
+    use super::super::{normalize, NormalizeOptions, Provider};
     use super::*;
 
     fn opts() -> NormalizeOptions {
@@ -345,11 +345,7 @@ mod tests {
             ]
         );
         assert!(n.repairs.is_empty());
-        let again = normalize(
-            &entries_from_messages(&n.messages, Provider::Gemini),
-            &opts(),
-        );
-        assert_eq!(again.messages, n.messages);
+        assert_round_trips(&n, &opts());
     }
 
     #[test]
@@ -389,11 +385,7 @@ mod tests {
                 RepairKind::PlaceholderTurnInserted
             ]
         );
-        let again = normalize(
-            &entries_from_messages(&n.messages, Provider::Gemini),
-            &opts(),
-        );
-        assert_eq!(again.messages, n.messages);
+        assert_round_trips(&n, &opts());
     }
 
     #[test]

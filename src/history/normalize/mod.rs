@@ -499,6 +499,12 @@ pub(crate) mod testutil {
         serde_json::from_value(v).expect("valid entry")
     }
 
+    /// The provider's messages, read back into entries and normalized again, come out the same.
+    pub fn assert_round_trips(n: &Normalized, opts: &NormalizeOptions) {
+        let again = normalize(&entries_from_messages(&n.messages, opts.provider), opts);
+        assert_eq!(again.messages, n.messages);
+    }
+
     pub fn user(seq: i64, content: Value) -> Entry {
         entry(
             json!({"seq": seq, "uuid": format!("u{seq}"), "type": "user",

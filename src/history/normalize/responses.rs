@@ -240,7 +240,7 @@ pub fn entries_from_items(items: &[Value]) -> Vec<Entry> {
 #[cfg(test)]
 mod tests {
     use super::super::testutil::*;
-    use super::super::{entries_from_messages, normalize, NormalizeOptions, Provider};
+    use super::super::{normalize, NormalizeOptions, Provider};
     use super::*;
 
     fn opts() -> NormalizeOptions {
@@ -288,11 +288,7 @@ mod tests {
             ]
         );
         assert!(n.repairs.is_empty());
-        let again = normalize(
-            &entries_from_messages(&n.messages, Provider::OpenaiResponses),
-            &opts(),
-        );
-        assert_eq!(again.messages, n.messages);
+        assert_round_trips(&n, &opts());
     }
 
     #[test]
@@ -360,10 +356,6 @@ mod tests {
             n.messages[1],
             json!({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": NO_CONTENT, "annotations": []}]})
         );
-        let again = normalize(
-            &entries_from_messages(&n.messages, Provider::OpenaiResponses),
-            &opts(),
-        );
-        assert_eq!(again.messages, n.messages);
+        assert_round_trips(&n, &opts());
     }
 }
