@@ -3,10 +3,11 @@
 //! one (`docs/NORMALIZATION.md` § Incremental reads). In-process, bounded by bytes, least recently
 //! used out first; `--context-cache-bytes 0` turns it off.
 //!
-//! A read takes its checkpoint out of the cache, works on it alone and puts it back moved on, so
-//! no lock is held while normalizing. A concurrent read of the same thread and options finds
-//! nothing and normalizes the whole window: slower, never wrong (the later of the two checkpoints
-//! put back stays; both are valid).
+//! Checkpoints are shared (`Arc`): concurrent reads of one thread and options all go on from the
+//! same one, and no lock is held while normalizing. Only a read whose tail holds a new cut takes
+//! the checkpoint out, moves its own copy on and puts it back; a read beside it still answers
+//! from the old one, or reads the whole window if it finds none: slower, never wrong (the later
+//! of two checkpoints put back stays; both are valid).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};

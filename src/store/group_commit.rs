@@ -3,9 +3,9 @@
 //!
 //! The first append to find no group running starts one on a task of its own (so that a caller
 //! that goes away cannot cancel the others' writes) and the appends queued meanwhile form the next
-//! group. A lone append therefore waits for nothing. Each append runs inside its own savepoint:
-//! a replay or a refused append (conflict, unknown thread) is rolled back alone, and the others of
-//! its group still commit. Nobody is answered before the group's commit returns, so an
+//! group. A lone append therefore waits for nothing and needs no savepoint. In a larger group
+//! each append runs inside its own savepoint: a replay or a refused append (conflict, unknown
+//! thread) is rolled back alone, and the others of its group still commit. Nobody is answered before the group's commit returns, so an
 //! acknowledged append is as durable as a single-append transaction; if the commit fails, every
 //! append of the group is answered with the error and a retry is idempotent as always.
 //!
@@ -82,11 +82,7 @@ impl GroupCommit {
             start
         };
         if start {
-            let store = store.clone();
-            tokio::spawn(async move {
-                let runner = RunnerGuard(store);
-                runner.0.run_groups().await;
-            });
+            spawn_runner(store.clone());
         }
     }
 
@@ -113,6 +109,14 @@ impl GroupCommit {
     }
 }
 
+/// A runner on a task of its own, so that no caller going away can cancel a group.
+fn spawn_runner(store: Store) {
+    tokio::spawn(async move {
+        let runner = RunnerGuard(store);
+        runner.0.run_groups().await;
+    });
+}
+
 /// Gives the runner's place back if its task ends early (a panic): the appends still waiting get
 /// a new runner instead of waiting forever.
 struct RunnerGuard(Store);
@@ -133,11 +137,7 @@ impl Drop for RunnerGuard {
             }
         };
         if restart {
-            let store = self.0.clone();
-            tokio::spawn(async move {
-                let runner = RunnerGuard(store);
-                runner.0.run_groups().await;
-            });
+            spawn_runner(self.0.clone());
         }
     }
 }
@@ -158,16 +158,32 @@ impl Store {
         }
     }
 
-    /// One transaction for the whole group, a savepoint for each append; answers each append
-    /// once the transaction's fate is known.
+    /// One transaction for the whole group, a savepoint for each append (a group of one needs
+    /// none: its transaction is its savepoint); answers each append once the transaction's fate
+    /// is known.
     async fn commit_group(&self, group: Vec<QueuedAppend>) {
         let mut tx = match self.writer.begin().await {
             Ok(tx) => tx,
-            Err(error) => return answer_all_failed(group, &error.into()),
+            Err(error) => {
+                let replies = group.into_iter().map(|append| append.reply);
+                return answer_failed(replies, &error.into());
+            }
         };
+        let alone = group.len() == 1;
         let mut answers = Vec::with_capacity(group.len());
         for append in group {
             let step = async {
+                if alone {
+                    return self
+                        .append_in(
+                            &mut tx,
+                            &append.tenant,
+                            &append.thread_id,
+                            append.batch,
+                            append.expected_next_seq,
+                        )
+                        .await;
+                }
                 let mut savepoint = sqlx::Acquire::begin(&mut tx).await?;
                 let step = self
                     .append_in(
@@ -188,7 +204,16 @@ impl Store {
             .await;
             answers.push((append.reply, step));
         }
-        match tx.commit().await {
+        let written =
+            |step: &Result<AppendStep, StoreError>| matches!(step, Ok(AppendStep::Written { .. }));
+        let outcome = if answers.iter().any(|(_, step)| written(step)) {
+            tx.commit().await
+        } else {
+            // Nothing to keep (a lone replay or refusal has no savepoint to roll back).
+            let _ = tx.rollback().await;
+            Ok(())
+        };
+        match outcome {
             Ok(()) => {
                 let stats = &self.group_commit;
                 stats.groups.fetch_add(1, Ordering::Relaxed);
@@ -212,24 +237,21 @@ impl Store {
                 }
             }
             Err(error) => {
-                let error = StoreError::from(error);
-                let (message, transient) = (error.to_string(), error.is_transient());
-                for (reply, _) in answers {
-                    let _ = reply.send(Err(StoreError::CommitFailed {
-                        message: message.clone(),
-                        transient,
-                    }));
-                }
+                let replies = answers.into_iter().map(|(reply, _)| reply);
+                answer_failed(replies, &error.into());
             }
         }
     }
 }
 
 /// Every append of a group whose transaction failed gets the failure: none of them is stored.
-fn answer_all_failed(group: Vec<QueuedAppend>, error: &StoreError) {
+fn answer_failed(
+    replies: impl Iterator<Item = oneshot::Sender<Result<AppendStep, StoreError>>>,
+    error: &StoreError,
+) {
     let (message, transient) = (error.to_string(), error.is_transient());
-    for append in group {
-        let _ = append.reply.send(Err(StoreError::CommitFailed {
+    for reply in replies {
+        let _ = reply.send(Err(StoreError::CommitFailed {
             message: message.clone(),
             transient,
         }));

@@ -64,14 +64,11 @@ fn prepare(mut entry: Entry, now: chrono::DateTime<chrono::Utc>) -> Result<Prepa
     let content_hash = fingerprint(&entry)?;
     // The body is what the client sent, verbatim, so an export gives it back exactly; the
     // server's defaults (uuid, `created_at`) live in their columns and are filled in on read.
+    entry.created_at.get_or_insert(now);
     let body = match entry.sent.take() {
         Some(sent) => sent,
-        None => {
-            entry.created_at.get_or_insert(now);
-            serde_json::to_string(&entry).map_err(|e| StoreError::Corrupt(e.to_string()))?
-        }
+        None => serde_json::to_string(&entry).map_err(|e| StoreError::Corrupt(e.to_string()))?,
     };
-    entry.created_at.get_or_insert(now);
     Ok(Prepared {
         entry,
         uuid,
