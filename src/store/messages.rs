@@ -542,7 +542,13 @@ async fn check_replay(
     if !batch.entries.iter().any(|p| p.uuid_sent) {
         return Ok(None);
     }
-    let stored = stored_hashes(tx, &thread.thread_key, &batch.entries).await?;
+    let named: Vec<&str> = batch
+        .entries
+        .iter()
+        .filter(|p| p.uuid_sent)
+        .map(|p| p.uuid.as_str())
+        .collect();
+    let stored = stored_hashes(tx, &thread.thread_key, &named).await?;
     if stored.is_empty() {
         return Ok(None);
     }
@@ -624,18 +630,14 @@ async fn insert_prepared(
     Ok((messages, visible))
 }
 
-/// (seq, content hash) of the batch's uuids that the thread already holds.
-async fn stored_hashes(
-    tx: &mut sqlx::Transaction<'_, Any>,
+/// `uuid → (seq, content hash)` of the given uuids that the thread already holds (the append's
+/// replay check, and the import's skip of what is stored).
+pub(super) async fn stored_hashes(
+    conn: &mut sqlx::AnyConnection,
     thread_key: &str,
-    batch: &[Prepared],
+    uuids: &[&str],
 ) -> Result<HashMap<String, (i64, String)>, StoreError> {
     let mut stored = HashMap::new();
-    let uuids: Vec<&str> = batch
-        .iter()
-        .filter(|p| p.uuid_sent)
-        .map(|p| p.uuid.as_str())
-        .collect();
     for chunk in uuids.chunks(INSERT_CHUNK) {
         let sql = format!(
             "SELECT uuid, seq, content_hash FROM messages WHERE thread_key = $1 AND uuid IN ({})",
@@ -645,7 +647,7 @@ async fn stored_hashes(
         for uuid in chunk {
             query = query.bind(uuid.to_string());
         }
-        for row in query.fetch_all(&mut **tx).await? {
+        for row in query.fetch_all(&mut *conn).await? {
             stored.insert(
                 row.try_get("uuid")?,
                 (row.try_get("seq")?, row.try_get("content_hash")?),

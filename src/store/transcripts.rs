@@ -16,24 +16,9 @@ impl Store {
         uuids: &[String],
     ) -> Result<HashMap<String, (i64, String)>, StoreError> {
         let thread_key = self.thread_head(tenant, thread_id).await?.thread_key;
-        let mut stored = HashMap::new();
-        for chunk in uuids.chunks(super::messages::INSERT_CHUNK) {
-            let sql = format!(
-                "SELECT uuid, seq, content_hash FROM messages WHERE thread_key = $1 AND uuid IN ({})",
-                super::list_placeholders(2, chunk.len())
-            );
-            let mut query = sqlx::query(&sql).bind(thread_key.clone());
-            for uuid in chunk {
-                query = query.bind(uuid.clone());
-            }
-            for row in query.fetch_all(&self.pool).await? {
-                stored.insert(
-                    row.try_get("uuid")?,
-                    (row.try_get("seq")?, row.try_get("content_hash")?),
-                );
-            }
-        }
-        Ok(stored)
+        let uuids: Vec<&str> = uuids.iter().map(String::as_str).collect();
+        let mut conn = self.pool.acquire().await?;
+        super::messages::stored_hashes(&mut conn, &thread_key, &uuids).await
     }
 
     /// `(seq, body)` of the messages with `seq > after_seq`, in seq order, at most `limit`: each
