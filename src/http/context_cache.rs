@@ -216,6 +216,22 @@ mod tests {
     }
 
     #[test]
+    fn the_cache_never_holds_more_than_its_budget() {
+        let one = key("a", "0").approx_bytes() + Checkpoint::start().approx_bytes();
+        let budget = one * 3 + one / 2;
+        let cache = ContextCache::new(budget);
+        for i in 0..20 {
+            cache.put(key("a", &i.to_string()), cached("k"));
+            assert!(cache.size().1 <= budget, "{:?} over {budget}", cache.size());
+        }
+        assert_eq!(cache.size().0, 3);
+        // A checkpoint larger than the whole budget is not kept, and evicts nothing.
+        let tiny = ContextCache::new(one - 1);
+        tiny.put(key("a", "0"), cached("k"));
+        assert_eq!(tiny.size(), (0, 0));
+    }
+
+    #[test]
     fn the_least_recently_used_go_first() {
         let one = key("a", "1").approx_bytes() + Checkpoint::start().approx_bytes();
         let cache = ContextCache::new(one * 2 + one / 2);

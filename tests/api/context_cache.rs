@@ -162,6 +162,7 @@ async fn cached_context_reads_equal_uncached_ones(app: TestApp) {
     let s = services(&app, || AuthMode::Open);
     let thread = app.thread("agent").await;
     let before = incremental_reads();
+    let hits_before = s.cache.hits();
 
     append(
         &s,
@@ -292,6 +293,9 @@ async fn cached_context_reads_equal_uncached_ones(app: TestApp) {
     // Most reads after the first of each step and option set go on from a checkpoint.
     let incremental = incremental_reads() - before;
     assert!(incremental >= 60, "only {incremental} incremental reads");
+    // The process-wide counter also counts other tests' reads: this cache's own count does not.
+    let hits = s.cache.hits() - hits_before;
+    assert!(hits >= 60, "only {hits} reads found their checkpoint");
     app.finish().await;
 }
 

@@ -351,6 +351,11 @@ async fn the_cli_imports_and_exports_on_the_database_and_through_a_server(app: T
     ])
     .await;
     assert_eq!(std::fs::read_to_string(&out).unwrap(), SESSION);
+    // The sub-agent's file went to its own thread, linked to its parent.
+    assert_eq!(export(&app, "direct.agent-a7c41e9").await, AGENT);
+    let sidechain = app.get("/v1/threads/direct.agent-a7c41e9").await.body;
+    assert_eq!(sidechain["metadata"]["parent_thread"], "direct");
+    assert_eq!(sidechain["metadata"]["sidechain"], true);
 
     // Through a running server.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
