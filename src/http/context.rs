@@ -270,6 +270,8 @@ pub async fn get_context(
             .map(IntoResponse::into_response);
     }
     let cache = state.context_cache.clone();
+    // With the cache off, the plain pipeline, kept apart from the checkpoint's path on purpose:
+    // it is the reference the cached answers are tested against (tests/api/context_cache.rs).
     if !cache.is_enabled() {
         let window = state
             .store
