@@ -8,10 +8,10 @@ use serde_json::Value;
 
 use super::model::{ApiMessage, Content, Entry, EntryKind, Role};
 
-/// Longest accepted uuid, in bytes.
+/// Longest accepted uuid, in characters.
 pub const MAX_UUID_LEN: usize = 200;
 
-/// Longest accepted subtype, in bytes.
+/// Longest accepted subtype, in characters.
 pub const MAX_SUBTYPE_LEN: usize = 100;
 
 /// A field that is not valid, named by its JSON path (`messages[3].message.content[0].type`).
@@ -51,6 +51,25 @@ pub fn check_entry(entry: &Entry, path: &str) -> Result<(), FieldError> {
             ));
         }
     }
+    // The document gives both as objects; null reads as absent.
+    if entry
+        .compact_metadata
+        .as_ref()
+        .is_some_and(|m| !m.is_object())
+    {
+        return Err(FieldError::new(
+            format!("{path}.compact_metadata"),
+            "must be an object",
+        ));
+    }
+    if let Some(usage) = entry.message.as_ref().and_then(|m| m.usage.as_ref()) {
+        if !usage.is_object() {
+            return Err(FieldError::new(
+                format!("{path}.message.usage"),
+                "must be an object",
+            ));
+        }
+    }
     match entry.kind {
         EntryKind::User | EntryKind::Attachment => {
             check_message(entry.message.as_ref(), Role::User, entry.kind, path)
@@ -73,17 +92,24 @@ pub fn check_entry(entry: &Entry, path: &str) -> Result<(), FieldError> {
             }
             let mut removed = entry.snip_metadata.iter().flat_map(|m| &m.removed_uuids);
             if let Some(bad) =
-                removed.position(|uuid| uuid.len() > MAX_UUID_LEN || uuid.contains('\0'))
+                removed.position(|uuid| uuid.chars().count() > MAX_UUID_LEN || uuid.contains('\0'))
             {
                 return Err(FieldError::new(
                     format!("{path}.snip_metadata.removed_uuids[{bad}]"),
-                    format!("must be at most {MAX_UUID_LEN} bytes, without NUL characters"),
+                    format!("must be at most {MAX_UUID_LEN} characters, without NUL characters"),
                 ));
             }
             Ok(())
         }
-        // Stored verbatim and never sent: only its uuid is checked.
+        // Stored verbatim and never sent; a message it carries still has the one shape the
+        // document gives every entry's message.
         EntryKind::Progress | EntryKind::Other => Ok(()),
+    }?;
+    match (&entry.message, entry.kind) {
+        (Some(message), EntryKind::System | EntryKind::Progress | EntryKind::Other) => {
+            check_blocks(message, path)
+        }
+        _ => Ok(()),
     }
 }
 
@@ -112,6 +138,10 @@ fn check_message(
             ),
         ));
     }
+    check_blocks(message, path)
+}
+
+fn check_blocks(message: &ApiMessage, path: &str) -> Result<(), FieldError> {
     if let Content::Blocks(blocks) = &message.content {
         for (index, block) in blocks.iter().enumerate() {
             check_block(block, &format!("{path}.message.content[{index}]"))?;
@@ -186,6 +216,48 @@ mod tests {
         let bad =
             entry(json!({"type": "attachment", "message": {"role": "assistant", "content": "x"}}));
         assert_eq!(check_entry(&bad, "m").unwrap_err().path, "m.message.role");
+    }
+
+    /// schemathesis found this: the document gives every entry's message the same block shape,
+    /// so a progress or unknown entry's message is held to it too.
+    #[test]
+    fn a_message_on_any_entry_type_has_typed_blocks() {
+        for kind in ["progress", "queue-operation", "system"] {
+            let bad = entry(json!({"type": kind, "subtype": "x",
+                "message": {"role": "assistant", "content": [{"type": false}]}}));
+            assert_eq!(
+                check_entry(&bad, "m").unwrap_err().path,
+                "m.message.content[0].type",
+                "{kind}"
+            );
+            let good = entry(json!({"type": kind, "subtype": "x",
+                "message": {"role": "user", "content": [{"type": "text", "text": "x"}]}}));
+            assert_eq!(check_entry(&good, "m"), Ok(()), "{kind}");
+        }
+    }
+
+    #[test]
+    fn compact_metadata_and_usage_are_objects() {
+        let boundary = |metadata: Value| {
+            entry(
+                json!({"type": "system", "subtype": "compact_boundary", "compact_metadata": metadata}),
+            )
+        };
+        assert_eq!(
+            check_entry(&boundary(json!({"trigger": "auto"})), "m"),
+            Ok(())
+        );
+        assert_eq!(check_entry(&boundary(Value::Null), "m"), Ok(()));
+        let error = check_entry(&boundary(json!([1])), "m").unwrap_err();
+        assert_eq!(error.path, "m.compact_metadata");
+        let reply = |usage: Value| {
+            entry(
+                json!({"type": "assistant", "message": {"role": "assistant", "content": "x", "usage": usage}}),
+            )
+        };
+        assert_eq!(check_entry(&reply(json!({"input_tokens": 3})), "m"), Ok(()));
+        let error = check_entry(&reply(json!("3")), "m").unwrap_err();
+        assert_eq!(error.path, "m.message.usage");
     }
 
     #[test]

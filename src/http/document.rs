@@ -6,6 +6,7 @@
 use serde_json::{json, Value};
 
 use super::problem::ProblemKind;
+use crate::history::ingest::MAX_UUID_LEN;
 
 /// The finished document, as served and checked in.
 pub fn complete(openapi: &utoipa::openapi::OpenApi) -> Value {
@@ -161,6 +162,14 @@ fn add_history_rules(document: &mut Value) {
         "required": ["type"],
         "properties": {"type": {"type": "string", "minLength": 1}},
         "additionalProperties": true,
+    });
+    *at(
+        document,
+        "/components/schemas/SnipMetadata/properties/removed_uuids/items",
+    ) = json!({
+        "type": "string",
+        "maxLength": MAX_UUID_LEN,
+        "pattern": r"^[^\u0000]*$",
     });
     // A snip names at least one message: with no seq named, a uuid must be. Said with if/then
     // rather than anyOf, which generators turn into a union of two partial models.
