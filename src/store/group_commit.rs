@@ -3,21 +3,24 @@
 //!
 //! The first append to find no group running starts one on a task of its own (so that a caller
 //! that goes away cannot cancel the others' writes) and the appends queued meanwhile form the next
-//! group. A lone append therefore waits for nothing and needs no savepoint. In a larger group
-//! each append runs inside its own savepoint: a replay or a refused append (conflict, unknown
-//! thread) is rolled back alone, and the others of its group still commit. Nobody is answered before the group's commit returns, so an
-//! acknowledged append is as durable as a single-append transaction; if the commit fails, every
-//! append of the group is answered with the error and a retry is idempotent as always.
+//! group. A group costs the same few statements whatever its size (`Store::write_group`): its
+//! threads are locked and read, its named uuids looked up, then every append is decided in
+//! memory, in queue order, and the group's rows and counters are written at once. A replay or a
+//! refused append (conflict, unknown thread) writes nothing, and the others of its group still
+//! commit. If a statement fails, the group is rolled back and each of its appends is written
+//! alone, so only the one at fault fails. Nobody is answered before the group's commit returns,
+//! so an acknowledged append is as durable as a single-append transaction; if the commit fails,
+//! every append of the group is answered with the error and a retry is idempotent as always.
 //!
-//! A group is written in (tenant, thread) order, stable for appends to the same thread, so the
-//! groups of concurrent runners (PostgreSQL) take thread locks in one order and cannot deadlock.
+//! A group locks its threads in (tenant, thread) order, so the groups of concurrent runners
+//! (PostgreSQL) cannot deadlock.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use tokio::sync::oneshot;
 
-use super::messages::{AppendStep, PreparedBatch};
+use super::messages::{AppendStep, Planned, PreparedBatch};
 use super::{Store, StoreError, TenantId};
 
 /// Most appends written in one group: bounds the transaction and the wait of its last member.
@@ -43,6 +46,8 @@ pub(super) struct GroupCommit {
     /// Transactions committed, and the appends they held.
     groups: AtomicU64,
     grouped_appends: AtomicU64,
+    /// Groups rolled back by a failed statement and written again one append at a time.
+    split_groups: AtomicU64,
 }
 
 /// How appends were grouped since the store was opened.
@@ -52,6 +57,8 @@ pub struct GroupCommitStats {
     pub groups: u64,
     /// Appends those transactions held (replays and refusals included).
     pub appends: u64,
+    /// Groups a failed statement rolled back, whose appends were then written alone.
+    pub split_groups: u64,
 }
 
 #[derive(Default)]
@@ -67,6 +74,7 @@ impl GroupCommit {
             max_runners: max_runners.max(1),
             groups: AtomicU64::new(0),
             grouped_appends: AtomicU64::new(0),
+            split_groups: AtomicU64::new(0),
         }
     }
 
@@ -103,9 +111,7 @@ impl GroupCommit {
             count += 1;
             entries += append.batch.entries.len();
         }
-        let mut group: Vec<QueuedAppend> = queue.waiting.drain(..count).collect();
-        group.sort_by(|a, b| (&a.tenant.0, &a.thread_id).cmp(&(&b.tenant.0, &b.thread_id)));
-        Some(group)
+        Some(queue.waiting.drain(..count).collect())
     }
 }
 
@@ -148,99 +154,84 @@ impl Store {
         GroupCommitStats {
             groups: self.group_commit.groups.load(Ordering::Relaxed),
             appends: self.group_commit.grouped_appends.load(Ordering::Relaxed),
+            split_groups: self.group_commit.split_groups.load(Ordering::Relaxed),
         }
     }
 
     /// Writes groups until nobody waits.
     async fn run_groups(&self) {
         while let Some(group) = self.group_commit.next_group() {
-            self.commit_group(group).await;
+            if let Err((group, _)) = self.commit_group(group).await {
+                // A statement failed, so nothing of the group was kept. Which append it was is
+                // not known: each is written alone, and only the one at fault fails again.
+                self.group_commit
+                    .split_groups
+                    .fetch_add(1, Ordering::Relaxed);
+                for append in group {
+                    if let Err((mut alone, error)) = self.commit_group(vec![append]).await {
+                        if let Some(append) = alone.pop() {
+                            let _ = append.reply.send(Err(error));
+                        }
+                    }
+                }
+            }
         }
     }
 
-    /// One transaction for the whole group, a savepoint for each append (a group of one needs
-    /// none: its transaction is its savepoint); answers each append once the transaction's fate
-    /// is known.
-    async fn commit_group(&self, group: Vec<QueuedAppend>) {
+    /// One transaction for the whole group (`Store::write_group`); answers each append once the
+    /// transaction's fate is known. A statement that failed gives the group back, unanswered.
+    async fn commit_group(
+        &self,
+        group: Vec<QueuedAppend>,
+    ) -> Result<(), (Vec<QueuedAppend>, StoreError)> {
         let mut tx = match self.writer.begin().await {
             Ok(tx) => tx,
             Err(error) => {
                 let replies = group.into_iter().map(|append| append.reply);
-                return answer_failed(replies, &error.into());
+                answer_failed(replies, &error.into());
+                return Ok(());
             }
         };
-        let alone = group.len() == 1;
-        let mut answers = Vec::with_capacity(group.len());
-        for append in group {
-            let step = async {
-                if alone {
-                    return self
-                        .append_in(
-                            &mut tx,
-                            &append.tenant,
-                            &append.thread_id,
-                            append.batch,
-                            append.expected_next_seq,
-                        )
-                        .await;
-                }
-                let mut savepoint = sqlx::Acquire::begin(&mut tx).await?;
-                let step = self
-                    .append_in(
-                        &mut savepoint,
-                        &append.tenant,
-                        &append.thread_id,
-                        append.batch,
-                        append.expected_next_seq,
-                    )
-                    .await;
-                match &step {
-                    Ok(AppendStep::Written { .. }) => savepoint.commit().await?,
-                    // A replay writes nothing, not even the counters; a refusal neither.
-                    _ => savepoint.rollback().await?,
-                }
-                step
+        let plans = match self.write_group(&mut tx, &group).await {
+            Ok(plans) => plans,
+            Err(error) => {
+                let _ = tx.rollback().await;
+                return Err((group, error));
             }
-            .await;
-            answers.push((append.reply, step));
-        }
-        let written =
-            |step: &Result<AppendStep, StoreError>| matches!(step, Ok(AppendStep::Written { .. }));
-        let outcome = if answers.iter().any(|(_, step)| written(step)) {
+        };
+        let outcome = if plans.iter().any(Planned::writes) {
             tx.commit().await
         } else {
-            // Nothing to keep (a lone replay or refusal has no savepoint to roll back).
+            // Replays and refusals only: nothing to keep.
             let _ = tx.rollback().await;
             Ok(())
         };
-        match outcome {
-            Ok(()) => {
-                let stats = &self.group_commit;
-                stats.groups.fetch_add(1, Ordering::Relaxed);
-                stats
-                    .grouped_appends
-                    .fetch_add(answers.len() as u64, Ordering::Relaxed);
-                let created = answers.iter().any(|(_, step)| {
-                    matches!(
-                        step,
-                        Ok(AppendStep::Written {
-                            jobs_created: true,
-                            ..
-                        })
-                    )
-                });
-                if created {
-                    self.job_signal.notify_one();
-                }
-                for (reply, step) in answers {
-                    let _ = reply.send(step);
-                }
-            }
-            Err(error) => {
-                let replies = answers.into_iter().map(|(reply, _)| reply);
-                answer_failed(replies, &error.into());
-            }
+        if let Err(error) = outcome {
+            let replies = group.into_iter().map(|append| append.reply);
+            answer_failed(replies, &error.into());
+            return Ok(());
         }
+        let stats = &self.group_commit;
+        stats.groups.fetch_add(1, Ordering::Relaxed);
+        stats
+            .grouped_appends
+            .fetch_add(group.len() as u64, Ordering::Relaxed);
+        let created = plans.iter().any(|plan| {
+            matches!(
+                plan,
+                Planned::Write {
+                    jobs_created: true,
+                    ..
+                }
+            )
+        });
+        if created {
+            self.job_signal.notify_one();
+        }
+        for (append, plan) in group.into_iter().zip(plans) {
+            let _ = append.reply.send(plan.into_step(append.batch));
+        }
+        Ok(())
     }
 }
 

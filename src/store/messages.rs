@@ -78,12 +78,10 @@ fn prepare(mut entry: Entry, now: chrono::DateTime<chrono::Utc>) -> Result<Prepa
     })
 }
 
-/// A whole batch, prepared before any statement runs: what it will change on the thread row is
-/// known up front, so one `UPDATE` both takes the thread's lock and moves its counters.
+/// A whole batch, prepared before any statement runs (uuids, fingerprints, bodies, its token
+/// estimate), so its group is decided in memory between the group's reads and writes.
 pub(super) struct PreparedBatch {
     pub(super) entries: Vec<Prepared>,
-    /// Entries a model sees (they get a `visible_rank`).
-    visible: i64,
     tokens: BatchTokens,
     now: chrono::DateTime<chrono::Utc>,
 }
@@ -98,14 +96,9 @@ impl PreparedBatch {
         if let Some(duplicate) = entries.iter().find(|p| !uuids.insert(p.uuid.as_str())) {
             return Err(StoreError::DuplicateUuid(duplicate.uuid.clone()));
         }
-        let visible = entries
-            .iter()
-            .filter(|p| p.entry.kind.is_model_visible())
-            .count() as i64;
         let tokens = context_tokens_of(entries.iter().map(|p| &p.entry));
         Ok(PreparedBatch {
             entries,
-            visible,
             tokens,
             now,
         })
@@ -122,8 +115,6 @@ pub(super) enum AppendStep {
         messages: Vec<Entry>,
         next_seq: i64,
         auto_compaction_job: Option<String>,
-        /// A job was created, so a worker should wake once the group commits.
-        jobs_created: bool,
     },
     /// Every entry was already stored: an idempotent retry, to be rolled back.
     Replayed {
@@ -133,17 +124,76 @@ pub(super) enum AppendStep {
     },
 }
 
-/// The thread row as the append's `UPDATE` left it, and what it was before.
-struct ClaimedThread {
+/// What the group writer decided for one append.
+pub(super) enum Planned {
+    Write {
+        first_seq: i64,
+        next_seq: i64,
+        /// The thread's estimate before this append, for its triggers.
+        tokens_before: i64,
+        auto_compaction_job: Option<String>,
+        /// A job was created, so a worker should wake once the group commits.
+        jobs_created: bool,
+    },
+    /// Every entry is stored already: an idempotent retry, nothing written.
+    Replay {
+        thread_key: String,
+        next_seq: i64,
+    },
+    Refused(StoreError),
+}
+
+impl Planned {
+    /// The append's answer once its group committed: the written entries get their seqs.
+    pub(super) fn into_step(self, batch: PreparedBatch) -> Result<AppendStep, StoreError> {
+        match self {
+            Planned::Write {
+                first_seq,
+                next_seq,
+                auto_compaction_job,
+                ..
+            } => Ok(AppendStep::Written {
+                messages: batch
+                    .entries
+                    .into_iter()
+                    .zip(first_seq..)
+                    .map(|(p, seq)| {
+                        let mut entry = p.entry;
+                        entry.seq = Some(seq);
+                        entry
+                    })
+                    .collect(),
+                next_seq,
+                auto_compaction_job,
+            }),
+            Planned::Replay {
+                thread_key,
+                next_seq,
+            } => Ok(AppendStep::Replayed {
+                thread_key,
+                next_seq,
+                uuids: batch.entries.into_iter().map(|p| p.uuid).collect(),
+            }),
+            Planned::Refused(error) => Err(error),
+        }
+    }
+
+    pub(super) fn writes(&self) -> bool {
+        matches!(self, Planned::Write { .. })
+    }
+}
+
+/// One thread of a group, as read under its lock and then moved on by each append written.
+struct GroupThread {
     thread_key: String,
-    /// `next_seq` before the batch: the seq of its first entry.
-    first_seq: i64,
-    /// `visible_count` before the batch.
-    visible_before: i64,
-    /// `context_tokens` before and after the batch.
-    tokens_before: i64,
-    tokens_after: i64,
+    next_seq: i64,
+    visible_count: i64,
+    context_tokens: i64,
     triggers: AppendTriggers,
+    /// When an append of the group last wrote to it; `None` leaves the row as it was.
+    updated_at: Option<i64>,
+    /// Uuids written by earlier appends of the group, with their seq and fingerprint.
+    written: HashMap<String, (i64, String)>,
 }
 
 /// The fingerprint of what a client sent: SHA-256 of the entry as Loupe understood it (without
@@ -205,7 +255,6 @@ impl Store {
                 messages,
                 next_seq,
                 auto_compaction_job,
-                jobs_created: _,
             } => Ok(AppendOutcome {
                 messages,
                 replayed: false,
@@ -229,67 +278,69 @@ impl Store {
         }
     }
 
-    /// The append's statements, inside the transaction (a savepoint of its group's): claim the
-    /// thread, recognise a replay, check the expected seq, insert, enqueue what it triggers. A
-    /// replay is returned for the caller to roll back: nothing of it may stay, not even the
-    /// counters.
-    pub(super) async fn append_in(
+    /// Writes a whole group of appends in `tx` with a fixed number of statements, however many
+    /// appends it holds: lock and read the group's threads, look up the uuids they name, insert
+    /// every new row, move every thread's counters. Each append is decided in memory, in queue
+    /// order, against its thread as the earlier appends of the group left it: a refusal or a
+    /// replay writes nothing and leaves the others alone. Jobs the appends trigger are enqueued
+    /// last, in the same transaction. An `Err` is a statement that failed: nothing of the group
+    /// may be kept.
+    pub(super) async fn write_group(
         &self,
         tx: &mut sqlx::Transaction<'_, Any>,
-        tenant: &TenantId,
-        thread_id: &str,
-        batch: PreparedBatch,
-        expected_next_seq: Option<i64>,
-    ) -> Result<AppendStep, StoreError> {
-        let thread = claim_thread(tx, tenant, thread_id, &batch, self.auto_compact_tokens).await?;
-        if let Some(stored) = check_replay(tx, &thread, &batch).await? {
-            debug_assert_eq!(stored, batch.entries.len());
-            return Ok(AppendStep::Replayed {
-                thread_key: thread.thread_key,
-                next_seq: thread.first_seq,
-                uuids: batch.entries.into_iter().map(|p| p.uuid).collect(),
-            });
-        }
-        if let Some(expected) = expected_next_seq {
-            if expected != thread.first_seq {
-                return Err(StoreError::SeqConflict {
-                    expected,
-                    actual: thread.first_seq,
-                });
+        group: &[QueuedAppend],
+    ) -> Result<Vec<Planned>, StoreError> {
+        let (mut threads, stored) =
+            read_group(tx, self.backend, group, self.auto_compact_tokens).await?;
+        let mut plans = Vec::with_capacity(group.len());
+        let mut rows = Vec::new();
+        let mut triggered = Vec::new();
+        for (index, append) in group.iter().enumerate() {
+            let key = (append.tenant.0.as_str(), append.thread_id.as_str());
+            let Some(thread) = threads.get_mut(&key) else {
+                plans.push(Planned::Refused(StoreError::ThreadNotFound));
+                continue;
+            };
+            match plan_append(thread, append, &stored, &mut rows) {
+                Ok(plan) => {
+                    if let Planned::Write { tokens_before, .. } = plan {
+                        triggered.push((index, tokens_before));
+                    }
+                    plans.push(plan);
+                }
+                Err(refusal) => plans.push(Planned::Refused(refusal)),
             }
         }
-        let now = batch.now;
-        let next_seq = thread.first_seq + batch.len();
-        let tokens = batch.tokens;
-        let (messages, _) = insert_prepared(
-            tx,
-            &thread.thread_key,
-            thread.first_seq,
-            thread.visible_before,
-            batch.entries,
-            now,
-        )
-        .await?;
-        let jobs = self
-            .enqueue_triggered_jobs(tx, tenant, thread_id, &thread, &tokens)
-            .await?;
-        Ok(AppendStep::Written {
-            messages,
-            next_seq,
-            auto_compaction_job: jobs.auto_compaction,
-            jobs_created: jobs.created,
-        })
+        insert_rows(tx, &rows).await?;
+        drop(rows);
+        update_threads(tx, threads.values()).await?;
+        for (index, tokens_before) in triggered {
+            let append = &group[index];
+            let thread = &threads[&(append.tenant.0.as_str(), append.thread_id.as_str())];
+            let jobs = self
+                .enqueue_triggered_jobs(tx, append, thread, tokens_before)
+                .await?;
+            if let Planned::Write {
+                auto_compaction_job,
+                jobs_created,
+                ..
+            } = &mut plans[index]
+            {
+                *auto_compaction_job = jobs.auto_compaction;
+                *jobs_created = jobs.created;
+            }
+        }
+        Ok(plans)
     }
 
-    /// Enqueues, in the append's transaction, what the append triggers: a compaction when the
+    /// Enqueues, in the group's transaction, what one append triggers: a compaction when the
     /// estimate crosses the thread's threshold, the tree job of an outlined thread.
     async fn enqueue_triggered_jobs(
         &self,
         tx: &mut sqlx::Transaction<'_, Any>,
-        tenant: &TenantId,
-        thread_id: &str,
-        thread: &ClaimedThread,
-        tokens: &BatchTokens,
+        append: &QueuedAppend,
+        thread: &GroupThread,
+        tokens_before: i64,
     ) -> Result<TriggeredJobs, StoreError> {
         let mut jobs = TriggeredJobs::default();
         let triggers = &thread.triggers;
@@ -297,24 +348,25 @@ impl Store {
         // compact boundary in its tail would cut the tail short.
         let threshold = triggers.auto_compact_tokens;
         // A batch that holds a compact boundary has just compacted the thread.
-        let eligible = !matches!(tokens, BatchTokens::Reset(_)) && !triggers.outlined;
-        let crossed =
-            eligible && crosses_threshold(thread.tokens_before, thread.tokens_after, threshold);
+        let eligible = !matches!(append.batch.tokens, BatchTokens::Reset(_)) && !triggers.outlined;
+        // The estimate right after this append (a later append of the group may move it on).
+        let tokens_after = append_tokens(tokens_before, append.batch.tokens);
+        let crossed = eligible && crosses_threshold(tokens_before, tokens_after, threshold);
         // Still above after an attempt that failed or found nothing: try again, backing off.
         let retry = eligible
             && !crossed
             && threshold > 0
-            && thread.tokens_after >= threshold
+            && tokens_after >= threshold
             && super::jobs::auto_compaction_due(tx, &thread.thread_key, now_millis()).await?;
         if crossed || retry {
             let outcome = super::jobs::enqueue_in(
                 tx,
                 self.backend,
                 &super::NewJob {
-                    tenant: tenant.clone(),
+                    tenant: append.tenant.clone(),
                     thread_key: Some(thread.thread_key.clone()),
                     kind: super::KIND_COMPACTION.to_owned(),
-                    payload: super::CompactionPayload::auto(thread_id).to_value(),
+                    payload: super::CompactionPayload::auto(&append.thread_id).to_value(),
                     dedup_key: Some(super::jobs::compaction_dedup_key(&thread.thread_key)),
                     max_attempts: self.job_max_attempts,
                 },
@@ -328,7 +380,7 @@ impl Store {
             let outcome = super::jobs::enqueue_tree_in(
                 tx,
                 self.backend,
-                tenant,
+                &append.tenant,
                 &thread.thread_key,
                 self.job_max_attempts,
             )
@@ -463,112 +515,246 @@ fn crosses_threshold(before: i64, after: i64, threshold: i64) -> bool {
     threshold > 0 && before < threshold && after >= threshold
 }
 
-/// The append's one statement on the thread row: it takes the thread's lock at once (the row
-/// lock on PostgreSQL; on SQLite the write lock, already ours on the writer connection), so
-/// concurrent appenders queue instead of racing on `next_seq`; it moves the counters by the
-/// batch; and it returns what the triggers need, the thread's settings included. Another
-/// tenant's thread is not found. A replay or a conflict rolls it back.
-async fn claim_thread(
-    tx: &mut sqlx::Transaction<'_, Any>,
-    tenant: &TenantId,
-    thread_id: &str,
-    batch: &PreparedBatch,
-    default_threshold: i64,
-) -> Result<ClaimedThread, StoreError> {
-    let (reset, tokens) = match batch.tokens {
-        BatchTokens::Add(tokens) => (0_i64, tokens),
-        BatchTokens::Reset(tokens) => (1_i64, tokens),
-        // Set below, once the value before the batch is known (the trigger compares the two).
-        BatchTokens::Anchor(_) => (0_i64, 0_i64),
-    };
-    let row = sqlx::query(
-        "UPDATE threads SET updated_at = $1, next_seq = next_seq + $2, \
-         visible_count = visible_count + $3, \
-         context_tokens = CASE WHEN $4 = 1 THEN $5 ELSE context_tokens + $5 END \
-         WHERE tenant_id = $6 AND thread_id = $7 \
-         RETURNING thread_key, next_seq, visible_count, context_tokens, \
-         (SELECT s.auto_compact_tokens FROM thread_settings s \
-          WHERE s.thread_key = threads.thread_key) AS auto_compact_tokens, \
-         (SELECT s.outline FROM thread_settings s \
-          WHERE s.thread_key = threads.thread_key) AS outline",
-    )
-    .bind(batch.now.timestamp_millis())
-    .bind(batch.len())
-    .bind(batch.visible)
-    .bind(reset)
-    .bind(tokens)
-    .bind(&tenant.0)
-    .bind(thread_id)
-    .fetch_optional(&mut **tx)
-    .await?
-    .ok_or(StoreError::ThreadNotFound)?;
-    let thread_key: String = row.try_get("thread_key")?;
-    let returned: i64 = row.try_get("context_tokens")?;
-    let (tokens_before, tokens_after) = match batch.tokens {
-        BatchTokens::Anchor(anchored) => {
-            sqlx::query("UPDATE threads SET context_tokens = $1 WHERE thread_key = $2")
-                .bind(anchored)
-                .bind(&thread_key)
-                .execute(&mut **tx)
-                .await?;
-            (returned, anchored)
-        }
-        _ => (returned - tokens, returned),
-    };
-    let own_threshold: Option<i64> = row.try_get("auto_compact_tokens")?;
-    Ok(ClaimedThread {
-        thread_key,
-        first_seq: row.try_get::<i64, _>("next_seq")? - batch.len(),
-        visible_before: row.try_get::<i64, _>("visible_count")? - batch.visible,
-        tokens_before,
-        tokens_after,
-        triggers: AppendTriggers {
-            auto_compact_tokens: own_threshold.unwrap_or(default_threshold),
-            outlined: super::settings::outline_column(row.try_get("outline")?)?
-                .is_some_and(|options| options.enabled),
-        },
-    })
+/// The estimate after a batch, from the one before it.
+fn append_tokens(before: i64, tokens: BatchTokens) -> i64 {
+    match tokens {
+        BatchTokens::Add(added) => before + added,
+        BatchTokens::Reset(tokens) | BatchTokens::Anchor(tokens) => tokens,
+    }
 }
 
-/// Whether the batch is an idempotent retry: `Some(count)` when every entry is already stored
-/// with the same fingerprint. A uuid stored with another fingerprint is a conflict, and so is a
-/// batch only partly stored (it cannot be the retry of one atomic append). Only uuids the client
-/// named are looked up: a generated one is new.
-async fn check_replay(
+/// A group's threads, by (tenant, thread id), and the uuids its appends name that are stored,
+/// by (thread key, uuid), with their seq and fingerprint.
+type GroupRead<'g> = (
+    HashMap<(&'g str, &'g str), GroupThread>,
+    HashMap<(String, String), (i64, String)>,
+);
+
+/// Takes the lock of every thread the group appends to, reads them with their settings, and
+/// looks up the uuids the group names. On PostgreSQL this is one statement: the rows are locked
+/// in (tenant, thread) order, the same in every runner, so concurrent groups cannot deadlock.
+/// On SQLite the lock is taken by a no-op `UPDATE` (a write first takes the database's write
+/// lock, so no other writer can slip in between the reads and the writes), and the uuids are
+/// looked up next. Another tenant's thread is not found.
+async fn read_group<'g>(
     tx: &mut sqlx::Transaction<'_, Any>,
-    thread: &ClaimedThread,
-    batch: &PreparedBatch,
-) -> Result<Option<usize>, StoreError> {
-    if !batch.entries.iter().any(|p| p.uuid_sent) {
-        return Ok(None);
-    }
-    let named: Vec<&str> = batch
-        .entries
+    backend: super::Backend,
+    group: &'g [QueuedAppend],
+    default_threshold: i64,
+) -> Result<GroupRead<'g>, StoreError> {
+    let mut keys: Vec<(&str, &str)> = group
         .iter()
-        .filter(|p| p.uuid_sent)
-        .map(|p| p.uuid.as_str())
+        .map(|append| (append.tenant.0.as_str(), append.thread_id.as_str()))
         .collect();
-    let stored = stored_hashes(tx, &thread.thread_key, &named).await?;
-    if stored.is_empty() {
-        return Ok(None);
+    keys.sort_unstable();
+    keys.dedup();
+    let terms = (0..keys.len())
+        .map(|i| {
+            format!(
+                "(threads.tenant_id = ${} AND threads.thread_id = ${})",
+                2 * i + 1,
+                2 * i + 2
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(" OR ");
+    // Only uuids the client named are looked up: a generated one is new.
+    let named: Vec<((&str, &str), &str)> = group
+        .iter()
+        .flat_map(|append| {
+            let key = (append.tenant.0.as_str(), append.thread_id.as_str());
+            let sent = append.batch.entries.iter().filter(|p| p.uuid_sent);
+            sent.map(move |p| (key, p.uuid.as_str()))
+        })
+        .collect();
+    let mut uuids: Vec<&str> = named.iter().map(|(_, uuid)| *uuid).collect();
+    uuids.sort_unstable();
+    uuids.dedup();
+    let sql = match backend {
+        // A uuid is looked up in every thread of the group; a match in another thread than the
+        // one it was named for is never asked for.
+        super::Backend::Postgres => format!(
+            "WITH locked AS MATERIALIZED (\
+             SELECT threads.thread_key, threads.tenant_id, threads.thread_id, threads.next_seq, \
+             threads.visible_count, threads.context_tokens, s.auto_compact_tokens, s.outline \
+             FROM threads LEFT JOIN thread_settings s ON s.thread_key = threads.thread_key \
+             WHERE {terms} ORDER BY threads.tenant_id, threads.thread_id FOR UPDATE OF threads) \
+             SELECT locked.*, m.uuid, m.seq, m.content_hash FROM locked \
+             LEFT JOIN messages m ON m.thread_key = locked.thread_key AND m.uuid IN ({})",
+            if uuids.is_empty() {
+                "NULL".to_owned()
+            } else {
+                super::list_placeholders(2 * keys.len() + 1, uuids.len())
+            }
+        ),
+        super::Backend::Sqlite => format!(
+            "UPDATE threads SET next_seq = next_seq WHERE {terms} \
+             RETURNING thread_key, tenant_id, thread_id, next_seq, visible_count, context_tokens, \
+             (SELECT s.auto_compact_tokens FROM thread_settings s \
+              WHERE s.thread_key = threads.thread_key) AS auto_compact_tokens, \
+             (SELECT s.outline FROM thread_settings s \
+              WHERE s.thread_key = threads.thread_key) AS outline"
+        ),
+    };
+    let mut query = sqlx::query(&sql);
+    for (tenant, thread_id) in &keys {
+        query = query.bind(tenant.to_string()).bind(thread_id.to_string());
     }
-    for p in &batch.entries {
-        if let Some((seq, hash)) = stored.get(&p.uuid) {
+    if backend == super::Backend::Postgres {
+        for uuid in &uuids {
+            query = query.bind(uuid.to_string());
+        }
+    }
+    let rows = query.fetch_all(&mut **tx).await?;
+    let mut threads = HashMap::with_capacity(keys.len());
+    let mut stored = HashMap::new();
+    for row in rows {
+        let (tenant, thread_id): (String, String) =
+            (row.try_get("tenant_id")?, row.try_get("thread_id")?);
+        // The map borrows its keys from the group, which outlives it.
+        let Some(&key) = keys.iter().find(|k| k.0 == tenant && k.1 == thread_id) else {
+            continue;
+        };
+        let thread_key: String = row.try_get("thread_key")?;
+        if backend == super::Backend::Postgres {
+            if let Some(uuid) = row.try_get::<Option<String>, _>("uuid")? {
+                let found = (row.try_get("seq")?, row.try_get("content_hash")?);
+                stored.insert((thread_key.clone(), uuid), found);
+            }
+        }
+        if threads.contains_key(&key) {
+            continue;
+        }
+        let own_threshold: Option<i64> = row.try_get("auto_compact_tokens")?;
+        threads.insert(
+            key,
+            GroupThread {
+                thread_key,
+                next_seq: row.try_get("next_seq")?,
+                visible_count: row.try_get("visible_count")?,
+                context_tokens: row.try_get("context_tokens")?,
+                triggers: AppendTriggers {
+                    auto_compact_tokens: own_threshold.unwrap_or(default_threshold),
+                    outlined: super::settings::outline_column(row.try_get("outline")?)?
+                        .is_some_and(|options| options.enabled),
+                },
+                updated_at: None,
+                written: HashMap::new(),
+            },
+        );
+    }
+    if backend == super::Backend::Sqlite {
+        let mut named: Vec<(&str, &str)> = named
+            .iter()
+            .filter_map(|(key, uuid)| Some((threads.get(key)?.thread_key.as_str(), *uuid)))
+            .collect();
+        named.sort_unstable();
+        stored = stored_hashes_of(tx, &named).await?;
+    }
+    Ok((threads, stored))
+}
+
+/// Decides one append against its thread as the group has left it so far; a write queues its
+/// rows and moves the thread on. A replay is recognised, and a conflict refused, against what is
+/// stored and what the group's earlier appends wrote alike.
+fn plan_append<'g>(
+    thread: &mut GroupThread,
+    append: &'g QueuedAppend,
+    stored: &HashMap<(String, String), (i64, String)>,
+    rows: &mut Vec<NewRow<'g>>,
+) -> Result<Planned, StoreError> {
+    let batch = &append.batch;
+    let mut found = 0;
+    for p in batch.entries.iter().filter(|p| p.uuid_sent) {
+        let known = thread.written.get(&p.uuid).or_else(|| {
+            // Looked up by borrowed parts would need a custom key type; the group is small.
+            stored.get(&(thread.thread_key.clone(), p.uuid.clone()))
+        });
+        if let Some((seq, hash)) = known {
             if *hash != p.content_hash {
                 return Err(StoreError::UuidConflict {
                     uuid: p.uuid.clone(),
                     seq: *seq,
                 });
             }
+            found += 1;
         }
     }
-    if stored.len() < batch.entries.len() {
-        return Err(StoreError::PartialReplay {
-            stored: stored.len(),
-            total: batch.entries.len(),
+    if found > 0 {
+        if found < batch.entries.len() {
+            return Err(StoreError::PartialReplay {
+                stored: found,
+                total: batch.entries.len(),
+            });
+        }
+        return Ok(Planned::Replay {
+            thread_key: thread.thread_key.clone(),
+            next_seq: thread.next_seq,
         });
     }
-    Ok(Some(stored.len()))
+    if let Some(expected) = append.expected_next_seq {
+        if expected != thread.next_seq {
+            return Err(StoreError::SeqConflict {
+                expected,
+                actual: thread.next_seq,
+            });
+        }
+    }
+    let first_seq = thread.next_seq;
+    let created_at = batch.now.timestamp_millis();
+    for (p, seq) in batch.entries.iter().zip(first_seq..) {
+        if p.entry.kind.is_model_visible() {
+            thread.visible_count += 1;
+        }
+        thread
+            .written
+            .insert(p.uuid.clone(), (seq, p.content_hash.clone()));
+        rows.push(NewRow {
+            thread_key: thread.thread_key.clone(),
+            seq,
+            prepared: p,
+            visible_rank: thread.visible_count,
+            created_at,
+        });
+    }
+    let tokens_before = thread.context_tokens;
+    thread.context_tokens = append_tokens(tokens_before, batch.tokens);
+    thread.next_seq += batch.len();
+    thread.updated_at = Some(thread.updated_at.unwrap_or(created_at).max(created_at));
+    Ok(Planned::Write {
+        first_seq,
+        next_seq: thread.next_seq,
+        tokens_before,
+        auto_compaction_job: None,
+        jobs_created: false,
+    })
+}
+
+/// Moves the counters of every thread the group wrote to, in one statement.
+async fn update_threads<'a>(
+    tx: &mut sqlx::Transaction<'_, Any>,
+    threads: impl Iterator<Item = &'a GroupThread>,
+) -> Result<(), StoreError> {
+    let written: Vec<&GroupThread> = threads.filter(|t| t.updated_at.is_some()).collect();
+    for chunk in written.chunks(INSERT_CHUNK) {
+        let sql = format!(
+            "UPDATE threads SET updated_at = v.column2, next_seq = v.column3, \
+             visible_count = v.column4, context_tokens = v.column5 \
+             FROM (VALUES {}) AS v WHERE threads.thread_key = v.column1",
+            super::values_placeholders(chunk.len(), 5)
+        );
+        let mut query = sqlx::query(&sql);
+        for thread in chunk {
+            query = query
+                .bind(thread.thread_key.clone())
+                .bind(thread.updated_at.unwrap_or_default())
+                .bind(thread.next_seq)
+                .bind(thread.visible_count)
+                .bind(thread.context_tokens);
+        }
+        query.execute(&mut **tx).await?;
+    }
+    Ok(())
 }
 
 /// Makes entries ready to write (uuid, fingerprint, `created_at`) and inserts them from
@@ -597,59 +783,122 @@ async fn insert_prepared(
     now: chrono::DateTime<chrono::Utc>,
 ) -> Result<(Vec<Entry>, i64), StoreError> {
     let mut visible = visible_count;
-    let mut messages = Vec::with_capacity(prepared.len());
-    for (chunk_index, chunk) in prepared.chunks(INSERT_CHUNK).enumerate() {
+    let rows: Vec<NewRow> = prepared
+        .iter()
+        .zip(next_seq..)
+        .map(|(p, seq)| {
+            if p.entry.kind.is_model_visible() {
+                visible += 1;
+            }
+            NewRow {
+                thread_key: thread_key.to_owned(),
+                seq,
+                prepared: p,
+                visible_rank: visible,
+                created_at: now.timestamp_millis(),
+            }
+        })
+        .collect();
+    insert_rows(tx, &rows).await?;
+    drop(rows);
+    let messages = prepared
+        .into_iter()
+        .zip(next_seq..)
+        .map(|(p, seq)| {
+            let mut entry = p.entry;
+            entry.seq = Some(seq);
+            entry
+        })
+        .collect();
+    Ok((messages, visible))
+}
+
+/// A message row about to be inserted.
+struct NewRow<'p> {
+    thread_key: String,
+    seq: i64,
+    prepared: &'p Prepared,
+    /// The thread's visible count once this entry is in: its rank among what a model sees.
+    visible_rank: i64,
+    created_at: i64,
+}
+
+/// Inserts rows of any threads, [`INSERT_CHUNK`] to a statement.
+async fn insert_rows(
+    tx: &mut sqlx::Transaction<'_, Any>,
+    rows: &[NewRow<'_>],
+) -> Result<(), StoreError> {
+    for chunk in rows.chunks(INSERT_CHUNK) {
         let sql = format!(
             "INSERT INTO messages (thread_key, seq, uuid, kind, subtype, visible_rank, body, content_hash, created_at) VALUES {}",
             super::values_placeholders(chunk.len(), 9)
         );
         let mut insert = sqlx::query(&sql);
-        let base = next_seq + (chunk_index * INSERT_CHUNK) as i64;
-        for (offset, p) in chunk.iter().enumerate() {
-            if p.entry.kind.is_model_visible() {
-                visible += 1;
-            }
+        for row in chunk {
+            let p = row.prepared;
             insert = insert
-                .bind(thread_key.to_owned())
-                .bind(base + offset as i64)
+                .bind(row.thread_key.clone())
+                .bind(row.seq)
                 .bind(p.uuid.clone())
                 .bind(p.entry.type_name().to_owned())
                 .bind(p.entry.subtype.clone())
-                .bind(visible)
+                .bind(row.visible_rank)
                 .bind(p.body.clone())
                 .bind(p.content_hash.clone())
-                .bind(now.timestamp_millis());
+                .bind(row.created_at);
         }
         insert.execute(&mut **tx).await?;
     }
-    for (offset, p) in prepared.into_iter().enumerate() {
-        let mut entry = p.entry;
-        entry.seq = Some(next_seq + offset as i64);
-        messages.push(entry);
-    }
-    Ok((messages, visible))
+    Ok(())
 }
 
-/// `uuid → (seq, content hash)` of the given uuids that the thread already holds (the append's
-/// replay check, and the import's skip of what is stored).
+/// `uuid → (seq, content hash)` of the given uuids that the thread already holds (the import's
+/// skip of what is stored).
 pub(super) async fn stored_hashes(
     conn: &mut sqlx::AnyConnection,
     thread_key: &str,
     uuids: &[&str],
 ) -> Result<HashMap<String, (i64, String)>, StoreError> {
+    let named: Vec<(&str, &str)> = uuids.iter().map(|uuid| (thread_key, *uuid)).collect();
+    Ok(stored_hashes_of(conn, &named)
+        .await?
+        .into_iter()
+        .map(|((_, uuid), stored)| (uuid, stored))
+        .collect())
+}
+
+/// `(thread_key, uuid) → (seq, content hash)` of the named pairs that are stored: the append's
+/// replay check for a whole group, in one statement per [`INSERT_CHUNK`] uuids. Consecutive
+/// pairs of one thread share a term, so each term is an index lookup.
+async fn stored_hashes_of(
+    conn: &mut sqlx::AnyConnection,
+    named: &[(&str, &str)],
+) -> Result<HashMap<(String, String), (i64, String)>, StoreError> {
     let mut stored = HashMap::new();
-    for chunk in uuids.chunks(INSERT_CHUNK) {
+    for chunk in named.chunks(INSERT_CHUNK) {
+        let mut terms = Vec::new();
+        let mut binds: Vec<&str> = Vec::with_capacity(chunk.len() * 2);
+        for run in chunk.chunk_by(|a, b| a.0 == b.0) {
+            binds.push(run[0].0);
+            let key = binds.len();
+            let first = binds.len() + 1;
+            binds.extend(run.iter().map(|(_, uuid)| *uuid));
+            terms.push(format!(
+                "(thread_key = ${key} AND uuid IN ({}))",
+                super::list_placeholders(first, run.len())
+            ));
+        }
         let sql = format!(
-            "SELECT uuid, seq, content_hash FROM messages WHERE thread_key = $1 AND uuid IN ({})",
-            super::list_placeholders(2, chunk.len())
+            "SELECT thread_key, uuid, seq, content_hash FROM messages WHERE {}",
+            terms.join(" OR ")
         );
-        let mut query = sqlx::query(&sql).bind(thread_key.to_owned());
-        for uuid in chunk {
-            query = query.bind(uuid.to_string());
+        let mut query = sqlx::query(&sql);
+        for value in binds {
+            query = query.bind(value.to_owned());
         }
         for row in query.fetch_all(&mut *conn).await? {
             stored.insert(
-                row.try_get("uuid")?,
+                (row.try_get("thread_key")?, row.try_get("uuid")?),
                 (row.try_get("seq")?, row.try_get("content_hash")?),
             );
         }

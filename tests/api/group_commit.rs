@@ -6,11 +6,13 @@ use std::collections::BTreeSet;
 use crate::common::{assistant, user, TestApp};
 use futures_util::future::join_all;
 use loupe::history::Entry;
-use loupe::store::{AppendOutcome, AppendRequest, StoreError, TenantId};
+use loupe::store::{AppendOutcome, AppendRequest, Store, StoreError, StoreOptions, TenantId};
 
 on_both_backends!(
     concurrent_appends_share_commits_and_store_what_single_appends_would,
     a_refused_or_replayed_member_leaves_the_rest_of_its_group_whole,
+    appends_to_one_thread_in_one_group_see_each_other_in_queue_order,
+    a_statement_that_fails_fails_only_its_own_append,
 );
 
 fn entries(values: Vec<serde_json::Value>) -> Vec<Entry> {
@@ -38,7 +40,16 @@ async fn append(
     batch: Vec<Entry>,
     expected_next_seq: Option<i64>,
 ) -> Result<AppendOutcome, StoreError> {
-    app.store
+    append_to(&app.store, thread, batch, expected_next_seq).await
+}
+
+async fn append_to(
+    store: &Store,
+    thread: &str,
+    batch: Vec<Entry>,
+    expected_next_seq: Option<i64>,
+) -> Result<AppendOutcome, StoreError> {
+    store
         .append(
             &TenantId::default_tenant(),
             thread,
@@ -48,6 +59,38 @@ async fn append(
             },
         )
         .await
+}
+
+/// Holds the lock an append to `thread` needs first (SQLite's write lock; the thread's row lock
+/// on PostgreSQL) on a connection of its own, so the appends made meanwhile queue behind the
+/// first and form one group when it is let go ([`release`]).
+async fn hold_append_lock(app: &TestApp, thread: &str) -> sqlx::AnyConnection {
+    use sqlx::Connection;
+    sqlx::any::install_default_drivers();
+    let mut conn = sqlx::AnyConnection::connect(&app.url).await.unwrap();
+    match app.backend {
+        crate::common::Backend::Sqlite => {
+            sqlx::query("BEGIN IMMEDIATE")
+                .execute(&mut conn)
+                .await
+                .unwrap();
+        }
+        crate::common::Backend::Postgres => {
+            sqlx::query("BEGIN").execute(&mut conn).await.unwrap();
+            sqlx::query("SELECT 1 FROM threads WHERE thread_id = $1 FOR UPDATE")
+                .bind(thread.to_owned())
+                .fetch_one(&mut conn)
+                .await
+                .unwrap();
+        }
+    }
+    conn
+}
+
+/// Lets go of [`hold_append_lock`]'s lock once the appends spawned meanwhile have queued.
+async fn release(mut conn: sqlx::AnyConnection) {
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    sqlx::query("COMMIT").execute(&mut conn).await.unwrap();
 }
 
 /// Every stored `(seq, uuid)` of a thread, in seq order.
@@ -123,7 +166,8 @@ async fn a_refused_or_replayed_member_leaves_the_rest_of_its_group_whole(app: Te
     let before = app.store.group_commit_stats();
     for round in 0..5 {
         // Each kind of refusal, a replay and good appends, all at once.
-        let results = join_all([
+        let lock = hold_append_lock(&app, &good).await;
+        let appends = join_all([
             Box::pin(append(&app, &good, turn(0, round), None))
                 as std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send>>,
             Box::pin(append(&app, "no-such-thread", turn(1, round), None)),
@@ -131,8 +175,8 @@ async fn a_refused_or_replayed_member_leaves_the_rest_of_its_group_whole(app: Te
             Box::pin(append(&app, &busy, turn(9, 0), None)),
             Box::pin(append(&app, &busy, turn(8, round), Some(-1))),
             Box::pin(append(&app, &good, turn(2, round), None)),
-        ])
-        .await;
+        ]);
+        let (results, ()) = tokio::join!(appends, release(lock));
         let mut results = results.into_iter();
         assert!(results.next().unwrap().is_ok(), "round {round}");
         assert!(matches!(
@@ -152,7 +196,7 @@ async fn a_refused_or_replayed_member_leaves_the_rest_of_its_group_whole(app: Te
         ));
         assert!(results.next().unwrap().is_ok());
     }
-    // On SQLite (one runner) the members shared commits, so the savepoints did the separating.
+    // On SQLite (one runner) the members shared commits: the group writer did the separating.
     let after = app.store.group_commit_stats();
     let (groups, appends) = (after.groups - before.groups, after.appends - before.appends);
     assert_eq!(
@@ -167,4 +211,132 @@ async fn a_refused_or_replayed_member_leaves_the_rest_of_its_group_whole(app: Te
     assert_eq!(stored(&app, &good).await.len(), 20);
     let context = app.get(&format!("/v1/threads/{busy}/context")).await;
     assert_eq!(context.body["next_seq"], 2);
+}
+
+/// A group decides its appends in memory between its reads and its writes: a later member sees
+/// what the earlier ones of the same thread wrote, exactly as if each had committed alone.
+async fn appends_to_one_thread_in_one_group_see_each_other_in_queue_order(app: TestApp) {
+    let chain = app.thread("chain").await;
+    let first = turn(5, 0);
+    let mut partly_stored = turn(5, 1);
+    partly_stored[1] = entries(vec![user("t5-new", "not stored anywhere")]).remove(0);
+    let conflicting = entries(vec![user("t5-q0", "the same uuid with other content")]);
+    // A pool of 3 leaves PostgreSQL one runner, as SQLite has: appends queue in one line.
+    let store = Store::connect(&StoreOptions {
+        max_connections: 3,
+        ..StoreOptions::new(&app.url)
+    })
+    .await
+    .unwrap();
+    let before = store.group_commit_stats();
+    let lock = hold_append_lock(&app, &chain).await;
+    // Polled in this order, so queued in this order.
+    let appends = join_all([
+        Box::pin(append_to(&store, &chain, first.clone(), Some(0)))
+            as std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send>>,
+        Box::pin(append_to(&store, &chain, first, None)),
+        Box::pin(append_to(&store, &chain, conflicting, None)),
+        Box::pin(append_to(&store, &chain, turn(5, 1), Some(2))),
+        Box::pin(append_to(&store, &chain, partly_stored, None)),
+        Box::pin(append_to(&store, &chain, turn(5, 2), Some(2))),
+        Box::pin(append_to(&store, &chain, turn(5, 3), None)),
+    ]);
+    let (results, ()) = tokio::join!(appends, release(lock));
+    let after = store.group_commit_stats();
+    let (groups, appends) = (after.groups - before.groups, after.appends - before.appends);
+    assert!(groups < appends, "{appends} appends in {groups} commits");
+    store.close().await;
+    let mut results = results.into_iter();
+    let seqs = |outcome: AppendOutcome| -> Vec<i64> {
+        outcome.messages.iter().map(|m| m.seq.unwrap()).collect()
+    };
+    assert_eq!(seqs(results.next().unwrap().unwrap()), [0, 1]);
+    let replay = results.next().unwrap().unwrap();
+    assert!(replay.replayed);
+    assert_eq!(seqs(replay), [0, 1]);
+    assert!(matches!(
+        results.next().unwrap(),
+        Err(StoreError::UuidConflict { seq: 0, .. })
+    ));
+    let chained = results.next().unwrap().unwrap();
+    assert_eq!(chained.next_seq, 4);
+    assert_eq!(seqs(chained), [2, 3]);
+    assert!(matches!(
+        results.next().unwrap(),
+        Err(StoreError::PartialReplay {
+            stored: 1,
+            total: 2
+        })
+    ));
+    assert!(matches!(
+        results.next().unwrap(),
+        Err(StoreError::SeqConflict {
+            expected: 2,
+            actual: 4
+        })
+    ));
+    assert_eq!(seqs(results.next().unwrap().unwrap()), [4, 5]);
+    let rows = stored(&app, &chain).await;
+    let uuids: Vec<&str> = rows.iter().map(|(_, uuid)| uuid.as_str()).collect();
+    assert_eq!(
+        uuids,
+        ["t5-q0", "t5-a0", "t5-q1", "t5-a1", "t5-q3", "t5-a3"]
+    );
+    let context = app.get(&format!("/v1/threads/{chain}/context")).await;
+    assert_eq!(context.body["next_seq"], 6);
+}
+
+/// A fault in one append's rows rolls its group back; the group is then written one append at a
+/// time, so only the append at fault fails. The fault is the database's own: a trigger that
+/// refuses one uuid.
+async fn a_statement_that_fails_fails_only_its_own_append(app: TestApp) {
+    sqlx::any::install_default_drivers();
+    let admin = sqlx::AnyPool::connect(&app.url).await.unwrap();
+    let refuse = match app.backend {
+        crate::common::Backend::Sqlite => vec![
+            "CREATE TRIGGER refuse_poison BEFORE INSERT ON messages WHEN NEW.uuid = 'poison' \
+             BEGIN SELECT RAISE(ABORT, 'poisoned row'); END",
+        ],
+        crate::common::Backend::Postgres => vec![
+            "CREATE FUNCTION refuse_poison() RETURNS trigger AS $$ BEGIN \
+             IF NEW.uuid = 'poison' THEN RAISE EXCEPTION 'poisoned row'; END IF; \
+             RETURN NEW; END $$ LANGUAGE plpgsql",
+            "CREATE TRIGGER refuse_poison BEFORE INSERT ON messages \
+             FOR EACH ROW EXECUTE FUNCTION refuse_poison()",
+        ],
+    };
+    for statement in refuse {
+        sqlx::query(statement).execute(&admin).await.unwrap();
+    }
+    admin.close().await;
+    let (a, b) = (app.thread("left").await, app.thread("right").await);
+    let store = Store::connect(&StoreOptions {
+        max_connections: 3,
+        ..StoreOptions::new(&app.url)
+    })
+    .await
+    .unwrap();
+    let before = store.group_commit_stats();
+    let poison = entries(vec![user("poison", "this row is refused")]);
+    let lock = hold_append_lock(&app, &a).await;
+    let appends = join_all([
+        append_to(&store, &a, turn(1, 0), None),
+        append_to(&store, &b, poison, None),
+        append_to(&store, &b, turn(2, 0), None),
+        append_to(&store, &a, turn(1, 1), None),
+    ]);
+    let (results, ()) = tokio::join!(appends, release(lock));
+    let after = store.group_commit_stats();
+    store.close().await;
+    let mut results = results.into_iter();
+    assert_eq!(results.next().unwrap().unwrap().next_seq, 2);
+    let error = results.next().unwrap().unwrap_err();
+    assert!(error.to_string().contains("poisoned row"), "{error}");
+    assert_eq!(results.next().unwrap().unwrap().next_seq, 2);
+    assert_eq!(results.next().unwrap().unwrap().next_seq, 4);
+    // The poisoned group was split, and the three good appends committed.
+    assert!(after.split_groups > before.split_groups);
+    assert_eq!(after.appends - before.appends, 3);
+    assert_eq!(stored(&app, &a).await.len(), 4);
+    assert_eq!(stored(&app, &b).await.len(), 2);
 }
