@@ -213,6 +213,34 @@ async fn a_refused_or_replayed_member_leaves_the_rest_of_its_group_whole(app: Te
     assert_eq!(context.body["next_seq"], 2);
 }
 
+/// SQLite's WAL is checkpointed beside the writer: the pages of these appends reach the
+/// database file while the WAL is far below SQLite's own self-checkpoint threshold, and nobody
+/// asks for a checkpoint. The database file's size shows it without checkpointing anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_wal_is_checkpointed_in_the_background() {
+    let app = TestApp::new(crate::common::Backend::Sqlite).await;
+    let path = std::path::PathBuf::from(app.url.trim_start_matches("sqlite://"));
+    let thread = app.thread("wal").await;
+    let file_size = || std::fs::metadata(&path).unwrap().len();
+    let before = file_size();
+    let text = "a line of a long tool result\n".repeat(100);
+    for n in 0..50 {
+        let batch = entries(vec![user(&format!("wal-{n}"), &text)]);
+        append(&app, &thread, batch, None).await.unwrap();
+    }
+    // 50 × 3 KB of bodies: at least 30 pages more in the database file once checkpointed.
+    let grown = before + 30 * 4096;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while file_size() < grown && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(
+        file_size() >= grown,
+        "the database file stayed at {} bytes (from {before})",
+        file_size()
+    );
+}
+
 /// A group decides its appends in memory between its reads and its writes: a later member sees
 /// what the earlier ones of the same thread wrote, exactly as if each had committed alone.
 async fn appends_to_one_thread_in_one_group_see_each_other_in_queue_order(app: TestApp) {
