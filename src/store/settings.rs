@@ -54,23 +54,24 @@ pub(super) fn outline_column(json: Option<String>) -> Result<Option<OutlineOptio
 }
 
 impl Store {
-    /// The thread's settings (all defaults when none were stored).
+    /// The thread's settings (all defaults when none were stored). One statement: every context
+    /// read starts here.
     pub async fn thread_settings(
         &self,
         tenant: &TenantId,
         thread_id: &str,
     ) -> Result<ThreadSettings, StoreError> {
-        let thread_key = self.thread_head(tenant, thread_id).await?.thread_key;
+        // No settings row reads as NULLs, which are the defaults.
         let row = sqlx::query(
-            "SELECT auto_compact_tokens, microcompact, outline FROM thread_settings \
-             WHERE thread_key = $1",
+            "SELECT s.auto_compact_tokens, s.microcompact, s.outline FROM threads t \
+             LEFT JOIN thread_settings s ON s.thread_key = t.thread_key \
+             WHERE t.tenant_id = $1 AND t.thread_id = $2",
         )
-        .bind(&thread_key)
+        .bind(&tenant.0)
+        .bind(thread_id)
         .fetch_optional(&self.pool)
-        .await?;
-        let Some(row) = row else {
-            return Ok(ThreadSettings::default());
-        };
+        .await?
+        .ok_or(StoreError::ThreadNotFound)?;
         let microcompact: Option<String> = row.try_get("microcompact")?;
         let outline: Option<String> = row.try_get("outline")?;
         Ok(ThreadSettings {
