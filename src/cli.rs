@@ -678,6 +678,22 @@ mod tests {
         }
     }
 
+    /// The flag reaches the store's options; anything but `normal` or `full` is refused.
+    #[test]
+    fn sqlite_durability_comes_from_its_flag() {
+        let synchronous = |args: &[&str]| {
+            let cli = Cli::try_parse_from(args)?;
+            Ok::<_, clap::Error>(match cli.command {
+                Some(Command::Serve(serve)) => serve.database.options().sqlite_synchronous,
+                _ => cli.serve.database.options().sqlite_synchronous,
+            })
+        };
+        assert_eq!(synchronous(&["loupe"]).unwrap(), SqliteSynchronous::Normal);
+        let full = synchronous(&["loupe", "serve", "--sqlite-synchronous", "full"]);
+        assert_eq!(full.unwrap(), SqliteSynchronous::Full);
+        assert!(synchronous(&["loupe", "serve", "--sqlite-synchronous", "off"]).is_err());
+    }
+
     #[test]
     fn no_subcommand_means_serve_with_defaults() {
         let cli = Cli::try_parse_from(["loupe"]).unwrap();
