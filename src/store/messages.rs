@@ -523,6 +523,9 @@ fn append_tokens(before: i64, tokens: BatchTokens) -> i64 {
     }
 }
 
+/// Most uuids looked up in the statement that locks a PostgreSQL group's threads.
+const MAX_JOINED_UUIDS: usize = 1_000;
+
 /// A group's threads, by (tenant, thread id), and the uuids its appends name that are stored,
 /// by (thread key, uuid), with their seq and fingerprint.
 type GroupRead<'g> = (
@@ -531,7 +534,8 @@ type GroupRead<'g> = (
 );
 
 /// Takes the lock of every thread the group appends to, reads them with their settings, and
-/// looks up the uuids the group names. On PostgreSQL this is one statement: the rows are locked
+/// looks up the uuids the group names. On PostgreSQL this is one statement (up to
+/// [`MAX_JOINED_UUIDS`] uuids; more are looked up in chunks after it): the rows are locked
 /// in (tenant, thread) order, the same in every runner, so concurrent groups cannot deadlock.
 /// On SQLite the lock is taken by a no-op `UPDATE` (a write first takes the database's write
 /// lock, so no other writer can slip in between the reads and the writes), and the uuids are
@@ -570,6 +574,8 @@ async fn read_group<'g>(
     let mut uuids: Vec<&str> = named.iter().map(|(_, uuid)| *uuid).collect();
     uuids.sort_unstable();
     uuids.dedup();
+    // A huge batch's uuids are looked up in chunks instead, below every bind limit.
+    let joined = backend == super::Backend::Postgres && uuids.len() <= MAX_JOINED_UUIDS;
     let sql = match backend {
         // A uuid is looked up in every thread of the group; a match in another thread than the
         // one it was named for is never asked for.
@@ -581,7 +587,7 @@ async fn read_group<'g>(
              WHERE {terms} ORDER BY threads.tenant_id, threads.thread_id FOR UPDATE OF threads) \
              SELECT locked.*, m.uuid, m.seq, m.content_hash FROM locked \
              LEFT JOIN messages m ON m.thread_key = locked.thread_key AND m.uuid IN ({})",
-            if uuids.is_empty() {
+            if uuids.is_empty() || !joined {
                 "NULL".to_owned()
             } else {
                 super::list_placeholders(2 * keys.len() + 1, uuids.len())
@@ -600,7 +606,7 @@ async fn read_group<'g>(
     for (tenant, thread_id) in &keys {
         query = query.bind(tenant.to_string()).bind(thread_id.to_string());
     }
-    if backend == super::Backend::Postgres {
+    if joined {
         for uuid in &uuids {
             query = query.bind(uuid.to_string());
         }
@@ -616,7 +622,7 @@ async fn read_group<'g>(
             continue;
         };
         let thread_key: String = row.try_get("thread_key")?;
-        if backend == super::Backend::Postgres {
+        if joined {
             if let Some(uuid) = row.try_get::<Option<String>, _>("uuid")? {
                 let found = (row.try_get("seq")?, row.try_get("content_hash")?);
                 stored.insert((thread_key.clone(), uuid), found);
@@ -643,7 +649,7 @@ async fn read_group<'g>(
             },
         );
     }
-    if backend == super::Backend::Sqlite {
+    if !joined {
         let mut named: Vec<(&str, &str)> = named
             .iter()
             .filter_map(|(key, uuid)| Some((threads.get(key)?.thread_key.as_str(), *uuid)))

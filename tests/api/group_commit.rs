@@ -13,6 +13,7 @@ on_both_backends!(
     a_refused_or_replayed_member_leaves_the_rest_of_its_group_whole,
     appends_to_one_thread_in_one_group_see_each_other_in_queue_order,
     a_statement_that_fails_fails_only_its_own_append,
+    a_batch_of_thousands_of_named_uuids_replays_and_conflicts,
 );
 
 fn entries(values: Vec<serde_json::Value>) -> Vec<Entry> {
@@ -367,4 +368,28 @@ async fn a_statement_that_fails_fails_only_its_own_append(app: TestApp) {
     assert_eq!(after.appends - before.appends, 3);
     assert_eq!(stored(&app, &a).await.len(), 4);
     assert_eq!(stored(&app, &b).await.len(), 2);
+}
+
+/// Past the uuids the group's first statement looks up on PostgreSQL, the rest are looked up in
+/// chunks: a retry of a large batch is still recognised, and a conflict in its last entry found.
+async fn a_batch_of_thousands_of_named_uuids_replays_and_conflicts(app: TestApp) {
+    let thread = app.thread("large").await;
+    let batch = |last: &str| {
+        let mut values: Vec<serde_json::Value> = (0..2_499)
+            .map(|n| user(&format!("large-{n}"), &format!("entry {n}")))
+            .collect();
+        values.push(user("large-last", last));
+        entries(values)
+    };
+    let first = append(&app, &thread, batch("the end"), None).await.unwrap();
+    assert!(!first.replayed);
+    assert_eq!(first.next_seq, 2_500);
+    let retry = append(&app, &thread, batch("the end"), None).await.unwrap();
+    assert!(retry.replayed);
+    assert_eq!(retry.messages.len(), 2_500);
+    assert!(matches!(
+        append(&app, &thread, batch("another end"), None).await,
+        Err(StoreError::UuidConflict { seq: 2_499, .. })
+    ));
+    assert_eq!(stored(&app, &thread).await.len(), 2_500);
 }
