@@ -161,18 +161,21 @@ impl Store {
     /// Writes groups until nobody waits.
     async fn run_groups(&self) {
         while let Some(group) = self.group_commit.next_group() {
-            if let Err((group, _)) = self.commit_group(group).await {
-                // A statement failed, so nothing of the group was kept. Which append it was is
-                // not known: each is written alone, and only the one at fault fails again.
-                self.group_commit
-                    .split_groups
-                    .fetch_add(1, Ordering::Relaxed);
-                for append in group {
-                    if let Err((mut alone, error)) = self.commit_group(vec![append]).await {
-                        if let Some(append) = alone.pop() {
-                            let _ = append.reply.send(Err(error));
-                        }
-                    }
+            let Err((group, error)) = self.commit_group(group).await else {
+                continue;
+            };
+            if group.len() == 1 {
+                answer_error(group, error);
+                continue;
+            }
+            // A statement failed, so nothing of the group was kept. Which append it was is not
+            // known: each is written alone, and only the one at fault fails again.
+            self.group_commit
+                .split_groups
+                .fetch_add(1, Ordering::Relaxed);
+            for append in group {
+                if let Err((alone, error)) = self.commit_group(vec![append]).await {
+                    answer_error(alone, error);
                 }
             }
         }
@@ -232,6 +235,14 @@ impl Store {
             let _ = append.reply.send(plan.into_step(append.batch));
         }
         Ok(())
+    }
+}
+
+/// A lone append whose statement failed gets that error itself.
+fn answer_error(alone: Vec<QueuedAppend>, error: StoreError) {
+    debug_assert_eq!(alone.len(), 1);
+    if let Some(append) = alone.into_iter().next() {
+        let _ = append.reply.send(Err(error));
     }
 }
 

@@ -1,5 +1,6 @@
 //! Messages: atomic, idempotent appends and paging.
 
+use std::collections::hash_map::Entry as Slot;
 use std::collections::{HashMap, HashSet};
 
 use sha2::{Digest, Sha256};
@@ -128,7 +129,6 @@ pub(super) enum AppendStep {
 pub(super) enum Planned {
     Write {
         first_seq: i64,
-        next_seq: i64,
         /// The thread's estimate before this append, for its triggers.
         tokens_before: i64,
         auto_compaction_job: Option<String>,
@@ -149,21 +149,11 @@ impl Planned {
         match self {
             Planned::Write {
                 first_seq,
-                next_seq,
                 auto_compaction_job,
                 ..
             } => Ok(AppendStep::Written {
-                messages: batch
-                    .entries
-                    .into_iter()
-                    .zip(first_seq..)
-                    .map(|(p, seq)| {
-                        let mut entry = p.entry;
-                        entry.seq = Some(seq);
-                        entry
-                    })
-                    .collect(),
-                next_seq,
+                next_seq: first_seq + batch.len(),
+                messages: numbered(batch.entries, first_seq),
                 auto_compaction_job,
             }),
             Planned::Replay {
@@ -192,8 +182,9 @@ struct GroupThread {
     triggers: AppendTriggers,
     /// When an append of the group last wrote to it; `None` leaves the row as it was.
     updated_at: Option<i64>,
-    /// Uuids written by earlier appends of the group, with their seq and fingerprint.
-    written: HashMap<String, (i64, String)>,
+    /// The uuids the group named that the thread holds, stored before the group or written by
+    /// its earlier appends, with their seq and fingerprint.
+    known: HashMap<String, (i64, String)>,
 }
 
 /// The fingerprint of what a client sent: SHA-256 of the entry as Loupe understood it (without
@@ -290,42 +281,32 @@ impl Store {
         tx: &mut sqlx::Transaction<'_, Any>,
         group: &[QueuedAppend],
     ) -> Result<Vec<Planned>, StoreError> {
-        let (mut threads, stored) =
-            read_group(tx, self.backend, group, self.auto_compact_tokens).await?;
-        let mut plans = Vec::with_capacity(group.len());
+        let mut threads = read_group(tx, self.backend, group, self.auto_compact_tokens).await?;
         let mut rows = Vec::new();
-        let mut triggered = Vec::new();
-        for (index, append) in group.iter().enumerate() {
-            let key = (append.tenant.0.as_str(), append.thread_id.as_str());
-            let Some(thread) = threads.get_mut(&key) else {
-                plans.push(Planned::Refused(StoreError::ThreadNotFound));
-                continue;
-            };
-            match plan_append(thread, append, &stored, &mut rows) {
-                Ok(plan) => {
-                    if let Planned::Write { tokens_before, .. } = plan {
-                        triggered.push((index, tokens_before));
-                    }
-                    plans.push(plan);
+        let mut plans: Vec<Planned> = group
+            .iter()
+            .map(|append| match threads.get_mut(&thread_of(append)) {
+                Some(thread) => {
+                    plan_append(thread, append, &mut rows).unwrap_or_else(Planned::Refused)
                 }
-                Err(refusal) => plans.push(Planned::Refused(refusal)),
-            }
-        }
+                None => Planned::Refused(StoreError::ThreadNotFound),
+            })
+            .collect();
         insert_rows(tx, &rows).await?;
         drop(rows);
         update_threads(tx, threads.values()).await?;
-        for (index, tokens_before) in triggered {
-            let append = &group[index];
-            let thread = &threads[&(append.tenant.0.as_str(), append.thread_id.as_str())];
-            let jobs = self
-                .enqueue_triggered_jobs(tx, append, thread, tokens_before)
-                .await?;
+        for (append, plan) in group.iter().zip(&mut plans) {
             if let Planned::Write {
+                tokens_before,
                 auto_compaction_job,
                 jobs_created,
                 ..
-            } = &mut plans[index]
+            } = plan
             {
+                let thread = &threads[&thread_of(append)];
+                let jobs = self
+                    .enqueue_triggered_jobs(tx, append, thread, *tokens_before)
+                    .await?;
                 *auto_compaction_job = jobs.auto_compaction;
                 *jobs_created = jobs.created;
             }
@@ -526,12 +507,10 @@ fn append_tokens(before: i64, tokens: BatchTokens) -> i64 {
 /// Most uuids looked up in the statement that locks a PostgreSQL group's threads.
 const MAX_JOINED_UUIDS: usize = 1_000;
 
-/// A group's threads, by (tenant, thread id), and the uuids its appends name that are stored,
-/// by (thread key, uuid), with their seq and fingerprint.
-type GroupRead<'g> = (
-    HashMap<(&'g str, &'g str), GroupThread>,
-    HashMap<(String, String), (i64, String)>,
-);
+/// The (tenant, thread id) an append goes to: how a group's threads are keyed.
+fn thread_of(append: &QueuedAppend) -> (&str, &str) {
+    (append.tenant.0.as_str(), append.thread_id.as_str())
+}
 
 /// Takes the lock of every thread the group appends to, reads them with their settings, and
 /// looks up the uuids the group names. On PostgreSQL this is one statement (up to
@@ -545,11 +524,8 @@ async fn read_group<'g>(
     backend: super::Backend,
     group: &'g [QueuedAppend],
     default_threshold: i64,
-) -> Result<GroupRead<'g>, StoreError> {
-    let mut keys: Vec<(&str, &str)> = group
-        .iter()
-        .map(|append| (append.tenant.0.as_str(), append.thread_id.as_str()))
-        .collect();
+) -> Result<HashMap<(&'g str, &'g str), GroupThread>, StoreError> {
+    let mut keys: Vec<(&str, &str)> = group.iter().map(thread_of).collect();
     keys.sort_unstable();
     keys.dedup();
     let terms = (0..keys.len())
@@ -566,7 +542,7 @@ async fn read_group<'g>(
     let named: Vec<((&str, &str), &str)> = group
         .iter()
         .flat_map(|append| {
-            let key = (append.tenant.0.as_str(), append.thread_id.as_str());
+            let key = thread_of(append);
             let sent = append.batch.entries.iter().filter(|p| p.uuid_sent);
             sent.map(move |p| (key, p.uuid.as_str()))
         })
@@ -612,8 +588,7 @@ async fn read_group<'g>(
         }
     }
     let rows = query.fetch_all(&mut **tx).await?;
-    let mut threads = HashMap::with_capacity(keys.len());
-    let mut stored = HashMap::new();
+    let mut threads: HashMap<(&str, &str), GroupThread> = HashMap::with_capacity(keys.len());
     for row in rows {
         let (tenant, thread_id): (String, String) =
             (row.try_get("tenant_id")?, row.try_get("thread_id")?);
@@ -621,33 +596,32 @@ async fn read_group<'g>(
         let Some(&key) = keys.iter().find(|k| k.0 == tenant && k.1 == thread_id) else {
             continue;
         };
-        let thread_key: String = row.try_get("thread_key")?;
+        // On PostgreSQL a thread comes once per uuid found in it.
+        let thread = match threads.entry(key) {
+            Slot::Occupied(known) => known.into_mut(),
+            Slot::Vacant(new) => {
+                let own_threshold: Option<i64> = row.try_get("auto_compact_tokens")?;
+                new.insert(GroupThread {
+                    thread_key: row.try_get("thread_key")?,
+                    next_seq: row.try_get("next_seq")?,
+                    visible_count: row.try_get("visible_count")?,
+                    context_tokens: row.try_get("context_tokens")?,
+                    triggers: AppendTriggers {
+                        auto_compact_tokens: own_threshold.unwrap_or(default_threshold),
+                        outlined: super::settings::outline_column(row.try_get("outline")?)?
+                            .is_some_and(|options| options.enabled),
+                    },
+                    updated_at: None,
+                    known: HashMap::new(),
+                })
+            }
+        };
         if joined {
             if let Some(uuid) = row.try_get::<Option<String>, _>("uuid")? {
                 let found = (row.try_get("seq")?, row.try_get("content_hash")?);
-                stored.insert((thread_key.clone(), uuid), found);
+                thread.known.insert(uuid, found);
             }
         }
-        if threads.contains_key(&key) {
-            continue;
-        }
-        let own_threshold: Option<i64> = row.try_get("auto_compact_tokens")?;
-        threads.insert(
-            key,
-            GroupThread {
-                thread_key,
-                next_seq: row.try_get("next_seq")?,
-                visible_count: row.try_get("visible_count")?,
-                context_tokens: row.try_get("context_tokens")?,
-                triggers: AppendTriggers {
-                    auto_compact_tokens: own_threshold.unwrap_or(default_threshold),
-                    outlined: super::settings::outline_column(row.try_get("outline")?)?
-                        .is_some_and(|options| options.enabled),
-                },
-                updated_at: None,
-                written: HashMap::new(),
-            },
-        );
     }
     if !joined {
         let mut named: Vec<(&str, &str)> = named
@@ -655,9 +629,13 @@ async fn read_group<'g>(
             .filter_map(|(key, uuid)| Some((threads.get(key)?.thread_key.as_str(), *uuid)))
             .collect();
         named.sort_unstable();
-        stored = stored_hashes_of(tx, &named).await?;
+        for ((thread_key, uuid), found) in stored_hashes_of(tx, &named).await? {
+            if let Some(thread) = threads.values_mut().find(|t| t.thread_key == thread_key) {
+                thread.known.insert(uuid, found);
+            }
+        }
     }
-    Ok((threads, stored))
+    Ok(threads)
 }
 
 /// Decides one append against its thread as the group has left it so far; a write queues its
@@ -666,17 +644,12 @@ async fn read_group<'g>(
 fn plan_append<'g>(
     thread: &mut GroupThread,
     append: &'g QueuedAppend,
-    stored: &HashMap<(String, String), (i64, String)>,
     rows: &mut Vec<NewRow<'g>>,
 ) -> Result<Planned, StoreError> {
     let batch = &append.batch;
     let mut found = 0;
     for p in batch.entries.iter().filter(|p| p.uuid_sent) {
-        let known = thread.written.get(&p.uuid).or_else(|| {
-            // Looked up by borrowed parts would need a custom key type; the group is small.
-            stored.get(&(thread.thread_key.clone(), p.uuid.clone()))
-        });
-        if let Some((seq, hash)) = known {
+        if let Some((seq, hash)) = thread.known.get(&p.uuid) {
             if *hash != p.content_hash {
                 return Err(StoreError::UuidConflict {
                     uuid: p.uuid.clone(),
@@ -713,7 +686,7 @@ fn plan_append<'g>(
             thread.visible_count += 1;
         }
         thread
-            .written
+            .known
             .insert(p.uuid.clone(), (seq, p.content_hash.clone()));
         rows.push(NewRow {
             thread_key: thread.thread_key.clone(),
@@ -726,10 +699,10 @@ fn plan_append<'g>(
     let tokens_before = thread.context_tokens;
     thread.context_tokens = append_tokens(tokens_before, batch.tokens);
     thread.next_seq += batch.len();
-    thread.updated_at = Some(thread.updated_at.unwrap_or(created_at).max(created_at));
+    // `None` orders before any time.
+    thread.updated_at = thread.updated_at.max(Some(created_at));
     Ok(Planned::Write {
         first_seq,
-        next_seq: thread.next_seq,
         tokens_before,
         auto_compaction_job: None,
         jobs_created: false,
@@ -807,16 +780,19 @@ async fn insert_prepared(
         .collect();
     insert_rows(tx, &rows).await?;
     drop(rows);
-    let messages = prepared
+    Ok((numbered(prepared, next_seq), visible))
+}
+
+/// The entries of a written batch, numbered from the seq of its first.
+fn numbered(prepared: Vec<Prepared>, first_seq: i64) -> Vec<Entry> {
+    prepared
         .into_iter()
-        .zip(next_seq..)
-        .map(|(p, seq)| {
-            let mut entry = p.entry;
-            entry.seq = Some(seq);
-            entry
+        .zip(first_seq..)
+        .map(|(p, seq)| Entry {
+            seq: Some(seq),
+            ..p.entry
         })
-        .collect();
-    Ok((messages, visible))
+        .collect()
 }
 
 /// A message row about to be inserted.

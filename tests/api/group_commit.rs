@@ -62,6 +62,17 @@ async fn append_to(
         .await
 }
 
+/// A second store on the app's database with a pool of 3, which leaves PostgreSQL one group
+/// runner, as SQLite has: appends queue in one line, in the order they were made.
+async fn one_runner_store(app: &TestApp) -> Store {
+    Store::connect(&StoreOptions {
+        max_connections: 3,
+        ..StoreOptions::new(&app.url)
+    })
+    .await
+    .unwrap()
+}
+
 /// Holds the lock an append to `thread` needs first (SQLite's write lock; the thread's row lock
 /// on PostgreSQL) on a connection of its own, so the appends made meanwhile queue behind the
 /// first and form one group when it is let go ([`release`]).
@@ -250,13 +261,7 @@ async fn appends_to_one_thread_in_one_group_see_each_other_in_queue_order(app: T
     let mut partly_stored = turn(5, 1);
     partly_stored[1] = entries(vec![user("t5-new", "not stored anywhere")]).remove(0);
     let conflicting = entries(vec![user("t5-q0", "the same uuid with other content")]);
-    // A pool of 3 leaves PostgreSQL one runner, as SQLite has: appends queue in one line.
-    let store = Store::connect(&StoreOptions {
-        max_connections: 3,
-        ..StoreOptions::new(&app.url)
-    })
-    .await
-    .unwrap();
+    let store = one_runner_store(&app).await;
     let before = store.group_commit_stats();
     let lock = hold_append_lock(&app, &chain).await;
     // Polled in this order, so queued in this order.
@@ -339,12 +344,7 @@ async fn a_statement_that_fails_fails_only_its_own_append(app: TestApp) {
     }
     admin.close().await;
     let (a, b) = (app.thread("left").await, app.thread("right").await);
-    let store = Store::connect(&StoreOptions {
-        max_connections: 3,
-        ..StoreOptions::new(&app.url)
-    })
-    .await
-    .unwrap();
+    let store = one_runner_store(&app).await;
     let before = store.group_commit_stats();
     let poison = entries(vec![user("poison", "this row is refused")]);
     let lock = hold_append_lock(&app, &a).await;
@@ -356,6 +356,10 @@ async fn a_statement_that_fails_fails_only_its_own_append(app: TestApp) {
     ]);
     let (results, ()) = tokio::join!(appends, release(lock));
     let after = store.group_commit_stats();
+    // Alone, a failing append gets its error without a second try: there is nothing to split.
+    let again = append_to(&store, &b, entries(vec![user("poison", "again")]), None).await;
+    assert!(again.unwrap_err().to_string().contains("poisoned row"));
+    assert_eq!(store.group_commit_stats().split_groups, after.split_groups);
     store.close().await;
     let mut results = results.into_iter();
     assert_eq!(results.next().unwrap().unwrap().next_seq, 2);
