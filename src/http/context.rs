@@ -301,14 +301,22 @@ pub async fn get_context(
             None => None,
         };
         if let Some(tail) = tail.filter(|tail| tail.thread_key == cached.thread_key) {
-            let (cache, key, options) = (cache.clone(), key.clone(), options.clone());
-            let read = off_the_executor(move || continue_read(cached, tail, &options, &cache, key))
-                .await??;
+            let (shared, key, options) = (cache.clone(), key.clone(), options.clone());
+            let read =
+                off_the_executor(move || continue_read(cached, tail, &options, &shared, key))
+                    .await??;
             match read {
-                Ok(body) => return Ok(json_response(body)),
+                Ok(body) => {
+                    cache.record_hit();
+                    return Ok(json_response(body));
+                }
                 Err(Fallback(reason)) => crate::metrics::context_fallback(reason),
             }
         }
+        // The checkpoint could not answer (another thread of that id, or a tail that changes
+        // it): no later read should try it again. The full read below leaves a new one when it
+        // can.
+        drop(cache.take(&key));
     }
     let window = state
         .store

@@ -107,11 +107,15 @@ impl ContextCache {
         let cached = slot.cached.clone();
         lru.order.remove(&previous);
         lru.order.insert(used, key.clone());
-        self.hits.fetch_add(1, Ordering::Relaxed);
         Some(cached)
     }
 
-    /// Reads that found a checkpoint so far.
+    /// Counts a read that a checkpoint answered (found, and went on from without falling back).
+    pub fn record_hit(&self) {
+        self.hits.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Reads a checkpoint answered so far.
     pub fn hits(&self) -> u64 {
         self.hits.load(Ordering::Relaxed)
     }

@@ -23,6 +23,7 @@ on_both_backends!(
     cached_context_reads_equal_uncached_ones,
     a_tenants_cached_context_never_answers_another_tenant,
     concurrent_reads_of_a_thread_all_go_on_from_its_checkpoint,
+    a_checkpoint_that_cannot_answer_leaves_the_cache,
 );
 
 /// The options every step is read with.
@@ -383,5 +384,37 @@ async fn concurrent_reads_of_a_thread_all_go_on_from_its_checkpoint(app: TestApp
         QUERIES.len(),
         "the checkpoints stay cached"
     );
+    app.finish().await;
+}
+
+/// A thread deleted and made again under the same id keeps none of its checkpoint: the first read
+/// finds it belongs to another thread and drops it, so no later read tries it again. With only a
+/// prompt (no closed round) the new thread leaves no checkpoint of its own.
+async fn a_checkpoint_that_cannot_answer_leaves_the_cache(app: TestApp) {
+    let s = services(&app, || AuthMode::Open);
+    let thread = app.thread("again").await;
+    append(
+        &s,
+        None,
+        &thread,
+        json!([user("p0", "Fix the failing test.")]),
+    )
+    .await;
+    for i in 0..3 {
+        append_round(&s, &thread, i, 1).await;
+    }
+    same_answers(&s, None, &thread, "the first thread").await;
+    // One checkpoint per set of options read.
+    assert_eq!(s.cache.size().0, QUERIES.len(), "the first thread left its checkpoints");
+    assert_eq!(
+        app.delete(&format!("/v1/threads/{thread}")).await.status,
+        StatusCode::NO_CONTENT
+    );
+    app.thread("again").await;
+    append(&s, None, &thread, json!([user("q0", "Another task.")])).await;
+    let hits = s.cache.hits();
+    same_answers(&s, None, &thread, "the thread made again").await;
+    assert_eq!(s.cache.size().0, 0, "the stale checkpoints were dropped");
+    assert_eq!(s.cache.hits(), hits, "no read was answered from it");
     app.finish().await;
 }
