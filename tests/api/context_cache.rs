@@ -405,7 +405,11 @@ async fn a_checkpoint_that_cannot_answer_leaves_the_cache(app: TestApp) {
     }
     same_answers(&s, None, &thread, "the first thread").await;
     // One checkpoint per set of options read.
-    assert_eq!(s.cache.size().0, QUERIES.len(), "the first thread left its checkpoints");
+    assert_eq!(
+        s.cache.size().0,
+        QUERIES.len(),
+        "the first thread left its checkpoints"
+    );
     assert_eq!(
         app.delete(&format!("/v1/threads/{thread}")).await.status,
         StatusCode::NO_CONTENT

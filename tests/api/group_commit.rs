@@ -9,7 +9,7 @@ use loupe::history::Entry;
 use loupe::store::{AppendOutcome, AppendRequest, Store, StoreError, StoreOptions, TenantId};
 
 on_both_backends!(
-    concurrent_appends_share_commits_and_store_what_single_appends_would,
+    concurrent_appends_share_commits_and_store_exactly_what_was_sent,
     a_refused_or_replayed_member_leaves_the_rest_of_its_group_whole,
     appends_to_one_thread_in_one_group_see_each_other_in_queue_order,
     a_statement_that_fails_fails_only_its_own_append,
@@ -123,7 +123,7 @@ async fn stored(app: &TestApp, thread: &str) -> Vec<(i64, String)> {
         .collect()
 }
 
-async fn concurrent_appends_share_commits_and_store_what_single_appends_would(app: TestApp) {
+async fn concurrent_appends_share_commits_and_store_exactly_what_was_sent(app: TestApp) {
     const THREADS: usize = 6;
     const TURNS: usize = 30;
     let mut threads = Vec::new();
@@ -151,22 +151,21 @@ async fn concurrent_appends_share_commits_and_store_what_single_appends_would(ap
         assert_eq!(seqs[1], seqs[0] + 1, "a batch's entries are contiguous");
         assert_eq!(outcome.next_seq, seqs[1] + 1, "thread {t}");
     }
-    // The plain path: the same turns, one append at a time, into fresh threads.
+    // Exactly the turns sent, each batch whole and in order, whatever order they landed in.
     for (t, thread) in threads.iter().enumerate() {
-        let plain = app.thread(&format!("plain-{t}")).await;
-        for n in 0..TURNS {
-            append(&app, &plain, turn(t, n), None).await.unwrap();
-        }
         let grouped = stored(&app, thread).await;
-        let single = stored(&app, &plain).await;
-        // Concurrent appends may land in any order; each batch stays whole and in order.
-        let uuids =
-            |rows: &[(i64, String)]| rows.iter().map(|r| r.1.clone()).collect::<BTreeSet<_>>();
-        assert_eq!(uuids(&grouped), uuids(&single));
+        let sent: BTreeSet<String> = (0..TURNS)
+            .flat_map(|n| turn(t, n))
+            .map(|entry| entry.uuid.unwrap())
+            .collect();
+        let uuids = grouped.iter().map(|r| r.1.clone()).collect::<BTreeSet<_>>();
+        assert_eq!(uuids, sent);
+        assert_eq!(grouped.len(), sent.len(), "no turn was stored twice");
         for pair in grouped.chunks(2) {
             assert_eq!(pair[0].1.replace("-q", "-a"), pair[1].1, "{pair:?}");
         }
     }
+    app.finish().await;
 }
 
 async fn a_refused_or_replayed_member_leaves_the_rest_of_its_group_whole(app: TestApp) {
@@ -180,13 +179,12 @@ async fn a_refused_or_replayed_member_leaves_the_rest_of_its_group_whole(app: Te
         // Each kind of refusal, a replay and good appends, all at once.
         let lock = hold_append_lock(&app, &good).await;
         let appends = join_all([
-            Box::pin(append(&app, &good, turn(0, round), None))
-                as std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send>>,
-            Box::pin(append(&app, "no-such-thread", turn(1, round), None)),
-            Box::pin(append(&app, &busy, conflicting.clone(), None)),
-            Box::pin(append(&app, &busy, turn(9, 0), None)),
-            Box::pin(append(&app, &busy, turn(8, round), Some(-1))),
-            Box::pin(append(&app, &good, turn(2, round), None)),
+            append(&app, &good, turn(0, round), None),
+            append(&app, "no-such-thread", turn(1, round), None),
+            append(&app, &busy, conflicting.clone(), None),
+            append(&app, &busy, turn(9, 0), None),
+            append(&app, &busy, turn(8, round), Some(-1)),
+            append(&app, &good, turn(2, round), None),
         ]);
         let (results, ()) = tokio::join!(appends, release(lock));
         let mut results = results.into_iter();
@@ -223,6 +221,7 @@ async fn a_refused_or_replayed_member_leaves_the_rest_of_its_group_whole(app: Te
     assert_eq!(stored(&app, &good).await.len(), 20);
     let context = app.get(&format!("/v1/threads/{busy}/context")).await;
     assert_eq!(context.body["next_seq"], 2);
+    app.finish().await;
 }
 
 /// SQLite's WAL is checkpointed beside the writer: the pages of these appends reach the
@@ -251,6 +250,7 @@ async fn sqlite_wal_is_checkpointed_in_the_background() {
         "the database file stayed at {} bytes (from {before})",
         file_size()
     );
+    app.finish().await;
 }
 
 /// A group decides its appends in memory between its reads and its writes: a later member sees
@@ -266,14 +266,13 @@ async fn appends_to_one_thread_in_one_group_see_each_other_in_queue_order(app: T
     let lock = hold_append_lock(&app, &chain).await;
     // Polled in this order, so queued in this order.
     let appends = join_all([
-        Box::pin(append_to(&store, &chain, first.clone(), Some(0)))
-            as std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send>>,
-        Box::pin(append_to(&store, &chain, first, None)),
-        Box::pin(append_to(&store, &chain, conflicting, None)),
-        Box::pin(append_to(&store, &chain, turn(5, 1), Some(2))),
-        Box::pin(append_to(&store, &chain, partly_stored, None)),
-        Box::pin(append_to(&store, &chain, turn(5, 2), Some(2))),
-        Box::pin(append_to(&store, &chain, turn(5, 3), None)),
+        append_to(&store, &chain, first.clone(), Some(0)),
+        append_to(&store, &chain, first, None),
+        append_to(&store, &chain, conflicting, None),
+        append_to(&store, &chain, turn(5, 1), Some(2)),
+        append_to(&store, &chain, partly_stored, None),
+        append_to(&store, &chain, turn(5, 2), Some(2)),
+        append_to(&store, &chain, turn(5, 3), None),
     ]);
     let (results, ()) = tokio::join!(appends, release(lock));
     let after = store.group_commit_stats();
@@ -318,6 +317,7 @@ async fn appends_to_one_thread_in_one_group_see_each_other_in_queue_order(app: T
     );
     let context = app.get(&format!("/v1/threads/{chain}/context")).await;
     assert_eq!(context.body["next_seq"], 6);
+    app.finish().await;
 }
 
 /// A fault in one append's rows rolls its group back; the group is then written one append at a
@@ -372,6 +372,7 @@ async fn a_statement_that_fails_fails_only_its_own_append(app: TestApp) {
     assert_eq!(after.appends - before.appends, 3);
     assert_eq!(stored(&app, &a).await.len(), 4);
     assert_eq!(stored(&app, &b).await.len(), 2);
+    app.finish().await;
 }
 
 /// Past the uuids the group's first statement looks up on PostgreSQL, the rest are looked up in
@@ -396,4 +397,5 @@ async fn a_batch_of_thousands_of_named_uuids_replays_and_conflicts(app: TestApp)
         Err(StoreError::UuidConflict { seq: 2_499, .. })
     ));
     assert_eq!(stored(&app, &thread).await.len(), 2_500);
+    app.finish().await;
 }
