@@ -99,18 +99,19 @@ pub fn check_entry(entry: &Entry, path: &str) -> Result<(), FieldError> {
                     format!("must be at most {MAX_UUID_LEN} characters, without NUL characters"),
                 ));
             }
-            Ok(())
+            check_any_message(entry, path)
         }
-        // Stored verbatim and never sent; a message it carries still has the one shape the
-        // document gives every entry's message.
-        EntryKind::Progress | EntryKind::Other => Ok(()),
-    }?;
-    match (&entry.message, entry.kind) {
-        (Some(message), EntryKind::System | EntryKind::Progress | EntryKind::Other) => {
-            check_blocks(message, path)
-        }
-        _ => Ok(()),
+        // Stored verbatim and never sent: only what the document says of every entry is checked.
+        EntryKind::Progress | EntryKind::Other => check_any_message(entry, path),
     }
+}
+
+/// A message on an entry of any type has the one shape the document gives every entry's message.
+fn check_any_message(entry: &Entry, path: &str) -> Result<(), FieldError> {
+    entry
+        .message
+        .as_ref()
+        .map_or(Ok(()), |message| check_blocks(message, path))
 }
 
 fn check_message(

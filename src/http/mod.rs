@@ -153,12 +153,13 @@ impl<S: Send + Sync> FromRequestParts<S> for Tenant {
 }
 
 /// Checks a string a request names something by (a uuid, a lease token, a name): at most `max`
-/// bytes and no NUL character, which PostgreSQL cannot store or compare. 422 names the field.
+/// characters (as the document's `maxLength` and an entry's own uuid count them) and no NUL
+/// character, which PostgreSQL cannot store or compare. 422 names the field.
 pub(crate) fn check_key_field(path: &str, value: &str, max: usize) -> Result<(), ApiError> {
-    if value.len() > max || value.contains('\0') {
+    if value.chars().count() > max || value.contains('\0') {
         return Err(ApiError::invalid_field(
             path,
-            format!("must be at most {max} bytes, without NUL characters"),
+            format!("must be at most {max} characters, without NUL characters"),
         ));
     }
     Ok(())
@@ -410,6 +411,15 @@ mod tests {
     use super::*;
     use axum::body::Body;
     use tower::ServiceExt;
+
+    /// Counted in characters, as an entry's own uuid and the document's `maxLength` are: a uuid an
+    /// append accepts is accepted where a request names it.
+    #[test]
+    fn key_fields_are_counted_in_characters() {
+        assert!(check_key_field("to", &"é".repeat(200), 200).is_ok());
+        assert!(check_key_field("to", &"é".repeat(201), 200).is_err());
+        assert!(check_key_field("to", "a\0b", 200).is_err());
+    }
 
     #[tokio::test(start_paused = true)]
     async fn a_request_over_the_time_limit_gets_a_503_problem() {
