@@ -72,6 +72,9 @@ fn turn(rng: &mut Lcg, i: usize) -> Vec<Value> {
     batch
 }
 
+/// The bytes that close a request's JSON (`]}`) and that every appended round moves.
+const CLOSING_BYTES: usize = 2;
+
 fn common_prefix(a: &[u8], b: &[u8]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
@@ -225,6 +228,9 @@ struct Report {
     /// Calls a model summarizer would make: nodes a summarizer wrote (outline), compactions
     /// written (compaction).
     summarizer_calls: u64,
+    /// Of each request that kept all of the previous one but its closing brackets, the bytes it
+    /// added: the new round as the model reads it, which no cache can have seen.
+    appended: Vec<usize>,
 }
 
 impl Report {
@@ -238,8 +244,12 @@ impl Report {
 
     fn add(&mut self, previous: Option<&[u8]>, request: &[u8]) {
         let shared = previous.map_or(0, |p| common_prefix(p, request));
-        if previous.is_some() {
+        if let Some(previous) = previous {
             self.shares.push(shared as f64 / request.len() as f64);
+            // All but the closing brackets: nothing but the new round changed.
+            if previous.len() - shared <= CLOSING_BYTES {
+                self.appended.push(request.len() - shared);
+            }
         }
         self.cost += 0.1 * shared as f64 + 1.25 * (request.len() - shared) as f64;
         self.largest = self.largest.max(request.len());
@@ -258,6 +268,34 @@ impl Report {
             self.summarizer_calls,
         )
     }
+}
+
+/// The least input cost at which any policy reaches an average prefix share of `share`, when
+/// request `i` must bring `n_i` new bytes (`appended`): a request of `S_i` bytes shares at most
+/// `1 − n_i/S_i` and costs at least `0.1·S_i + 1.15·n_i`. Minimising `Σ 0.1·S_i` under
+/// `mean(n_i/S_i) ≤ 1 − share` gives `S_i = k·√n_i` with `k = mean(√n_i) / (1 − share)`. Scaled to
+/// all `requests`, since it is measured on those that kept their whole predecessor.
+fn least_cost_at_share(appended: &[usize], share: f64, requests: usize) -> f64 {
+    let roots: Vec<f64> = appended.iter().map(|&n| (n as f64).sqrt()).collect();
+    let k = roots.iter().sum::<f64>() / roots.len() as f64 / (1.0 - share);
+    let sized: f64 = roots.iter().map(|root| 0.1 * k * root).sum();
+    let new: f64 = appended.iter().map(|&n| 1.15 * n as f64).sum();
+    (sized + new) * requests as f64 / appended.len() as f64
+}
+
+#[test]
+fn the_least_cost_at_a_share_is_that_of_equal_requests_when_rounds_are_equal() {
+    // Rounds of 1,000 new bytes at 95%: requests of 20,000 B, each 0.1 × 20,000 + 1.15 × 1,000.
+    let per_request = 0.1 * 20_000.0 + 1.15 * 1_000.0;
+    let least = least_cost_at_share(&[1_000; 4], 0.95, 8);
+    assert!((least - 8.0 * per_request).abs() < 1e-6, "{least}");
+    // Unequal rounds: the square-root sizing beats sizing every request for the mean share.
+    let uneven = [100, 10_000];
+    let equal_share: f64 = uneven
+        .iter()
+        .map(|&n| 0.1 * n as f64 / 0.05 + 1.15 * n as f64)
+        .sum();
+    assert!(least_cost_at_share(&uneven, 0.95, 2) < equal_share);
 }
 
 /// The replayed thread's outline settings: the defaults, or those of `LOUPE_REPLAY_OUTLINE` (a
@@ -390,14 +428,21 @@ async fn tool_heavy(count: usize) -> (Report, Report) {
     let outline = app.get(&format!("/v1/threads/{thread}/outline")).await.body;
     let notes = note_share(&outline);
     let ratio = outlined.cost / compacted.cost;
+    // The rounds' own bytes, measured where compaction's request only grew by one round.
+    let floor = least_cost_at_share(&compacted.appended, 0.95, compacted.requests);
     eprintln!(
         "tool-heavy replay, {count} rounds, {} KB of history:\n  {}\n  {}\n  outline input cost \
-         {ratio:.2}× compaction's; {:.1}% of the outline's {} lines are notes",
+         {ratio:.2}× compaction's; {:.1}% of the outline's {} lines are notes\n  least input cost \
+         of any policy with a 95% average prefix share: {:.2}× compaction's (new bytes per round: \
+         mean {} B over {} rounds)",
         outlined.history_bytes / 1000,
         outlined.describe("outline"),
         compacted.describe("compaction"),
         notes * 100.0,
         outline["lines"].as_array().unwrap().len(),
+        floor / compacted.cost,
+        compacted.appended.iter().sum::<usize>() / compacted.appended.len().max(1),
+        compacted.appended.len(),
     );
     // Every message the outline covers is log2(T) + 1 zooms away at most, from its line down;
     // every line's address opens.
