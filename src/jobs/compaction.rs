@@ -45,13 +45,18 @@ pub struct NothingToSummarize {
 /// returns them), keeping the last `keep_recent_rounds` rounds. The cut is always at a round
 /// start. Older boundaries and summaries inside the view are never kept (the view skips them in a
 /// preserved range; see [`view::slice_after_boundary`]); the previous summary is folded in.
+///
+/// It consumes the window and moves the entries to summarize out of it: a window can be large,
+/// and a copy of it would be a second one in memory for the whole of the summarizer's run.
 pub fn plan(
-    entries: &[Entry],
+    entries: Vec<Entry>,
     keep_recent_rounds: u32,
 ) -> Result<CompactionPlan, NothingToSummarize> {
-    let (indices, _) = view::slice_after_boundary(entries);
-    let indices = view::hide_snipped(entries, indices);
-    let view: Vec<Entry> = indices.iter().map(|&i| entries[i].clone()).collect();
+    let (indices, _) = view::slice_after_boundary(&entries);
+    let indices = view::hide_snipped(&entries, indices);
+    let mut window: Vec<Option<Entry>> = entries.into_iter().map(Some).collect();
+    let view: Vec<Entry> = indices.iter().filter_map(|&i| window[i].take()).collect();
+    drop(window);
     let rounds = group_rounds(&view);
     let nothing = NothingToSummarize {
         rounds: rounds.len(),
@@ -66,29 +71,28 @@ pub fn plan(
     } else {
         rounds[rounds.len() - keep].first_index
     };
+    let pre_tokens = view.iter().map(estimate_entry_tokens).sum();
+    let rounds = rounds.len();
+    let mut view = view;
+    let kept = view.split_off(cut);
     let superseded = |e: &Entry| e.is_compact_boundary() || e.is_compact_summary;
-    let to_summarize: Vec<Entry> = view[..cut]
-        .iter()
-        .filter(|e| !superseded(e))
-        .cloned()
-        .collect();
-    if !to_summarize.iter().any(|e| e.kind.is_model_visible()) {
-        return Err(nothing);
-    }
-    let previous: Vec<String> = view[..cut]
+    let previous: Vec<String> = view
         .iter()
         .filter(|e| e.is_compact_summary)
         .filter_map(|e| e.first_text())
         .map(|text| text.strip_prefix(SUMMARY_PREFIX).unwrap_or(text).to_owned())
         .collect();
-    let kept = &view[cut..];
+    let to_summarize: Vec<Entry> = view.into_iter().filter(|e| !superseded(e)).collect();
+    if !to_summarize.iter().any(|e| e.kind.is_model_visible()) {
+        return Err(nothing);
+    }
     Ok(CompactionPlan {
         to_summarize,
         previous_summary: (!previous.is_empty()).then(|| previous.join("\n\n")),
         first_kept_seq: kept.iter().filter_map(|e| e.seq).min(),
-        pre_tokens: view.iter().map(estimate_entry_tokens).sum(),
+        pre_tokens,
         kept_tokens: kept.iter().map(estimate_entry_tokens).sum(),
-        rounds: rounds.len(),
+        rounds,
     })
 }
 
@@ -177,7 +181,7 @@ mod tests {
             asst(5, "C"),
         ];
         // Rounds: [0,1,2], [3,4], [5].
-        let p = plan(&e, 2).unwrap();
+        let p = plan(e.clone(), 2).unwrap();
         assert_eq!(p.rounds, 3);
         assert_eq!(p.first_kept_seq, Some(3));
         assert_eq!(
@@ -188,13 +192,13 @@ mod tests {
             [0, 1, 2]
         );
         assert_eq!(
-            plan(&e, 3),
+            plan(e.clone(), 3),
             Err(NothingToSummarize {
                 rounds: 3,
                 keep_recent_rounds: 3
             })
         );
-        let all = plan(&e, 0).unwrap();
+        let all = plan(e.clone(), 0).unwrap();
         assert_eq!((all.to_summarize.len(), all.first_kept_seq), (6, None));
     }
 
@@ -223,7 +227,7 @@ mod tests {
         ];
         // View: 6, 7, 3, 4, 5, 8, 9, 10 — rounds [6,7] (no assistant yet: joins the first),
         // then [3,4], [5,8], [9,10].
-        let p = plan(&e, 2).unwrap();
+        let p = plan(e.clone(), 2).unwrap();
         assert_eq!(p.previous_summary.as_deref(), Some("FIRST"));
         assert_eq!(p.first_kept_seq, Some(5));
         assert_eq!(

@@ -334,7 +334,8 @@ impl Runner {
             .store
             .context_window(&tenant, &payload.thread_id, None)
             .await?;
-        let plan = match compaction::plan(&window.entries, payload.keep_recent_rounds) {
+        let (boundary_seq, read_next_seq) = (window.boundary_seq, window.next_seq);
+        let plan = match compaction::plan(window.entries, payload.keep_recent_rounds) {
             Ok(plan) => plan,
             Err(nothing) => {
                 let result = json!({
@@ -352,9 +353,10 @@ impl Runner {
             }
         };
         // Summarize, outside any transaction.
+        let messages_summarized = plan.to_summarize.len();
         let request = SummaryRequest {
-            entries: plan.to_summarize.clone(),
-            previous_summary: plan.previous_summary.clone(),
+            entries: plan.to_summarize,
+            previous_summary: plan.previous_summary,
             instructions: payload.instructions.clone(),
             max_bytes: self.config.summary_max_bytes,
             purpose: Purpose::Compaction,
@@ -362,22 +364,22 @@ impl Runner {
             context: Vec::new(),
         };
         let summary = self.summarizer.summarize(&request).await?;
+        drop(request);
         let summary_entry = compaction::summary_entry(&summary.text);
         let summary_tokens = rough(summary_entry.first_text().unwrap_or_default());
         // Write the boundary and the summary, and complete the job, in one transaction.
         let write = CompactionWrite {
-            expected_boundary_seq: window.boundary_seq,
-            read_next_seq: window.next_seq,
+            expected_boundary_seq: boundary_seq,
+            read_next_seq,
             base_tokens: (summary_tokens + plan.kept_tokens) as i64,
         };
-        let messages_summarized = plan.to_summarize.len();
         let job_id = claimed.job.id.clone();
         let (_, result) = self
             .store
             .write_compaction(claimed, &write, clock.now_ms(), |next_seq| {
                 let preserved = compaction::preserved_segment(
                     plan.first_kept_seq,
-                    window.next_seq,
+                    read_next_seq,
                     next_seq,
                 );
                 let boundary = compaction::boundary_entry(&compaction::BoundaryInfo {

@@ -4,6 +4,7 @@
 
 use std::collections::HashSet;
 
+use futures_util::TryStreamExt;
 use sqlx::Row;
 
 use super::messages::entry_from_row;
@@ -123,16 +124,20 @@ impl Store {
         })
     }
 
-    /// A thread's entries from `seq` on, in seq order.
+    /// A thread's entries from `seq` on, in seq order. Each row is parsed as it arrives, so the
+    /// raw rows of a large window are never all held beside their entries.
     async fn entries_from(&self, thread_key: &str, seq: i64) -> Result<Vec<Entry>, StoreError> {
-        let rows = sqlx::query(
+        let mut rows = sqlx::query(
             "SELECT seq, uuid, created_at, body FROM messages WHERE thread_key = $1 AND seq >= $2 ORDER BY seq",
         )
         .bind(thread_key)
         .bind(seq)
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter().map(entry_from_row).collect()
+        .fetch(&self.pool);
+        let mut entries = Vec::new();
+        while let Some(row) = rows.try_next().await? {
+            entries.push(entry_from_row(&row)?);
+        }
+        Ok(entries)
     }
 
     /// A Claude Code boundary names its preserved segment by uuids
