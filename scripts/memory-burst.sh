@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# Resident memory of the server around a burst: a 20,000-message thread (~6 MB) is written, read
-# whole as context 5 times, then compacted, on a fresh SQLite database. Prints VmRSS (now) and VmHWM
-# (peak so far) from /proc after each phase, and again after 10 s idle.
+# Resident memory of the server around a burst: a 20,000-message thread (~6 MB; BURST_MESSAGES
+# sets another length) is written, read whole as context 5 times, then compacted, on a fresh
+# SQLite database. Prints VmRSS (now) and VmHWM (peak so far) from /proc after each phase, and
+# again after 10 s idle.
 #
 # Then each of the heavy operations alone, each on a freshly started server over the same
-# database: one whole-context read and one compaction of a second, uncompacted copy of the thread. "rise" is the peak
-# above the RSS the server had just before, so it is what that one operation held at most.
+# database: one whole-context read and one compaction of a second, uncompacted copy of the
+# thread. "rise" is the peak above the RSS the server had just before, so it is what that one
+# operation held at most.
 #
 #   scripts/memory-burst.sh target/release/loupe [ENV=VALUE …]
+#   BURST_MESSAGES=40000 scripts/memory-burst.sh target/release/loupe   # another thread length
 #
 # Extra arguments are environment settings for the server, to compare allocator tunings, e.g.
 #   scripts/memory-burst.sh target/release/loupe MALLOC_ARENA_MAX=2 MALLOC_TRIM_THRESHOLD_=131072
@@ -30,7 +33,7 @@ trap 'stop_server; rm -rf "$work"' EXIT
 
 cat >"$work/phases.py" <<'PY'
 import json, sys, time, urllib.request
-port, pid, mode = sys.argv[1], sys.argv[2], sys.argv[3]
+port, pid, mode, count = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 base_url = f"http://127.0.0.1:{port}"
 text = "The parser reads the amount, checks the currency and rounds half to even. " * 4
 
@@ -67,7 +70,7 @@ def compact(thread):
 
 def append_thread(thread):
     call("POST", "/v1/threads", {"id": thread})
-    for start in range(0, 20_000, 500):
+    for start in range(0, count, 500):
         batch = []
         for i in range(start, start + 500):
             if i % 2 == 0:
@@ -86,7 +89,7 @@ for _ in range(100):
 if mode == "burst":
     memory("started")
     append_thread("burst")
-    memory("20,000 messages appended")
+    memory(f"{count:,} messages appended")
     for _ in range(5):
         call("GET", "/v1/threads/burst/context")
     memory("5 whole-context reads")
@@ -106,9 +109,10 @@ elif mode == "compaction":
 PY
 
 start_server "$@"
-python3 "$work/phases.py" "$port" "$server" burst
+count=${BURST_MESSAGES:-20000}
+python3 "$work/phases.py" "$port" "$server" burst "$count"
 for phase in context compaction; do
   stop_server
   start_server "$@"
-  python3 "$work/phases.py" "$port" "$server" "$phase"
+  python3 "$work/phases.py" "$port" "$server" "$phase" "$count"
 done

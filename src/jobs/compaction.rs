@@ -23,6 +23,8 @@ pub use crate::store::{CompactionPayload, DEFAULT_KEEP_RECENT_ROUNDS};
 pub struct CompactionPlan {
     /// The entries to summarize: the view before the cut, without boundaries and old summaries.
     pub to_summarize: Vec<Entry>,
+    /// The token estimate of each entry to summarize, in the same order.
+    pub to_summarize_tokens: Vec<u64>,
     /// The text of the summary the previous compaction wrote (without its prefix).
     pub previous_summary: Option<String>,
     /// The seq of the first kept entry; `None` when no round is kept.
@@ -45,18 +47,29 @@ pub struct NothingToSummarize {
 /// returns them), keeping the last `keep_recent_rounds` rounds. The cut is always at a round
 /// start. Older boundaries and summaries inside the view are never kept (the view skips them in a
 /// preserved range; see [`view::slice_after_boundary`]); the previous summary is folded in.
-///
-/// It consumes the window and moves the entries to summarize out of it: a window can be large,
-/// and a copy of it would be a second one in memory for the whole of the summarizer's run.
 pub fn plan(
     entries: Vec<Entry>,
     keep_recent_rounds: u32,
 ) -> Result<CompactionPlan, NothingToSummarize> {
+    let tokens: Vec<u64> = entries.iter().map(estimate_entry_tokens).collect();
+    plan_with_tokens(entries, &tokens, keep_recent_rounds)
+}
+
+/// [`plan`], with each entry's token estimate given beside it (`tokens[i]` for `entries[i]`),
+/// so that it can plan over [`skeleton`]s of a window read a page at a time.
+///
+/// It consumes the window and moves the entries to summarize out of it: a window can be large,
+/// and a copy of it would be a second one in memory for the whole of the summarizer's run.
+pub fn plan_with_tokens(
+    entries: Vec<Entry>,
+    tokens: &[u64],
+    keep_recent_rounds: u32,
+) -> Result<CompactionPlan, NothingToSummarize> {
+    assert_eq!(entries.len(), tokens.len(), "one estimate per entry");
     let (indices, _) = view::slice_after_boundary(&entries);
     let indices = view::hide_snipped(&entries, indices);
-    let mut window: Vec<Option<Entry>> = entries.into_iter().map(Some).collect();
-    let view: Vec<Entry> = indices.iter().filter_map(|&i| window[i].take()).collect();
-    drop(window);
+    let view_tokens: Vec<u64> = indices.iter().map(|&i| tokens[i]).collect();
+    let mut view = take_in_order(entries, &indices);
     let rounds = group_rounds(&view);
     let nothing = NothingToSummarize {
         rounds: rounds.len(),
@@ -71,9 +84,7 @@ pub fn plan(
     } else {
         rounds[rounds.len() - keep].first_index
     };
-    let pre_tokens = view.iter().map(estimate_entry_tokens).sum();
     let rounds = rounds.len();
-    let mut view = view;
     let kept = view.split_off(cut);
     let superseded = |e: &Entry| e.is_compact_boundary() || e.is_compact_summary;
     let previous: Vec<String> = view
@@ -82,18 +93,92 @@ pub fn plan(
         .filter_map(|e| e.first_text())
         .map(|text| text.strip_prefix(SUMMARY_PREFIX).unwrap_or(text).to_owned())
         .collect();
-    let to_summarize: Vec<Entry> = view.into_iter().filter(|e| !superseded(e)).collect();
+    let mut to_summarize_tokens = Vec::with_capacity(view.len());
+    let mut at = 0;
+    view.retain(|e| {
+        let summarized = !superseded(e);
+        if summarized {
+            to_summarize_tokens.push(view_tokens[at]);
+        }
+        at += 1;
+        summarized
+    });
+    let to_summarize = view;
     if !to_summarize.iter().any(|e| e.kind.is_model_visible()) {
         return Err(nothing);
     }
     Ok(CompactionPlan {
         to_summarize,
+        to_summarize_tokens,
         previous_summary: (!previous.is_empty()).then(|| previous.join("\n\n")),
         first_kept_seq: kept.iter().filter_map(|e| e.seq).min(),
-        pre_tokens,
-        kept_tokens: kept.iter().map(estimate_entry_tokens).sum(),
+        pre_tokens: view_tokens.iter().sum(),
+        kept_tokens: view_tokens[cut..].iter().sum(),
         rounds,
     })
+}
+
+/// The entries at `indices` (distinct), in that order, moved out of `entries`: in place when the
+/// indices ascend, as they do unless a preserved segment comes first.
+fn take_in_order(mut entries: Vec<Entry>, indices: &[usize]) -> Vec<Entry> {
+    if indices.windows(2).all(|pair| pair[0] < pair[1]) {
+        let mut wanted = vec![false; entries.len()];
+        for &i in indices {
+            wanted[i] = true;
+        }
+        let mut at = 0;
+        entries.retain(|_| {
+            at += 1;
+            wanted[at - 1]
+        });
+        return entries;
+    }
+    let mut window: Vec<Option<Entry>> = entries.into_iter().map(Some).collect();
+    indices.iter().filter_map(|&i| window[i].take()).collect()
+}
+
+/// What [`plan_with_tokens`] reads of an entry, and nothing else: the message's content and the
+/// fields Loupe does not model are dropped, except on a compaction's summary, whose text is
+/// folded into the next one. A window of skeletons is a small fraction of the window it stands
+/// for, so a compaction can plan over a window of any length and then read only a page of
+/// bodies at a time.
+pub fn skeleton(mut entry: Entry) -> Entry {
+    if !entry.is_compact_summary {
+        if let Some(message) = entry.message.as_mut() {
+            message.content = Content::Blocks(Vec::new());
+            message.usage = None;
+            message.extra = Default::default();
+        }
+        entry.content = None;
+        entry.extra = Default::default();
+        entry.sent = None;
+    }
+    entry
+}
+
+/// Cuts the entries to summarize, given by their token estimates in order, into pages of at most
+/// `max_tokens` (and `max_entries`) each: the ranges of each page. An entry larger than a page is
+/// a page of its own. One page when everything fits, as it does for any window near the
+/// automatic compaction threshold.
+pub fn summary_pages(
+    tokens: &[u64],
+    max_tokens: u64,
+    max_entries: usize,
+) -> Vec<std::ops::Range<usize>> {
+    let mut pages = Vec::new();
+    let (mut start, mut sum) = (0, 0u64);
+    for (i, &t) in tokens.iter().enumerate() {
+        let full = i > start && (sum + t > max_tokens || i - start >= max_entries);
+        if full {
+            pages.push(start..i);
+            (start, sum) = (i, 0);
+        }
+        sum += t;
+    }
+    if start < tokens.len() {
+        pages.push(start..tokens.len());
+    }
+    pages
 }
 
 /// What the boundary records besides its position.
@@ -238,6 +323,35 @@ mod tests {
             [3, 4]
         );
         assert_eq!(preserved_segment(p.first_kept_seq, 11, 12), Some((5, 11)));
+    }
+
+    #[test]
+    fn summary_pages_fill_up_to_the_bound_and_never_split_an_entry() {
+        assert_eq!(
+            summary_pages(&[], 10, 100),
+            Vec::<std::ops::Range<usize>>::new()
+        );
+        assert_eq!(summary_pages(&[3, 3, 3], 10, 100), vec![(0..3)]);
+        assert_eq!(summary_pages(&[4, 4, 4, 4], 8, 100), [0..2, 2..4]);
+        // An entry over the bound is a page of its own; pages never come out empty.
+        assert_eq!(summary_pages(&[2, 50, 2, 2], 8, 100), [0..1, 1..2, 2..4]);
+        assert_eq!(summary_pages(&[50], 8, 100), vec![(0..1)]);
+        // The entry count bounds a page too.
+        assert_eq!(summary_pages(&[0; 5], 8, 2), [0..2, 2..4, 4..5]);
+    }
+
+    #[test]
+    fn a_skeleton_keeps_what_planning_reads_and_a_summary_whole() {
+        let mut tool = asst(1, "A");
+        tool.extra.insert("progress".into(), json!({"a": 1}));
+        let bare = skeleton(tool.clone());
+        assert_eq!(bare.response_id(), Some("A"));
+        assert_eq!((bare.seq, bare.kind), (Some(1), EntryKind::Assistant));
+        assert!(bare.extra.is_empty());
+        assert_eq!(bare.first_text(), None);
+        let mut summary = summary_entry("FIRST");
+        summary.seq = Some(2);
+        assert_eq!(skeleton(summary.clone()), summary);
     }
 
     #[test]

@@ -20,9 +20,12 @@ use serde_json::{json, Value};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::history::estimate_entry_tokens;
+use crate::history::model::Entry;
 use crate::history::normalize::tokens::rough;
 use crate::store::{
-    Backend, ClaimedJob, CompactionWrite, JobState, Store, StoreError, TenantId, NOTIFY_CHANNEL,
+    Backend, ClaimedJob, CompactionWrite, JobState, Store, StoreError, TenantId, WindowBounds,
+    NOTIFY_CHANNEL,
 };
 pub use crate::store::{CompactionPayload, KIND_COMPACTION, KIND_NOOP, KIND_TREE};
 use crate::summarize::{Purpose, SummarizeError, Summarizer, SummaryRequest};
@@ -56,6 +59,11 @@ pub struct JobsConfig {
     pub poll_interval: Duration,
     /// Byte budget of a compaction summary.
     pub summary_max_bytes: usize,
+    /// Most estimated tokens of history one summarizer request of a compaction carries: a
+    /// longer window is summarized a page at a time, each page's summary folded into the next,
+    /// so a job holds one page of message bodies whatever the window's length. The default is
+    /// above the automatic compaction threshold, so such a window is one page.
+    pub compaction_page_tokens: u64,
     /// This process's name among those sharing the database: its workers' claims start with
     /// `<instance_id>/`, so after a restart it gives back the jobs it held at once.
     pub instance_id: Cow<'static, str>,
@@ -69,6 +77,7 @@ impl JobsConfig {
         backoff_max: Duration::from_secs(300),
         poll_interval: Duration::from_secs(1),
         summary_max_bytes: 24_000,
+        compaction_page_tokens: 256_000,
         instance_id: Cow::Borrowed("local"),
     };
 }
@@ -329,42 +338,41 @@ impl Runner {
         let payload: CompactionPayload = serde_json::from_value(claimed.job.payload.clone())
             .map_err(|e| JobError::Invalid(format!("bad compaction payload: {e}")))?;
         let tenant = TenantId(claimed.job.tenant_id.clone());
-        // Read (no transaction stays open past here).
-        let window = self
+        // Read (no transaction stays open past here), a page at a time: the plan needs only a
+        // skeleton of each entry, and the bodies are read again, a page at a time, to summarize.
+        let bounds = self
             .store
-            .context_window(&tenant, &payload.thread_id, None)
+            .window_bounds(&tenant, &payload.thread_id, None)
             .await?;
-        let (boundary_seq, read_next_seq) = (window.boundary_seq, window.next_seq);
-        let plan = match compaction::plan(window.entries, payload.keep_recent_rounds) {
-            Ok(plan) => plan,
-            Err(nothing) => {
-                let result = json!({
-                    "compacted": false,
-                    "reason": format!(
-                        "nothing to summarize: the context has {} round(s) and {} are kept",
-                        nothing.rounds, nothing.keep_recent_rounds
-                    ),
-                    "rounds": nothing.rounds,
-                });
-                self.store
-                    .complete_job(claimed, &result, clock.now_ms())
-                    .await?;
-                return Ok(result);
-            }
-        };
-        // Summarize, outside any transaction.
+        let (skeletons, tokens) = self.window_skeleton(&bounds).await?;
+        let mut plan =
+            match compaction::plan_with_tokens(skeletons, &tokens, payload.keep_recent_rounds) {
+                Ok(plan) => plan,
+                Err(nothing) => {
+                    let result = json!({
+                        "compacted": false,
+                        "reason": format!(
+                            "nothing to summarize: the context has {} round(s) and {} are kept",
+                            nothing.rounds, nothing.keep_recent_rounds
+                        ),
+                        "rounds": nothing.rounds,
+                    });
+                    self.store
+                        .complete_job(claimed, &result, clock.now_ms())
+                        .await?;
+                    return Ok(result);
+                }
+            };
         let messages_summarized = plan.to_summarize.len();
-        let request = SummaryRequest {
-            entries: plan.to_summarize,
-            previous_summary: plan.previous_summary,
-            instructions: payload.instructions.clone(),
-            max_bytes: self.config.summary_max_bytes,
-            purpose: Purpose::Compaction,
-            lines: Vec::new(),
-            context: Vec::new(),
-        };
-        let summary = self.summarizer.summarize(&request).await?;
-        drop(request);
+        let (boundary_seq, read_next_seq) = (bounds.boundary_seq, bounds.next_seq);
+        // The skeletons are let go before any body is read again (collected from a borrow: an
+        // in-place collect would keep their whole allocation as the seqs' capacity).
+        let skeletons = std::mem::take(&mut plan.to_summarize);
+        let seqs: Vec<i64> = skeletons.iter().filter_map(|e| e.seq).collect();
+        drop(skeletons);
+        let summary = self
+            .summarize_window(&bounds, &seqs, &plan, &payload)
+            .await?;
         let summary_entry = compaction::summary_entry(&summary.text);
         let summary_tokens = rough(summary_entry.first_text().unwrap_or_default());
         // Write the boundary and the summary, and complete the job, in one transaction.
@@ -405,7 +413,76 @@ impl Runner {
             .await?;
         Ok(result)
     }
+
+    /// A skeleton of every entry of the window (see [`compaction::skeleton`]) and each entry's
+    /// token estimate, read a page at a time.
+    async fn window_skeleton(
+        &self,
+        bounds: &WindowBounds,
+    ) -> Result<(Vec<Entry>, Vec<u64>), JobError> {
+        let len = (bounds.next_seq - bounds.start_seq).max(0) as usize;
+        let (mut skeletons, mut tokens) = (Vec::with_capacity(len), Vec::with_capacity(len));
+        let mut at = bounds.start_seq;
+        while at < bounds.next_seq {
+            let end = (at + WINDOW_PAGE_ENTRIES).min(bounds.next_seq);
+            for entry in self.store.window_page(bounds, at, end).await? {
+                tokens.push(estimate_entry_tokens(&entry));
+                skeletons.push(compaction::skeleton(entry));
+            }
+            at = end;
+        }
+        Ok((skeletons, tokens))
+    }
+
+    /// The summary of the plan's entries (`seqs`, in its order): one summarizer request per page of
+    /// `compaction_page_tokens`, each carrying the previous page's summary (the first, the
+    /// previous compaction's). The bodies of one page at a time are in memory.
+    async fn summarize_window(
+        &self,
+        bounds: &WindowBounds,
+        seqs: &[i64],
+        plan: &compaction::CompactionPlan,
+        payload: &CompactionPayload,
+    ) -> Result<crate::summarize::Summary, JobError> {
+        let pages = compaction::summary_pages(
+            &plan.to_summarize_tokens,
+            self.config.compaction_page_tokens,
+            SUMMARY_PAGE_ENTRIES,
+        );
+        let mut previous = plan.previous_summary.clone();
+        let mut calls = 0;
+        let mut summary = None;
+        for page in pages {
+            let entries = self
+                .store
+                .entries_at(&bounds.thread_key, &seqs[page])
+                .await?;
+            let request = SummaryRequest {
+                entries,
+                previous_summary: previous.take(),
+                instructions: payload.instructions.clone(),
+                max_bytes: self.config.summary_max_bytes,
+                purpose: Purpose::Compaction,
+                lines: Vec::new(),
+                context: Vec::new(),
+            };
+            let page_summary = self.summarizer.summarize(&request).await?;
+            calls += page_summary.calls;
+            previous = Some(page_summary.text.clone());
+            summary = Some(page_summary);
+        }
+        let mut summary = summary.ok_or_else(|| {
+            JobError::Invalid("a compaction plan with nothing to summarize".to_owned())
+        })?;
+        summary.calls = calls;
+        Ok(summary)
+    }
 }
+
+/// Entries per read while a compaction plans over its window.
+const WINDOW_PAGE_ENTRIES: i64 = 1_024;
+/// Most entries in one summarizer request of a compaction, whatever their tokens.
+const SUMMARY_PAGE_ENTRIES: usize = 4_096;
 
 /// A future whose panic becomes [`JobError::Panicked`].
 struct CatchUnwind<F>(std::pin::Pin<Box<F>>);

@@ -41,6 +41,32 @@ pub struct ContextTail {
 /// Most entries one window read returns; a larger window is refused rather than loaded whole.
 pub const MAX_WINDOW_ENTRIES: i64 = 100_000;
 
+/// Where a thread's context window lies, without its entries: what a reader that pages through
+/// the window reads first.
+#[derive(Debug, Clone)]
+pub struct WindowBounds {
+    /// The last compact boundary, its Claude Code preserved segment resolved to seqs.
+    pub boundary: Option<Entry>,
+    /// The seq of the last compact boundary, if the thread has one.
+    pub boundary_seq: Option<i64>,
+    pub next_seq: i64,
+    /// See [`ContextWindow::start_seq`].
+    pub start_seq: i64,
+    /// See [`ContextWindow::thread_key`].
+    pub thread_key: String,
+}
+
+impl WindowBounds {
+    /// Puts the boundary as read (its segment resolved) in place of its stored copy.
+    fn resolve(&self, entries: &mut [Entry]) {
+        if let (Some(entry), Some(seq)) = (&self.boundary, self.boundary_seq) {
+            if let Some(slot) = entries.iter_mut().find(|e| e.seq == Some(seq)) {
+                *slot = entry.clone();
+            }
+        }
+    }
+}
+
 impl Store {
     /// The entries from the last compact boundary on (and the segment it preserved by reference,
     /// which lies before it), or from `from_seq` when given.
@@ -50,6 +76,28 @@ impl Store {
         thread_id: &str,
         from_seq: Option<i64>,
     ) -> Result<ContextWindow, StoreError> {
+        let bounds = self.window_bounds(tenant, thread_id, from_seq).await?;
+        let mut entries = self
+            .entries_from(&bounds.thread_key, bounds.start_seq)
+            .await?;
+        bounds.resolve(&mut entries);
+        Ok(ContextWindow {
+            entries,
+            boundary_seq: bounds.boundary_seq,
+            next_seq: bounds.next_seq,
+            start_seq: bounds.start_seq,
+            thread_key: bounds.thread_key,
+        })
+    }
+
+    /// Where [`Store::context_window`] would start and end, and its boundary, without reading
+    /// its entries; [`Store::window_page`] then reads them a page at a time.
+    pub async fn window_bounds(
+        &self,
+        tenant: &TenantId,
+        thread_id: &str,
+        from_seq: Option<i64>,
+    ) -> Result<WindowBounds, StoreError> {
         let head = self.thread_head(tenant, thread_id).await?;
         let (thread_key, next_seq) = (head.thread_key, head.next_seq);
         let boundary = sqlx::query(
@@ -83,20 +131,56 @@ impl Store {
                 max: MAX_WINDOW_ENTRIES,
             });
         }
-        let mut entries = self.entries_from(&thread_key, start).await?;
-        // The boundary as read above, with a Claude Code preserved segment resolved to seqs.
-        if let (Some(entry), Some(seq)) = (boundary, boundary_seq) {
-            if let Some(slot) = entries.iter_mut().find(|e| e.seq == Some(seq)) {
-                *slot = entry;
-            }
-        }
-        Ok(ContextWindow {
-            entries,
+        Ok(WindowBounds {
+            boundary,
             boundary_seq,
             next_seq,
             start_seq: start,
             thread_key,
         })
+    }
+
+    /// The window's entries with a seq in `[from, to)`, in seq order, the boundary as
+    /// [`Store::window_bounds`] read it.
+    pub async fn window_page(
+        &self,
+        bounds: &WindowBounds,
+        from: i64,
+        to: i64,
+    ) -> Result<Vec<Entry>, StoreError> {
+        let mut entries = self
+            .entries_between(&bounds.thread_key, from.max(0) as u64, to.max(0) as u64)
+            .await?;
+        bounds.resolve(&mut entries);
+        Ok(entries)
+    }
+
+    /// The thread's entries at `seqs`, in the order given (seqs it does not hold are skipped).
+    pub async fn entries_at(
+        &self,
+        thread_key: &str,
+        seqs: &[i64],
+    ) -> Result<Vec<Entry>, StoreError> {
+        let mut found = std::collections::HashMap::with_capacity(seqs.len());
+        for chunk in seqs.chunks(super::messages::INSERT_CHUNK) {
+            let sql = format!(
+                "SELECT seq, uuid, created_at, body FROM messages WHERE thread_key = $1 AND seq IN ({})",
+                super::list_placeholders(2, chunk.len())
+            );
+            let mut query = sqlx::query(&sql).bind(thread_key.to_owned());
+            for seq in chunk {
+                query = query.bind(*seq);
+            }
+            let mut rows = query.fetch(&self.pool);
+            while let Some(row) = rows.try_next().await? {
+                let entry = entry_from_row(&row)?;
+                found.insert(entry.seq, entry);
+            }
+        }
+        Ok(seqs
+            .iter()
+            .filter_map(|seq| found.remove(&Some(*seq)))
+            .collect())
     }
 
     /// The entries from `from_seq` on, for a read that goes on from a checkpoint of the window

@@ -28,6 +28,7 @@ on_both_backends!(
     microcompaction_settings_change_the_context,
     another_tenants_job_is_not_found,
     the_thread_jobs_listing_is_newest_first_and_limited,
+    a_long_window_is_summarized_a_page_at_a_time,
 );
 
 const LEASE_MS: i64 = 300_000;
@@ -677,5 +678,101 @@ async fn the_thread_jobs_listing_is_newest_first_and_limited(app: TestApp) {
             .collect();
         assert_eq!(ids, expected, "{query}");
     }
+    app.finish().await;
+}
+
+/// Records what each summarizer request carried, and answers with a summary naming its request.
+#[derive(Default)]
+struct Recording {
+    requests: std::sync::Mutex<Vec<(Vec<String>, Option<String>)>>,
+}
+
+#[async_trait]
+impl Summarizer for Recording {
+    fn name(&self) -> String {
+        "recording".to_owned()
+    }
+    async fn summarize(&self, req: &SummaryRequest) -> Result<Summary, SummarizeError> {
+        let uuids: Vec<String> = req.entries.iter().filter_map(|e| e.uuid.clone()).collect();
+        let mut requests = self.requests.lock().unwrap();
+        requests.push((uuids, req.previous_summary.clone()));
+        Ok(Summary {
+            text: format!("summary {}", requests.len()),
+            summarizer: "recording".to_owned(),
+            calls: 1,
+        })
+    }
+}
+
+impl Recording {
+    fn requests(&self) -> Vec<(Vec<String>, Option<String>)> {
+        self.requests.lock().unwrap().clone()
+    }
+}
+
+/// Runs the one pending job with `summarizer`, the pages at most `page_tokens` each.
+async fn compact_in_pages(app: &TestApp, summarizer: Arc<Recording>, page_tokens: u64) -> Value {
+    let config = JobsConfig {
+        compaction_page_tokens: page_tokens,
+        ..JobsConfig::default()
+    };
+    let runner = Runner::new(app.store.clone(), summarizer, config);
+    match runner.step(Clock::System).await.unwrap() {
+        StepOutcome::Succeeded { result, .. } => result,
+        other => panic!("{other:?}"),
+    }
+}
+
+async fn a_long_window_is_summarized_a_page_at_a_time(app: TestApp) {
+    // Two copies of one thread, each compacted once already, then grown by 12 rounds.
+    let (whole, paged) = (app.thread("whole").await, app.thread("paged").await);
+    for thread in [&whole, &paged] {
+        conversation(&app, thread, 0, 4).await;
+        compact(&app, thread, json!({})).await;
+        extractive(&app).step(Clock::System).await.unwrap();
+        conversation(&app, thread, 4, 12).await;
+    }
+    // The plain path: the whole window in one request.
+    let one_page = Arc::new(Recording::default());
+    compact(&app, &whole, json!({})).await;
+    let plain = compact_in_pages(
+        &app,
+        one_page.clone(),
+        JobsConfig::default().compaction_page_tokens,
+    )
+    .await;
+    let [(all_uuids, first_previous)] = one_page.requests().try_into().unwrap();
+    assert!(first_previous.is_some(), "the earlier summary is folded in");
+    assert_eq!(plain["summarizer_calls"], 1);
+    // Pages of about two rounds each (a round is about 700 tokens here).
+    let pages = Arc::new(Recording::default());
+    compact(&app, &paged, json!({})).await;
+    let result = compact_in_pages(&app, pages.clone(), 1_500).await;
+    let requests = pages.requests();
+    assert!(requests.len() >= 4, "{} pages", requests.len());
+    assert_eq!(result["summarizer_calls"], requests.len());
+    // Together the pages carry what the one request carried, in order, each entry once.
+    let carried: Vec<String> = requests
+        .iter()
+        .flat_map(|(uuids, _)| uuids.clone())
+        .collect();
+    assert_eq!(carried, all_uuids);
+    // Each page folds in the summary before it; the first, the earlier compaction's.
+    assert_eq!(requests[0].1, first_previous);
+    for (k, (_, previous)) in requests.iter().enumerate().skip(1) {
+        assert_eq!(previous.as_deref(), Some(format!("summary {k}").as_str()));
+    }
+    // The last page's summary is the compaction's; the boundary is the plain path's.
+    assert_eq!(result["messages_summarized"], plain["messages_summarized"]);
+    assert_eq!(result["pre_tokens"], plain["pre_tokens"]);
+    assert_eq!(result["preserved_segment"], plain["preserved_segment"]);
+    let messages = all_messages(&app, &paged).await;
+    let summary = messages.last().unwrap();
+    assert!(
+        summary
+            .to_string()
+            .contains(&format!("summary {}", requests.len())),
+        "{summary}"
+    );
     app.finish().await;
 }

@@ -5,6 +5,7 @@
 #[macro_use]
 mod common;
 mod chaos;
+mod compaction_props;
 mod fake_provider;
 
 mod conformance;
