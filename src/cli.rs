@@ -330,6 +330,11 @@ pub struct JobArgs {
     /// Longest retry delay, in seconds.
     #[arg(long, env = "LOUPE_JOB_BACKOFF_MAX_SECS", default_value_t = JobsConfig::DEFAULT.backoff_max.as_secs())]
     pub job_backoff_max_secs: u64,
+    /// Most estimated tokens of history in one summarizer request of a compaction: a longer
+    /// window is summarized in pages, each page's summary folded into the next, so a job holds
+    /// one page of message bodies at a time. At least 1,000.
+    #[arg(long, env = "LOUPE_COMPACTION_PAGE_TOKENS", default_value_t = JobsConfig::DEFAULT.compaction_page_tokens)]
+    pub compaction_page_tokens: u64,
     /// Milliseconds between looks for work when no wake-up arrives.
     #[arg(long, env = "LOUPE_JOB_POLL_MS", default_value_t = JobsConfig::DEFAULT.poll_interval.as_millis() as u64)]
     pub job_poll_ms: u64,
@@ -365,6 +370,7 @@ impl JobArgs {
             backoff_base: Duration::from_millis(self.job_backoff_base_ms),
             backoff_max: Duration::from_secs(self.job_backoff_max_secs),
             poll_interval: Duration::from_millis(self.job_poll_ms.max(10)),
+            compaction_page_tokens: self.compaction_page_tokens.max(1_000),
             instance_id: self.instance_id.clone().unwrap_or_else(host_name).into(),
             ..JobsConfig::DEFAULT
         }
@@ -692,6 +698,32 @@ mod tests {
         let full = synchronous(&["loupe", "serve", "--sqlite-synchronous", "full"]);
         assert_eq!(full.unwrap(), SqliteSynchronous::Full);
         assert!(synchronous(&["loupe", "serve", "--sqlite-synchronous", "off"]).is_err());
+    }
+
+    /// The page size of a compaction reaches the jobs' configuration, never below 1,000 tokens.
+    #[test]
+    fn the_compaction_page_comes_from_its_flag() {
+        let page = |args: &[&str]| match Cli::try_parse_from(args).unwrap().command {
+            Some(Command::Serve(serve)) => serve.jobs.config().compaction_page_tokens,
+            other => panic!("expected serve, got {other:?}"),
+        };
+        assert_eq!(
+            Cli::try_parse_from(["loupe"])
+                .unwrap()
+                .serve
+                .jobs
+                .config()
+                .compaction_page_tokens,
+            JobsConfig::DEFAULT.compaction_page_tokens
+        );
+        assert_eq!(
+            page(&["loupe", "serve", "--compaction-page-tokens", "1000000"]),
+            1_000_000
+        );
+        assert_eq!(
+            page(&["loupe", "serve", "--compaction-page-tokens", "5"]),
+            1_000
+        );
     }
 
     #[test]

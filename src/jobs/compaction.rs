@@ -21,7 +21,8 @@ pub use crate::store::{CompactionPayload, DEFAULT_KEEP_RECENT_ROUNDS};
 /// Where to cut the current context, computed from the entries the store returned for it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CompactionPlan {
-    /// The entries to summarize: the view before the cut, without boundaries and old summaries.
+    /// The entries to summarize: the view before the cut, without boundaries and old summaries
+    /// (as given: whole entries, or the skeletons a job plans over).
     pub to_summarize: Vec<Entry>,
     /// The token estimate of each entry to summarize, in the same order.
     pub to_summarize_tokens: Vec<u64>,
@@ -121,6 +122,13 @@ pub fn plan_with_tokens(
 /// The entries at `indices` (distinct), in that order, moved out of `entries`: in place when the
 /// indices ascend, as they do unless a preserved segment comes first.
 fn take_in_order(mut entries: Vec<Entry>, indices: &[usize]) -> Vec<Entry> {
+    debug_assert!(
+        {
+            let mut seen = std::collections::HashSet::new();
+            indices.iter().all(|i| seen.insert(*i))
+        },
+        "a view names each entry once"
+    );
     if indices.windows(2).all(|pair| pair[0] < pair[1]) {
         let mut wanted = vec![false; entries.len()];
         for &i in indices {
@@ -158,8 +166,8 @@ pub fn skeleton(mut entry: Entry) -> Entry {
 
 /// Cuts the entries to summarize, given by their token estimates in order, into pages of at most
 /// `max_tokens` (and `max_entries`) each: the ranges of each page. An entry larger than a page is
-/// a page of its own. One page when everything fits, as it does for any window near the
-/// automatic compaction threshold.
+/// a page of its own; an entry of no tokens (one the model never reads) never starts a page on
+/// account of tokens, so it stays with what came before it. One page when everything fits.
 pub fn summary_pages(
     tokens: &[u64],
     max_tokens: u64,
@@ -168,7 +176,8 @@ pub fn summary_pages(
     let mut pages = Vec::new();
     let (mut start, mut sum) = (0, 0u64);
     for (i, &t) in tokens.iter().enumerate() {
-        let full = i > start && (sum + t > max_tokens || i - start >= max_entries);
+        let over = t > 0 && sum + t > max_tokens;
+        let full = i > start && (over || i - start >= max_entries);
         if full {
             pages.push(start..i);
             (start, sum) = (i, 0);
@@ -335,6 +344,9 @@ mod tests {
         assert_eq!(summary_pages(&[4, 4, 4, 4], 8, 100), [0..2, 2..4]);
         // An entry over the bound is a page of its own; pages never come out empty.
         assert_eq!(summary_pages(&[2, 50, 2, 2], 8, 100), [0..1, 1..2, 2..4]);
+        // Entries of no tokens stay with the page before them, even after a large entry.
+        assert_eq!(summary_pages(&[2, 50, 0, 0], 8, 100), [0..1, 1..4]);
+        assert_eq!(summary_pages(&[6, 0, 3], 8, 100), [0..2, 2..3]);
         assert_eq!(summary_pages(&[50], 8, 100), vec![(0..1)]);
         // The entry count bounds a page too.
         assert_eq!(summary_pages(&[0; 5], 8, 2), [0..2, 2..4, 4..5]);

@@ -62,7 +62,7 @@ pub struct JobsConfig {
     /// Most estimated tokens of history one summarizer request of a compaction carries: a
     /// longer window is summarized a page at a time, each page's summary folded into the next,
     /// so a job holds one page of message bodies whatever the window's length. The default is
-    /// above the automatic compaction threshold, so such a window is one page.
+    /// above the default automatic compaction threshold, so such a window is one page.
     pub compaction_page_tokens: u64,
     /// This process's name among those sharing the database: its workers' claims start with
     /// `<instance_id>/`, so after a restart it gives back the jobs it held at once.
@@ -455,8 +455,17 @@ impl Runner {
         for page in pages {
             let entries = self
                 .store
-                .entries_at(&bounds.thread_key, &seqs[page])
+                .entries_at(&bounds.thread_key, &seqs[page.clone()])
                 .await?;
+            if entries.len() != page.len() {
+                // The thread was deleted since the plan was read: summarizing what is left
+                // would be paid for and then refused by the write.
+                return Err(StoreError::ThreadNotFound.into());
+            }
+            if summary.is_some() && !entries.iter().any(|e| e.kind.is_model_visible()) {
+                // Nothing a model reads: the summary so far stands.
+                continue;
+            }
             let request = SummaryRequest {
                 entries,
                 previous_summary: previous.take(),
@@ -480,9 +489,9 @@ impl Runner {
 }
 
 /// Entries per read while a compaction plans over its window.
-const WINDOW_PAGE_ENTRIES: i64 = 1_024;
+pub const WINDOW_PAGE_ENTRIES: i64 = 1_024;
 /// Most entries in one summarizer request of a compaction, whatever their tokens.
-const SUMMARY_PAGE_ENTRIES: usize = 4_096;
+pub const SUMMARY_PAGE_ENTRIES: usize = 4_096;
 
 /// A future whose panic becomes [`JobError::Panicked`].
 struct CatchUnwind<F>(std::pin::Pin<Box<F>>);

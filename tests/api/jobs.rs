@@ -5,8 +5,10 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use crate::common::{assistant, user, TestApp};
+use crate::compaction_props::reference_plan;
 use async_trait::async_trait;
 use axum::http::{Method, StatusCode};
+use loupe::jobs::compaction::{DEFAULT_KEEP_RECENT_ROUNDS, SUMMARY_PREFIX};
 use loupe::jobs::{Clock, JobsConfig, Runner, StepOutcome, KIND_NOOP};
 use loupe::store::{now_millis, AppendRequest, JobState, NewJob, StoreError, TenantId, ThreadJobs};
 use loupe::summarize::{ExtractiveSummarizer, SummarizeError, Summarizer, Summary, SummaryRequest};
@@ -29,6 +31,7 @@ on_both_backends!(
     another_tenants_job_is_not_found,
     the_thread_jobs_listing_is_newest_first_and_limited,
     a_long_window_is_summarized_a_page_at_a_time,
+    a_uuid_named_boundary_is_planned_the_same_in_pages,
 );
 
 const LEASE_MS: i64 = 300_000;
@@ -723,56 +726,132 @@ async fn compact_in_pages(app: &TestApp, summarizer: Arc<Recording>, page_tokens
     }
 }
 
-async fn a_long_window_is_summarized_a_page_at_a_time(app: TestApp) {
-    // Two copies of one thread, each compacted once already, then grown by 12 rounds.
-    let (whole, paged) = (app.thread("whole").await, app.thread("paged").await);
-    for thread in [&whole, &paged] {
-        conversation(&app, thread, 0, 4).await;
-        compact(&app, thread, json!({})).await;
-        extractive(&app).step(Clock::System).await.unwrap();
-        conversation(&app, thread, 4, 12).await;
-    }
-    // The plain path: the whole window in one request.
-    let one_page = Arc::new(Recording::default());
-    compact(&app, &whole, json!({})).await;
-    let plain = compact_in_pages(
-        &app,
-        one_page.clone(),
-        JobsConfig::default().compaction_page_tokens,
-    )
-    .await;
-    let [(all_uuids, first_previous)] = one_page.requests().try_into().unwrap();
-    assert!(first_previous.is_some(), "the earlier summary is folded in");
-    assert_eq!(plain["summarizer_calls"], 1);
-    // Pages of about two rounds each (a round is about 700 tokens here).
+/// The uuids the plain plan (the whole window read at once, `reference_plan`) summarizes, and
+/// its estimate of the context before the cut.
+async fn plainly_summarized(app: &TestApp, thread: &str) -> (Vec<String>, u64) {
+    let window = app
+        .store
+        .context_window(&TenantId::default_tenant(), thread, None)
+        .await
+        .unwrap();
+    let (seqs, pre_tokens, _) = reference_plan(&window.entries, DEFAULT_KEEP_RECENT_ROUNDS)
+        .expect("something to summarize");
+    let uuid_of = |seq: Option<i64>| {
+        window
+            .entries
+            .iter()
+            .find(|e| e.seq == seq)
+            .and_then(|e| e.uuid.clone())
+            .unwrap()
+    };
+    (seqs.into_iter().map(uuid_of).collect(), pre_tokens)
+}
+
+/// Compacts `thread` with pages of `page_tokens` and checks the pages against the plain plan:
+/// together they carry its entries, in order, each once, and each folds in the summary before
+/// it, the first `previous`. Returns how many pages there were.
+async fn check_paged_compaction(
+    app: &TestApp,
+    thread: &str,
+    page_tokens: u64,
+    previous: Option<String>,
+) -> usize {
+    let (expected, pre_tokens) = plainly_summarized(app, thread).await;
     let pages = Arc::new(Recording::default());
-    compact(&app, &paged, json!({})).await;
-    let result = compact_in_pages(&app, pages.clone(), 1_500).await;
+    compact(app, thread, json!({})).await;
+    let result = compact_in_pages(app, pages.clone(), page_tokens).await;
     let requests = pages.requests();
-    assert!(requests.len() >= 4, "{} pages", requests.len());
     assert_eq!(result["summarizer_calls"], requests.len());
-    // Together the pages carry what the one request carried, in order, each entry once.
+    assert_eq!(result["messages_summarized"], expected.len());
+    assert_eq!(result["pre_tokens"], pre_tokens);
     let carried: Vec<String> = requests
         .iter()
         .flat_map(|(uuids, _)| uuids.clone())
         .collect();
-    assert_eq!(carried, all_uuids);
-    // Each page folds in the summary before it; the first, the earlier compaction's.
-    assert_eq!(requests[0].1, first_previous);
+    assert_eq!(carried, expected);
+    assert_eq!(requests[0].1, previous);
     for (k, (_, previous)) in requests.iter().enumerate().skip(1) {
         assert_eq!(previous.as_deref(), Some(format!("summary {k}").as_str()));
     }
-    // The last page's summary is the compaction's; the boundary is the plain path's.
-    assert_eq!(result["messages_summarized"], plain["messages_summarized"]);
-    assert_eq!(result["pre_tokens"], plain["pre_tokens"]);
-    assert_eq!(result["preserved_segment"], plain["preserved_segment"]);
-    let messages = all_messages(&app, &paged).await;
-    let summary = messages.last().unwrap();
+    // The last page's summary is the compaction's.
+    let after = result["boundary_seq"].as_i64().unwrap();
+    let written = app
+        .get(&format!("/v1/threads/{thread}/messages?after_seq={after}"))
+        .await;
+    let summary = &written.body["messages"][0];
+    assert_eq!(summary["is_compact_summary"], true);
     assert!(
         summary
             .to_string()
             .contains(&format!("summary {}", requests.len())),
         "{summary}"
     );
+    requests.len()
+}
+
+/// The text of the thread's last compaction summary, without its prefix.
+async fn last_summary(app: &TestApp, thread: &str) -> String {
+    let messages = all_messages(app, thread).await;
+    let summary = messages
+        .iter()
+        .rev()
+        .find(|m| m["is_compact_summary"] == true)
+        .unwrap();
+    let text = summary["message"]["content"].as_str().unwrap();
+    text.strip_prefix(SUMMARY_PREFIX).unwrap().to_owned()
+}
+
+async fn a_long_window_is_summarized_a_page_at_a_time(app: TestApp) {
+    // Compacted once, then grown past one read page (1,024 entries) and one seq lookup (200).
+    let thread = app.thread("paged").await;
+    conversation(&app, &thread, 0, 4).await;
+    compact(&app, &thread, json!({})).await;
+    extractive(&app).step(Clock::System).await.unwrap();
+    let earlier = last_summary(&app, &thread).await;
+    for from in (4..284).step_by(40) {
+        conversation(&app, &thread, from, 40).await;
+    }
+    // Pages of about two rounds each (a round is about 700 tokens here).
+    let pages = check_paged_compaction(&app, &thread, 1_500, Some(earlier)).await;
+    assert!(pages >= 100, "{pages} pages");
+    app.finish().await;
+}
+
+async fn a_uuid_named_boundary_is_planned_the_same_in_pages(app: TestApp) {
+    // A Claude Code compaction names the rounds it kept by uuid; the job's pages must resolve
+    // them as the whole window read does, or the kept rounds would be summarized.
+    let thread = app.thread("claude").await;
+    conversation(&app, &thread, 0, 6).await;
+    append(
+        &app,
+        &thread,
+        json!([
+            {"uuid": "cc-boundary", "type": "system", "subtype": "compact_boundary",
+             "content": "Conversation compacted",
+             "compactMetadata": {"trigger": "auto", "preTokens": 9000,
+                "preservedSegment": {"headUuid": "u4", "anchorUuid": "cc-summary", "tailUuid": "a5"}}},
+            {"uuid": "cc-summary", "type": "user", "isCompactSummary": true,
+             "message": {"role": "user", "content": "Earlier: questions 0 to 3 were answered."}}
+        ]),
+    )
+    .await;
+    conversation(&app, &thread, 6, 30).await;
+    let (plain, _) = plainly_summarized(&app, &thread).await;
+    assert!(
+        plain.contains(&"u4".to_owned()),
+        "the kept rounds are summarized now"
+    );
+    assert!(
+        !plain.contains(&"u3".to_owned()),
+        "what the boundary summarized is not"
+    );
+    let pages = check_paged_compaction(
+        &app,
+        &thread,
+        1_500,
+        Some("Earlier: questions 0 to 3 were answered.".to_owned()),
+    )
+    .await;
+    assert!(pages >= 5, "{pages} pages");
     app.finish().await;
 }
