@@ -72,8 +72,9 @@ fn turn(rng: &mut Lcg, i: usize) -> Vec<Value> {
     batch
 }
 
-/// The bytes that close a request's JSON (`]}`) and that every appended round moves.
-const CLOSING_BYTES: usize = 2;
+/// How much of the previous request's end a new round may rewrite while the request only grows
+/// by the round: the closing brackets (`]}`), or the end of a message a new prompt is joined to.
+const REWRITTEN_TAIL_BYTES: usize = 64;
 
 fn common_prefix(a: &[u8], b: &[u8]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
@@ -228,8 +229,8 @@ struct Report {
     /// Calls a model summarizer would make: nodes a summarizer wrote (outline), compactions
     /// written (compaction).
     summarizer_calls: u64,
-    /// Of each request that kept all of the previous one but its closing brackets, the bytes it
-    /// added: the new round as the model reads it, which no cache can have seen.
+    /// Of each request that kept all of the previous one but a few closing bytes, how much it
+    /// grew: the new round as the model reads it, which no cache can have seen.
     appended: Vec<usize>,
 }
 
@@ -246,9 +247,10 @@ impl Report {
         let shared = previous.map_or(0, |p| common_prefix(p, request));
         if let Some(previous) = previous {
             self.shares.push(shared as f64 / request.len() as f64);
-            // All but the closing brackets: nothing but the new round changed.
-            if previous.len() - shared <= CLOSING_BYTES {
-                self.appended.push(request.len() - shared);
+            // All but a few closing bytes (the brackets, or a message the new round's prompt
+            // joined) kept: the request grew by the new round, and by nothing else.
+            if previous.len() - shared <= REWRITTEN_TAIL_BYTES && request.len() > previous.len() {
+                self.appended.push(request.len() - previous.len());
             }
         }
         self.cost += 0.1 * shared as f64 + 1.25 * (request.len() - shared) as f64;
@@ -270,12 +272,15 @@ impl Report {
     }
 }
 
-/// The least input cost at which any policy reaches an average prefix share of `share`, when
-/// request `i` must bring `n_i` new bytes (`appended`): a request of `S_i` bytes shares at most
-/// `1 − n_i/S_i` and costs at least `0.1·S_i + 1.15·n_i`. Minimising `Σ 0.1·S_i` under
-/// `mean(n_i/S_i) ≤ 1 − share` gives `S_i = k·√n_i` with `k = mean(√n_i) / (1 − share)`. Scaled to
-/// all `requests`, since it is measured on those that kept their whole predecessor.
+/// The least input cost at which a policy reaches an average prefix share of `share`, when
+/// request `i` must bring `n_i` bytes no cache has seen (`appended`: its new round, sent as the
+/// full view renders it): a request of `S_i` bytes shares at most `1 − n_i/S_i` and costs at
+/// least `0.1·S_i + 1.15·n_i`. Minimising `Σ 0.1·S_i` under `mean(n_i/S_i) ≤ 1 − share` gives
+/// `S_i = k·√n_i` with `k = mean(√n_i) / (1 − share)`. Measured on the requests that only grew by
+/// their round and scaled to all `requests`: an estimate, as the requests left out (compactions)
+/// are assumed to bring as many new bytes as the rest.
 fn least_cost_at_share(appended: &[usize], share: f64, requests: usize) -> f64 {
+    assert!(!appended.is_empty(), "no request only grew by its round");
     let roots: Vec<f64> = appended.iter().map(|&n| (n as f64).sqrt()).collect();
     let k = roots.iter().sum::<f64>() / roots.len() as f64 / (1.0 - share);
     let sized: f64 = roots.iter().map(|root| 0.1 * k * root).sum();
@@ -289,13 +294,23 @@ fn the_least_cost_at_a_share_is_that_of_equal_requests_when_rounds_are_equal() {
     let per_request = 0.1 * 20_000.0 + 1.15 * 1_000.0;
     let least = least_cost_at_share(&[1_000; 4], 0.95, 8);
     assert!((least - 8.0 * per_request).abs() < 1e-6, "{least}");
-    // Unequal rounds: the square-root sizing beats sizing every request for the mean share.
-    let uneven = [100, 10_000];
-    let equal_share: f64 = uneven
-        .iter()
-        .map(|&n| 0.1 * n as f64 / 0.05 + 1.15 * n as f64)
-        .sum();
-    assert!(least_cost_at_share(&uneven, 0.95, 2) < equal_share);
+    // Unequal rounds: of the sizings `S_i = c·n_i^p` that just reach 95% on average, the square
+    // root (p = ½) is the cheapest, and it is the bound.
+    let uneven = [100, 10_000, 2_500];
+    let least = least_cost_at_share(&uneven, 0.95, 3);
+    let cost_of = |p: f64| -> f64 {
+        let n: Vec<f64> = uneven.iter().map(|&n| n as f64).collect();
+        let c = n.iter().map(|n| n.powf(1.0 - p)).sum::<f64>() / 3.0 / 0.05;
+        n.iter().map(|n| 0.1 * c * n.powf(p) + 1.15 * n).sum()
+    };
+    assert!(
+        (cost_of(0.5) - least).abs() < 1e-6,
+        "{least} against {}",
+        cost_of(0.5)
+    );
+    for p in [0.0, 0.25, 0.4, 0.6, 0.75, 1.0] {
+        assert!(cost_of(p) > least, "p = {p}: {} under {least}", cost_of(p));
+    }
 }
 
 /// The replayed thread's outline settings: the defaults, or those of `LOUPE_REPLAY_OUTLINE` (a
@@ -433,7 +448,7 @@ async fn tool_heavy(count: usize) -> (Report, Report) {
     eprintln!(
         "tool-heavy replay, {count} rounds, {} KB of history:\n  {}\n  {}\n  outline input cost \
          {ratio:.2}× compaction's; {:.1}% of the outline's {} lines are notes\n  least input cost \
-         of any policy with a 95% average prefix share: {:.2}× compaction's (new bytes per round: \
+         of a policy with a 95% average prefix share: {:.2}× compaction's (new bytes per round: \
          mean {} B over {} rounds)",
         outlined.history_bytes / 1000,
         outlined.describe("outline"),
