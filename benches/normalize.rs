@@ -108,21 +108,23 @@ fn describe(bytes: &[u8], entries: &[Entry]) {
     }
 }
 
+/// The median criterion saved for benchmark `id` of `group` (`<target>/criterion/…/new/estimates.json`).
+fn saved_median(group: &str, id: &str) -> Option<f64> {
+    let path = criterion_root()
+        .join(group)
+        .join(id)
+        .join("new/estimates.json");
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
+    json["median"]["point_estimate"].as_f64()
+}
+
 /// Prints (b)/(a) from criterion's saved medians (`<target>/criterion/…/new/estimates.json`).
 fn report_ratios() {
-    let root = criterion_root();
-    let median = |id: &str| -> Option<f64> {
-        let path = root
-            .join("normalize_10k")
-            .join(id)
-            .join("new/estimates.json");
-        let json: serde_json::Value = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
-        json["median"]["point_estimate"].as_f64()
-    };
+    let median = |id: &str| saved_median("normalize_10k", id);
     let Some(base) = median("a_parse_serialize") else {
         println!(
             "ratio: no saved estimates under {} (test mode?)",
-            root.display()
+            criterion_root().display()
         );
         return;
     };
@@ -255,14 +257,7 @@ fn read_after_append(c: &mut Criterion) {
 
 /// Prints the ratios of the read_after_append medians.
 fn report_read_ratios(group: &str) {
-    let median = |id: &str| -> Option<f64> {
-        let path = criterion_root()
-            .join(group)
-            .join(id)
-            .join("new/estimates.json");
-        let json: serde_json::Value = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
-        json["median"]["point_estimate"].as_f64()
-    };
+    let median = |id: &str| saved_median(group, id);
     let (Some(raw), Some(full), Some(miss), Some(inc), Some(again)) = (
         median("raw"),
         median("from_scratch"),

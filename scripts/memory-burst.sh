@@ -72,7 +72,7 @@ def append_thread(thread):
     call("POST", "/v1/threads", {"id": thread})
     for start in range(0, count, 500):
         batch = []
-        for i in range(start, start + 500):
+        for i in range(start, min(start + 500, count)):
             if i % 2 == 0:
                 batch.append({"type": "user", "uuid": f"q{i}", "message": {"role": "user", "content": text}})
             else:
@@ -85,6 +85,8 @@ for _ in range(100):
         call("GET", "/healthz"); break
     except Exception:
         time.sleep(0.1)
+else:
+    sys.exit("the server did not answer /healthz within 10 s")
 
 if mode == "burst":
     memory("started")

@@ -434,14 +434,14 @@ async fn a_large_generated_transcript_streams_through_in_batches() {
 /// timeout to arrive is read to its end, as long as each piece comes within the body-read timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http_import_may_outlast_the_request_timeout_and_the_body_limit() {
-    let app = TestApp::new(crate::common::Backend::Sqlite).await;
     let limits = loupe::http::Limits {
         request_timeout: std::time::Duration::from_millis(600),
         body_read_timeout: std::time::Duration::from_secs(5),
         body_bytes: 64 * 1024,
-        ..app.limits.clone()
+        rate_limit_per_sec: 0.0,
+        ..loupe::http::Limits::default()
     };
-    let app = app.reconfigure(limits, loupe::http::AuthMode::Open);
+    let app = TestApp::with_limits(crate::common::Backend::Sqlite, limits).await;
     let thread = app.thread("streamed").await;
     let lines = generated_transcript(1_500);
     let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
@@ -463,12 +463,12 @@ async fn an_http_import_may_outlast_the_request_timeout_and_the_body_limit() {
 /// stall stay, and re-sending the whole file stores only the rest.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_import_is_cut_off_and_a_retry_continues() {
-    let app = TestApp::new(crate::common::Backend::Sqlite).await;
     let limits = loupe::http::Limits {
         body_read_timeout: std::time::Duration::from_millis(300),
-        ..app.limits.clone()
+        rate_limit_per_sec: 0.0,
+        ..loupe::http::Limits::default()
     };
-    let app = app.reconfigure(limits, loupe::http::AuthMode::Open);
+    let app = TestApp::with_limits(crate::common::Backend::Sqlite, limits).await;
     let thread = app.thread("stalled").await;
     let lines = generated_transcript(700);
     let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
