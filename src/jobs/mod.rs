@@ -364,7 +364,7 @@ impl Runner {
                 }
             };
         let messages_summarized = plan.to_summarize.len();
-        let (boundary_seq, read_next_seq) = (bounds.boundary_seq, bounds.next_seq);
+        let (boundary_seq, read_next_seq) = (bounds.boundary_seq(), bounds.next_seq);
         // The skeletons are let go before any body is read again (collected from a borrow: an
         // in-place collect would keep their whole allocation as the seqs' capacity).
         let skeletons = std::mem::take(&mut plan.to_summarize);

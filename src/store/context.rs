@@ -16,8 +16,6 @@ use crate::history::model::{subtype, Entry};
 pub struct ContextWindow {
     /// In seq order, from the window's start to the end of the thread.
     pub entries: Vec<Entry>,
-    /// The seq of the last compact boundary, if the thread has one.
-    pub boundary_seq: Option<i64>,
     pub next_seq: i64,
     /// The seq the window starts at: the boundary, its preserved segment's first seq, or
     /// `from_seq`.
@@ -47,8 +45,6 @@ pub const MAX_WINDOW_ENTRIES: i64 = 100_000;
 pub struct WindowBounds {
     /// The last compact boundary, its Claude Code preserved segment resolved to seqs.
     pub boundary: Option<Entry>,
-    /// The seq of the last compact boundary, if the thread has one.
-    pub boundary_seq: Option<i64>,
     pub next_seq: i64,
     /// See [`ContextWindow::start_seq`].
     pub start_seq: i64,
@@ -57,9 +53,14 @@ pub struct WindowBounds {
 }
 
 impl WindowBounds {
+    /// The seq of the last compact boundary, if the thread has one.
+    pub fn boundary_seq(&self) -> Option<i64> {
+        self.boundary.as_ref().and_then(|b| b.seq)
+    }
+
     /// Puts the boundary as read (its segment resolved) in place of its stored copy.
     fn resolve(&self, entries: &mut [Entry]) {
-        if let (Some(entry), Some(seq)) = (&self.boundary, self.boundary_seq) {
+        if let (Some(entry), Some(seq)) = (&self.boundary, self.boundary_seq()) {
             if let Some(slot) = entries.iter_mut().find(|e| e.seq == Some(seq)) {
                 *slot = entry.clone();
             }
@@ -83,7 +84,6 @@ impl Store {
         bounds.resolve(&mut entries);
         Ok(ContextWindow {
             entries,
-            boundary_seq: bounds.boundary_seq,
             next_seq: bounds.next_seq,
             start_seq: bounds.start_seq,
             thread_key: bounds.thread_key,
@@ -112,7 +112,6 @@ impl Store {
         if let Some(entry) = boundary.as_mut() {
             self.resolve_preserved_uuids(&thread_key, entry).await?;
         }
-        let boundary_seq = boundary.as_ref().and_then(|b| b.seq);
         let start = match from_seq {
             Some(seq) => seq.max(0),
             None => match &boundary {
@@ -133,7 +132,6 @@ impl Store {
         }
         Ok(WindowBounds {
             boundary,
-            boundary_seq,
             next_seq,
             start_seq: start,
             thread_key,
@@ -208,14 +206,27 @@ impl Store {
         })
     }
 
-    /// A thread's entries from `seq` on, in seq order. Each row is parsed as it arrives, so the
-    /// raw rows of a large window are never all held beside their entries.
+    /// A thread's entries from `seq` on, in seq order.
     async fn entries_from(&self, thread_key: &str, seq: i64) -> Result<Vec<Entry>, StoreError> {
+        self.entries_between(thread_key, seq.max(0) as u64, i64::MAX as u64)
+            .await
+    }
+
+    /// The stored entries with seq in `[start, end)`, in order. Each row is parsed as it
+    /// arrives, so the raw rows of a large range are never all held beside their entries.
+    pub async fn entries_between(
+        &self,
+        thread_key: &str,
+        start: u64,
+        end: u64,
+    ) -> Result<Vec<Entry>, StoreError> {
         let mut rows = sqlx::query(
-            "SELECT seq, uuid, created_at, body FROM messages WHERE thread_key = $1 AND seq >= $2 ORDER BY seq",
+            "SELECT seq, uuid, created_at, body FROM messages WHERE thread_key = $1 AND seq >= $2 AND seq < $3 \
+             ORDER BY seq",
         )
         .bind(thread_key)
-        .bind(seq)
+        .bind(start as i64)
+        .bind(end as i64)
         .fetch(&self.pool);
         let mut entries = Vec::new();
         while let Some(row) = rows.try_next().await? {

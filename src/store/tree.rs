@@ -6,7 +6,6 @@
 
 use std::collections::HashMap;
 
-use futures_util::TryStreamExt;
 use sqlx::Row;
 
 use super::messages::entry_from_row;
@@ -193,28 +192,6 @@ impl Store {
         }
         tx.commit().await?;
         Ok(written)
-    }
-
-    /// The stored entries with seq in `[start, end)`, in order.
-    pub async fn entries_between(
-        &self,
-        thread_key: &str,
-        start: u64,
-        end: u64,
-    ) -> Result<Vec<Entry>, StoreError> {
-        let mut rows = sqlx::query(
-            "SELECT seq, uuid, created_at, body FROM messages WHERE thread_key = $1 AND seq >= $2 AND seq < $3 \
-             ORDER BY seq",
-        )
-        .bind(thread_key)
-        .bind(start as i64)
-        .bind(end as i64)
-        .fetch(&self.pool);
-        let mut entries = Vec::with_capacity(end.saturating_sub(start).min(4096) as usize);
-        while let Some(row) = rows.try_next().await? {
-            entries.push(entry_from_row(&row)?);
-        }
-        Ok(entries)
     }
 
     /// How many nodes the thread has, the model calls they cost, and how many a summarizer
