@@ -159,6 +159,22 @@ async fn append_round(s: &Services, thread: &str, i: usize, tools: usize) {
     append(s, None, thread, json!(round)).await;
 }
 
+/// A new thread `name` with a prompt and `rounds` rounds of one tool call each.
+async fn thread_with_rounds(app: &TestApp, s: &Services, name: &str, rounds: usize) -> String {
+    let thread = app.thread(name).await;
+    append(
+        s,
+        None,
+        &thread,
+        json!([user("p0", "Fix the failing test.")]),
+    )
+    .await;
+    for i in 0..rounds {
+        append_round(s, &thread, i, 1).await;
+    }
+    thread
+}
+
 async fn cached_context_reads_equal_uncached_ones(app: TestApp) {
     let s = services(&app, || AuthMode::Open);
     let thread = app.thread("agent").await;
@@ -354,17 +370,7 @@ async fn a_tenants_cached_context_never_answers_another_tenant(app: TestApp) {
 /// misses it because another holds it), and each answers what the uncached service does.
 async fn concurrent_reads_of_a_thread_all_go_on_from_its_checkpoint(app: TestApp) {
     let s = services(&app, || AuthMode::Open);
-    let thread = app.thread("busy").await;
-    append(
-        &s,
-        None,
-        &thread,
-        json!([user("p0", "Fix the failing test.")]),
-    )
-    .await;
-    for i in 0..4 {
-        append_round(&s, &thread, i, 1).await;
-    }
+    let thread = thread_with_rounds(&app, &s, "busy", 4).await;
     let uri = format!("/v1/threads/{thread}/context");
     // The first read leaves a checkpoint; the second moves it to the last closed round.
     same_answers(&s, None, &thread, "before the burst").await;
@@ -392,17 +398,7 @@ async fn concurrent_reads_of_a_thread_all_go_on_from_its_checkpoint(app: TestApp
 /// prompt (no closed round) the new thread leaves no checkpoint of its own.
 async fn a_checkpoint_that_cannot_answer_leaves_the_cache(app: TestApp) {
     let s = services(&app, || AuthMode::Open);
-    let thread = app.thread("again").await;
-    append(
-        &s,
-        None,
-        &thread,
-        json!([user("p0", "Fix the failing test.")]),
-    )
-    .await;
-    for i in 0..3 {
-        append_round(&s, &thread, i, 1).await;
-    }
+    let thread = thread_with_rounds(&app, &s, "again", 3).await;
     same_answers(&s, None, &thread, "the first thread").await;
     // One checkpoint per set of options read.
     assert_eq!(

@@ -9,6 +9,7 @@ use crate::compaction_props::reference_plan;
 use async_trait::async_trait;
 use axum::http::{Method, StatusCode};
 use loupe::jobs::compaction::{DEFAULT_KEEP_RECENT_ROUNDS, SUMMARY_PREFIX};
+use loupe::jobs::SUMMARY_PAGE_ENTRIES;
 use loupe::jobs::{Clock, JobsConfig, Runner, StepOutcome, KIND_NOOP};
 use loupe::store::{now_millis, AppendRequest, JobState, NewJob, StoreError, TenantId, ThreadJobs};
 use loupe::summarize::{ExtractiveSummarizer, SummarizeError, Summarizer, Summary, SummaryRequest};
@@ -32,6 +33,7 @@ on_both_backends!(
     the_thread_jobs_listing_is_newest_first_and_limited,
     a_long_window_is_summarized_a_page_at_a_time,
     a_uuid_named_boundary_is_planned_the_same_in_pages,
+    a_page_of_nothing_a_model_reads_is_not_summarized,
 );
 
 const LEASE_MS: i64 = 300_000;
@@ -728,14 +730,14 @@ async fn compact_in_pages(app: &TestApp, summarizer: Arc<Recording>, page_tokens
 
 /// The uuids the plain plan (the whole window read at once, `reference_plan`) summarizes, and
 /// its estimate of the context before the cut.
-async fn plainly_summarized(app: &TestApp, thread: &str) -> (Vec<String>, u64) {
+async fn plainly_summarized(app: &TestApp, thread: &str, keep: u32) -> (Vec<String>, u64) {
     let window = app
         .store
         .context_window(&TenantId::default_tenant(), thread, None)
         .await
         .unwrap();
-    let (seqs, pre_tokens, _) = reference_plan(&window.entries, DEFAULT_KEEP_RECENT_ROUNDS)
-        .expect("something to summarize");
+    let (seqs, pre_tokens, _) =
+        reference_plan(&window.entries, keep).expect("something to summarize");
     let uuid_of = |seq: Option<i64>| {
         window
             .entries
@@ -756,7 +758,7 @@ async fn check_paged_compaction(
     page_tokens: u64,
     previous: Option<String>,
 ) -> usize {
-    let (expected, pre_tokens) = plainly_summarized(app, thread).await;
+    let (expected, pre_tokens) = plainly_summarized(app, thread, DEFAULT_KEEP_RECENT_ROUNDS).await;
     let pages = Arc::new(Recording::default());
     compact(app, thread, json!({})).await;
     let result = compact_in_pages(app, pages.clone(), page_tokens).await;
@@ -836,7 +838,7 @@ async fn a_uuid_named_boundary_is_planned_the_same_in_pages(app: TestApp) {
     )
     .await;
     conversation(&app, &thread, 6, 30).await;
-    let (plain, _) = plainly_summarized(&app, &thread).await;
+    let (plain, _) = plainly_summarized(&app, &thread, DEFAULT_KEEP_RECENT_ROUNDS).await;
     assert!(
         plain.contains(&"u4".to_owned()),
         "the kept rounds are summarized now"
@@ -853,5 +855,49 @@ async fn a_uuid_named_boundary_is_planned_the_same_in_pages(app: TestApp) {
     )
     .await;
     assert!(pages >= 5, "{pages} pages");
+    app.finish().await;
+}
+
+async fn a_page_of_nothing_a_model_reads_is_not_summarized(app: TestApp) {
+    // Rounds, then a flood of progress events longer than a page's entry count, then the kept
+    // round: the events past the first page make a page no model reads, which must not replace
+    // the summary.
+    let thread = app.thread("flood").await;
+    conversation(&app, &thread, 0, 4).await;
+    let flood: Vec<Value> = (0..SUMMARY_PAGE_ENTRIES + 200)
+        .map(|i| json!({"uuid": format!("g{i}"), "type": "progress", "data": {"type": "bash_progress"}}))
+        .collect();
+    append(&app, &thread, Value::Array(flood)).await;
+    // A last response, the one round kept: the flood ends what is summarized.
+    append(&app, &thread, json!([assistant("b", "msg_b", "Done.")])).await;
+    let (summarized, _) = plainly_summarized(&app, &thread, 1).await;
+    assert_eq!(
+        summarized.last(),
+        Some(&format!("g{}", SUMMARY_PAGE_ENTRIES + 199))
+    );
+    assert!(
+        summarized.len() > SUMMARY_PAGE_ENTRIES,
+        "the flood is summarized"
+    );
+    let pages = Arc::new(Recording::default());
+    compact(&app, &thread, json!({"keep_recent_rounds": 1})).await;
+    let result = compact_in_pages(
+        &app,
+        pages.clone(),
+        JobsConfig::default().compaction_page_tokens,
+    )
+    .await;
+    let requests = pages.requests();
+    assert_eq!(requests.len(), 1, "one page has something to read");
+    assert_eq!(requests[0].0.len(), SUMMARY_PAGE_ENTRIES);
+    assert_eq!(result["summarizer_calls"], 1);
+    assert_eq!(result["messages_summarized"], summarized.len());
+    let after = result["boundary_seq"].as_i64().unwrap();
+    let written = app
+        .get(&format!("/v1/threads/{thread}/messages?after_seq={after}"))
+        .await;
+    assert!(written.body["messages"][0]
+        .to_string()
+        .contains("summary 1"));
     app.finish().await;
 }
