@@ -18,6 +18,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
+use sqlx::pool::PoolConnection;
+use sqlx::{Any, AnyConnection, Connection};
 use tokio::sync::oneshot;
 
 use super::messages::{AppendStep, Planned, PreparedBatch};
@@ -158,10 +160,13 @@ impl Store {
         }
     }
 
-    /// Writes groups until nobody waits.
+    /// Writes groups until nobody waits, on one writer connection held for the whole run: taking
+    /// it from the pool and giving it back cost a round trip each (the pool checks a connection
+    /// both ways), which on SQLite's single writer every group would otherwise wait behind.
     async fn run_groups(&self) {
+        let mut writer = None;
         while let Some(group) = self.group_commit.next_group() {
-            let Err((group, error)) = self.commit_group(group).await else {
+            let Err((group, error)) = self.commit_group(&mut writer, group).await else {
                 continue;
             };
             if group.len() == 1 {
@@ -174,46 +179,46 @@ impl Store {
                 .split_groups
                 .fetch_add(1, Ordering::Relaxed);
             for append in group {
-                if let Err((alone, error)) = self.commit_group(vec![append]).await {
+                if let Err((alone, error)) = self.commit_group(&mut writer, vec![append]).await {
                     answer_error(alone, error);
                 }
             }
         }
     }
 
-    /// One transaction for the whole group (`Store::write_group`); answers each append once the
-    /// transaction's fate is known. A statement that failed gives the group back, unanswered.
+    /// One transaction for the whole group (`Store::write_group`) on the runner's connection,
+    /// taken from the pool when it has none; answers each append once the transaction's fate is
+    /// known. A statement that failed gives the group back, unanswered. After any failure the
+    /// connection goes back to the pool, whose check drops it if it is broken.
     async fn commit_group(
         &self,
+        writer: &mut Option<PoolConnection<Any>>,
         group: Vec<QueuedAppend>,
     ) -> Result<(), (Vec<QueuedAppend>, StoreError)> {
-        let mut tx = match self.writer.begin().await {
-            Ok(tx) => tx,
+        let conn = match writer {
+            Some(conn) => conn,
+            None => match self.writer.acquire().await {
+                Ok(conn) => writer.insert(conn),
+                Err(error) => {
+                    let replies = group.into_iter().map(|append| append.reply);
+                    answer_failed(replies, &error.into());
+                    return Ok(());
+                }
+            },
+        };
+        let outcome = self.write_group_in(conn, &group).await;
+        if !matches!(outcome, Ok(Ok(_))) {
+            *writer = None;
+        }
+        let plans = match outcome {
+            Ok(Ok(plans)) => plans,
+            Ok(Err(error)) => return Err((group, error)),
             Err(error) => {
                 let replies = group.into_iter().map(|append| append.reply);
-                answer_failed(replies, &error.into());
+                answer_failed(replies, &error);
                 return Ok(());
             }
         };
-        let plans = match self.write_group(&mut tx, &group).await {
-            Ok(plans) => plans,
-            Err(error) => {
-                let _ = tx.rollback().await;
-                return Err((group, error));
-            }
-        };
-        let outcome = if plans.iter().any(Planned::writes) {
-            tx.commit().await
-        } else {
-            // Replays and refusals only: nothing to keep.
-            let _ = tx.rollback().await;
-            Ok(())
-        };
-        if let Err(error) = outcome {
-            let replies = group.into_iter().map(|append| append.reply);
-            answer_failed(replies, &error.into());
-            return Ok(());
-        }
         let stats = &self.group_commit;
         stats.groups.fetch_add(1, Ordering::Relaxed);
         stats
@@ -235,6 +240,36 @@ impl Store {
             let _ = append.reply.send(plan.into_step(append.batch));
         }
         Ok(())
+    }
+
+    /// Begins, writes and commits the group on `conn`. The outer error is the transaction's own
+    /// (begin or commit failed: nothing is stored); the inner one a statement of the group's,
+    /// after which the transaction was rolled back.
+    async fn write_group_in(
+        &self,
+        conn: &mut AnyConnection,
+        group: &[QueuedAppend],
+    ) -> Result<Result<Vec<Planned>, StoreError>, StoreError> {
+        // On SQLite the write lock is taken first, so the group reads what nobody else (another
+        // process on the file) can change before it writes.
+        let mut tx = match self.backend {
+            super::Backend::Sqlite => conn.begin_with("BEGIN IMMEDIATE").await?,
+            super::Backend::Postgres => conn.begin().await?,
+        };
+        let plans = match self.write_group(&mut tx, group).await {
+            Ok(plans) => plans,
+            Err(error) => {
+                let _ = tx.rollback().await;
+                return Ok(Err(error));
+            }
+        };
+        if plans.iter().any(Planned::writes) {
+            tx.commit().await?;
+        } else {
+            // Replays and refusals only: nothing to keep.
+            let _ = tx.rollback().await;
+        }
+        Ok(Ok(plans))
     }
 }
 

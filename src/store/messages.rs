@@ -12,6 +12,8 @@ use super::{now_millis, Store, StoreError, TenantId};
 use crate::history::model::Entry;
 use crate::history::normalize::{context_entry_tokens, usage_tokens};
 
+type AnyQuery<'q> = sqlx::query::Query<'q, Any, sqlx::any::AnyArguments<'q>>;
+
 /// A batch to append to one thread.
 #[derive(Debug, Clone)]
 pub struct AppendRequest {
@@ -292,9 +294,8 @@ impl Store {
                 None => Planned::Refused(StoreError::ThreadNotFound),
             })
             .collect();
-        insert_rows(tx, &rows).await?;
+        write_rows(tx, self.backend, &rows, threads.values()).await?;
         drop(rows);
-        update_threads(tx, threads.values()).await?;
         for (append, plan) in group.iter().zip(&mut plans) {
             if let Planned::Write {
                 tokens_before,
@@ -512,13 +513,11 @@ fn thread_of(append: &QueuedAppend) -> (&str, &str) {
     (append.tenant.0.as_str(), append.thread_id.as_str())
 }
 
-/// Takes the lock of every thread the group appends to, reads them with their settings, and
-/// looks up the uuids the group names. On PostgreSQL this is one statement (up to
-/// [`MAX_JOINED_UUIDS`] uuids; more are looked up in chunks after it): the rows are locked
-/// in (tenant, thread) order, the same in every runner, so concurrent groups cannot deadlock.
-/// On SQLite the lock is taken by a no-op `UPDATE` (a write first takes the database's write
-/// lock, so no other writer can slip in between the reads and the writes), and the uuids are
-/// looked up next. Another tenant's thread is not found.
+/// Reads every thread the group appends to, with its settings and the uuids the group names, in
+/// one statement (up to [`MAX_JOINED_UUIDS`] uuids; more are looked up in chunks after it). The
+/// group's transaction already holds the write lock on SQLite (`BEGIN IMMEDIATE`); on
+/// PostgreSQL this statement locks the rows, in (tenant, thread) order, the same in every
+/// runner, so concurrent groups cannot deadlock. Another tenant's thread is not found.
 async fn read_group<'g>(
     tx: &mut sqlx::Transaction<'_, Any>,
     backend: super::Backend,
@@ -551,33 +550,27 @@ async fn read_group<'g>(
     uuids.sort_unstable();
     uuids.dedup();
     // A huge batch's uuids are looked up in chunks instead, below every bind limit.
-    let joined = backend == super::Backend::Postgres && uuids.len() <= MAX_JOINED_UUIDS;
-    let sql = match backend {
-        // A uuid is looked up in every thread of the group; a match in another thread than the
-        // one it was named for is never asked for.
-        super::Backend::Postgres => format!(
-            "WITH locked AS MATERIALIZED (\
-             SELECT threads.thread_key, threads.tenant_id, threads.thread_id, threads.next_seq, \
-             threads.visible_count, threads.context_tokens, s.auto_compact_tokens, s.outline \
-             FROM threads LEFT JOIN thread_settings s ON s.thread_key = threads.thread_key \
-             WHERE {terms} ORDER BY threads.tenant_id, threads.thread_id FOR UPDATE OF threads) \
-             SELECT locked.*, m.uuid, m.seq, m.content_hash FROM locked \
-             LEFT JOIN messages m ON m.thread_key = locked.thread_key AND m.uuid IN ({})",
-            if uuids.is_empty() || !joined {
-                "NULL".to_owned()
-            } else {
-                super::list_placeholders(2 * keys.len() + 1, uuids.len())
-            }
-        ),
-        super::Backend::Sqlite => format!(
-            "UPDATE threads SET next_seq = next_seq WHERE {terms} \
-             RETURNING thread_key, tenant_id, thread_id, next_seq, visible_count, context_tokens, \
-             (SELECT s.auto_compact_tokens FROM thread_settings s \
-              WHERE s.thread_key = threads.thread_key) AS auto_compact_tokens, \
-             (SELECT s.outline FROM thread_settings s \
-              WHERE s.thread_key = threads.thread_key) AS outline"
-        ),
+    let joined = uuids.len() <= MAX_JOINED_UUIDS;
+    let (materialized, lock) = match backend {
+        super::Backend::Postgres => ("MATERIALIZED", "FOR UPDATE OF threads"),
+        super::Backend::Sqlite => ("", ""),
     };
+    // A uuid is looked up in every thread of the group; a match in another thread than the one
+    // it was named for is never asked for.
+    let sql = format!(
+        "WITH locked AS {materialized} (\
+         SELECT threads.thread_key, threads.tenant_id, threads.thread_id, threads.next_seq, \
+         threads.visible_count, threads.context_tokens, s.auto_compact_tokens, s.outline \
+         FROM threads LEFT JOIN thread_settings s ON s.thread_key = threads.thread_key \
+         WHERE {terms} ORDER BY threads.tenant_id, threads.thread_id {lock}) \
+         SELECT locked.*, m.uuid, m.seq, m.content_hash FROM locked \
+         LEFT JOIN messages m ON m.thread_key = locked.thread_key AND m.uuid IN ({})",
+        if uuids.is_empty() || !joined {
+            "NULL".to_owned()
+        } else {
+            super::list_placeholders(2 * keys.len() + 1, uuids.len())
+        }
+    );
     let mut query = sqlx::query(&sql);
     for (tenant, thread_id) in &keys {
         query = query.bind(tenant.to_string()).bind(thread_id.to_string());
@@ -709,31 +702,61 @@ fn plan_append<'g>(
     })
 }
 
-/// Moves the counters of every thread the group wrote to, in one statement.
-async fn update_threads<'a>(
+/// Inserts the group's rows and moves the counters of every thread it wrote to. A group of up
+/// to [`INSERT_CHUNK`] rows, the usual one, takes one call: the two statements sent together on
+/// SQLite, the insert a data-modifying part of the update on PostgreSQL (which takes one
+/// statement a call). Each call to the database is a round trip, or on SQLite two thread
+/// wake-ups, that the group's single writer waits for.
+async fn write_rows<'a>(
     tx: &mut sqlx::Transaction<'_, Any>,
+    backend: super::Backend,
+    rows: &[NewRow<'_>],
     threads: impl Iterator<Item = &'a GroupThread>,
 ) -> Result<(), StoreError> {
     let written: Vec<&GroupThread> = threads.filter(|t| t.updated_at.is_some()).collect();
-    for chunk in written.chunks(INSERT_CHUNK) {
-        let sql = format!(
-            "UPDATE threads SET updated_at = v.column2, next_seq = v.column3, \
-             visible_count = v.column4, context_tokens = v.column5 \
-             FROM (VALUES {}) AS v WHERE threads.thread_key = v.column1",
-            super::values_placeholders(chunk.len(), 5)
-        );
-        let mut query = sqlx::query(&sql);
-        for thread in chunk {
-            query = query
-                .bind(thread.thread_key.clone())
-                .bind(thread.updated_at.unwrap_or_default())
-                .bind(thread.next_seq)
-                .bind(thread.visible_count)
-                .bind(thread.context_tokens);
+    if rows.is_empty() || rows.len() > INSERT_CHUNK || written.len() > INSERT_CHUNK {
+        insert_rows(tx, rows).await?;
+        for chunk in written.chunks(INSERT_CHUNK) {
+            let sql = update_threads_sql(1, chunk.len());
+            bind_thread_counters(sqlx::query(&sql), chunk)
+                .execute(&mut **tx)
+                .await?;
         }
-        query.execute(&mut **tx).await?;
+        return Ok(());
     }
+    let insert = insert_rows_sql(rows.len());
+    let update = update_threads_sql(rows.len() * INSERT_WIDTH + 1, written.len());
+    let sql = match backend {
+        super::Backend::Sqlite => format!("{insert}; {update}"),
+        super::Backend::Postgres => format!("WITH inserted AS ({insert} RETURNING 1) {update}"),
+    };
+    let query = bind_rows(sqlx::query(&sql), rows);
+    bind_thread_counters(query, &written)
+        .execute(&mut **tx)
+        .await?;
     Ok(())
+}
+
+/// The update of `count` threads' counters, its placeholders numbered from `$start`.
+fn update_threads_sql(start: usize, count: usize) -> String {
+    format!(
+        "UPDATE threads SET updated_at = v.column2, next_seq = v.column3, \
+         visible_count = v.column4, context_tokens = v.column5 \
+         FROM (VALUES {}) AS v WHERE threads.thread_key = v.column1",
+        super::values_placeholders_from(start, count, 5)
+    )
+}
+
+fn bind_thread_counters<'q>(mut query: AnyQuery<'q>, threads: &[&GroupThread]) -> AnyQuery<'q> {
+    for thread in threads {
+        query = query
+            .bind(thread.thread_key.clone())
+            .bind(thread.updated_at.unwrap_or_default())
+            .bind(thread.next_seq)
+            .bind(thread.visible_count)
+            .bind(thread.context_tokens);
+    }
+    query
 }
 
 /// Makes entries ready to write (uuid, fingerprint, `created_at`) and inserts them from
@@ -811,27 +834,39 @@ async fn insert_rows(
     rows: &[NewRow<'_>],
 ) -> Result<(), StoreError> {
     for chunk in rows.chunks(INSERT_CHUNK) {
-        let sql = format!(
-            "INSERT INTO messages (thread_key, seq, uuid, kind, subtype, visible_rank, body, content_hash, created_at) VALUES {}",
-            super::values_placeholders(chunk.len(), 9)
-        );
-        let mut insert = sqlx::query(&sql);
-        for row in chunk {
-            let p = row.prepared;
-            insert = insert
-                .bind(row.thread_key.clone())
-                .bind(row.seq)
-                .bind(p.uuid.clone())
-                .bind(p.entry.type_name().to_owned())
-                .bind(p.entry.subtype.clone())
-                .bind(row.visible_rank)
-                .bind(p.body.clone())
-                .bind(p.content_hash.clone())
-                .bind(row.created_at);
-        }
-        insert.execute(&mut **tx).await?;
+        let sql = insert_rows_sql(chunk.len());
+        bind_rows(sqlx::query(&sql), chunk)
+            .execute(&mut **tx)
+            .await?;
     }
     Ok(())
+}
+
+/// Values a message row binds.
+const INSERT_WIDTH: usize = 9;
+
+fn insert_rows_sql(count: usize) -> String {
+    format!(
+        "INSERT INTO messages (thread_key, seq, uuid, kind, subtype, visible_rank, body, content_hash, created_at) VALUES {}",
+        super::values_placeholders(count, INSERT_WIDTH)
+    )
+}
+
+fn bind_rows<'q>(mut query: AnyQuery<'q>, rows: &[NewRow<'_>]) -> AnyQuery<'q> {
+    for row in rows {
+        let p = row.prepared;
+        query = query
+            .bind(row.thread_key.clone())
+            .bind(row.seq)
+            .bind(p.uuid.clone())
+            .bind(p.entry.type_name().to_owned())
+            .bind(p.entry.subtype.clone())
+            .bind(row.visible_rank)
+            .bind(p.body.clone())
+            .bind(p.content_hash.clone())
+            .bind(row.created_at);
+    }
+    query
 }
 
 /// `uuid → (seq, content hash)` of the given uuids that the thread already holds (the import's

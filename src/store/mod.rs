@@ -522,8 +522,14 @@ pub(crate) fn list_placeholders(start: usize, count: usize) -> String {
 
 /// `($1, …, $width), ($width+1, …), …` for a multi-row `VALUES` of `rows` rows.
 pub(crate) fn values_placeholders(rows: usize, width: usize) -> String {
+    values_placeholders_from(1, rows, width)
+}
+
+/// [`values_placeholders`] numbered from `$start`: for a statement that follows others in one
+/// call and shares their numbering.
+pub(crate) fn values_placeholders_from(start: usize, rows: usize, width: usize) -> String {
     (0..rows)
-        .map(|row| format!("({})", list_placeholders(row * width + 1, width)))
+        .map(|row| format!("({})", list_placeholders(start + row * width, width)))
         .collect::<Vec<_>>()
         .join(", ")
 }
