@@ -447,6 +447,9 @@ async fn checkpoint_wal(pool: AnyPool) {
     }
 }
 
+/// How long a PostgreSQL connection may sit in the pool before it is pinged when lent again.
+const IDLE_BEFORE_PING: Duration = Duration::from_secs(1);
+
 /// Opens a pool of at most `max_connections`; SQLite connections get WAL and their durability.
 async fn open_pool(
     backend: Backend,
@@ -458,6 +461,19 @@ async fn open_pool(
     let pool = AnyPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(acquire_timeout)
+        // The pool pings a connection before lending it: a round trip on every request. A
+        // SQLite connection is a file in this process and cannot go away; a PostgreSQL one is
+        // checked only when it sat idle long enough that the server may have dropped it. One
+        // broken while busy fails its statement with a 503 and is dropped when given back.
+        .test_before_acquire(false)
+        .before_acquire(move |conn, meta| {
+            Box::pin(async move {
+                if backend == Backend::Postgres && meta.idle_for >= IDLE_BEFORE_PING {
+                    sqlx::Connection::ping(conn).await?;
+                }
+                Ok(true)
+            })
+        })
         .after_connect(move |conn, _meta| {
             Box::pin(async move {
                 if backend == Backend::Sqlite {
