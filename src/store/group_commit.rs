@@ -22,7 +22,7 @@ use sqlx::pool::PoolConnection;
 use sqlx::{Any, AnyConnection, Connection};
 use tokio::sync::oneshot;
 
-use super::messages::{AppendStep, Planned, PreparedBatch};
+use super::messages::{AppendStep, Bracket, Planned, PreparedBatch};
 use super::{Store, StoreError, TenantId};
 
 /// Most appends written in one group: bounds the transaction and the wait of its last member.
@@ -208,7 +208,12 @@ impl Store {
         };
         let outcome = self.write_group_in(conn, &group).await;
         if !matches!(outcome, Ok(Ok(_))) {
-            *writer = None;
+            if let Some(mut conn) = writer.take() {
+                if self.backend == super::Backend::Sqlite {
+                    // Its transaction may still be open: never lend it again.
+                    conn.close_on_drop();
+                }
+            }
         }
         let plans = match outcome {
             Ok(Ok(plans)) => plans,
@@ -243,20 +248,20 @@ impl Store {
     }
 
     /// Begins, writes and commits the group on `conn`. The outer error is the transaction's own
-    /// (begin or commit failed: nothing is stored); the inner one a statement of the group's,
-    /// after which the transaction was rolled back.
+    /// (begin or commit failed: nothing is stored); the inner one a statement of the group's.
+    /// On SQLite the group's own statements begin and commit (`Bracket::Inline`), so a failed
+    /// statement, the commit included, is an inner error after which the transaction may still
+    /// be open: the caller closes that connection.
     async fn write_group_in(
         &self,
         conn: &mut AnyConnection,
         group: &[QueuedAppend],
     ) -> Result<Result<Vec<Planned>, StoreError>, StoreError> {
-        // On SQLite the write lock is taken first, so the group reads what nobody else (another
-        // process on the file) can change before it writes.
-        let mut tx = match self.backend {
-            super::Backend::Sqlite => conn.begin_with("BEGIN IMMEDIATE").await?,
-            super::Backend::Postgres => conn.begin().await?,
-        };
-        let plans = match self.write_group(&mut tx, group).await {
+        if self.backend == super::Backend::Sqlite {
+            return Ok(self.write_group(conn, group, Bracket::Inline).await);
+        }
+        let mut tx = conn.begin().await?;
+        let plans = match self.write_group(&mut tx, group, Bracket::Caller).await {
             Ok(plans) => plans,
             Err(error) => {
                 let _ = tx.rollback().await;

@@ -12,7 +12,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sqlx::any::AnyRow;
-use sqlx::{Any, Row, Transaction};
+use sqlx::{Any, AnyConnection, Row, Transaction};
 use utoipa::ToSchema;
 
 use super::messages::{entry_from_row, insert_entries};
@@ -160,7 +160,7 @@ fn job_from_row(row: &AnyRow) -> Result<Job, StoreError> {
 /// Inserts a job in the caller's transaction, or returns the pending/running job holding its
 /// dedup key. On PostgreSQL a `NOTIFY` is queued (delivered at commit).
 pub(crate) async fn enqueue_in(
-    tx: &mut Transaction<'_, Any>,
+    conn: &mut AnyConnection,
     backend: Backend,
     new: &NewJob,
     now_ms: i64,
@@ -183,12 +183,12 @@ pub(crate) async fn enqueue_in(
         .bind(new.dedup_key.clone())
         .bind(new.max_attempts.max(1))
         .bind(now_ms)
-        .fetch_optional(&mut **tx)
+        .fetch_optional(&mut *conn)
         .await?;
         if let Some(row) = inserted {
             if backend == Backend::Postgres {
                 sqlx::query(&format!("NOTIFY {NOTIFY_CHANNEL}"))
-                    .execute(&mut **tx)
+                    .execute(&mut *conn)
                     .await?;
             }
             return Ok(EnqueueOutcome {
@@ -200,7 +200,7 @@ pub(crate) async fn enqueue_in(
             "SELECT {JOB_COLUMNS} FROM jobs WHERE dedup_key = $1 AND state IN ('pending', 'running')"
         ))
         .bind(new.dedup_key.clone())
-        .fetch_optional(&mut **tx)
+        .fetch_optional(&mut *conn)
         .await?;
         if let Some(row) = existing {
             let job = job_from_row(&row)?;
@@ -212,7 +212,7 @@ pub(crate) async fn enqueue_in(
                 )
                 .bind(&job.id)
                 .bind(RERUN_PAYLOAD)
-                .execute(&mut **tx)
+                .execute(&mut *conn)
                 .await?;
                 if marked.rows_affected() == 0 {
                     continue;
@@ -246,7 +246,7 @@ pub const AUTO_COMPACTION_RETRY_MAX_MS: i64 = 3_600_000;
 /// than the backoff their number in a row calls for. When the latest worked (the context grew
 /// back since), only the next crossing enqueues.
 pub(crate) async fn auto_compaction_due(
-    tx: &mut Transaction<'_, Any>,
+    conn: &mut AnyConnection,
     thread_key: &str,
     now_ms: i64,
 ) -> Result<bool, StoreError> {
@@ -256,7 +256,7 @@ pub(crate) async fn auto_compaction_due(
     )
     .bind(thread_key)
     .bind(super::KIND_COMPACTION)
-    .fetch_all(&mut **tx)
+    .fetch_all(&mut *conn)
     .await?;
     let mut unproductive = 0_u32;
     let mut newest_at = None;
@@ -302,14 +302,14 @@ pub(crate) fn tree_dedup_key(thread_key: &str) -> String {
 /// Enqueues the thread's tree job (build the missing nodes, advance the outline) in the caller's
 /// transaction, or finds the pending one.
 pub(crate) async fn enqueue_tree_in(
-    tx: &mut Transaction<'_, Any>,
+    conn: &mut AnyConnection,
     backend: Backend,
     tenant: &TenantId,
     thread_key: &str,
     max_attempts: i64,
 ) -> Result<EnqueueOutcome, StoreError> {
     enqueue_in(
-        tx,
+        conn,
         backend,
         &NewJob {
             tenant: tenant.clone(),

@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet};
 
 use sha2::{Digest, Sha256};
 use sqlx::any::AnyRow;
-use sqlx::{Any, Row};
+use sqlx::{Any, AnyConnection, Row};
 
 use super::group_commit::QueuedAppend;
 use super::{now_millis, Store, StoreError, TenantId};
@@ -189,6 +189,16 @@ struct GroupThread {
     known: HashMap<String, (i64, String)>,
 }
 
+/// Who begins and ends a group's transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Bracket {
+    /// The group's own statements do: `BEGIN IMMEDIATE` goes with the read and `COMMIT` with
+    /// the write, two calls fewer. SQLite only, which runs statements sent together in one call.
+    Inline,
+    /// The caller's transaction (PostgreSQL, which takes one statement a call).
+    Caller,
+}
+
 /// The fingerprint of what a client sent: SHA-256 of the entry as Loupe understood it (without
 /// `seq`), so a retry matches whatever spelling or key order it uses.
 pub fn fingerprint(entry: &Entry) -> Result<String, StoreError> {
@@ -271,19 +281,22 @@ impl Store {
         }
     }
 
-    /// Writes a whole group of appends in `tx` with a fixed number of statements, however many
-    /// appends it holds: lock and read the group's threads, look up the uuids they name, insert
-    /// every new row, move every thread's counters. Each append is decided in memory, in queue
-    /// order, against its thread as the earlier appends of the group left it: a refusal or a
-    /// replay writes nothing and leaves the others alone. Jobs the appends trigger are enqueued
-    /// last, in the same transaction. An `Err` is a statement that failed: nothing of the group
-    /// may be kept.
+    /// Writes a whole group of appends with a fixed number of statements, however many appends
+    /// it holds: read the group's threads and the uuids they name, insert every new row, move
+    /// every thread's counters. Each append is decided in memory, in queue order, against its
+    /// thread as the earlier appends of the group left it: a refusal or a replay writes nothing
+    /// and leaves the others alone. Jobs the appends trigger are enqueued before the rows, in the
+    /// same transaction, so that the rows' call can end it. An `Err` is a statement that failed:
+    /// nothing of the group may be kept, and with [`Bracket::Inline`] the transaction may still
+    /// be open.
     pub(super) async fn write_group(
         &self,
-        tx: &mut sqlx::Transaction<'_, Any>,
+        conn: &mut AnyConnection,
         group: &[QueuedAppend],
+        bracket: Bracket,
     ) -> Result<Vec<Planned>, StoreError> {
-        let mut threads = read_group(tx, self.backend, group, self.auto_compact_tokens).await?;
+        let mut threads =
+            read_group(conn, self.backend, group, self.auto_compact_tokens, bracket).await?;
         let mut rows = Vec::new();
         let mut plans: Vec<Planned> = group
             .iter()
@@ -294,8 +307,6 @@ impl Store {
                 None => Planned::Refused(StoreError::ThreadNotFound),
             })
             .collect();
-        write_rows(tx, self.backend, &rows, threads.values()).await?;
-        drop(rows);
         for (append, plan) in group.iter().zip(&mut plans) {
             if let Planned::Write {
                 tokens_before,
@@ -306,11 +317,17 @@ impl Store {
             {
                 let thread = &threads[&thread_of(append)];
                 let jobs = self
-                    .enqueue_triggered_jobs(tx, append, thread, *tokens_before)
+                    .enqueue_triggered_jobs(conn, append, thread, *tokens_before)
                     .await?;
                 *auto_compaction_job = jobs.auto_compaction;
                 *jobs_created = jobs.created;
             }
+        }
+        if plans.iter().any(Planned::writes) {
+            write_rows(conn, self.backend, &rows, threads.values(), bracket).await?;
+        } else if bracket == Bracket::Inline {
+            // Replays and refusals only: nothing to keep.
+            sqlx::query("ROLLBACK").execute(&mut *conn).await?;
         }
         Ok(plans)
     }
@@ -319,7 +336,7 @@ impl Store {
     /// estimate crosses the thread's threshold, the tree job of an outlined thread.
     async fn enqueue_triggered_jobs(
         &self,
-        tx: &mut sqlx::Transaction<'_, Any>,
+        conn: &mut AnyConnection,
         append: &QueuedAppend,
         thread: &GroupThread,
         tokens_before: i64,
@@ -339,10 +356,10 @@ impl Store {
             && !crossed
             && threshold > 0
             && tokens_after >= threshold
-            && super::jobs::auto_compaction_due(tx, &thread.thread_key, now_millis()).await?;
+            && super::jobs::auto_compaction_due(conn, &thread.thread_key, now_millis()).await?;
         if crossed || retry {
             let outcome = super::jobs::enqueue_in(
-                tx,
+                conn,
                 self.backend,
                 &super::NewJob {
                     tenant: append.tenant.clone(),
@@ -360,7 +377,7 @@ impl Store {
         }
         if triggers.outlined {
             let outcome = super::jobs::enqueue_tree_in(
-                tx,
+                conn,
                 self.backend,
                 &append.tenant,
                 &thread.thread_key,
@@ -514,15 +531,17 @@ fn thread_of(append: &QueuedAppend) -> (&str, &str) {
 }
 
 /// Reads every thread the group appends to, with its settings and the uuids the group names, in
-/// one statement (up to [`MAX_JOINED_UUIDS`] uuids; more are looked up in chunks after it). The
-/// group's transaction already holds the write lock on SQLite (`BEGIN IMMEDIATE`); on
-/// PostgreSQL this statement locks the rows, in (tenant, thread) order, the same in every
+/// one statement (up to [`MAX_JOINED_UUIDS`] uuids; more are looked up in chunks after it). On
+/// SQLite the write lock is taken first, by the `BEGIN IMMEDIATE` sent with it
+/// ([`Bracket::Inline`]), so no other process on the file can write between the group's read
+/// and its writes; on PostgreSQL this statement locks the rows, in (tenant, thread) order, the same in every
 /// runner, so concurrent groups cannot deadlock. Another tenant's thread is not found.
 async fn read_group<'g>(
-    tx: &mut sqlx::Transaction<'_, Any>,
+    conn: &mut AnyConnection,
     backend: super::Backend,
     group: &'g [QueuedAppend],
     default_threshold: i64,
+    bracket: Bracket,
 ) -> Result<HashMap<(&'g str, &'g str), GroupThread>, StoreError> {
     let mut keys: Vec<(&str, &str)> = group.iter().map(thread_of).collect();
     keys.sort_unstable();
@@ -555,10 +574,14 @@ async fn read_group<'g>(
         super::Backend::Postgres => ("MATERIALIZED", "FOR UPDATE OF threads"),
         super::Backend::Sqlite => ("", ""),
     };
+    let begin = match bracket {
+        Bracket::Inline => "BEGIN IMMEDIATE; ",
+        Bracket::Caller => "",
+    };
     // A uuid is looked up in every thread of the group; a match in another thread than the one
     // it was named for is never asked for.
     let sql = format!(
-        "WITH locked AS {materialized} (\
+        "{begin}WITH locked AS {materialized} (\
          SELECT threads.thread_key, threads.tenant_id, threads.thread_id, threads.next_seq, \
          threads.visible_count, threads.context_tokens, s.auto_compact_tokens, s.outline \
          FROM threads LEFT JOIN thread_settings s ON s.thread_key = threads.thread_key \
@@ -580,7 +603,7 @@ async fn read_group<'g>(
             query = query.bind(uuid.to_string());
         }
     }
-    let rows = query.fetch_all(&mut **tx).await?;
+    let rows = query.fetch_all(&mut *conn).await?;
     let mut threads: HashMap<(&str, &str), GroupThread> = HashMap::with_capacity(keys.len());
     for row in rows {
         let (tenant, thread_id): (String, String) =
@@ -622,7 +645,7 @@ async fn read_group<'g>(
             .filter_map(|(key, uuid)| Some((threads.get(key)?.thread_key.as_str(), *uuid)))
             .collect();
         named.sort_unstable();
-        for ((thread_key, uuid), found) in stored_hashes_of(tx, &named).await? {
+        for ((thread_key, uuid), found) in stored_hashes_of(conn, &named).await? {
             if let Some(thread) = threads.values_mut().find(|t| t.thread_key == thread_key) {
                 thread.known.insert(uuid, found);
             }
@@ -702,37 +725,49 @@ fn plan_append<'g>(
     })
 }
 
-/// Inserts the group's rows and moves the counters of every thread it wrote to. A group of up
-/// to [`INSERT_CHUNK`] rows, the usual one, takes one call: the two statements sent together on
-/// SQLite, the insert a data-modifying part of the update on PostgreSQL (which takes one
-/// statement a call). Each call to the database is a round trip, or on SQLite two thread
-/// wake-ups, that the group's single writer waits for.
+/// Inserts the group's rows and moves the counters of every thread it wrote to, ending the
+/// transaction too with [`Bracket::Inline`]. A group of up to [`INSERT_CHUNK`] rows, the usual
+/// one, takes one call: the statements sent together on SQLite, the insert a data-modifying part
+/// of the update on PostgreSQL (which takes one statement a call). Each call to the database is
+/// a round trip, or on SQLite two thread wake-ups, that the group's writer waits for.
 async fn write_rows<'a>(
-    tx: &mut sqlx::Transaction<'_, Any>,
+    conn: &mut AnyConnection,
     backend: super::Backend,
     rows: &[NewRow<'_>],
     threads: impl Iterator<Item = &'a GroupThread>,
+    bracket: Bracket,
 ) -> Result<(), StoreError> {
     let written: Vec<&GroupThread> = threads.filter(|t| t.updated_at.is_some()).collect();
+    let commit = match bracket {
+        Bracket::Inline => "; COMMIT",
+        Bracket::Caller => "",
+    };
     if rows.is_empty() || rows.len() > INSERT_CHUNK || written.len() > INSERT_CHUNK {
-        insert_rows(tx, rows).await?;
-        for chunk in written.chunks(INSERT_CHUNK) {
-            let sql = update_threads_sql(1, chunk.len());
+        insert_rows(conn, rows).await?;
+        let mut chunks = written.chunks(INSERT_CHUNK).peekable();
+        while let Some(chunk) = chunks.next() {
+            let end = if chunks.peek().is_none() { commit } else { "" };
+            let sql = format!("{}{end}", update_threads_sql(1, chunk.len()));
             bind_thread_counters(sqlx::query(&sql), chunk)
-                .execute(&mut **tx)
+                .execute(&mut *conn)
                 .await?;
+        }
+        if written.is_empty() && !commit.is_empty() {
+            sqlx::query("COMMIT").execute(&mut *conn).await?;
         }
         return Ok(());
     }
     let insert = insert_rows_sql(rows.len());
     let update = update_threads_sql(rows.len() * INSERT_WIDTH + 1, written.len());
     let sql = match backend {
-        super::Backend::Sqlite => format!("{insert}; {update}"),
-        super::Backend::Postgres => format!("WITH inserted AS ({insert} RETURNING 1) {update}"),
+        super::Backend::Sqlite => format!("{insert}; {update}{commit}"),
+        super::Backend::Postgres => {
+            format!("WITH inserted AS ({insert} RETURNING 1) {update}{commit}")
+        }
     };
     let query = bind_rows(sqlx::query(&sql), rows);
     bind_thread_counters(query, &written)
-        .execute(&mut **tx)
+        .execute(&mut *conn)
         .await?;
     Ok(())
 }
@@ -829,14 +864,11 @@ struct NewRow<'p> {
 }
 
 /// Inserts rows of any threads, [`INSERT_CHUNK`] to a statement.
-async fn insert_rows(
-    tx: &mut sqlx::Transaction<'_, Any>,
-    rows: &[NewRow<'_>],
-) -> Result<(), StoreError> {
+async fn insert_rows(conn: &mut AnyConnection, rows: &[NewRow<'_>]) -> Result<(), StoreError> {
     for chunk in rows.chunks(INSERT_CHUNK) {
         let sql = insert_rows_sql(chunk.len());
         bind_rows(sqlx::query(&sql), chunk)
-            .execute(&mut **tx)
+            .execute(&mut *conn)
             .await?;
     }
     Ok(())
