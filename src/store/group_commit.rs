@@ -17,6 +17,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use sqlx::pool::PoolConnection;
 use sqlx::{Any, AnyConnection, Connection};
@@ -29,6 +30,10 @@ use super::{Store, StoreError, TenantId};
 const MAX_GROUP_APPENDS: usize = 64;
 /// Most entries written in one group; a larger batch still forms a group of its own.
 const MAX_GROUP_ENTRIES: usize = 2_000;
+
+/// Longest a runner keeps the writer connection before giving it back to the pool, whose other
+/// borrowers queue in arrival order: they wait at most this and one group.
+const MAX_WRITER_HOLD: Duration = Duration::from_millis(5);
 
 /// One append waiting for its group.
 pub(super) struct QueuedAppend {
@@ -160,12 +165,21 @@ impl Store {
         }
     }
 
-    /// Writes groups until nobody waits, on one writer connection held for the whole run: taking
-    /// it from the pool and giving it back cost a round trip each (the pool checks a connection
-    /// both ways), which on SQLite's single writer every group would otherwise wait behind.
+    /// Writes groups until nobody waits, on one writer connection held across groups: taking it
+    /// from the pool and giving it back cost a round trip each (the pool checks a connection
+    /// both ways), which on SQLite's single writer every group would otherwise wait behind. It
+    /// is given back at least every [`MAX_WRITER_HOLD`], so that the pool's other writers (new
+    /// threads, settings, jobs) take their turn even while appends never stop coming.
     async fn run_groups(&self) {
         let mut writer = None;
+        let mut held_since = Instant::now();
         while let Some(group) = self.group_commit.next_group() {
+            if writer.is_some() && held_since.elapsed() >= MAX_WRITER_HOLD {
+                writer = None;
+            }
+            if writer.is_none() {
+                held_since = Instant::now();
+            }
             let Err((group, error)) = self.commit_group(&mut writer, group).await else {
                 continue;
             };

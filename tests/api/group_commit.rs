@@ -6,7 +6,9 @@ use std::collections::BTreeSet;
 use crate::common::{assistant, user, TestApp};
 use futures_util::future::join_all;
 use loupe::history::Entry;
-use loupe::store::{AppendOutcome, AppendRequest, Store, StoreError, StoreOptions, TenantId};
+use loupe::store::{
+    AppendOutcome, AppendRequest, NewThread, Store, StoreError, StoreOptions, TenantId,
+};
 
 on_both_backends!(
     concurrent_appends_share_commits_and_store_exactly_what_was_sent,
@@ -14,6 +16,7 @@ on_both_backends!(
     appends_to_one_thread_in_one_group_see_each_other_in_queue_order,
     a_statement_that_fails_fails_only_its_own_append,
     a_batch_of_thousands_of_named_uuids_replays_and_conflicts,
+    other_writes_get_their_turn_while_appends_never_stop,
 );
 
 fn entries(values: Vec<serde_json::Value>) -> Vec<Entry> {
@@ -397,5 +400,54 @@ async fn a_batch_of_thousands_of_named_uuids_replays_and_conflicts(app: TestApp)
         Err(StoreError::UuidConflict { seq: 2_499, .. })
     ));
     assert_eq!(stored(&app, &thread).await.len(), 2_500);
+    app.finish().await;
+}
+
+/// A runner keeps its connection while groups wait, but not for ever: with more appenders than a
+/// group holds, the queue is never empty, and a write that needs the same connection (SQLite's one
+/// writer) must still get its turn while they go on.
+async fn other_writes_get_their_turn_while_appends_never_stop(app: TestApp) {
+    const APPENDERS: usize = 80;
+    let thread = app.thread("flooded").await;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let appenders: Vec<_> = (0..APPENDERS)
+        .map(|a| {
+            let (store, thread, stop) = (app.store.clone(), thread.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut appended = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    append_to(&store, &thread, turn(a, appended), None)
+                        .await
+                        .unwrap();
+                    appended += 1;
+                }
+                appended
+            })
+        })
+        .collect();
+    // Let the flood start, so that groups are queued behind one another.
+    while app.store.group_commit_stats().groups < 3 {
+        tokio::task::yield_now().await;
+    }
+    let created = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        app.store.create_thread(
+            &TenantId::default_tenant(),
+            NewThread {
+                id: Some("meanwhile".to_owned()),
+                metadata: Default::default(),
+            },
+        ),
+    )
+    .await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut appended = 0;
+    for appender in appenders {
+        appended += appender.await.unwrap();
+    }
+    created
+        .expect("a thread is created while the appends go on")
+        .unwrap();
+    assert!(appended > APPENDERS, "the appends went on: {appended}");
     app.finish().await;
 }
