@@ -342,6 +342,8 @@ impl Store {
         tokens_before: i64,
     ) -> Result<TriggeredJobs, StoreError> {
         let mut jobs = TriggeredJobs::default();
+        // One time for the backoff's check and the job it may enqueue.
+        let now = now_millis();
         let triggers = &thread.triggers;
         // An outlined thread is never auto-compacted: its outline keeps the context small, and a
         // compact boundary in its tail would cut the tail short.
@@ -356,7 +358,7 @@ impl Store {
             && !crossed
             && threshold > 0
             && tokens_after >= threshold
-            && super::jobs::auto_compaction_due(conn, &thread.thread_key, now_millis()).await?;
+            && super::jobs::auto_compaction_due(conn, &thread.thread_key, now).await?;
         if crossed || retry {
             let outcome = super::jobs::enqueue_in(
                 conn,
@@ -369,7 +371,7 @@ impl Store {
                     dedup_key: Some(super::jobs::compaction_dedup_key(&thread.thread_key)),
                     max_attempts: self.job_max_attempts,
                 },
-                now_millis(),
+                now,
             )
             .await?;
             jobs.created |= outcome.created;
