@@ -8,9 +8,12 @@
 //! memory, in queue order, and the group's rows and counters are written at once. A replay or a
 //! refused append (conflict, unknown thread) writes nothing, and the others of its group still
 //! commit. If a statement fails, the group is rolled back and each of its appends is written
-//! alone, so only the one at fault fails. Nobody is answered before the group's commit returns,
-//! so an acknowledged append is as durable as a single-append transaction; if the commit fails,
-//! every append of the group is answered with the error and a retry is idempotent as always.
+//! alone, so only the one at fault fails; a failure of the database itself (busy, gone,
+//! restarting) is answered to every append of the group at once instead. Nobody is answered
+//! before the group's commit returns, so an acknowledged append is as durable as a
+//! single-append transaction; if the commit fails, every append of the group is answered with
+//! the error (on SQLite, where the commit is one of the group's statements, split as above)
+//! and a retry is idempotent as always.
 //!
 //! A group locks its threads in (tenant, thread) order, so the groups of concurrent runners
 //! (PostgreSQL) cannot deadlock.
@@ -31,9 +34,27 @@ const MAX_GROUP_APPENDS: usize = 64;
 /// Most entries written in one group; a larger batch still forms a group of its own.
 const MAX_GROUP_ENTRIES: usize = 2_000;
 
-/// Longest a runner keeps the writer connection before giving it back to the pool, whose other
-/// borrowers queue in arrival order: they wait at most this and one group.
+/// How long a runner keeps the writer connection before it gives it back, at the next group, to
+/// the pool, whose other borrowers queue in arrival order.
 const MAX_WRITER_HOLD: Duration = Duration::from_millis(5);
+
+/// A runner's writer connection. While a group's transaction may be open on it, letting it go
+/// (after a failure, or a panic unwinding the runner) closes it instead of lending it again: on
+/// SQLite the transaction is the group's own statements', unknown to sqlx, and would keep the
+/// write lock.
+#[derive(Default)]
+struct Writer {
+    conn: Option<PoolConnection<Any>>,
+    in_transaction: bool,
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        if let (true, Some(conn)) = (self.in_transaction, self.conn.as_mut()) {
+            conn.close_on_drop();
+        }
+    }
+}
 
 /// One append waiting for its group.
 pub(super) struct QueuedAppend {
@@ -166,18 +187,19 @@ impl Store {
     }
 
     /// Writes groups until nobody waits, on one writer connection held across groups: taking it
-    /// from the pool and giving it back cost a round trip each (the pool checks a connection
-    /// both ways), which on SQLite's single writer every group would otherwise wait behind. It
-    /// is given back at least every [`MAX_WRITER_HOLD`], so that the pool's other writers (new
-    /// threads, settings, jobs) take their turn even while appends never stop coming.
+    /// from the pool and giving it back cost a call each (the pool pings a connection given
+    /// back), which on SQLite's single writer the next group would otherwise wait behind. Once
+    /// it has been held [`MAX_WRITER_HOLD`], it is given back before the next group, so that the
+    /// pool's other writers (new threads, settings, jobs) take their turn even while appends
+    /// never stop coming.
     async fn run_groups(&self) {
-        let mut writer = None;
+        let mut writer = Writer::default();
         let mut held_since = Instant::now();
         while let Some(group) = self.group_commit.next_group() {
-            if writer.is_some() && held_since.elapsed() >= MAX_WRITER_HOLD {
-                writer = None;
+            if writer.conn.is_some() && held_since.elapsed() >= MAX_WRITER_HOLD {
+                writer.conn = None;
             }
-            if writer.is_none() {
+            if writer.conn.is_none() {
                 held_since = Instant::now();
             }
             let Err((group, error)) = self.commit_group(&mut writer, group).await else {
@@ -185,6 +207,13 @@ impl Store {
             };
             if group.len() == 1 {
                 answer_error(group, error);
+                continue;
+            }
+            if error.is_transient() {
+                // The database, not an append, is at fault (busy, gone, restarting): alone, each
+                // would only wait for the same failure again.
+                let replies = group.into_iter().map(|append| append.reply);
+                answer_failed(replies, &error);
                 continue;
             }
             // A statement failed, so nothing of the group was kept. Which append it was is not
@@ -203,16 +232,17 @@ impl Store {
     /// One transaction for the whole group (`Store::write_group`) on the runner's connection,
     /// taken from the pool when it has none; answers each append once the transaction's fate is
     /// known. A statement that failed gives the group back, unanswered. After any failure the
-    /// connection goes back to the pool, whose check drops it if it is broken.
+    /// connection is let go: on PostgreSQL back to the pool, whose ping drops it if it is broken;
+    /// on SQLite closed, since the failure may have left its transaction open.
     async fn commit_group(
         &self,
-        writer: &mut Option<PoolConnection<Any>>,
+        writer: &mut Writer,
         group: Vec<QueuedAppend>,
     ) -> Result<(), (Vec<QueuedAppend>, StoreError)> {
-        let conn = match writer {
+        let conn = match &mut writer.conn {
             Some(conn) => conn,
             None => match self.writer.acquire().await {
-                Ok(conn) => writer.insert(conn),
+                Ok(conn) => writer.conn.insert(conn),
                 Err(error) => {
                     let replies = group.into_iter().map(|append| append.reply);
                     answer_failed(replies, &error.into());
@@ -220,13 +250,15 @@ impl Store {
                 }
             },
         };
+        writer.in_transaction = true;
         let outcome = self.write_group_in(conn, &group).await;
-        if !matches!(outcome, Ok(Ok(_))) {
-            if let Some(mut conn) = writer.take() {
-                if self.backend == super::Backend::Sqlite {
-                    // Its transaction may still be open: never lend it again.
-                    conn.close_on_drop();
-                }
+        if matches!(outcome, Ok(Ok(_))) {
+            writer.in_transaction = false;
+        } else {
+            let mut failed = std::mem::take(writer);
+            if self.backend == super::Backend::Postgres {
+                // sqlx's transaction has rolled back.
+                failed.in_transaction = false;
             }
         }
         let plans = match outcome {

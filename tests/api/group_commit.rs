@@ -17,6 +17,7 @@ on_both_backends!(
     a_statement_that_fails_fails_only_its_own_append,
     a_batch_of_thousands_of_named_uuids_replays_and_conflicts,
     other_writes_get_their_turn_while_appends_never_stop,
+    a_group_that_writes_nothing_leaves_no_transaction_open,
 );
 
 fn entries(values: Vec<serde_json::Value>) -> Vec<Entry> {
@@ -449,5 +450,41 @@ async fn other_writes_get_their_turn_while_appends_never_stop(app: TestApp) {
         .expect("a thread is created while the appends go on")
         .unwrap();
     assert!(appended > APPENDERS, "the appends went on: {appended}");
+    app.finish().await;
+}
+
+/// A group whose appends are all refused or replayed writes nothing and must still end its
+/// transaction: on SQLite the group's own statements open it, and a connection given back with
+/// it open would swallow the next writer's work, lost when that transaction is thrown away.
+async fn a_group_that_writes_nothing_leaves_no_transaction_open(app: TestApp) {
+    let thread = app.thread("kept").await;
+    append(&app, &thread, turn(0, 0), None).await.unwrap();
+    let replayed = append(&app, &thread, turn(0, 0), None).await.unwrap();
+    assert!(replayed.replayed);
+    let refused = append(&app, "no-such-thread", turn(1, 0), None).await;
+    assert!(
+        matches!(refused, Err(StoreError::ThreadNotFound)),
+        "{refused:?}"
+    );
+    let tenant = TenantId::default_tenant();
+    let new = NewThread {
+        id: Some("after".to_owned()),
+        metadata: Default::default(),
+    };
+    app.store.create_thread(&tenant, new).await.unwrap();
+    let next = append(&app, "after", turn(2, 0), None).await.unwrap();
+    assert_eq!(next.next_seq, 2);
+    // Read on a connection of its own, as after a restart: both writes were committed.
+    let reopened = Store::connect(&StoreOptions::new(&app.url)).await.unwrap();
+    assert_eq!(
+        reopened.get_thread(&tenant, "after").await.unwrap().id,
+        "after"
+    );
+    let page = reopened
+        .list_messages(&tenant, "after", None, 10)
+        .await
+        .unwrap();
+    assert_eq!(page.messages.len(), 2);
+    reopened.close().await;
     app.finish().await;
 }
