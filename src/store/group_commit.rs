@@ -250,16 +250,13 @@ impl Store {
                 }
             },
         };
-        writer.in_transaction = true;
+        // Only SQLite's transaction is the group's own; sqlx rolls its own back when dropped.
+        writer.in_transaction = self.backend == super::Backend::Sqlite;
         let outcome = self.write_group_in(conn, &group).await;
         if matches!(outcome, Ok(Ok(_))) {
             writer.in_transaction = false;
         } else {
-            let mut failed = std::mem::take(writer);
-            if self.backend == super::Backend::Postgres {
-                // sqlx's transaction has rolled back.
-                failed.in_transaction = false;
-            }
+            drop(std::mem::take(writer));
         }
         let plans = match outcome {
             Ok(Ok(plans)) => plans,

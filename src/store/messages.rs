@@ -536,8 +536,9 @@ fn thread_of(append: &QueuedAppend) -> (&str, &str) {
 /// one statement (up to [`MAX_JOINED_UUIDS`] uuids; more are looked up in chunks after it). On
 /// SQLite the write lock is taken first, by the `BEGIN IMMEDIATE` sent with it
 /// ([`Bracket::Inline`]), so no other process on the file can write between the group's read
-/// and its writes; on PostgreSQL this statement locks the rows, in (tenant, thread) order, the same in every
-/// runner, so concurrent groups cannot deadlock. Another tenant's thread is not found.
+/// and its writes; on PostgreSQL this statement locks the rows, in (tenant, thread) order, the
+/// same in every runner, so concurrent groups cannot deadlock. Another tenant's thread is not
+/// found.
 async fn read_group<'g>(
     conn: &mut AnyConnection,
     backend: super::Backend,
@@ -728,10 +729,10 @@ fn plan_append<'g>(
 }
 
 /// Inserts the group's rows and moves the counters of every thread it wrote to, ending the
-/// transaction too with [`Bracket::Inline`]. A group of up to [`INSERT_CHUNK`] rows, the usual
-/// one, takes one call: the statements sent together on SQLite, the insert a data-modifying part
-/// of the update on PostgreSQL (which takes one statement a call). Each call to the database is
-/// a round trip, or on SQLite two thread wake-ups, that the group's writer waits for.
+/// transaction too with [`Bracket::Inline`], in one call: the statements sent together on
+/// SQLite, the insert a data-modifying part of the update on PostgreSQL (which takes one
+/// statement a call). Only rows past the first [`INSERT_CHUNK`] take calls of their own. Each
+/// call is a round trip, or on SQLite two thread wake-ups, that the group's writer waits for.
 async fn write_rows<'a>(
     conn: &mut AnyConnection,
     backend: super::Backend,
@@ -740,34 +741,24 @@ async fn write_rows<'a>(
     bracket: Bracket,
 ) -> Result<(), StoreError> {
     let written: Vec<&GroupThread> = threads.filter(|t| t.updated_at.is_some()).collect();
+    // A group holds at most 64 appends, so its counters always fit one statement.
+    debug_assert!(written.len() <= INSERT_CHUNK);
     let commit = match bracket {
         Bracket::Inline => "; COMMIT",
         Bracket::Caller => "",
     };
-    if rows.is_empty() || rows.len() > INSERT_CHUNK || written.len() > INSERT_CHUNK {
-        insert_rows(conn, rows).await?;
-        let mut chunks = written.chunks(INSERT_CHUNK).peekable();
-        while let Some(chunk) = chunks.next() {
-            let end = if chunks.peek().is_none() { commit } else { "" };
-            let sql = format!("{}{end}", update_threads_sql(1, chunk.len()));
-            bind_thread_counters(sqlx::query(&sql), chunk)
-                .execute(&mut *conn)
-                .await?;
-        }
-        if written.is_empty() && !commit.is_empty() {
-            sqlx::query("COMMIT").execute(&mut *conn).await?;
-        }
-        return Ok(());
-    }
-    let insert = insert_rows_sql(rows.len());
-    let update = update_threads_sql(rows.len() * INSERT_WIDTH + 1, written.len());
+    let (earlier, last) = rows.split_at(rows.len().saturating_sub(1) / INSERT_CHUNK * INSERT_CHUNK);
+    insert_rows(conn, earlier).await?;
+    let update = update_threads_sql(last.len() * INSERT_WIDTH + 1, written.len());
+    let insert = insert_rows_sql(last.len());
     let sql = match backend {
+        _ if last.is_empty() => format!("{update}{commit}"),
         super::Backend::Sqlite => format!("{insert}; {update}{commit}"),
         super::Backend::Postgres => {
             format!("WITH inserted AS ({insert} RETURNING 1) {update}{commit}")
         }
     };
-    let query = bind_rows(sqlx::query(&sql), rows);
+    let query = bind_rows(sqlx::query(&sql), last);
     bind_thread_counters(query, &written)
         .execute(&mut *conn)
         .await?;
