@@ -109,6 +109,16 @@ async fn release(mut conn: sqlx::AnyConnection) {
     sqlx::query("COMMIT").execute(&mut conn).await.unwrap();
 }
 
+/// Runs `statements` on a connection of their own (the test's schema changes).
+async fn run_as_admin(app: &TestApp, statements: &[&str]) {
+    sqlx::any::install_default_drivers();
+    let admin = sqlx::AnyPool::connect(&app.url).await.unwrap();
+    for statement in statements {
+        sqlx::query(statement).execute(&admin).await.unwrap();
+    }
+    admin.close().await;
+}
+
 /// Every stored `(seq, uuid)` of a thread, in seq order.
 async fn stored(app: &TestApp, thread: &str) -> Vec<(i64, String)> {
     let page = app
@@ -328,8 +338,6 @@ async fn appends_to_one_thread_in_one_group_see_each_other_in_queue_order(app: T
 /// time, so only the append at fault fails. The fault is the database's own: a trigger that
 /// refuses one uuid.
 async fn a_statement_that_fails_fails_only_its_own_append(app: TestApp) {
-    sqlx::any::install_default_drivers();
-    let admin = sqlx::AnyPool::connect(&app.url).await.unwrap();
     let refuse = match app.backend {
         crate::common::Backend::Sqlite => vec![
             "CREATE TRIGGER refuse_poison BEFORE INSERT ON messages WHEN NEW.uuid = 'poison' \
@@ -343,10 +351,7 @@ async fn a_statement_that_fails_fails_only_its_own_append(app: TestApp) {
              FOR EACH ROW EXECUTE FUNCTION refuse_poison()",
         ],
     };
-    for statement in refuse {
-        sqlx::query(statement).execute(&admin).await.unwrap();
-    }
-    admin.close().await;
+    run_as_admin(&app, &refuse).await;
     let (a, b) = (app.thread("left").await, app.thread("right").await);
     let store = one_runner_store(&app).await;
     let before = store.group_commit_stats();
@@ -486,5 +491,45 @@ async fn a_group_that_writes_nothing_leaves_no_transaction_open(app: TestApp) {
         .unwrap();
     assert_eq!(page.messages.len(), 2);
     reopened.close().await;
+    app.finish().await;
+}
+
+/// A failure of the database itself (here PostgreSQL's serialization failure, class 40) is no
+/// append's fault: the whole group is answered with it at once, for the clients to retry, instead
+/// of being split and written again one append at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transient_failure_answers_the_whole_group_at_once() {
+    let app = TestApp::new(crate::common::Backend::Postgres).await;
+    let contend = [
+        "CREATE FUNCTION contend() RETURNS trigger AS $$ BEGIN \
+         IF NEW.uuid = 'contended' THEN \
+         RAISE EXCEPTION 'could not serialize' USING ERRCODE = '40001'; END IF; \
+         RETURN NEW; END $$ LANGUAGE plpgsql",
+        "CREATE TRIGGER contend BEFORE INSERT ON messages FOR EACH ROW EXECUTE FUNCTION contend()",
+    ];
+    run_as_admin(&app, &contend).await;
+    let (a, b) = (app.thread("left").await, app.thread("right").await);
+    let store = one_runner_store(&app).await;
+    let before = store.group_commit_stats();
+    let contended = entries(vec![user("contended", "this row meets a conflict")]);
+    let lock = hold_append_lock(&app, &a).await;
+    let appends = join_all([
+        append_to(&store, &a, turn(1, 0), None),
+        append_to(&store, &b, contended, None),
+        append_to(&store, &b, turn(2, 0), None),
+    ]);
+    let (results, ()) = tokio::join!(appends, release(lock));
+    let after = store.group_commit_stats();
+    store.close().await;
+    // The first append ran alone while the lock was held, or in the group with the other two.
+    if let Err(error) = &results[0] {
+        assert!(error.is_transient(), "{error}");
+    }
+    for result in &results[1..] {
+        let error = result.as_ref().unwrap_err();
+        assert!(error.is_transient(), "{error}");
+    }
+    assert_eq!(after.split_groups, before.split_groups, "nothing was split");
+    assert!(stored(&app, &b).await.is_empty());
     app.finish().await;
 }
