@@ -13,8 +13,9 @@
 //!   queue through [`set_jobs_queued`] and [`job_finished`].
 //! - `loupe_rate_limited_total` and `loupe_overloaded_total`: requests refused by the guard rails.
 //! - `loupe_context_reads_total{path}`: context reads that went on from a cached checkpoint
-//!   (`incremental`) or normalized the whole window (`full`); `loupe_context_fallbacks_total{reason}`:
-//!   reads that had a checkpoint but could not use it; `loupe_context_cache_bytes` (gauge): what
+//!   (`incremental`), normalized a window of more than one page a page at a time (`paged`), or
+//!   normalized the whole window at once (`full`); `loupe_context_fallbacks_total{reason}`: reads
+//!   that had a checkpoint, or pages, but could not use them; `loupe_context_cache_bytes` (gauge): what
 //!   the cached checkpoints weigh.
 
 use std::sync::OnceLock;

@@ -21,12 +21,14 @@ use super::{AppState, ExpensiveSlot, Tenant};
 use crate::history::ingest::{check_entry, MAX_UUID_LEN};
 use crate::history::model::Entry;
 use crate::history::normalize::ids::{is_valid_tool_name, TOOL_NAME_RULE};
-use crate::history::normalize::incremental::{Checkpoint, NormalizedJson, TailRun, NOT_REPRODUCED};
+use crate::history::normalize::incremental::{
+    Checkpoint, NormalizedJson, PagedRead, TailRun, NOT_REPRODUCED,
+};
 use crate::history::normalize::{ContextEstimate, Fallback};
 use crate::history::{
     group_rounds, normalize, NormalizeOptions, Normalized, Provider, Round, ThinkingMode,
 };
-use crate::store::{AppendRequest, ContextTail, ContextWindow};
+use crate::store::{AppendRequest, ContextTail, ContextWindow, TenantId, WindowBounds};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -318,12 +320,97 @@ pub async fn get_context(
         // can.
         drop(cache.take(&key));
     }
-    let window = state
-        .store
-        .context_window(&tenant, &path.thread_id, None)
+    paged_read(&state, &tenant, &path.thread_id, options, cache, key).await
+}
+
+/// Most pages' worth of entries a paged read keeps waiting for a cut before it reads the whole
+/// window instead (each page normalizes the waiting entries again).
+const MAX_PENDING_PAGES: usize = 8;
+
+/// A read that finds no checkpoint: the window a page at a time ([`PagedRead`]), so what it
+/// holds parsed is a page, not the window. The pages are read up to the window's end as its
+/// bounds saw it, so an append meanwhile does not land in the answer without its `next_seq`.
+/// When the pages cannot be read so (a later page changes what an earlier one normalized), the
+/// whole window is read at once. Either way the read leaves a checkpoint when it can.
+async fn paged_read(
+    state: &AppState,
+    tenant: &TenantId,
+    thread_id: &str,
+    options: NormalizeOptions,
+    cache: Arc<ContextCache>,
+    key: ContextKey,
+) -> Result<Response, ApiError> {
+    let bounds = state.store.window_bounds(tenant, thread_id, None).await?;
+    let page_entries = state.limits.context_page_entries.max(1);
+    let mut read = PagedRead::new(options.clone(), page_entries * MAX_PENDING_PAGES);
+    let mut from = bounds.start_seq;
+    let mut pages = 0;
+    loop {
+        pages += 1;
+        let to = from
+            .saturating_add(page_entries as i64)
+            .min(bounds.next_seq);
+        let page = state.store.window_page(&bounds, from, to).await?;
+        if to >= bounds.next_seq {
+            let (cache, key) = (cache.clone(), key.clone());
+            let answer =
+                off_the_executor(move || finish_read(read, page, &bounds, pages, &cache, key))
+                    .await??;
+            if let Ok(body) = answer {
+                return Ok(json_response(body));
+            }
+            break;
+        }
+        let fed = off_the_executor(move || {
+            let fed = read.feed(page);
+            fed.map(|()| read)
+        })
         .await?;
+        match fed {
+            Ok(fed) => read = fed,
+            Err(Fallback(reason)) => {
+                crate::metrics::context_fallback(reason);
+                break;
+            }
+        }
+        from = to;
+    }
+    let window = state.store.context_window(tenant, thread_id, None).await?;
     let body = off_the_executor(move || full_read(window, &options, &cache, key)).await??;
     Ok(json_response(body))
+}
+
+/// [`paged_read`]'s last page: the body, and the checkpoint left in the cache; `Ok(Err(_))` when
+/// the pages cannot answer.
+fn finish_read(
+    read: PagedRead,
+    last: Vec<Entry>,
+    bounds: &WindowBounds,
+    pages: usize,
+    cache: &Arc<ContextCache>,
+    key: ContextKey,
+) -> Result<Result<Vec<u8>, Fallback>, ApiError> {
+    let (checkpoint, run, moved) = match read.finish(last) {
+        Ok(done) => done,
+        Err(fallback) => {
+            crate::metrics::context_fallback(fallback.0);
+            return Ok(Err(fallback));
+        }
+    };
+    crate::metrics::context_read(if pages > 1 { "paged" } else { "full" });
+    let body = context_body(&run, &checkpoint, bounds.next_seq)?;
+    // An earlier page may have moved it even when the last did not.
+    if checkpoint.resume_seq().is_some() && moved != Err(NOT_REPRODUCED) {
+        cache.put(
+            key,
+            CachedContext {
+                thread_key: bounds.thread_key.clone(),
+                window_start: bounds.start_seq,
+                checkpoint,
+            },
+        );
+    }
+    Ok(Ok(body))
 }
 
 /// The body of a context answer, written from a checkpoint's serialized prefix and the run over
@@ -399,8 +486,8 @@ fn continue_read(
     Ok(Ok(body))
 }
 
-/// A read of the whole window, from scratch; it leaves a checkpoint in the cache when the window
-/// holds a closed round to end one at.
+/// A read of the whole window at once, from scratch, when [`paged_read`] cannot page it; it
+/// leaves a checkpoint in the cache when the window holds a closed round to end one at.
 fn full_read(
     window: ContextWindow,
     options: &NormalizeOptions,

@@ -79,6 +79,9 @@ pub struct Limits {
     /// Bytes of normalized context prefixes kept in memory, so a context read normalizes only
     /// what was appended since the last one (0: every read normalizes the whole window).
     pub context_cache_bytes: usize,
+    /// Entries a context read that finds no checkpoint fetches and normalizes at a time: what it
+    /// holds parsed at once, whatever the length of the window.
+    pub context_page_entries: usize,
 }
 
 impl Limits {
@@ -103,6 +106,7 @@ impl Limits {
         max_connections: 1_024,
         header_read_timeout: Duration::from_secs(10),
         context_cache_bytes: 256 * 1024 * 1024,
+        context_page_entries: 1_024,
     };
 }
 

@@ -24,6 +24,7 @@ on_both_backends!(
     a_tenants_cached_context_never_answers_another_tenant,
     concurrent_reads_of_a_thread_all_go_on_from_its_checkpoint,
     a_checkpoint_that_cannot_answer_leaves_the_cache,
+    a_window_read_in_pages_answers_as_a_whole_read,
 );
 
 /// The options every step is read with.
@@ -48,7 +49,12 @@ fn services(app: &TestApp, auth: impl Fn() -> AuthMode) -> Services {
         rate_limit_per_sec: 0.0,
         ..Limits::default()
     };
-    let state = AppState::new(app.store.clone(), limits.clone(), auth());
+    // Small pages, so a read that finds no checkpoint reads these short threads in pages.
+    let paged = Limits {
+        context_page_entries: 3,
+        ..limits.clone()
+    };
+    let state = AppState::new(app.store.clone(), paged, auth());
     let cache = state.context_cache.clone();
     let uncached = AppState::new(
         app.store.clone(),
@@ -107,14 +113,19 @@ async fn same_answers(s: &Services, key: Option<&str>, thread: &str, step: &str)
     }
 }
 
-/// `loupe_context_reads_total{path="incremental"}` in the process's metrics (other tests add to
-/// it too, so only its growth by at least some count says something).
-fn incremental_reads() -> u64 {
+/// `loupe_context_reads_total{path}` in the process's metrics (other tests add to it too, so
+/// only its growth by at least some count says something).
+fn context_reads(path: &str) -> u64 {
+    let series = format!("loupe_context_reads_total{{path=\"{path}\"}}");
     loupe::metrics::render()
         .lines()
-        .find(|l| l.starts_with("loupe_context_reads_total{path=\"incremental\"}"))
+        .find(|l| l.starts_with(&series))
         .and_then(|l| l.rsplit(' ').next()?.parse().ok())
         .unwrap_or(0)
+}
+
+fn incremental_reads() -> u64 {
+    context_reads("incremental")
 }
 
 /// A response `id` streamed as fragments: text, then tool calls each followed by its result.
@@ -417,4 +428,46 @@ async fn a_checkpoint_that_cannot_answer_leaves_the_cache(app: TestApp) {
     assert_eq!(s.cache.size().0, 0, "the stale checkpoints were dropped");
     assert_eq!(s.cache.hits(), hits, "no read was answered from it");
     app.finish().await;
+}
+
+/// A read that finds no checkpoint reads a long window in pages of 3 (the services' setting):
+/// the same bytes as the uncached service's whole read, for every option set, and a checkpoint
+/// left for the next read. A snip naming an early message, read in a later page, makes the pages
+/// unusable: that read reads the whole window, and answers the same.
+async fn a_window_read_in_pages_answers_as_a_whole_read(app: TestApp) {
+    let s = services(&app, || AuthMode::Open);
+    let thread = thread_with_rounds(&app, &s, "long", 12).await;
+    let paged = context_reads("paged");
+    same_answers(&s, None, &thread, "read in pages").await;
+    assert!(
+        context_reads("paged") - paged >= QUERIES.len() as u64,
+        "each option set's first read went through pages"
+    );
+    assert_eq!(s.cache.size().0, QUERIES.len(), "each left a checkpoint");
+
+    let snip = app
+        .post(
+            &format!("/v1/threads/{thread}/snip"),
+            json!({"uuids": ["r1-t"]}),
+        )
+        .await;
+    assert_eq!(snip.status, StatusCode::CREATED, "{}", snip.body);
+    let fresh = services(&app, || AuthMode::Open);
+    let fallbacks = snip_fallbacks();
+    same_answers(&fresh, None, &thread, "a snip found in a later page").await;
+    assert!(
+        snip_fallbacks() - fallbacks >= QUERIES.len() as u64,
+        "the pages met the snip"
+    );
+    app.finish().await;
+}
+
+/// Reads whose pages (or checkpoint) met a snip of an entry before them.
+fn snip_fallbacks() -> u64 {
+    let series = "loupe_context_fallbacks_total{reason=\"a snip hides an entry before the tail\"}";
+    loupe::metrics::render()
+        .lines()
+        .find(|l| l.starts_with(series))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0)
 }

@@ -15,7 +15,7 @@
 //! checkpoint, every later read goes on from it, so the incremental path is known to be taken.
 
 use crate::chaos::{self, MODELS};
-use loupe::history::normalize::incremental::{Checkpoint, NOT_REPRODUCED};
+use loupe::history::normalize::incremental::{Checkpoint, PagedRead, NOT_REPRODUCED};
 use loupe::history::normalize::{estimate_context, Fallback};
 use loupe::history::{
     normalize, Entry, MicrocompactOptions, NormalizeOptions, Provider, ThinkingMode,
@@ -210,6 +210,50 @@ fn ends(len: usize, points: &[Index]) -> Vec<usize> {
     ends
 }
 
+/// Reads the whole of `entries` a page at a time, the pages ending at `ends` (ascending, the last
+/// at the end), as a read that finds no checkpoint does: equal to `normalize`, or a fallback
+/// (returned, for the caller to judge). The checkpoint it leaves must hold its tail exactly.
+fn read_in_pages(
+    entries: &[Entry],
+    ends: &[usize],
+    opts: &NormalizeOptions,
+    max_pending: usize,
+) -> Result<Option<Fallback>, TestCaseError> {
+    let mut read = PagedRead::new(opts.clone(), max_pending);
+    let mut start = 0;
+    for &end in &ends[..ends.len() - 1] {
+        if let Err(fallback) = read.feed(entries[start..end].to_vec()) {
+            prop_assert!(
+                fallback != NOT_REPRODUCED,
+                "not reproduced (options {:?})",
+                opts
+            );
+            return Ok(Some(fallback));
+        }
+        start = end;
+    }
+    let (checkpoint, run, moved) = match read.finish(entries[start..].to_vec()) {
+        Ok(done) => done,
+        Err(fallback) => return Ok(Some(fallback)),
+    };
+    prop_assert!(
+        moved != Err(NOT_REPRODUCED),
+        "not reproduced (options {:?})",
+        opts
+    );
+    let expected = serde_json::to_value(normalize(entries, opts)).unwrap();
+    prop_assert_eq!(
+        &serde_json::to_value(run.json(&checkpoint)).unwrap(),
+        &expected,
+        "read in pages ending at {:?} (options {:?})\nhistory:\n{}",
+        ends,
+        opts,
+        dump(entries)
+    );
+    prop_assert_eq!(run.context_estimate(), estimate_context(entries));
+    Ok(None)
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, max_shrink_iters: 2048, ..ProptestConfig::default() })]
 
@@ -261,6 +305,34 @@ proptest! {
             prop_assert_eq!(reads.lost, 0, "a checkpoint was lost (options {:?})", opts);
         }
     }
+
+    /// A window read a page at a time equals `normalize` of it whole, whatever the pages.
+    #[test]
+    fn reads_in_pages_equal_normalize(
+        entries in prop_oneof![chaos::chaotic_history(), chaos::clean_history()],
+        points in prop::collection::vec(any::<Index>(), 0..6),
+        k in knobs(),
+    ) {
+        let ends = ends(entries.len(), &points);
+        for provider in providers() {
+            read_in_pages(&entries, &ends, &options(provider, &k), usize::MAX)?;
+        }
+    }
+
+    /// An agent loop read in pages never falls back: every page goes on from the one before.
+    #[test]
+    fn agent_loops_read_in_pages_never_fall_back(
+        entries in chaos::agent_loop_history(),
+        points in prop::collection::vec(any::<Index>(), 1..12),
+        k in knobs(),
+    ) {
+        let ends = ends(entries.len(), &points);
+        for provider in providers() {
+            let opts = options(provider, &k);
+            let fallback = read_in_pages(&entries, &ends, &opts, usize::MAX)?;
+            prop_assert_eq!(fallback, None, "options {:?}\nhistory:\n{}", opts, dump(&entries));
+        }
+    }
 }
 
 /// The incremental path is taken on a plain agent loop read after each round (a deterministic
@@ -296,6 +368,14 @@ fn a_long_agent_loop_is_read_incrementally() {
             reads.incremental,
             ends.len()
         );
+        // Read in pages of 4, it never holds more than a few pages' entries: the checkpoint
+        // moves at every page.
+        let pages: Vec<usize> = (4..longest.len())
+            .step_by(4)
+            .chain([longest.len()])
+            .collect();
+        let paged = read_in_pages(&longest, &pages, &opts, 12).unwrap();
+        assert_eq!(paged, None, "{provider:?}");
     }
 }
 

@@ -675,6 +675,77 @@ impl TailRun {
     }
 }
 
+/// A read of a whole window a page at a time, so that only the entries after the last closed
+/// round are ever held parsed: each page goes on from the checkpoint the pages before it left,
+/// exactly as a read goes on after appends, and the checkpoint then moves to the page's last cut.
+/// What a read holds then grows with the window's normalized output, not with its parsed entries.
+/// Any fallback means the pages cannot be read this way: the caller reads the whole window.
+#[derive(Debug)]
+pub struct PagedRead {
+    opts: NormalizeOptions,
+    checkpoint: Checkpoint,
+    /// The entries from the checkpoint's resume seq on: the tail of the next run.
+    pending: Vec<Entry>,
+    /// Most entries `pending` may hold after a page: past that no cut comes, and each page would
+    /// normalize them all again.
+    max_pending: usize,
+}
+
+/// [`PagedRead::feed`]'s fallback when no cut came for `max_pending` entries.
+pub const NO_CUT: Fallback = Fallback("no closed round to page at");
+
+impl PagedRead {
+    /// A read from the window's start; `max_pending` bounds the entries kept between pages.
+    pub fn new(opts: NormalizeOptions, max_pending: usize) -> PagedRead {
+        PagedRead {
+            opts,
+            checkpoint: Checkpoint::start(),
+            pending: Vec::new(),
+            max_pending,
+        }
+    }
+
+    /// Normalizes `page` (the window's next entries, in seq order) after what was read, and
+    /// moves the checkpoint to the last cut, so that only the entries after it stay.
+    pub fn feed(&mut self, page: Vec<Entry>) -> Result<(), Fallback> {
+        let moved = self.run(page)?.1;
+        match moved {
+            Err(NOT_REPRODUCED) => return Err(NOT_REPRODUCED),
+            // No cut, or none a run could go on from: the entries wait for the next page.
+            Ok(false) | Err(_) => {}
+            Ok(true) => {
+                let resume = self.checkpoint.resume_seq();
+                let at = self
+                    .pending
+                    .iter()
+                    .position(|e| e.seq == resume)
+                    .unwrap_or(self.pending.len());
+                self.pending.drain(..at);
+            }
+        }
+        if self.pending.len() > self.max_pending {
+            return Err(NO_CUT);
+        }
+        Ok(())
+    }
+
+    /// Normalizes the last page: the run that answers the read, with the checkpoint it goes on
+    /// from, moved to the run's cut when it could ([`TailRun::advance`]'s result).
+    pub fn finish(
+        mut self,
+        last: Vec<Entry>,
+    ) -> Result<(Checkpoint, TailRun, Result<bool, Fallback>), Fallback> {
+        let (run, moved) = self.run(last)?;
+        Ok((self.checkpoint, run, moved))
+    }
+
+    fn run(&mut self, page: Vec<Entry>) -> Result<(TailRun, Result<bool, Fallback>), Fallback> {
+        self.pending.extend(page);
+        let run = self.checkpoint.continue_with(&self.pending, &self.opts)?;
+        Ok(run.advance(&mut self.checkpoint, &self.pending))
+    }
+}
+
 fn to_raw<T: Serialize>(value: &T) -> Box<RawValue> {
     serde_json::value::to_raw_value(value).expect("values serialize")
 }
