@@ -260,13 +260,10 @@ pub async fn get_context(
 ) -> Result<Response, ApiError> {
     let view = options.view;
     let mut options = options.normalize_options()?;
-    let settings = state
-        .store
-        .thread_settings(&tenant, &path.thread_id)
-        .await?;
-    options.microcompact = settings.microcompact_options();
+    let head = state.store.context_head(&tenant, &path.thread_id).await?;
+    options.microcompact = head.settings.microcompact_options();
     if view == ContextView::Outline {
-        let outline = settings.outline.unwrap_or_default();
+        let outline = head.settings.outline.unwrap_or_default();
         return outline_context(&state, &tenant, &path.thread_id, &outline, &options)
             .await
             .map(IntoResponse::into_response);
@@ -297,7 +294,7 @@ pub async fn get_context(
             Some(resume) => Some(
                 state
                     .store
-                    .context_tail(&tenant, &path.thread_id, resume, cached.window_start)
+                    .context_tail(&head, resume, cached.window_start)
                     .await?,
             ),
             None => None,

@@ -8,6 +8,7 @@ use futures_util::TryStreamExt;
 use sqlx::Row;
 
 use super::messages::entry_from_row;
+use super::settings::{settings_from_row, ThreadSettings, SETTINGS_COLUMNS, SETTINGS_JOIN};
 use super::{MessageRef, Store, StoreError, TenantId};
 use crate::history::model::{subtype, Entry};
 
@@ -34,6 +35,17 @@ pub struct ContextTail {
     pub next_seq: i64,
     /// See [`ContextWindow::thread_key`].
     pub thread_key: String,
+}
+
+/// What a context read learns of its thread first, in one statement: where the thread ends, its
+/// identity and its settings (which choose the normalization options, hence the cached
+/// checkpoint, before any entry is read).
+#[derive(Debug, Clone)]
+pub struct ContextHead {
+    pub settings: ThreadSettings,
+    /// See [`ContextWindow::thread_key`].
+    pub thread_key: String,
+    pub next_seq: i64,
 }
 
 /// Most entries one window read returns; a larger window is refused rather than loaded whole.
@@ -181,28 +193,56 @@ impl Store {
             .collect())
     }
 
-    /// The entries from `from_seq` on, for a read that goes on from a checkpoint of the window
-    /// starting at `window_start` (whose size is bounded as [`Store::context_window`] bounds it).
-    /// Two indexed reads, whatever the length of the thread.
-    pub async fn context_tail(
+    /// The thread's [`ContextHead`]: one indexed read.
+    pub async fn context_head(
         &self,
         tenant: &TenantId,
         thread_id: &str,
+    ) -> Result<ContextHead, StoreError> {
+        let row = sqlx::query(&format!(
+            "SELECT t.thread_key, t.next_seq, {SETTINGS_COLUMNS} FROM threads t {SETTINGS_JOIN} \
+             WHERE t.tenant_id = $1 AND t.thread_id = $2"
+        ))
+        .bind(&tenant.0)
+        .bind(thread_id)
+        .fetch_optional(&self.pool)
+        .await?
+        .ok_or(StoreError::ThreadNotFound)?;
+        Ok(ContextHead {
+            settings: settings_from_row(&row)?,
+            thread_key: row.try_get("thread_key")?,
+            next_seq: row.try_get("next_seq")?,
+        })
+    }
+
+    /// The entries from `from_seq` up to the end `head` saw, for a read that goes on from a
+    /// checkpoint of the window starting at `window_start` (whose size is bounded as
+    /// [`Store::context_window`] bounds it). One indexed read, whatever the length of the thread;
+    /// what was appended after `head` waits for the next read, so the answer and its `next_seq`
+    /// agree.
+    pub async fn context_tail(
+        &self,
+        head: &ContextHead,
         from_seq: i64,
         window_start: i64,
     ) -> Result<ContextTail, StoreError> {
-        let head = self.thread_head(tenant, thread_id).await?;
         if head.next_seq - window_start > MAX_WINDOW_ENTRIES {
             return Err(StoreError::WindowTooLarge {
                 entries: head.next_seq - window_start,
                 max: MAX_WINDOW_ENTRIES,
             });
         }
-        let entries = self.entries_from(&head.thread_key, from_seq).await?;
+        let entries = self
+            .entries_between(
+                &head.thread_key,
+                from_seq.max(0) as u64,
+                head.next_seq.max(0) as u64,
+            )
+            .await?;
         Ok(ContextTail {
             entries,
             next_seq: head.next_seq,
-            thread_key: head.thread_key,
+            thread_key: head.thread_key.clone(),
         })
     }
 

@@ -28,7 +28,7 @@ use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
 use sqlx::{AnyPool, ConnectOptions, Executor};
 
 pub use admin::database_url;
-pub use context::{ContextTail, ContextWindow, WindowBounds, MAX_WINDOW_ENTRIES};
+pub use context::{ContextHead, ContextTail, ContextWindow, WindowBounds, MAX_WINDOW_ENTRIES};
 pub use cursors::{
     AdvanceOutcome, AdvanceRequest, Bookmark, Claim, CursorState, Lease, PendingBatch,
 };

@@ -53,35 +53,44 @@ pub(super) fn outline_column(json: Option<String>) -> Result<Option<OutlineOptio
         .map_err(|e| StoreError::Corrupt(format!("outline settings: {e}")))
 }
 
+/// The settings' columns of a query over `threads t` joined by [`SETTINGS_JOIN`], which
+/// [`settings_from_row`] reads.
+pub(super) const SETTINGS_COLUMNS: &str = "s.auto_compact_tokens, s.microcompact, s.outline";
+/// No settings row reads as NULLs, which are the defaults.
+pub(super) const SETTINGS_JOIN: &str = "LEFT JOIN thread_settings s ON s.thread_key = t.thread_key";
+
+/// The settings of a row holding [`SETTINGS_COLUMNS`].
+pub(super) fn settings_from_row(row: &sqlx::any::AnyRow) -> Result<ThreadSettings, StoreError> {
+    let microcompact: Option<String> = row.try_get("microcompact")?;
+    let outline: Option<String> = row.try_get("outline")?;
+    Ok(ThreadSettings {
+        outline: outline_column(outline)?,
+        auto_compact_tokens: row.try_get("auto_compact_tokens")?,
+        microcompact: microcompact
+            .map(|json| serde_json::from_str(&json))
+            .transpose()
+            .map_err(|e| StoreError::Corrupt(format!("microcompact settings: {e}")))?,
+    })
+}
+
 impl Store {
-    /// The thread's settings (all defaults when none were stored). One statement: every context
-    /// read starts here.
+    /// The thread's settings (all defaults when none were stored), in one statement. A context
+    /// read gets them with the thread's head instead ([`Store::context_head`]).
     pub async fn thread_settings(
         &self,
         tenant: &TenantId,
         thread_id: &str,
     ) -> Result<ThreadSettings, StoreError> {
-        // No settings row reads as NULLs, which are the defaults.
-        let row = sqlx::query(
-            "SELECT s.auto_compact_tokens, s.microcompact, s.outline FROM threads t \
-             LEFT JOIN thread_settings s ON s.thread_key = t.thread_key \
-             WHERE t.tenant_id = $1 AND t.thread_id = $2",
-        )
+        let row = sqlx::query(&format!(
+            "SELECT {SETTINGS_COLUMNS} FROM threads t {SETTINGS_JOIN} \
+             WHERE t.tenant_id = $1 AND t.thread_id = $2"
+        ))
         .bind(&tenant.0)
         .bind(thread_id)
         .fetch_optional(&self.pool)
         .await?
         .ok_or(StoreError::ThreadNotFound)?;
-        let microcompact: Option<String> = row.try_get("microcompact")?;
-        let outline: Option<String> = row.try_get("outline")?;
-        Ok(ThreadSettings {
-            outline: outline_column(outline)?,
-            auto_compact_tokens: row.try_get("auto_compact_tokens")?,
-            microcompact: microcompact
-                .map(|json| serde_json::from_str(&json))
-                .transpose()
-                .map_err(|e| StoreError::Corrupt(format!("microcompact settings: {e}")))?,
-        })
+        settings_from_row(&row)
     }
 
     /// Replaces the thread's settings.

@@ -25,6 +25,7 @@ on_both_backends!(
     concurrent_reads_of_a_thread_all_go_on_from_its_checkpoint,
     a_checkpoint_that_cannot_answer_leaves_the_cache,
     a_window_read_in_pages_answers_as_a_whole_read,
+    a_tail_ends_where_its_head_saw_the_thread_end,
 );
 
 /// The options every step is read with.
@@ -470,4 +471,48 @@ fn snip_fallbacks() -> u64 {
         .find(|l| l.starts_with(series))
         .and_then(|l| l.rsplit(' ').next()?.parse().ok())
         .unwrap_or(0)
+}
+
+/// A read that goes on from a checkpoint reads the thread's head and settings first, then the
+/// tail: an append landing in between is left for the next read, so the entries and `next_seq`
+/// of one answer agree. The head carries the settings a context read normalizes with.
+async fn a_tail_ends_where_its_head_saw_the_thread_end(app: TestApp) {
+    let s = services(&app, || AuthMode::Open);
+    let thread = thread_with_rounds(&app, &s, "racing", 2).await;
+    let settings = app
+        .request(
+            Method::PUT,
+            &format!("/v1/threads/{thread}/settings"),
+            Some(json!({"microcompact": {"enabled": true, "keep_recent": 1}})),
+        )
+        .await;
+    assert_eq!(settings.status, StatusCode::OK, "{}", settings.body);
+    let tenant = loupe::store::TenantId::default_tenant();
+    let head = app.store.context_head(&tenant, &thread).await.unwrap();
+    assert_eq!(
+        head.settings.microcompact_options().map(|m| m.keep_recent),
+        Some(1)
+    );
+    append_round(&s, &thread, 2, 1).await;
+    let tail = app.store.context_tail(&head, 0, 0).await.unwrap();
+    assert_eq!(tail.next_seq, head.next_seq);
+    let seqs: Vec<i64> = tail.entries.iter().filter_map(|e| e.seq).collect();
+    assert_eq!(
+        seqs,
+        (0..head.next_seq).collect::<Vec<_>>(),
+        "up to the head's end"
+    );
+    let later = app.store.context_head(&tenant, &thread).await.unwrap();
+    assert!(later.next_seq > head.next_seq);
+    let tail = app
+        .store
+        .context_tail(&later, head.next_seq, 0)
+        .await
+        .unwrap();
+    assert_eq!(
+        tail.entries.first().and_then(|e| e.seq),
+        Some(head.next_seq)
+    );
+    assert_eq!(tail.entries.len() as i64, later.next_seq - head.next_seq);
+    app.finish().await;
 }
