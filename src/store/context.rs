@@ -112,12 +112,15 @@ impl Store {
     ) -> Result<WindowBounds, StoreError> {
         let head = self.thread_head(tenant, thread_id).await?;
         let (thread_key, next_seq) = (head.thread_key, head.next_seq);
+        // Below `next_seq`: a boundary committed after the head was read belongs to a later read
+        // (else the window would start past its own end).
         let boundary = sqlx::query(
             "SELECT seq, uuid, created_at, body FROM messages WHERE thread_key = $1 AND subtype = $2 \
-             ORDER BY seq DESC LIMIT 1",
+             AND seq < $3 ORDER BY seq DESC LIMIT 1",
         )
         .bind(&thread_key)
         .bind(subtype::COMPACT_BOUNDARY)
+        .bind(next_seq)
         .fetch_optional(&self.pool)
         .await?;
         let mut boundary = boundary.map(|row| entry_from_row(&row)).transpose()?;
