@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -305,9 +306,9 @@ pub async fn get_context(
                 off_the_executor(move || continue_read(cached, tail, &options, &shared, key))
                     .await??;
             match read {
-                Ok(body) => {
+                Ok(answer) => {
                     cache.record_hit();
-                    return Ok(json_response(body));
+                    return Ok(answer.into_response());
                 }
                 Err(Fallback(reason)) => crate::metrics::context_fallback(reason),
             }
@@ -321,8 +322,9 @@ pub async fn get_context(
 }
 
 /// Most pages' worth of entries a paged read keeps waiting for a cut before it reads the whole
-/// window instead (each page normalizes the waiting entries again).
-const MAX_PENDING_PAGES: usize = 8;
+/// window instead: each page normalizes the waiting entries again, so a window without cuts
+/// costs 1 + 2 + … pages of work before it gives up.
+const MAX_PENDING_PAGES: usize = 2;
 
 /// A read that finds no checkpoint: the window a page at a time ([`PagedRead`]), so what it
 /// holds parsed is a page, not the window. The pages are read up to the window's end as its
@@ -341,20 +343,31 @@ async fn paged_read(
     let page_entries = state.limits.context_page_entries.max(1);
     let mut read = PagedRead::new(options.clone(), page_entries * MAX_PENDING_PAGES);
     let mut from = bounds.start_seq;
+    // The first page reaches the boundary: a segment the boundary preserves lies before it, and
+    // a boundary in a later page would make the pages fall back.
+    let first_end = bounds.boundary_seq().map_or(0, |seq| seq.saturating_add(1));
     let mut pages = 0;
     loop {
         pages += 1;
-        let to = from
-            .saturating_add(page_entries as i64)
-            .min(bounds.next_seq);
+        let mut to = from.saturating_add(page_entries as i64);
+        if pages == 1 {
+            to = to.max(first_end);
+        }
+        let to = to.min(bounds.next_seq);
         let page = state.store.window_page(&bounds, from, to).await?;
+        if page.len() as i64 != to - from {
+            // Seqs are dense: a page short of entries means the thread went (deleted, or deleted
+            // and made again) while it was read. The whole read answers what is there now.
+            crate::metrics::context_fallback("the thread changed between pages");
+            break;
+        }
         if to >= bounds.next_seq {
             let (cache, key) = (cache.clone(), key.clone());
             let answer =
                 off_the_executor(move || finish_read(read, page, &bounds, pages, &cache, key))
                     .await??;
-            if let Ok(body) = answer {
-                return Ok(json_response(body));
+            if let Ok(answer) = answer {
+                return Ok(answer.into_response());
             }
             break;
         }
@@ -373,12 +386,12 @@ async fn paged_read(
         from = to;
     }
     let window = state.store.context_window(tenant, thread_id, None).await?;
-    let body = off_the_executor(move || full_read(window, &options, &cache, key)).await??;
-    Ok(json_response(body))
+    let answer = off_the_executor(move || full_read(window, &options, &cache, key)).await??;
+    Ok(answer.into_response())
 }
 
-/// [`paged_read`]'s last page: the body, and the checkpoint left in the cache; `Ok(Err(_))` when
-/// the pages cannot answer.
+/// [`paged_read`]'s last page: the answer, and the checkpoint left in the cache; `Ok(Err(_))`
+/// when the pages cannot answer.
 fn finish_read(
     read: PagedRead,
     last: Vec<Entry>,
@@ -386,7 +399,7 @@ fn finish_read(
     pages: usize,
     cache: &Arc<ContextCache>,
     key: ContextKey,
-) -> Result<Result<Vec<u8>, Fallback>, ApiError> {
+) -> Result<Result<ContextAnswer, Fallback>, ApiError> {
     let (checkpoint, run, moved) = match read.finish(last) {
         Ok(done) => done,
         Err(fallback) => {
@@ -394,20 +407,24 @@ fn finish_read(
             return Ok(Err(fallback));
         }
     };
-    crate::metrics::context_read(if pages > 1 { "paged" } else { "full" });
-    let body = context_body(&run, &checkpoint, bounds.next_seq)?;
-    // An earlier page may have moved it even when the last did not.
-    if checkpoint.resume_seq().is_some() && moved != Err(NOT_REPRODUCED) {
-        cache.put(
-            key,
-            CachedContext {
-                thread_key: bounds.thread_key.clone(),
-                window_start: bounds.start_seq,
-                checkpoint,
-            },
+    if moved == Err(NOT_REPRODUCED) {
+        tracing::warn!(
+            thread_key = %bounds.thread_key,
+            "a paged read's last cut did not reproduce its tail; not cached"
         );
     }
-    Ok(Ok(body))
+    crate::metrics::context_read(if pages > 1 { "paged" } else { "full" });
+    let cached = Arc::new(CachedContext {
+        thread_key: bounds.thread_key.clone(),
+        window_start: bounds.start_seq,
+        checkpoint,
+    });
+    let answer = ContextAnswer::new(&run, cached.clone(), bounds.next_seq)?;
+    // An earlier page may have moved it even when the last did not.
+    if cached.checkpoint.resume_seq().is_some() && moved != Err(NOT_REPRODUCED) {
+        cache.put(key, cached);
+    }
+    Ok(Ok(answer))
 }
 
 /// The body of a context answer, written from a checkpoint's serialized prefix and the run over
@@ -421,27 +438,114 @@ struct ContextBody<'a> {
     tools: [Value; 0],
 }
 
-fn context_body(
-    run: &TailRun,
-    checkpoint: &Checkpoint,
-    next_seq: i64,
-) -> Result<Vec<u8>, ApiError> {
-    let body = ContextBody {
-        normalized: run.json(checkpoint),
-        next_seq,
-        context_tokens: run.context_estimate(),
-        tools: [],
-    };
-    serde_json::to_vec(&body).map_err(|error| {
-        ApiError::new(
-            ProblemKind::Internal,
-            format!("the context did not serialize: {error}"),
-        )
-    })
+/// How a context body starts: its first field is the messages, the checkpoint's items first.
+const MESSAGES_OPEN: &[u8] = br#"{"messages":["#;
+
+/// Bytes of the checkpoint's items per piece of a body: large enough that a long answer goes
+/// out in few writes, small beside the answer itself.
+const BODY_CHUNK: usize = 256 * 1024;
+
+/// A context answer ready to send. The checkpoint's items, most of a long thread's answer, are
+/// copied from the shared checkpoint piece by piece as the body goes out, so the answer is never
+/// held whole beside the checkpoint; only the rest (the tail's items and the other fields) is
+/// written ahead.
+struct ContextAnswer {
+    cached: Arc<CachedContext>,
+    /// Whether the checkpoint's items go out as [`TailRun::signs_prefix`] says.
+    signed: bool,
+    /// The body after the checkpoint's items: from the tail's first item (or the `]` closing the
+    /// messages) to the end.
+    rest: Vec<u8>,
 }
 
-fn json_response(body: Vec<u8>) -> Response {
-    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+impl ContextAnswer {
+    fn new(
+        run: &TailRun,
+        cached: Arc<CachedContext>,
+        next_seq: i64,
+    ) -> Result<ContextAnswer, ApiError> {
+        let body = ContextBody {
+            normalized: run.json_without_prefix_items(&cached.checkpoint),
+            next_seq,
+            context_tokens: run.context_estimate(),
+            tools: [],
+        };
+        let internal = |why: String| ApiError::new(ProblemKind::Internal, why);
+        let mut written = serde_json::to_vec(&body)
+            .map_err(|error| internal(format!("the context did not serialize: {error}")))?;
+        if !written.starts_with(MESSAGES_OPEN) {
+            return Err(internal("a context body starts with its messages".into()));
+        }
+        written.drain(..MESSAGES_OPEN.len());
+        Ok(ContextAnswer {
+            signed: run.signs_prefix(),
+            cached,
+            rest: written,
+        })
+    }
+
+    /// The body's pieces, in order: the opening with the checkpoint's items a chunk at a time,
+    /// then the rest.
+    fn pieces(self) -> impl Iterator<Item = Bytes> {
+        let ContextAnswer {
+            cached,
+            signed,
+            mut rest,
+        } = self;
+        let items = cached.checkpoint.prefix_len();
+        if items > 0 && !rest.starts_with(b"]") {
+            // The tail's first item follows the checkpoint's last.
+            rest.insert(0, b',');
+        }
+        let (mut next, mut opened) = (0, false);
+        let chunks = std::iter::from_fn(move || {
+            if opened && next >= items {
+                return None;
+            }
+            let mut chunk = Vec::with_capacity(BODY_CHUNK + 4096);
+            if !opened {
+                chunk.extend_from_slice(MESSAGES_OPEN);
+                opened = true;
+            }
+            while next < items && chunk.len() < BODY_CHUNK {
+                if next > 0 {
+                    chunk.push(b',');
+                }
+                let item = cached.checkpoint.prefix_item(next, signed);
+                chunk.extend_from_slice(item.get().as_bytes());
+                next += 1;
+            }
+            Some(Bytes::from(chunk))
+        });
+        chunks.chain(std::iter::once(Bytes::from(rest)))
+    }
+
+    /// The body's length in bytes: the opening, the items with the commas between them (and
+    /// before the tail's first), the rest.
+    fn len(&self) -> usize {
+        let checkpoint = &self.cached.checkpoint;
+        let items = checkpoint.prefix_len();
+        let item_bytes: usize = (0..items)
+            .map(|i| checkpoint.prefix_item(i, self.signed).get().len())
+            .sum();
+        let joins =
+            items.saturating_sub(1) + usize::from(items > 0 && !self.rest.starts_with(b"]"));
+        MESSAGES_OPEN.len() + item_bytes + joins + self.rest.len()
+    }
+
+    fn into_response(self) -> Response {
+        // A known length spares the client chunked framing.
+        let length = self.len();
+        let pieces = self.pieces().map(Ok::<_, std::convert::Infallible>);
+        (
+            [
+                (header::CONTENT_TYPE, "application/json".to_owned()),
+                (header::CONTENT_LENGTH, length.to_string()),
+            ],
+            Body::from_stream(futures_util::stream::iter(pieces)),
+        )
+            .into_response()
+    }
 }
 
 /// A read that goes on from the thread's cached checkpoint: only `tail` (the entries after it) is
@@ -455,21 +559,22 @@ fn continue_read(
     options: &NormalizeOptions,
     cache: &Arc<ContextCache>,
     key: ContextKey,
-) -> Result<Result<Vec<u8>, Fallback>, ApiError> {
+) -> Result<Result<ContextAnswer, Fallback>, ApiError> {
     let run = match cached.checkpoint.continue_with(&tail.entries, options) {
         Ok(run) => run,
         Err(fallback) => return Ok(Err(fallback)),
     };
     crate::metrics::context_read("incremental");
     if !run.has_cut() {
-        return context_body(&run, &cached.checkpoint, tail.next_seq).map(Ok);
+        return ContextAnswer::new(&run, cached, tail.next_seq).map(Ok);
     }
     // Moving needs a checkpoint of its own: taken out of the cache, and copied only when another
     // read holds it at this moment.
     drop(cache.take(&key));
     let mut owned = Arc::unwrap_or_clone(cached);
     let (run, moved) = run.advance(&mut owned.checkpoint, &tail.entries);
-    let body = context_body(&run, &owned.checkpoint, tail.next_seq)?;
+    let owned = Arc::new(owned);
+    let answer = ContextAnswer::new(&run, owned.clone(), tail.next_seq)?;
     match moved {
         Err(NOT_REPRODUCED) => {
             tracing::warn!(
@@ -480,7 +585,7 @@ fn continue_read(
         // Moved on, or kept where it was: either way it serves the next read.
         Ok(_) | Err(_) => cache.put(key, owned),
     }
-    Ok(Ok(body))
+    Ok(Ok(answer))
 }
 
 /// A read of the whole window at once, from scratch, when [`paged_read`] cannot page it; it
@@ -490,7 +595,7 @@ fn full_read(
     options: &NormalizeOptions,
     cache: &Arc<ContextCache>,
     key: ContextKey,
-) -> Result<Vec<u8>, ApiError> {
+) -> Result<ContextAnswer, ApiError> {
     crate::metrics::context_read("full");
     let mut checkpoint = Checkpoint::start();
     let run = checkpoint
@@ -502,18 +607,16 @@ fn full_read(
             )
         })?;
     let (run, moved) = run.advance(&mut checkpoint, &window.entries);
-    let body = context_body(&run, &checkpoint, window.next_seq)?;
+    let cached = Arc::new(CachedContext {
+        thread_key: window.thread_key,
+        window_start: window.start_seq,
+        checkpoint,
+    });
+    let answer = ContextAnswer::new(&run, cached.clone(), window.next_seq)?;
     if moved == Ok(true) {
-        cache.put(
-            key,
-            CachedContext {
-                thread_key: window.thread_key,
-                window_start: window.start_seq,
-                checkpoint,
-            },
-        );
+        cache.put(key, cached);
     }
-    Ok(body)
+    Ok(answer)
 }
 
 /// The outlined context: the stored outline's lines, then the messages from its boundary on.
@@ -753,8 +856,46 @@ pub(crate) async fn off_the_executor<T: Send + 'static>(
 mod tests {
     use super::*;
 
+    /// The body a [`ContextAnswer`] sends, its pieces joined.
+    fn sent(run: &TailRun, checkpoint: &Checkpoint, next_seq: i64) -> String {
+        let cached = Arc::new(CachedContext {
+            thread_key: "k".into(),
+            window_start: 0,
+            checkpoint: checkpoint.clone(),
+        });
+        let answer = ContextAnswer::new(run, cached, next_seq).unwrap();
+        let length = answer.len();
+        let bytes: Vec<u8> = answer.pieces().flat_map(|piece| piece.to_vec()).collect();
+        assert_eq!(bytes.len(), length, "the announced length");
+        String::from_utf8(bytes).unwrap()
+    }
+
+    /// Reads `entries` from scratch, from the checkpoint the read moved to, and after it: each
+    /// answer sent must be the JSON of the plain pipeline's `ContextResponse`.
+    fn check_sent_bodies(entries: &[Entry], options: &NormalizeOptions) {
+        let next_seq = entries.len() as i64;
+        let expected = serde_json::to_string(&ContextResponse {
+            normalized: normalize(entries, options),
+            next_seq,
+            context_tokens: crate::history::normalize::estimate_context(entries),
+            tools: Vec::new(),
+            outline: None,
+        })
+        .unwrap();
+        let mut checkpoint = Checkpoint::start();
+        let run = checkpoint.continue_with(entries, options).unwrap();
+        assert_eq!(sent(&run, &checkpoint, next_seq), expected, "from scratch");
+        let (moved, advanced) = run.advance(&mut checkpoint, entries);
+        assert!(advanced.unwrap(), "a cut");
+        assert!(checkpoint.prefix_len() > 0);
+        assert_eq!(sent(&moved, &checkpoint, next_seq), expected, "moved");
+        let tail = &entries[checkpoint.resume_seq().unwrap() as usize..];
+        let run = checkpoint.continue_with(tail, options).unwrap();
+        assert_eq!(sent(&run, &checkpoint, next_seq), expected, "after");
+    }
+
     #[test]
-    fn the_written_body_is_the_context_response() {
+    fn the_sent_body_is_the_context_response() {
         let entries: Vec<Entry> = serde_json::from_value(serde_json::json!([
             {"seq": 0, "uuid": "a", "type": "user", "message": {"role": "user", "content": "go"}},
             {"seq": 1, "uuid": "b", "type": "assistant", "message": {"role": "assistant", "id": "m1",
@@ -765,31 +906,53 @@ mod tests {
                 "content": [{"type": "text", "text": " "}, {"type": "tool_use", "id": "t2", "name": "Bash", "input": {}}]}},
         ]))
         .unwrap();
-        let options = NormalizeOptions {
-            cache: true,
-            ..NormalizeOptions::default()
-        };
-        let expected = serde_json::to_string(&ContextResponse {
-            normalized: normalize(&entries, &options),
-            next_seq: 4,
-            context_tokens: crate::history::normalize::estimate_context(&entries),
-            tools: Vec::new(),
-            outline: None,
-        })
-        .unwrap();
+        for provider in [
+            Provider::Anthropic,
+            Provider::Openai,
+            Provider::OpenaiResponses,
+            Provider::Gemini,
+        ] {
+            let options = NormalizeOptions {
+                provider,
+                cache: true,
+                ..NormalizeOptions::default()
+            };
+            check_sent_bodies(&entries, &options);
+        }
+    }
+
+    #[test]
+    fn a_long_prefix_is_sent_in_several_pieces() {
+        let text = "The parser reads the amount and rounds half to even. ".repeat(6);
+        let entries: Vec<Entry> = (0..3_000)
+            .map(|i| {
+                let entry = if i % 2 == 0 {
+                    serde_json::json!({"seq": i, "uuid": format!("u{i}"), "type": "user",
+                        "message": {"role": "user", "content": text}})
+                } else {
+                    serde_json::json!({"seq": i, "uuid": format!("a{i}"), "type": "assistant",
+                        "message": {"role": "assistant", "id": format!("m{i}"),
+                            "content": [{"type": "text", "text": text}]}})
+                };
+                serde_json::from_value(entry).unwrap()
+            })
+            .collect();
+        let options = NormalizeOptions::default();
         let mut checkpoint = Checkpoint::start();
         let run = checkpoint.continue_with(&entries, &options).unwrap();
-        let body = context_body(&run, &checkpoint, 4).unwrap();
-        assert_eq!(String::from_utf8(body).unwrap(), expected);
-        // And from a checkpoint.
-        let (moved, advanced) = run.advance(&mut checkpoint, &entries);
-        assert!(advanced.unwrap());
-        let body = context_body(&moved, &checkpoint, 4).unwrap();
-        assert_eq!(String::from_utf8(body).unwrap(), expected);
-        let tail = &entries[checkpoint.resume_seq().unwrap() as usize..];
-        let run = checkpoint.continue_with(tail, &options).unwrap();
-        let body = context_body(&run, &checkpoint, 4).unwrap();
-        assert_eq!(String::from_utf8(body).unwrap(), expected);
+        let (run, _) = run.advance(&mut checkpoint, &entries);
+        let cached = Arc::new(CachedContext {
+            thread_key: "k".into(),
+            window_start: 0,
+            checkpoint: checkpoint.clone(),
+        });
+        let pieces: Vec<Bytes> = ContextAnswer::new(&run, cached, 3_000)
+            .unwrap()
+            .pieces()
+            .collect();
+        assert!(pieces.len() > 3, "{} pieces", pieces.len());
+        assert!(pieces.iter().all(|p| p.len() < BODY_CHUNK + 4096));
+        check_sent_bodies(&entries, &options);
     }
 
     #[test]

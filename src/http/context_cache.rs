@@ -132,7 +132,8 @@ impl ContextCache {
 
     /// Puts a checkpoint (back) under `key`, then drops the least recently used ones until the
     /// cache fits its budget. One larger than the whole budget is not kept.
-    pub fn put(&self, key: ContextKey, cached: CachedContext) {
+    pub fn put(&self, key: ContextKey, cached: impl Into<Arc<CachedContext>>) {
+        let cached = cached.into();
         let bytes = key.approx_bytes() + cached.checkpoint.approx_bytes();
         if bytes > self.budget {
             return;
@@ -158,7 +159,7 @@ impl ContextCache {
             Slot {
                 used,
                 bytes,
-                cached: Arc::new(cached),
+                cached,
             },
         );
         lru.bytes += bytes;

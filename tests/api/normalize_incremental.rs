@@ -15,7 +15,7 @@
 //! checkpoint, every later read goes on from it, so the incremental path is known to be taken.
 
 use crate::chaos::{self, MODELS};
-use loupe::history::normalize::incremental::{Checkpoint, PagedRead, NOT_REPRODUCED};
+use loupe::history::normalize::incremental::{Checkpoint, PagedRead, TailRun, NOT_REPRODUCED};
 use loupe::history::normalize::{estimate_context, Fallback};
 use loupe::history::{
     normalize, Entry, MicrocompactOptions, NormalizeOptions, Provider, ThinkingMode,
@@ -171,6 +171,12 @@ fn read_at(
             opts
         );
         prop_assert_eq!(run.context_estimate(), estimate_context(window));
+        prop_assert_eq!(
+            spliced(&cp, &run),
+            serde_json::to_string(&run.json(&cp)).unwrap(),
+            "the checkpoint's items spliced in (options {:?})",
+            opts
+        );
         // A cut a run from which falls back is only skipped (the checkpoint stays); one whose
         // run gives another tail means the split is wrong.
         let (moved, advanced) = run.advance(&mut cp, &window[at..]);
@@ -182,6 +188,12 @@ fn read_at(
             dump(window)
         );
         // The service answers from the moved checkpoint and the run from its cut.
+        prop_assert_eq!(
+            spliced(&cp, &moved),
+            serde_json::to_string(&moved.json(&cp)).unwrap(),
+            "spliced after the move (options {:?})",
+            opts
+        );
         let answer = serde_json::to_value(moved.json(&cp)).unwrap();
         prop_assert_eq!(
             &answer,
@@ -195,6 +207,22 @@ fn read_at(
         }
     }
     Ok(reads)
+}
+
+/// The JSON of `run.json(cp)` as a writer that sends the checkpoint's items itself builds it:
+/// the items one by one (`Checkpoint::prefix_item`), spliced into the JSON written without them.
+fn spliced(cp: &Checkpoint, run: &TailRun) -> String {
+    const OPEN: &str = r#"{"messages":["#;
+    let rest = serde_json::to_string(&run.json_without_prefix_items(cp)).unwrap();
+    let rest = rest.strip_prefix(OPEN).expect("the messages come first");
+    let items: Vec<&str> = (0..cp.prefix_len())
+        .map(|i| cp.prefix_item(i, run.signs_prefix()).get())
+        .collect();
+    let mut out = format!("{OPEN}{}", items.join(","));
+    if !items.is_empty() && !rest.starts_with(']') {
+        out.push(',');
+    }
+    out + rest
 }
 
 /// The read points: distinct ends in `1..=len`, ascending, the whole history last (an empty

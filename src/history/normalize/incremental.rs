@@ -157,6 +157,27 @@ impl Checkpoint {
         self.prefix.resume_seq
     }
 
+    /// How many provider items the prefix holds.
+    pub fn prefix_len(&self) -> usize {
+        self.rendered.items.len()
+    }
+
+    /// The prefix's item `index` as sent after a run whose [`TailRun::signs_prefix`] is
+    /// `signed` (Gemini contents of the current turn then go signed); what [`TailRun::json`]
+    /// writes there. For writing an answer a piece at a time.
+    pub fn prefix_item(&self, index: usize, signed: bool) -> &RawValue {
+        let rendered = &self.rendered;
+        if signed {
+            if let Ok(at) = rendered
+                .gemini_signed
+                .binary_search_by_key(&index, |(at, _)| *at)
+            {
+                return &rendered.gemini_signed[at].1;
+            }
+        }
+        &rendered.items[index]
+    }
+
     /// What the checkpoint weighs in memory, roughly.
     pub fn approx_bytes(&self) -> usize {
         self.rendered.bytes + self.prefix.facts.approx_bytes() + 256
@@ -503,7 +524,7 @@ impl TailRun {
 
     /// Whether the prefix's contents from its current-turn start are sent signed: the tail
     /// starts no turn of its own (Gemini).
-    fn signs_prefix(&self) -> bool {
+    pub fn signs_prefix(&self) -> bool {
         self.opts.provider == Provider::Gemini && self.turn_start.is_none()
     }
 
@@ -547,6 +568,21 @@ impl TailRun {
         NormalizedJson {
             run: self,
             checkpoint,
+            prefix_items: true,
+        }
+    }
+
+    /// [`TailRun::json`] without the checkpoint's items in `messages` (the tail's only): a
+    /// writer that sends the prefix's items itself ([`Checkpoint::prefix_item`]) splices them in
+    /// after `{"messages":[`.
+    pub fn json_without_prefix_items<'a>(
+        &'a self,
+        checkpoint: &'a Checkpoint,
+    ) -> NormalizedJson<'a> {
+        NormalizedJson {
+            run: self,
+            checkpoint,
+            prefix_items: false,
         }
     }
 
@@ -768,6 +804,8 @@ fn prefix_items(checkpoint: &Checkpoint, signs_prefix: bool) -> impl Iterator<It
 pub struct NormalizedJson<'a> {
     run: &'a TailRun,
     checkpoint: &'a Checkpoint,
+    /// Whether `messages` holds the checkpoint's items before the tail's.
+    prefix_items: bool,
 }
 
 struct MessagesJson<'a>(&'a NormalizedJson<'a>);
@@ -790,10 +828,18 @@ impl Serialize for NormalizedJson<'_> {
 
 impl Serialize for MessagesJson<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let NormalizedJson { run, checkpoint } = self.0;
-        let len = checkpoint.rendered.items.len() + run.items.len();
-        let mut seq = serializer.serialize_seq(Some(len))?;
-        for raw in prefix_items(checkpoint, run.signs_prefix()) {
+        let NormalizedJson {
+            run,
+            checkpoint,
+            prefix_items: with_prefix,
+        } = self.0;
+        let prefix_len = if *with_prefix {
+            checkpoint.rendered.items.len()
+        } else {
+            0
+        };
+        let mut seq = serializer.serialize_seq(Some(prefix_len + run.items.len()))?;
+        for raw in prefix_items(checkpoint, run.signs_prefix()).take(prefix_len) {
             seq.serialize_element(raw)?;
         }
         for item in run.tail_items() {
@@ -805,7 +851,9 @@ impl Serialize for MessagesJson<'_> {
 
 impl Serialize for RepairsJson<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let NormalizedJson { run, checkpoint } = self.0;
+        let NormalizedJson {
+            run, checkpoint, ..
+        } = self.0;
         let before: usize = checkpoint.rendered.repairs.iter().map(Vec::len).sum();
         let mut seq = serializer.serialize_seq(Some(before + run.repairs.len()))?;
         for stage in 0..run.stage_ends.len() {
