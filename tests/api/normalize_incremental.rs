@@ -396,8 +396,8 @@ fn a_long_agent_loop_is_read_incrementally() {
             reads.incremental,
             ends.len()
         );
-        // Read in pages of 4, it never holds more than a few pages' entries: the checkpoint
-        // moves at every page.
+        // Read in pages of 4, it never holds more than three pages' entries: the checkpoint
+        // keeps moving as the pages come.
         let pages: Vec<usize> = (4..longest.len())
             .step_by(4)
             .chain([longest.len()])

@@ -1293,4 +1293,24 @@ mod tests {
         ];
         assert_eq!(read_after(&e, 4, &NormalizeOptions::default()), None);
     }
+
+    #[test]
+    fn pages_without_a_cut_give_up_once_too_many_wait() {
+        // One long assistant response streamed in fragments: no closed round to page at.
+        let e: Vec<Entry> = std::iter::once(user(0, json!("go")))
+            .chain((1..12).map(|i| asst(i, "A", json!([text(&format!("part {i}"))]))))
+            .collect();
+        let mut read = PagedRead::new(NormalizeOptions::default(), 6);
+        assert_eq!(read.feed(e[..4].to_vec()), Ok(()));
+        assert_eq!(read.feed(e[4..8].to_vec()), Err(NO_CUT), "8 entries wait");
+        // With room enough the same pages answer, equal to the whole read.
+        let mut read = PagedRead::new(NormalizeOptions::default(), usize::MAX);
+        read.feed(e[..4].to_vec()).unwrap();
+        read.feed(e[4..8].to_vec()).unwrap();
+        let (checkpoint, run, _) = read.finish(e[8..].to_vec()).unwrap();
+        assert_eq!(
+            serde_json::to_value(run.json(&checkpoint)).unwrap(),
+            serde_json::to_value(normalize(&e, &NormalizeOptions::default())).unwrap()
+        );
+    }
 }
