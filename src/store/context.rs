@@ -8,7 +8,7 @@ use futures_util::TryStreamExt;
 use sqlx::Row;
 
 use super::messages::entry_from_row;
-use super::settings::{settings_from_row, ThreadSettings, SETTINGS_COLUMNS, SETTINGS_JOIN};
+use super::settings::{settings_from_row, ThreadSettings};
 use super::{MessageRef, Store, StoreError, TenantId};
 use crate::history::model::{subtype, Entry};
 
@@ -202,10 +202,12 @@ impl Store {
         tenant: &TenantId,
         thread_id: &str,
     ) -> Result<ContextHead, StoreError> {
-        let row = sqlx::query(&format!(
-            "SELECT t.thread_key, t.next_seq, {SETTINGS_COLUMNS} FROM threads t {SETTINGS_JOIN} \
-             WHERE t.tenant_id = $1 AND t.thread_id = $2"
-        ))
+        // No settings row reads as NULLs, which are the defaults.
+        let row = sqlx::query(
+            "SELECT t.thread_key, t.next_seq, s.auto_compact_tokens, s.microcompact, s.outline \
+             FROM threads t LEFT JOIN thread_settings s ON s.thread_key = t.thread_key \
+             WHERE t.tenant_id = $1 AND t.thread_id = $2",
+        )
         .bind(&tenant.0)
         .bind(thread_id)
         .fetch_optional(&self.pool)

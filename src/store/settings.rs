@@ -53,13 +53,7 @@ pub(super) fn outline_column(json: Option<String>) -> Result<Option<OutlineOptio
         .map_err(|e| StoreError::Corrupt(format!("outline settings: {e}")))
 }
 
-/// The settings' columns of a query over `threads t` joined by [`SETTINGS_JOIN`], which
-/// [`settings_from_row`] reads.
-pub(super) const SETTINGS_COLUMNS: &str = "s.auto_compact_tokens, s.microcompact, s.outline";
-/// No settings row reads as NULLs, which are the defaults.
-pub(super) const SETTINGS_JOIN: &str = "LEFT JOIN thread_settings s ON s.thread_key = t.thread_key";
-
-/// The settings of a row holding [`SETTINGS_COLUMNS`].
+/// The settings of a row holding the `thread_settings` columns (NULLs: the defaults).
 pub(super) fn settings_from_row(row: &sqlx::any::AnyRow) -> Result<ThreadSettings, StoreError> {
     let microcompact: Option<String> = row.try_get("microcompact")?;
     let outline: Option<String> = row.try_get("outline")?;
@@ -74,23 +68,14 @@ pub(super) fn settings_from_row(row: &sqlx::any::AnyRow) -> Result<ThreadSetting
 }
 
 impl Store {
-    /// The thread's settings (all defaults when none were stored), in one statement. A context
-    /// read gets them with the thread's head instead ([`Store::context_head`]).
+    /// The thread's settings (all defaults when none were stored): those of its
+    /// [`Store::context_head`], one statement.
     pub async fn thread_settings(
         &self,
         tenant: &TenantId,
         thread_id: &str,
     ) -> Result<ThreadSettings, StoreError> {
-        let row = sqlx::query(&format!(
-            "SELECT {SETTINGS_COLUMNS} FROM threads t {SETTINGS_JOIN} \
-             WHERE t.tenant_id = $1 AND t.thread_id = $2"
-        ))
-        .bind(&tenant.0)
-        .bind(thread_id)
-        .fetch_optional(&self.pool)
-        .await?
-        .ok_or(StoreError::ThreadNotFound)?;
-        settings_from_row(&row)
+        Ok(self.context_head(tenant, thread_id).await?.settings)
     }
 
     /// Replaces the thread's settings.
