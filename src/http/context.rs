@@ -29,7 +29,9 @@ use crate::history::normalize::{ContextEstimate, Fallback};
 use crate::history::{
     group_rounds, normalize, NormalizeOptions, Normalized, Provider, Round, ThinkingMode,
 };
-use crate::store::{AppendRequest, ContextTail, ContextWindow, TenantId, WindowBounds};
+use crate::store::{
+    AppendRequest, ContextHead, ContextTail, ContextWindow, TenantId, WindowBounds,
+};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -273,10 +275,8 @@ pub async fn get_context(
     // With the cache off, the plain pipeline, kept apart from the checkpoint's path on purpose:
     // it is the reference the cached answers are tested against (tests/api/context_cache.rs).
     if !cache.is_enabled() {
-        let window = state
-            .store
-            .context_window(&tenant, &path.thread_id, None)
-            .await?;
+        let bounds = state.store.context_bounds(&head).await?;
+        let window = state.store.window_entries(bounds).await?;
         let context_tokens = crate::history::normalize::estimate_context(&window.entries);
         let entries = window.entries;
         let normalized = off_the_executor(move || normalize(&entries, &options)).await?;
@@ -318,7 +318,7 @@ pub async fn get_context(
         // can.
         drop(cache.take(&key));
     }
-    paged_read(&state, &tenant, &path.thread_id, options, cache, key).await
+    paged_read(&state, &tenant, &path.thread_id, &head, options, cache, key).await
 }
 
 /// Most pages' worth of entries a paged read keeps waiting for a cut before it reads the whole
@@ -327,19 +327,20 @@ pub async fn get_context(
 const MAX_PENDING_PAGES: usize = 2;
 
 /// A read that finds no checkpoint: the window a page at a time ([`PagedRead`]), so what it
-/// holds parsed is a page, not the window. The pages are read up to the window's end as its
-/// bounds saw it, so an append meanwhile does not land in the answer without its `next_seq`.
-/// When the pages cannot be read so (a later page changes what an earlier one normalized), the
-/// whole window is read at once. Either way the read leaves a checkpoint when it can.
+/// holds parsed is a page, not the window. The pages are read up to the end `head` saw, so an
+/// append meanwhile does not land in the answer without its `next_seq`. When the pages cannot be
+/// read so (a later page changes what an earlier one normalized), the whole window within the
+/// same bounds is read at once; when the thread went meanwhile, it is read again from its head. Either way the read leaves a checkpoint when it can.
 async fn paged_read(
     state: &AppState,
     tenant: &TenantId,
     thread_id: &str,
+    head: &ContextHead,
     options: NormalizeOptions,
     cache: Arc<ContextCache>,
     key: ContextKey,
 ) -> Result<Response, ApiError> {
-    let bounds = state.store.window_bounds(tenant, thread_id, None).await?;
+    let bounds = state.store.context_bounds(head).await?;
     let page_entries = state.limits.context_page_entries.max(1);
     let mut read = PagedRead::new(options.clone(), page_entries * MAX_PENDING_PAGES);
     let mut from = bounds.start_seq;
@@ -359,10 +360,13 @@ async fn paged_read(
             // Seqs are dense: a page short of entries means the thread went (deleted, or deleted
             // and made again) while it was read. The whole read answers what is there now.
             crate::metrics::context_fallback("the thread changed between pages");
-            break;
+            let window = state.store.context_window(tenant, thread_id, None).await?;
+            let answer =
+                off_the_executor(move || full_read(window, &options, &cache, key)).await??;
+            return Ok(answer.into_response());
         }
         if to >= bounds.next_seq {
-            let (cache, key) = (cache.clone(), key.clone());
+            let (cache, key, bounds) = (cache.clone(), key.clone(), bounds.clone());
             let answer =
                 off_the_executor(move || finish_read(read, page, &bounds, pages, &cache, key))
                     .await??;
@@ -385,7 +389,7 @@ async fn paged_read(
         }
         from = to;
     }
-    let window = state.store.context_window(tenant, thread_id, None).await?;
+    let window = state.store.window_entries(bounds).await?;
     let answer = off_the_executor(move || full_read(window, &options, &cache, key)).await??;
     Ok(answer.into_response())
 }

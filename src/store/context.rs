@@ -90,10 +90,15 @@ impl Store {
         from_seq: Option<i64>,
     ) -> Result<ContextWindow, StoreError> {
         let bounds = self.window_bounds(tenant, thread_id, from_seq).await?;
-        let mut entries = self
-            .entries_from(&bounds.thread_key, bounds.start_seq)
+        self.window_entries(bounds).await
+    }
+
+    /// The whole window `bounds` describe, up to the end they saw: its entries and `next_seq`
+    /// agree even while appends land.
+    pub async fn window_entries(&self, bounds: WindowBounds) -> Result<ContextWindow, StoreError> {
+        let entries = self
+            .window_page(&bounds, bounds.start_seq, bounds.next_seq)
             .await?;
-        bounds.resolve(&mut entries);
         Ok(ContextWindow {
             entries,
             next_seq: bounds.next_seq,
@@ -111,7 +116,24 @@ impl Store {
         from_seq: Option<i64>,
     ) -> Result<WindowBounds, StoreError> {
         let head = self.thread_head(tenant, thread_id).await?;
-        let (thread_key, next_seq) = (head.thread_key, head.next_seq);
+        self.bounds_below(head.thread_key, head.next_seq, from_seq)
+            .await
+    }
+
+    /// [`Store::window_bounds`] of the context window, from the head a context read already
+    /// holds: the thread is not read again.
+    pub async fn context_bounds(&self, head: &ContextHead) -> Result<WindowBounds, StoreError> {
+        self.bounds_below(head.thread_key.clone(), head.next_seq, None)
+            .await
+    }
+
+    /// The window's bounds in the thread `thread_key` as it ended at `next_seq`.
+    async fn bounds_below(
+        &self,
+        thread_key: String,
+        next_seq: i64,
+        from_seq: Option<i64>,
+    ) -> Result<WindowBounds, StoreError> {
         // Below `next_seq`: a boundary committed after the head was read belongs to a later read
         // (else the window would start past its own end).
         let boundary = sqlx::query(
@@ -249,12 +271,6 @@ impl Store {
             next_seq: head.next_seq,
             thread_key: head.thread_key.clone(),
         })
-    }
-
-    /// A thread's entries from `seq` on, in seq order.
-    async fn entries_from(&self, thread_key: &str, seq: i64) -> Result<Vec<Entry>, StoreError> {
-        self.entries_between(thread_key, seq.max(0) as u64, i64::MAX as u64)
-            .await
     }
 
     /// The stored entries with seq in `[start, end)`, in order. Each row is parsed as it
