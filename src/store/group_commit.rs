@@ -27,6 +27,7 @@ use sqlx::{Any, AnyConnection, Connection};
 use tokio::sync::oneshot;
 
 use super::messages::{AppendStep, Bracket, Planned, PreparedBatch};
+use super::sqlite_writer::GroupWrite;
 use super::{Store, StoreError, TenantId};
 
 /// Most appends written in one group: bounds the transaction and the wait of its last member.
@@ -250,9 +251,31 @@ impl Store {
                 }
             },
         };
-        // Only SQLite's transaction is the group's own; sqlx rolls its own back when dropped.
-        writer.in_transaction = self.backend == super::Backend::Sqlite;
-        let outcome = self.write_group_in(conn, &group).await;
+        let (group, outcome) = match &self.sqlite_writer {
+            // The writer pool's connection, held, keeps every other writer of this process off.
+            Some(fast) => match fast.write(group).await {
+                (group, Ok(GroupWrite::Done(plans))) => (group, Ok(Ok(plans))),
+                (group, Err(error)) if group.is_empty() => {
+                    // The writer's thread is gone with the group: its appends learn it when
+                    // their replies are dropped.
+                    tracing::error!(%error, "the SQLite writer lost a group");
+                    return Ok(());
+                }
+                (group, Err(error)) => (group, Ok(Err(error))),
+                (group, Ok(GroupWrite::Declined)) => {
+                    writer.in_transaction = true;
+                    let outcome = self.write_group_in(conn, &group).await;
+                    (group, outcome)
+                }
+            },
+            None => {
+                // Only SQLite's transaction is the group's own; sqlx rolls its own back when
+                // dropped.
+                writer.in_transaction = self.backend == super::Backend::Sqlite;
+                let outcome = self.write_group_in(conn, &group).await;
+                (group, outcome)
+            }
+        };
         if matches!(outcome, Ok(Ok(_))) {
             writer.in_transaction = false;
         } else {
@@ -295,7 +318,7 @@ impl Store {
     /// On SQLite the group's own statements begin and commit (`Bracket::Inline`), so a failed
     /// statement, the commit included, is an inner error after which the transaction may still
     /// be open: the caller closes that connection.
-    async fn write_group_in(
+    pub(super) async fn write_group_in(
         &self,
         conn: &mut AnyConnection,
         group: &[QueuedAppend],

@@ -47,12 +47,12 @@ pub(super) const INSERT_CHUNK: usize = 200;
 
 /// An entry ready to be written.
 pub(super) struct Prepared {
-    entry: Entry,
-    uuid: String,
+    pub(super) entry: Entry,
+    pub(super) uuid: String,
     /// The client named the uuid (a generated one cannot be stored already).
     uuid_sent: bool,
-    content_hash: String,
-    body: String,
+    pub(super) content_hash: String,
+    pub(super) body: String,
 }
 
 /// Fills the uuid, fingerprints what the client sent, then fills `created_at`.
@@ -90,7 +90,10 @@ pub(super) struct PreparedBatch {
 }
 
 impl PreparedBatch {
-    fn new(entries: Vec<Entry>, now: chrono::DateTime<chrono::Utc>) -> Result<Self, StoreError> {
+    pub(super) fn new(
+        entries: Vec<Entry>,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> Result<Self, StoreError> {
         let entries = entries
             .into_iter()
             .map(|entry| prepare(entry, now))
@@ -176,17 +179,17 @@ impl Planned {
 }
 
 /// One thread of a group, as read under its lock and then moved on by each append written.
-struct GroupThread {
-    thread_key: String,
-    next_seq: i64,
-    visible_count: i64,
-    context_tokens: i64,
-    triggers: AppendTriggers,
+pub(super) struct GroupThread {
+    pub(super) thread_key: String,
+    pub(super) next_seq: i64,
+    pub(super) visible_count: i64,
+    pub(super) context_tokens: i64,
+    pub(super) triggers: AppendTriggers,
     /// When an append of the group last wrote to it; `None` leaves the row as it was.
-    updated_at: Option<i64>,
+    pub(super) updated_at: Option<i64>,
     /// The uuids the group named that the thread holds, stored before the group or written by
     /// its earlier appends, with their seq and fingerprint.
-    known: HashMap<String, (i64, String)>,
+    pub(super) known: HashMap<String, (i64, String)>,
 }
 
 /// Who begins and ends a group's transaction.
@@ -344,22 +347,10 @@ impl Store {
         let mut jobs = TriggeredJobs::default();
         // One time for the backoff's check and the job it may enqueue.
         let now = now_millis();
-        let triggers = &thread.triggers;
-        // An outlined thread is never auto-compacted: its outline keeps the context small, and a
-        // compact boundary in its tail would cut the tail short.
-        let threshold = triggers.auto_compact_tokens;
-        // A batch that holds a compact boundary has just compacted the thread.
-        let eligible = !matches!(append.batch.tokens, BatchTokens::Reset(_)) && !triggers.outlined;
-        // The estimate right after this append (a later append of the group may move it on).
-        let tokens_after = append_tokens(tokens_before, append.batch.tokens);
-        let crossed = eligible && crosses_threshold(tokens_before, tokens_after, threshold);
-        // Still above after an attempt that failed or found nothing: try again, backing off.
-        let retry = eligible
-            && !crossed
-            && threshold > 0
-            && tokens_after >= threshold
+        let compaction = CompactionTrigger::of(append, thread, tokens_before);
+        let retry = compaction == CompactionTrigger::RetryIfDue
             && super::jobs::auto_compaction_due(conn, &thread.thread_key, now).await?;
-        if crossed || retry {
+        if compaction == CompactionTrigger::Crossed || retry {
             let outcome = super::jobs::enqueue_in(
                 conn,
                 self.backend,
@@ -377,7 +368,7 @@ impl Store {
             jobs.created |= outcome.created;
             jobs.auto_compaction = Some(outcome.job.id);
         }
-        if triggers.outlined {
+        if thread.triggers.outlined {
             let outcome = super::jobs::enqueue_tree_in(
                 conn,
                 self.backend,
@@ -496,9 +487,9 @@ fn context_tokens_of<'a>(entries: impl Iterator<Item = &'a Entry>) -> BatchToken
 
 /// What an append may trigger, from the thread's settings: its auto-compaction threshold (its
 /// own, else the server default) and whether it is outlined.
-struct AppendTriggers {
-    auto_compact_tokens: i64,
-    outlined: bool,
+pub(super) struct AppendTriggers {
+    pub(super) auto_compact_tokens: i64,
+    pub(super) outlined: bool,
 }
 
 /// The jobs an append enqueued.
@@ -508,6 +499,56 @@ struct TriggeredJobs {
     auto_compaction: Option<String>,
     /// A job was created (so a worker should wake).
     created: bool,
+}
+
+/// What one written append means for its thread's auto-compaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CompactionTrigger {
+    None,
+    /// The estimate crossed the threshold: enqueue a compaction.
+    Crossed,
+    /// Still above the threshold after an attempt that failed or found nothing: enqueue again
+    /// if the backoff allows it (a query).
+    RetryIfDue,
+}
+
+impl CompactionTrigger {
+    fn of(append: &QueuedAppend, thread: &GroupThread, tokens_before: i64) -> Self {
+        let triggers = &thread.triggers;
+        // An outlined thread is never auto-compacted: its outline keeps the context small, and a
+        // compact boundary in its tail would cut the tail short.
+        let threshold = triggers.auto_compact_tokens;
+        // A batch that holds a compact boundary has just compacted the thread.
+        let eligible = !matches!(append.batch.tokens, BatchTokens::Reset(_)) && !triggers.outlined;
+        // The estimate right after this append (a later append of the group may move it on).
+        let tokens_after = append_tokens(tokens_before, append.batch.tokens);
+        if !eligible {
+            CompactionTrigger::None
+        } else if crosses_threshold(tokens_before, tokens_after, threshold) {
+            CompactionTrigger::Crossed
+        } else if threshold > 0 && tokens_after >= threshold {
+            CompactionTrigger::RetryIfDue
+        } else {
+            CompactionTrigger::None
+        }
+    }
+}
+
+/// Whether any append the group writes may enqueue a job: a compaction, or an outlined
+/// thread's tree job.
+pub(super) fn group_needs_jobs(
+    group: &[QueuedAppend],
+    plans: &[Planned],
+    threads: &HashMap<(&str, &str), GroupThread>,
+) -> bool {
+    group.iter().zip(plans).any(|(append, plan)| {
+        let Planned::Write { tokens_before, .. } = plan else {
+            return false;
+        };
+        let thread = &threads[&thread_of(append)];
+        thread.triggers.outlined
+            || CompactionTrigger::of(append, thread, *tokens_before) != CompactionTrigger::None
+    })
 }
 
 /// Auto-compaction fires once, on the append that takes the estimate from below the threshold to
@@ -528,24 +569,27 @@ fn append_tokens(before: i64, tokens: BatchTokens) -> i64 {
 const MAX_JOINED_UUIDS: usize = 1_000;
 
 /// The (tenant, thread id) an append goes to: how a group's threads are keyed.
-fn thread_of(append: &QueuedAppend) -> (&str, &str) {
+pub(super) fn thread_of(append: &QueuedAppend) -> (&str, &str) {
     (append.tenant.0.as_str(), append.thread_id.as_str())
 }
 
-/// Reads every thread the group appends to, with its settings and the uuids the group names, in
-/// one statement (up to [`MAX_JOINED_UUIDS`] uuids; more are looked up in chunks after it). On
-/// SQLite the write lock is taken first, by the `BEGIN IMMEDIATE` sent with it
-/// ([`Bracket::Inline`]), so no other process on the file can write between the group's read
-/// and its writes; on PostgreSQL this statement locks the rows, in (tenant, thread) order, the
-/// same in every runner, so concurrent groups cannot deadlock. Another tenant's thread is not
-/// found.
-async fn read_group<'g>(
-    conn: &mut AnyConnection,
+/// The statement that reads a group's threads and named uuids, and what it binds: each thread's
+/// (tenant, thread id), in `keys` order, then `uuids` (empty when they are too many to join,
+/// `joined` false: they are looked up in chunks after it).
+pub(super) struct GroupRead<'g> {
+    pub sql: String,
+    pub keys: Vec<(&'g str, &'g str)>,
+    /// Every uuid the group's clients named, with the thread it was named for.
+    pub named: Vec<((&'g str, &'g str), &'g str)>,
+    pub uuids: Vec<&'g str>,
+    pub joined: bool,
+}
+
+pub(super) fn read_group_sql(
     backend: super::Backend,
-    group: &'g [QueuedAppend],
-    default_threshold: i64,
+    group: &[QueuedAppend],
     bracket: Bracket,
-) -> Result<HashMap<(&'g str, &'g str), GroupThread>, StoreError> {
+) -> GroupRead<'_> {
     let mut keys: Vec<(&str, &str)> = group.iter().map(thread_of).collect();
     keys.sort_unstable();
     keys.dedup();
@@ -573,6 +617,9 @@ async fn read_group<'g>(
     uuids.dedup();
     // A huge batch's uuids are looked up in chunks instead, below every bind limit.
     let joined = uuids.len() <= MAX_JOINED_UUIDS;
+    if !joined {
+        uuids.clear();
+    }
     let (materialized, lock) = match backend {
         super::Backend::Postgres => ("MATERIALIZED", "FOR UPDATE OF threads"),
         super::Backend::Sqlite => ("", ""),
@@ -591,20 +638,48 @@ async fn read_group<'g>(
          WHERE {terms} ORDER BY threads.tenant_id, threads.thread_id {lock}) \
          SELECT locked.*, m.uuid, m.seq, m.content_hash FROM locked \
          LEFT JOIN messages m ON m.thread_key = locked.thread_key AND m.uuid IN ({})",
-        if uuids.is_empty() || !joined {
+        if uuids.is_empty() {
             "NULL".to_owned()
         } else {
             super::list_placeholders(2 * keys.len() + 1, uuids.len())
         }
     );
+    GroupRead {
+        sql,
+        keys,
+        named,
+        uuids,
+        joined,
+    }
+}
+
+/// Reads every thread the group appends to, with its settings and the uuids the group names, in
+/// one statement (up to [`MAX_JOINED_UUIDS`] uuids; more are looked up in chunks after it). On
+/// SQLite the write lock is taken first, by the `BEGIN IMMEDIATE` sent with it
+/// ([`Bracket::Inline`]), so no other process on the file can write between the group's read
+/// and its writes; on PostgreSQL this statement locks the rows, in (tenant, thread) order, the
+/// same in every runner, so concurrent groups cannot deadlock. Another tenant's thread is not
+/// found.
+async fn read_group<'g>(
+    conn: &mut AnyConnection,
+    backend: super::Backend,
+    group: &'g [QueuedAppend],
+    default_threshold: i64,
+    bracket: Bracket,
+) -> Result<HashMap<(&'g str, &'g str), GroupThread>, StoreError> {
+    let GroupRead {
+        sql,
+        keys,
+        named,
+        uuids,
+        joined,
+    } = read_group_sql(backend, group, bracket);
     let mut query = sqlx::query(&sql);
     for (tenant, thread_id) in &keys {
         query = query.bind(tenant.to_string()).bind(thread_id.to_string());
     }
-    if joined {
-        for uuid in &uuids {
-            query = query.bind(uuid.to_string());
-        }
+    for uuid in &uuids {
+        query = query.bind(uuid.to_string());
     }
     let rows = query.fetch_all(&mut *conn).await?;
     let mut threads: HashMap<(&str, &str), GroupThread> = HashMap::with_capacity(keys.len());
@@ -660,7 +735,7 @@ async fn read_group<'g>(
 /// Decides one append against its thread as the group has left it so far; a write queues its
 /// rows and moves the thread on. A replay is recognised, and a conflict refused, against what is
 /// stored and what the group's earlier appends wrote alike.
-fn plan_append<'g>(
+pub(super) fn plan_append<'g>(
     thread: &mut GroupThread,
     append: &'g QueuedAppend,
     rows: &mut Vec<NewRow<'g>>,
@@ -766,7 +841,7 @@ async fn write_rows<'a>(
 }
 
 /// The update of `count` threads' counters, its placeholders numbered from `$start`.
-fn update_threads_sql(start: usize, count: usize) -> String {
+pub(super) fn update_threads_sql(start: usize, count: usize) -> String {
     format!(
         "UPDATE threads SET updated_at = v.column2, next_seq = v.column3, \
          visible_count = v.column4, context_tokens = v.column5 \
@@ -847,13 +922,13 @@ fn numbered(prepared: Vec<Prepared>, first_seq: i64) -> Vec<Entry> {
 }
 
 /// A message row about to be inserted.
-struct NewRow<'p> {
-    thread_key: String,
-    seq: i64,
-    prepared: &'p Prepared,
+pub(super) struct NewRow<'p> {
+    pub(super) thread_key: String,
+    pub(super) seq: i64,
+    pub(super) prepared: &'p Prepared,
     /// The thread's visible count once this entry is in: its rank among what a model sees.
-    visible_rank: i64,
-    created_at: i64,
+    pub(super) visible_rank: i64,
+    pub(super) created_at: i64,
 }
 
 /// Inserts rows of any threads, [`INSERT_CHUNK`] to a statement.
@@ -868,9 +943,9 @@ async fn insert_rows(conn: &mut AnyConnection, rows: &[NewRow<'_>]) -> Result<()
 }
 
 /// Values a message row binds.
-const INSERT_WIDTH: usize = 9;
+pub(super) const INSERT_WIDTH: usize = 9;
 
-fn insert_rows_sql(count: usize) -> String {
+pub(super) fn insert_rows_sql(count: usize) -> String {
     format!(
         "INSERT INTO messages (thread_key, seq, uuid, kind, subtype, visible_rank, body, content_hash, created_at) VALUES {}",
         super::values_placeholders(count, INSERT_WIDTH)

@@ -16,6 +16,7 @@ mod keys;
 mod messages;
 mod payloads;
 mod settings;
+mod sqlite_writer;
 mod threads;
 mod transcripts;
 mod tree;
@@ -242,6 +243,8 @@ pub struct Store {
     job_max_attempts: i64,
     /// Appends waiting to be committed together.
     group_commit: Arc<group_commit::GroupCommit>,
+    /// SQLite's group writer, on a thread of its own (a file database only).
+    sqlite_writer: Option<Arc<sqlite_writer::SqliteWriter>>,
 }
 
 /// How to open a [`Store`].
@@ -284,7 +287,7 @@ impl std::str::FromStr for SqliteSynchronous {
 }
 
 impl SqliteSynchronous {
-    fn pragma(self) -> &'static str {
+    pub(super) fn pragma(self) -> &'static str {
         match self {
             SqliteSynchronous::Normal => "PRAGMA synchronous = NORMAL",
             SqliteSynchronous::Full => "PRAGMA synchronous = FULL",
@@ -347,6 +350,16 @@ impl Store {
         } else {
             pool.clone()
         };
+        let sqlite_writer = if backend == Backend::Sqlite && !options.url.contains(":memory:") {
+            let file = sqlx::sqlite::SqliteConnectOptions::from_str(&options.url)?;
+            Some(Arc::new(sqlite_writer::SqliteWriter::open(
+                file.get_filename(),
+                options.sqlite_synchronous,
+                options.auto_compact_tokens.max(0),
+            )?))
+        } else {
+            None
+        };
         Ok(Store {
             pool,
             writer,
@@ -362,6 +375,7 @@ impl Store {
                 Backend::Sqlite => 1,
                 Backend::Postgres => options.max_connections.saturating_sub(2).max(1) as usize,
             })),
+            sqlite_writer,
         })
     }
 
@@ -421,7 +435,7 @@ impl Store {
 const WAL_CHECKPOINT_INTERVAL: Duration = Duration::from_millis(50);
 /// WAL pages (4 KiB each) past which a commit checkpoints by itself: a safety net for when the
 /// background checkpoints fall behind.
-const WAL_AUTOCHECKPOINT_PAGES: u32 = 8_000;
+pub(super) const WAL_AUTOCHECKPOINT_PAGES: u32 = 8_000;
 
 /// Checkpoints an SQLite database's WAL every [`WAL_CHECKPOINT_INTERVAL`] on a reader connection,
 /// until the pool closes. Left to SQLite, the commit that crosses 1,000 WAL pages checkpoints
@@ -446,6 +460,10 @@ async fn checkpoint_wal(pool: AnyPool) {
         }
     }
 }
+
+/// Temporary files in memory: a multi-row insert keeps a statement journal, which SQLite would
+/// otherwise create and delete as a file on every group (an open, a write and an unlink).
+pub(super) const TEMP_STORE_PRAGMA: &str = "PRAGMA temp_store = MEMORY";
 
 /// How long a PostgreSQL connection may sit in the pool before it is pinged when lent again.
 const IDLE_BEFORE_PING: Duration = Duration::from_secs(1);
@@ -484,6 +502,7 @@ async fn open_pool(
                     conn.execute("PRAGMA journal_mode = WAL").await?;
                     conn.execute("PRAGMA busy_timeout = 30000").await?;
                     conn.execute(synchronous.pragma()).await?;
+                    conn.execute(TEMP_STORE_PRAGMA).await?;
                     // `checkpoint_wal` keeps the WAL short; a commit checkpoints only if the
                     // WAL has outgrown that anyway.
                     conn.execute(

@@ -1,0 +1,558 @@
+//! SQLite's group writer: a thread of its own holding a connection of its own, which writes a
+//! whole group of appends in one hand-off.
+//!
+//! Through sqlx, each call a group makes is a hand-off to the driver's thread and back, two
+//! thread wake-ups, and a group made two calls plus the rows streamed back. Here the group goes
+//! to the writer's thread once: it begins, reads, decides every append in memory, writes and
+//! commits there, then hands the group back with what was decided.
+//!
+//! The thread only writes while its caller holds the writer pool's one connection, so it never
+//! competes with the store's other writes for SQLite's write lock. A group that would enqueue a
+//! job (a threshold crossed, an outlined thread) is rolled back untouched and written through
+//! sqlx instead, whose job queries it shares with every other writer.
+
+use std::collections::hash_map::Entry as Slot;
+use std::collections::HashMap;
+use std::sync::mpsc;
+
+use rusqlite::{Connection, OpenFlags};
+use tokio::sync::oneshot;
+
+use super::group_commit::QueuedAppend;
+use super::messages::{
+    group_needs_jobs, insert_rows_sql, plan_append, read_group_sql, thread_of, update_threads_sql,
+    AppendTriggers, Bracket, GroupRead, GroupThread, NewRow, Planned, INSERT_CHUNK, INSERT_WIDTH,
+};
+use super::{SqliteSynchronous, StoreError};
+
+/// What the writer's thread made of a group.
+pub(super) enum GroupWrite {
+    /// Committed (or, for replays and refusals only, rolled back): one decision per append.
+    Done(Vec<Planned>),
+    /// Nothing was written: some append would enqueue a job, or the group names more uuids than
+    /// one statement looks up. Write it through sqlx.
+    Declined,
+}
+
+struct Work {
+    group: Vec<QueuedAppend>,
+    reply: oneshot::Sender<(Vec<QueuedAppend>, Result<GroupWrite, StoreError>)>,
+}
+
+/// The handle to the writer's thread; the thread ends when the handle is dropped.
+pub(super) struct SqliteWriter {
+    work: mpsc::Sender<Work>,
+}
+
+impl SqliteWriter {
+    /// Opens the writer's connection on `path` and starts its thread.
+    pub(super) fn open(
+        path: &std::path::Path,
+        synchronous: SqliteSynchronous,
+        default_threshold: i64,
+    ) -> Result<Self, StoreError> {
+        let conn = Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(|e| open_failed(&e))?;
+        // The pool's connections' settings (`open_pool`).
+        conn.execute_batch(&format!(
+            "PRAGMA busy_timeout = 30000; {}; {}; PRAGMA wal_autocheckpoint = {}",
+            synchronous.pragma(),
+            super::TEMP_STORE_PRAGMA,
+            super::WAL_AUTOCHECKPOINT_PAGES
+        ))
+        .map_err(|e| open_failed(&e))?;
+        let (work, queue) = mpsc::channel::<Work>();
+        std::thread::Builder::new()
+            .name("loupe-sqlite-writer".to_owned())
+            .spawn(move || {
+                let mut conn = conn;
+                for Work { group, reply } in queue {
+                    // A panic fails its group instead of ending the thread, which later groups
+                    // still need.
+                    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        write_group(&mut conn, &group, default_threshold)
+                    }))
+                    .unwrap_or_else(|_| Err(panicked()));
+                    if outcome.is_err() && !conn.is_autocommit() {
+                        // A failed statement may leave the transaction open.
+                        let _ = conn.execute_batch("ROLLBACK");
+                    }
+                    let _ = reply.send((group, outcome));
+                }
+            })
+            .map_err(|e| StoreError::Config(format!("cannot start the SQLite writer: {e}")))?;
+        Ok(SqliteWriter { work })
+    }
+
+    /// Writes the group on the writer's thread; gives it back with the outcome.
+    pub(super) async fn write(
+        &self,
+        group: Vec<QueuedAppend>,
+    ) -> (Vec<QueuedAppend>, Result<GroupWrite, StoreError>) {
+        let (reply, answer) = oneshot::channel();
+        if let Err(mpsc::SendError(work)) = self.work.send(Work { group, reply }) {
+            // The thread is gone (it cannot end while this handle lives, but if it did): sqlx
+            // still writes.
+            tracing::error!("the SQLite writer thread stopped; writing through sqlx");
+            return (work.group, Ok(GroupWrite::Declined));
+        }
+        // The thread answers every group it takes (a panic included), so the reply is only
+        // dropped if the thread is gone with the group, whose appends then learn it when their
+        // own replies are dropped.
+        answer.await.unwrap_or_else(|_| (Vec::new(), Err(gone())))
+    }
+}
+
+fn gone() -> StoreError {
+    StoreError::CommitFailed {
+        message: "the SQLite writer thread stopped".to_owned(),
+        transient: true,
+    }
+}
+
+/// A bug, not the append's fault nor the database's: the group is answered with a 503 and
+/// nothing of it is kept.
+fn panicked() -> StoreError {
+    StoreError::CommitFailed {
+        message: "the SQLite writer failed unexpectedly".to_owned(),
+        transient: true,
+    }
+}
+
+fn open_failed(error: &rusqlite::Error) -> StoreError {
+    StoreError::Config(format!("cannot open the SQLite writer: {error}"))
+}
+
+/// A statement's failure, transient when the database is busy, locked or failing to do I/O.
+fn failed(error: rusqlite::Error) -> StoreError {
+    use rusqlite::ErrorCode;
+    let transient = matches!(
+        error.sqlite_error_code(),
+        Some(
+            ErrorCode::DatabaseBusy
+                | ErrorCode::DatabaseLocked
+                | ErrorCode::SystemIoFailure
+                | ErrorCode::DiskFull
+                | ErrorCode::CannotOpen
+        )
+    );
+    StoreError::CommitFailed {
+        message: error.to_string(),
+        transient,
+    }
+}
+
+fn write_group(
+    conn: &mut Connection,
+    group: &[QueuedAppend],
+    default_threshold: i64,
+) -> Result<GroupWrite, StoreError> {
+    let read = read_group_sql(super::Backend::Sqlite, group, Bracket::Caller);
+    if !read.joined {
+        return Ok(GroupWrite::Declined);
+    }
+    conn.execute_batch("BEGIN IMMEDIATE").map_err(failed)?;
+    let mut threads = read_group(conn, &read, default_threshold)?;
+    let mut rows = Vec::new();
+    let plans: Vec<Planned> = group
+        .iter()
+        .map(|append| match threads.get_mut(&thread_of(append)) {
+            Some(thread) => plan_append(thread, append, &mut rows).unwrap_or_else(Planned::Refused),
+            None => Planned::Refused(StoreError::ThreadNotFound),
+        })
+        .collect();
+    if group_needs_jobs(group, &plans, &threads) {
+        conn.execute_batch("ROLLBACK").map_err(failed)?;
+        return Ok(GroupWrite::Declined);
+    }
+    if !plans.iter().any(Planned::writes) {
+        conn.execute_batch("ROLLBACK").map_err(failed)?;
+        return Ok(GroupWrite::Done(plans));
+    }
+    for chunk in rows.chunks(INSERT_CHUNK) {
+        insert_rows(conn, chunk)?;
+    }
+    update_threads(conn, threads.values().filter(|t| t.updated_at.is_some()))?;
+    conn.execute_batch("COMMIT").map_err(failed)?;
+    Ok(GroupWrite::Done(plans))
+}
+
+fn read_group<'g>(
+    conn: &Connection,
+    read: &GroupRead<'g>,
+    default_threshold: i64,
+) -> Result<HashMap<(&'g str, &'g str), GroupThread>, StoreError> {
+    let mut statement = conn.prepare_cached(&read.sql).map_err(failed)?;
+    let mut binds: Vec<&str> = Vec::with_capacity(read.keys.len() * 2 + read.uuids.len());
+    for (tenant, thread_id) in &read.keys {
+        binds.push(tenant);
+        binds.push(thread_id);
+    }
+    binds.extend(read.uuids.iter().copied());
+    let mut rows = statement
+        .query(rusqlite::params_from_iter(binds))
+        .map_err(failed)?;
+    let mut threads: HashMap<(&str, &str), GroupThread> = HashMap::with_capacity(read.keys.len());
+    while let Some(row) = rows.next().map_err(failed)? {
+        let tenant: String = row.get("tenant_id").map_err(failed)?;
+        let thread_id: String = row.get("thread_id").map_err(failed)?;
+        let Some(&key) = read.keys.iter().find(|k| k.0 == tenant && k.1 == thread_id) else {
+            continue;
+        };
+        let thread = match threads.entry(key) {
+            Slot::Occupied(known) => known.into_mut(),
+            Slot::Vacant(new) => {
+                let own_threshold: Option<i64> = row.get("auto_compact_tokens").map_err(failed)?;
+                let outline: Option<String> = row.get("outline").map_err(failed)?;
+                new.insert(GroupThread {
+                    thread_key: row.get("thread_key").map_err(failed)?,
+                    next_seq: row.get("next_seq").map_err(failed)?,
+                    visible_count: row.get("visible_count").map_err(failed)?,
+                    context_tokens: row.get("context_tokens").map_err(failed)?,
+                    triggers: AppendTriggers {
+                        auto_compact_tokens: own_threshold.unwrap_or(default_threshold),
+                        outlined: super::settings::outline_column(outline)?
+                            .is_some_and(|options| options.enabled),
+                    },
+                    updated_at: None,
+                    known: HashMap::new(),
+                })
+            }
+        };
+        if let Some(uuid) = row.get::<_, Option<String>>("uuid").map_err(failed)? {
+            let found = (
+                row.get("seq").map_err(failed)?,
+                row.get("content_hash").map_err(failed)?,
+            );
+            thread.known.insert(uuid, found);
+        }
+    }
+    Ok(threads)
+}
+
+fn insert_rows(conn: &Connection, rows: &[NewRow<'_>]) -> Result<(), StoreError> {
+    let mut statement = conn
+        .prepare_cached(&insert_rows_sql(rows.len()))
+        .map_err(failed)?;
+    let mut index = 0;
+    let mut bind = |value: &dyn rusqlite::ToSql| {
+        index += 1;
+        statement.raw_bind_parameter(index, value)
+    };
+    for row in rows {
+        let p = row.prepared;
+        bind(&row.thread_key).map_err(failed)?;
+        bind(&row.seq).map_err(failed)?;
+        bind(&p.uuid).map_err(failed)?;
+        bind(&p.entry.type_name()).map_err(failed)?;
+        bind(&p.entry.subtype).map_err(failed)?;
+        bind(&row.visible_rank).map_err(failed)?;
+        bind(&p.body).map_err(failed)?;
+        bind(&p.content_hash).map_err(failed)?;
+        bind(&row.created_at).map_err(failed)?;
+    }
+    debug_assert_eq!(index, rows.len() * INSERT_WIDTH);
+    statement.raw_execute().map_err(failed)?;
+    Ok(())
+}
+
+fn update_threads<'a>(
+    conn: &Connection,
+    threads: impl Iterator<Item = &'a GroupThread>,
+) -> Result<(), StoreError> {
+    let written: Vec<&GroupThread> = threads.collect();
+    if written.is_empty() {
+        return Ok(());
+    }
+    let mut statement = conn
+        .prepare_cached(&update_threads_sql(1, written.len()))
+        .map_err(failed)?;
+    let mut index = 0;
+    let mut bind = |value: &dyn rusqlite::ToSql| {
+        index += 1;
+        statement.raw_bind_parameter(index, value)
+    };
+    for thread in written {
+        bind(&thread.thread_key).map_err(failed)?;
+        bind(&thread.updated_at.unwrap_or_default()).map_err(failed)?;
+        bind(&thread.next_seq).map_err(failed)?;
+        bind(&thread.visible_count).map_err(failed)?;
+        bind(&thread.context_tokens).map_err(failed)?;
+    }
+    statement.raw_execute().map_err(failed)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    //! The writer's thread against the sqlx path it replaces: the same groups, written through
+    //! each into a database of its own, decide the same and leave the same rows.
+
+    use proptest::prelude::*;
+    use sqlx::Row;
+
+    use super::*;
+    use crate::history::model::Entry;
+    use crate::store::messages::PreparedBatch;
+    use crate::store::{NewThread, Store, StoreOptions, TenantId};
+
+    /// One append: its thread (the last index names no thread), its entries as (uuid from a
+    /// small pool, content variant, assistant or user), and its compare-and-append offset.
+    #[derive(Debug, Clone)]
+    struct AppendSpec {
+        thread: usize,
+        entries: Vec<(u8, u8, bool)>,
+        expect_offset: Option<i8>,
+    }
+
+    const THREADS: usize = 3;
+
+    fn append_spec() -> impl Strategy<Value = AppendSpec> {
+        (
+            0..=THREADS,
+            proptest::collection::vec((0..12_u8, 0..2_u8, any::<bool>()), 1..4),
+            proptest::option::weighted(0.3, -1..=1_i8),
+        )
+            .prop_map(|(thread, entries, expect_offset)| AppendSpec {
+                thread,
+                entries,
+                expect_offset,
+            })
+    }
+
+    fn groups() -> impl Strategy<Value = Vec<Vec<AppendSpec>>> {
+        proptest::collection::vec(proptest::collection::vec(append_spec(), 1..6), 1..6)
+    }
+
+    fn entry(thread: usize, (uuid, variant, assistant): (u8, u8, bool)) -> Entry {
+        let role = if assistant { "assistant" } else { "user" };
+        serde_json::from_value(serde_json::json!({
+            "uuid": format!("u-{thread}-{uuid}"),
+            "type": role,
+            "message": {"role": role, "content": format!("{role} says {uuid} the {variant} way")},
+        }))
+        .expect("a valid entry")
+    }
+
+    /// The group of `specs`, prepared at a fixed time so both databases store the same.
+    fn group(specs: &[AppendSpec], next_seqs: &[i64]) -> Vec<QueuedAppend> {
+        let now = chrono::DateTime::from_timestamp_millis(1_700_000_000_000).unwrap();
+        specs
+            .iter()
+            .filter_map(|spec| {
+                let entries = spec
+                    .entries
+                    .iter()
+                    .map(|e| entry(spec.thread, *e))
+                    .collect();
+                // A batch naming a uuid twice is refused before it is queued.
+                let batch = PreparedBatch::new(entries, now).ok()?;
+                let known = next_seqs.get(spec.thread).copied().unwrap_or(0);
+                Some(QueuedAppend {
+                    tenant: TenantId("t".to_owned()),
+                    thread_id: format!("th{}", spec.thread),
+                    batch,
+                    expected_next_seq: spec.expect_offset.map(|o| known + i64::from(o)),
+                    reply: oneshot::channel().0,
+                })
+            })
+            .collect()
+    }
+
+    fn decided(plans: &[Planned]) -> Vec<String> {
+        plans
+            .iter()
+            .map(|plan| match plan {
+                Planned::Write {
+                    first_seq,
+                    tokens_before,
+                    ..
+                } => format!("write at {first_seq}, {tokens_before} tokens before"),
+                Planned::Replay { next_seq, .. } => format!("replay at {next_seq}"),
+                Planned::Refused(error) => format!("refused: {error}"),
+            })
+            .collect()
+    }
+
+    async fn open(path: &std::path::Path, auto_compact_tokens: i64) -> Store {
+        let _ = std::fs::remove_file(path);
+        let store = Store::connect(&StoreOptions {
+            auto_compact_tokens,
+            ..StoreOptions::new(format!("sqlite://{}", path.display()))
+        })
+        .await
+        .expect("the store opens");
+        store.migrate().await.expect("migrations run");
+        let tenant = TenantId("t".to_owned());
+        store.create_tenant(&tenant, None).await.expect("tenant");
+        for thread in 0..THREADS {
+            let new = NewThread {
+                id: Some(format!("th{thread}")),
+                metadata: Default::default(),
+            };
+            store.create_thread(&tenant, new).await.expect("thread");
+        }
+        store
+    }
+
+    /// Every row and counter that an append writes, by thread id (keys differ per database).
+    async fn state(store: &Store) -> (Vec<String>, Vec<String>, Vec<String>) {
+        let messages = sqlx::query(
+            "SELECT t.thread_id, m.seq, m.uuid, m.kind, m.subtype, m.visible_rank, m.body, \
+             m.content_hash, m.created_at FROM messages m JOIN threads t \
+             ON t.thread_key = m.thread_key ORDER BY t.thread_id, m.seq",
+        )
+        .fetch_all(&store.pool)
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| {
+            let subtype: Option<String> = r.get(4);
+            format!(
+                "{} {} {} {} {subtype:?} {} {} {} {}",
+                r.get::<String, _>(0),
+                r.get::<i64, _>(1),
+                r.get::<String, _>(2),
+                r.get::<String, _>(3),
+                r.get::<i64, _>(5),
+                r.get::<String, _>(6),
+                r.get::<String, _>(7),
+                r.get::<i64, _>(8)
+            )
+        })
+        .collect();
+        let threads = sqlx::query(
+            "SELECT thread_id, next_seq, visible_count, context_tokens, updated_at FROM threads \
+             ORDER BY thread_id",
+        )
+        .fetch_all(&store.pool)
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| {
+            // An untouched thread's `updated_at` is its creation's, which differs.
+            let written = r.get::<i64, _>(1) > 0;
+            format!(
+                "{} {} {} {} {:?}",
+                r.get::<String, _>(0),
+                r.get::<i64, _>(1),
+                r.get::<i64, _>(2),
+                r.get::<i64, _>(3),
+                written.then(|| r.get::<i64, _>(4))
+            )
+        })
+        .collect();
+        let jobs = sqlx::query("SELECT kind, state FROM jobs ORDER BY kind, state")
+            .fetch_all(&store.pool)
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| format!("{} {}", r.get::<String, _>(0), r.get::<String, _>(1)))
+            .collect();
+        (messages, threads, jobs)
+    }
+
+    async fn next_seqs(store: &Store) -> Vec<i64> {
+        let tenant = TenantId("t".to_owned());
+        let mut seqs = Vec::new();
+        for thread in 0..THREADS {
+            let found = store.get_thread(&tenant, &format!("th{thread}")).await;
+            seqs.push(found.map(|t| t.next_seq).unwrap_or(0));
+        }
+        seqs
+    }
+
+    /// Writes the groups into two databases, through the writer's thread and through sqlx, and
+    /// compares every decision and the stored result.
+    async fn both_paths_agree(groups: Vec<Vec<AppendSpec>>, auto_compact_tokens: i64) {
+        let dir = std::env::temp_dir().join(format!("loupe-writer-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fast = open(&dir.join("fast.db"), auto_compact_tokens).await;
+        let mut plain = open(&dir.join("plain.db"), auto_compact_tokens).await;
+        plain.sqlite_writer = None;
+        let writer = fast
+            .sqlite_writer
+            .clone()
+            .expect("a file database has the writer");
+        for specs in &groups {
+            if self::group(specs, &[]).is_empty() {
+                // Every batch was refused before queueing: no group forms.
+                continue;
+            }
+            let (group, outcome) = writer.write(group(specs, &next_seqs(&fast).await)).await;
+            let fast_plans = match outcome.expect("no statement fails") {
+                GroupWrite::Done(plans) => plans,
+                GroupWrite::Declined => {
+                    let mut conn = fast.writer.acquire().await.unwrap();
+                    fast.write_group_in(&mut conn, &group)
+                        .await
+                        .unwrap()
+                        .unwrap()
+                }
+            };
+            let group = self::group(specs, &next_seqs(&plain).await);
+            let mut conn = plain.writer.acquire().await.unwrap();
+            let plain_plans = plain
+                .write_group_in(&mut conn, &group)
+                .await
+                .unwrap()
+                .unwrap();
+            drop(conn);
+            assert_eq!(
+                decided(&fast_plans),
+                decided(&plain_plans),
+                "group {specs:?}"
+            );
+        }
+        assert_eq!(state(&fast).await, state(&plain).await);
+        fast.close().await;
+        plain.close().await;
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+        #[test]
+        fn the_writer_thread_writes_what_the_sqlx_path_writes(
+            groups in groups(),
+            auto_compact_tokens in prop_oneof![Just(0_i64), 20..200_i64],
+        ) {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(both_paths_agree(groups, auto_compact_tokens));
+        }
+    }
+
+    #[test]
+    fn a_group_that_would_enqueue_a_job_is_declined_untouched() {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        runtime.block_on(async {
+            let dir = std::env::temp_dir().join(format!("loupe-writer-{}", uuid::Uuid::new_v4()));
+            std::fs::create_dir_all(&dir).unwrap();
+            // A threshold of 1 token: any append crosses it.
+            let store = open(&dir.join("jobs.db"), 1).await;
+            let writer = store.sqlite_writer.clone().unwrap();
+            let specs = [AppendSpec {
+                thread: 0,
+                entries: vec![(1, 0, false)],
+                expect_offset: None,
+            }];
+            let (_, outcome) = writer.write(group(&specs, &[0; THREADS])).await;
+            assert!(matches!(outcome, Ok(GroupWrite::Declined)));
+            assert_eq!(
+                next_seqs(&store).await,
+                vec![0; THREADS],
+                "nothing was written"
+            );
+            store.close().await;
+            let _ = std::fs::remove_dir_all(&dir);
+        });
+    }
+}
