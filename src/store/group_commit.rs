@@ -2,8 +2,8 @@
 //! together, in one transaction and one fsync.
 //!
 //! The first append to find no group running starts one on a task of its own (so that a caller
-//! that goes away cannot cancel the others' writes) and the appends queued meanwhile form the next
-//! group. A group costs the same few statements whatever its size (`Store::write_group`): its
+//! that goes away cannot cancel the others' writes; on SQLite, on the group writer's thread,
+//! `sqlite_writer`) and the appends queued meanwhile form the next group. A group costs the same few statements whatever its size (`Store::write_group`): its
 //! threads are locked and read, its named uuids looked up, then every append is decided in
 //! memory, in queue order, and the group's rows and counters are written at once. A replay or a
 //! refused append (conflict, unknown thread) writes nothing, and the others of its group still
@@ -27,7 +27,7 @@ use sqlx::{Any, AnyConnection, Connection};
 use tokio::sync::oneshot;
 
 use super::messages::{AppendStep, Bracket, Planned, PreparedBatch};
-use super::sqlite_writer::GroupWrite;
+use super::sqlite_writer::{write_group, GroupWrite};
 use super::{Store, StoreError, TenantId};
 
 /// Most appends written in one group: bounds the transaction and the wait of its last member.
@@ -144,11 +144,19 @@ impl GroupCommit {
     }
 }
 
-/// A runner on a task of its own, so that no caller going away can cancel a group.
+/// A runner on a task of its own, so that no caller going away can cancel a group; on SQLite,
+/// on the group writer's thread instead (`sqlite_writer`).
 fn spawn_runner(store: Store) {
+    let store = match store.sqlite_writer.clone() {
+        Some(writer) => match writer.start_runner(store) {
+            Ok(()) => return,
+            Err(store) => store,
+        },
+        None => store,
+    };
     tokio::spawn(async move {
         let runner = RunnerGuard(store);
-        runner.0.run_groups().await;
+        runner.0.run_groups(None).await;
     });
 }
 
@@ -178,6 +186,12 @@ impl Drop for RunnerGuard {
 }
 
 impl Store {
+    /// The runner, on the group writer's thread (`sqlite_writer`), writing on its connection.
+    pub(super) async fn run_sqlite_groups(&self, sqlite: &mut rusqlite::Connection) {
+        let runner = RunnerGuard(self.clone());
+        runner.0.run_groups(Some(sqlite)).await;
+    }
+
     /// How appends were grouped into transactions so far.
     pub fn group_commit_stats(&self) -> GroupCommitStats {
         GroupCommitStats {
@@ -193,7 +207,10 @@ impl Store {
     /// it has been held [`MAX_WRITER_HOLD`], it is given back before the next group, so that the
     /// pool's other writers (new threads, settings, jobs) take their turn even while appends
     /// never stop coming.
-    async fn run_groups(&self) {
+    ///
+    /// With `sqlite`, the group writer's connection, groups are written on it in one go
+    /// (`sqlite_writer::write_group`); without, through sqlx on the writer connection.
+    async fn run_groups(&self, mut sqlite: Option<&mut rusqlite::Connection>) {
         let mut writer = Writer::default();
         let mut held_since = Instant::now();
         while let Some(group) = self.group_commit.next_group() {
@@ -203,7 +220,10 @@ impl Store {
             if writer.conn.is_none() {
                 held_since = Instant::now();
             }
-            let Err((group, error)) = self.commit_group(&mut writer, group).await else {
+            let Err((group, error)) = self
+                .commit_group(&mut writer, group, sqlite.as_deref_mut())
+                .await
+            else {
                 continue;
             };
             if group.len() == 1 {
@@ -223,7 +243,10 @@ impl Store {
                 .split_groups
                 .fetch_add(1, Ordering::Relaxed);
             for append in group {
-                if let Err((alone, error)) = self.commit_group(&mut writer, vec![append]).await {
+                let sqlite = sqlite.as_deref_mut();
+                if let Err((alone, error)) =
+                    self.commit_group(&mut writer, vec![append], sqlite).await
+                {
                     answer_error(alone, error);
                 }
             }
@@ -239,6 +262,7 @@ impl Store {
         &self,
         writer: &mut Writer,
         group: Vec<QueuedAppend>,
+        sqlite: Option<&mut rusqlite::Connection>,
     ) -> Result<(), (Vec<QueuedAppend>, StoreError)> {
         let conn = match &mut writer.conn {
             Some(conn) => conn,
@@ -251,29 +275,22 @@ impl Store {
                 }
             },
         };
-        let (group, outcome) = match &self.sqlite_writer {
-            // The writer pool's connection, held, keeps every other writer of this process off.
-            Some(fast) => match fast.write(group).await {
-                (group, Ok(GroupWrite::Done(plans))) => (group, Ok(Ok(plans))),
-                (group, Err(error)) if group.is_empty() => {
-                    // The writer's thread is gone with the group: its appends learn it when
-                    // their replies are dropped.
-                    tracing::error!(%error, "the SQLite writer lost a group");
-                    return Ok(());
-                }
-                (group, Err(error)) => (group, Ok(Err(error))),
-                (group, Ok(GroupWrite::Declined)) => {
+        let outcome = match sqlite {
+            // The writer pool's connection, held, keeps every other writer of this process off
+            // the file while the group writer's connection writes.
+            Some(sqlite) => match write_group(sqlite, &group, self.auto_compact_tokens) {
+                Ok(GroupWrite::Done(plans)) => Ok(Ok(plans)),
+                Err(error) => Ok(Err(error)),
+                Ok(GroupWrite::Declined) => {
                     writer.in_transaction = true;
-                    let outcome = self.write_group_in(conn, &group).await;
-                    (group, outcome)
+                    self.write_group_in(conn, &group).await
                 }
             },
             None => {
                 // Only SQLite's transaction is the group's own; sqlx rolls its own back when
                 // dropped.
                 writer.in_transaction = self.backend == super::Backend::Sqlite;
-                let outcome = self.write_group_in(conn, &group).await;
-                (group, outcome)
+                self.write_group_in(conn, &group).await
             }
         };
         if matches!(outcome, Ok(Ok(_))) {

@@ -355,7 +355,6 @@ impl Store {
             Some(Arc::new(sqlite_writer::SqliteWriter::open(
                 file.get_filename(),
                 options.sqlite_synchronous,
-                options.auto_compact_tokens.max(0),
             )?))
         } else {
             None

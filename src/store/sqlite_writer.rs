@@ -1,31 +1,33 @@
-//! SQLite's group writer: a thread of its own holding a connection of its own, which writes a
-//! whole group of appends in one hand-off.
+//! SQLite's group writer: a thread of its own, with a connection of its own, on which SQLite's
+//! one group-commit runner runs, writing each group there in one go.
 //!
 //! Through sqlx, each call a group makes is a hand-off to the driver's thread and back, two
-//! thread wake-ups, and a group made two calls plus the rows streamed back. Here the group goes
-//! to the writer's thread once: it begins, reads, decides every append in memory, writes and
-//! commits there, then hands the group back with what was decided.
+//! thread wake-ups, and a group made two calls; the runner, a task, was one more hand-off away
+//! from the thread that wrote. Here the runner itself runs on the writer's thread: it takes a
+//! group from the queue, begins, reads, decides every append in memory, writes and commits on
+//! its own connection, answers the group's appends, and takes the next, without waiting on
+//! any other thread. When the queue is empty the thread sleeps until the next append wakes it.
 //!
-//! The thread only writes while its caller holds the writer pool's one connection, so it never
-//! competes with the store's other writes for SQLite's write lock. A group that would enqueue a
-//! job (a threshold crossed, an outlined thread) is rolled back untouched and written through
-//! sqlx instead, whose job queries it shares with every other writer.
+//! The runner writes only while it holds the writer pool's one connection (`run_groups`), so
+//! the thread never competes with the store's other writes for SQLite's write lock. A group
+//! that would enqueue a job (a threshold crossed, an outlined thread), or names more uuids than
+//! one statement looks up, is rolled back untouched and written through sqlx on that
+//! connection instead, sharing the job queries of every other writer.
 
 use std::collections::hash_map::Entry as Slot;
 use std::collections::HashMap;
 use std::sync::mpsc;
 
 use rusqlite::{Connection, OpenFlags};
-use tokio::sync::oneshot;
 
 use super::group_commit::QueuedAppend;
 use super::messages::{
     group_needs_jobs, insert_rows_sql, plan_append, read_group_sql, thread_of, update_threads_sql,
     AppendTriggers, Bracket, GroupRead, GroupThread, NewRow, Planned, INSERT_CHUNK, INSERT_WIDTH,
 };
-use super::{SqliteSynchronous, StoreError};
+use super::{SqliteSynchronous, Store, StoreError};
 
-/// What the writer's thread made of a group.
+/// What the group writer made of a group.
 pub(super) enum GroupWrite {
     /// Committed (or, for replays and refusals only, rolled back): one decision per append.
     Done(Vec<Planned>),
@@ -34,92 +36,100 @@ pub(super) enum GroupWrite {
     Declined,
 }
 
-struct Work {
-    group: Vec<QueuedAppend>,
-    reply: oneshot::Sender<(Vec<QueuedAppend>, Result<GroupWrite, StoreError>)>,
+/// A request to run the group-commit runner on the writer's thread, for this store, with this
+/// runtime driving the runner's waits (the writer pool's connection, a declined group's sqlx
+/// statements).
+struct Start {
+    store: Store,
+    runtime: tokio::runtime::Handle,
 }
 
-/// The handle to the writer's thread; the thread ends when the handle is dropped.
+/// The handle to the writer's thread. Between runs the thread holds no [`Store`], so it ends
+/// once the last store that can start it is dropped.
 pub(super) struct SqliteWriter {
-    work: mpsc::Sender<Work>,
+    starts: mpsc::Sender<Start>,
 }
 
 impl SqliteWriter {
-    /// Opens the writer's connection on `path` and starts its thread.
+    /// Opens the writer's connection on `path` and starts its thread, idle.
     pub(super) fn open(
         path: &std::path::Path,
         synchronous: SqliteSynchronous,
-        default_threshold: i64,
     ) -> Result<Self, StoreError> {
-        let conn = Connection::open_with_flags(
-            path,
-            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-        )
-        .map_err(|e| open_failed(&e))?;
-        // The pool's connections' settings (`open_pool`).
-        conn.execute_batch(&format!(
-            "PRAGMA busy_timeout = 30000; {}; {}; PRAGMA wal_autocheckpoint = {}",
-            synchronous.pragma(),
-            super::TEMP_STORE_PRAGMA,
-            super::WAL_AUTOCHECKPOINT_PAGES
-        ))
-        .map_err(|e| open_failed(&e))?;
-        let (work, queue) = mpsc::channel::<Work>();
+        let mut conn = connect(path, synchronous)?;
+        let (starts, requests) = mpsc::channel::<Start>();
         std::thread::Builder::new()
             .name("loupe-sqlite-writer".to_owned())
             .spawn(move || {
-                let mut conn = conn;
-                for Work { group, reply } in queue {
-                    // A panic fails its group instead of ending the thread, which later groups
-                    // still need.
-                    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        write_group(&mut conn, &group, default_threshold)
-                    }))
-                    .unwrap_or_else(|_| Err(panicked()));
-                    if outcome.is_err() && !conn.is_autocommit() {
-                        // A failed statement may leave the transaction open.
-                        let _ = conn.execute_batch("ROLLBACK");
-                    }
-                    let _ = reply.send((group, outcome));
+                for Start { store, runtime } in requests {
+                    // A panic of the runner ends this run only: its guard starts the next one
+                    // (another request) if appends still wait, and this thread goes on.
+                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        runtime.block_on(store.run_sqlite_groups(&mut conn));
+                    }));
                 }
             })
             .map_err(|e| StoreError::Config(format!("cannot start the SQLite writer: {e}")))?;
-        Ok(SqliteWriter { work })
+        Ok(SqliteWriter { starts })
     }
 
-    /// Writes the group on the writer's thread; gives it back with the outcome.
-    pub(super) async fn write(
-        &self,
-        group: Vec<QueuedAppend>,
-    ) -> (Vec<QueuedAppend>, Result<GroupWrite, StoreError>) {
-        let (reply, answer) = oneshot::channel();
-        if let Err(mpsc::SendError(work)) = self.work.send(Work { group, reply }) {
-            // The thread is gone (it cannot end while this handle lives, but if it did): sqlx
-            // still writes.
-            tracing::error!("the SQLite writer thread stopped; writing through sqlx");
-            return (work.group, Ok(GroupWrite::Declined));
-        }
-        // The thread answers every group it takes (a panic included), so the reply is only
-        // dropped if the thread is gone with the group, whose appends then learn it when their
-        // own replies are dropped.
-        answer.await.unwrap_or_else(|_| (Vec::new(), Err(gone())))
+    /// Runs the group-commit runner on the writer's thread; gives the store back when the
+    /// thread is gone (it cannot end while this handle lives, but if it did, a task runs it).
+    /// Called from within a runtime.
+    pub(super) fn start_runner(&self, store: Store) -> Result<(), Store> {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return Err(store);
+        };
+        self.starts
+            .send(Start { store, runtime })
+            .map_err(|mpsc::SendError(start)| {
+                tracing::error!("the SQLite writer thread stopped; a task runs the appends");
+                start.store
+            })
     }
 }
 
-fn gone() -> StoreError {
-    StoreError::CommitFailed {
-        message: "the SQLite writer thread stopped".to_owned(),
-        transient: true,
-    }
+/// The writer's connection, with the settings of the pool's (`open_pool`).
+pub(super) fn connect(
+    path: &std::path::Path,
+    synchronous: SqliteSynchronous,
+) -> Result<Connection, StoreError> {
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(|e| open_failed(&e))?;
+    conn.execute_batch(&format!(
+        "PRAGMA busy_timeout = 30000; {}; {}; PRAGMA wal_autocheckpoint = {}",
+        synchronous.pragma(),
+        super::TEMP_STORE_PRAGMA,
+        super::WAL_AUTOCHECKPOINT_PAGES
+    ))
+    .map_err(|e| open_failed(&e))?;
+    Ok(conn)
 }
 
-/// A bug, not the append's fault nor the database's: the group is answered with a 503 and
-/// nothing of it is kept.
-fn panicked() -> StoreError {
-    StoreError::CommitFailed {
-        message: "the SQLite writer failed unexpectedly".to_owned(),
-        transient: true,
+/// Writes the group in one transaction on `conn`, or declines it. After a failure (a
+/// statement's, or a panic's, which is a bug and answered with a 503) nothing of the group is
+/// kept and no transaction is left open.
+pub(super) fn write_group(
+    conn: &mut Connection,
+    group: &[QueuedAppend],
+    default_threshold: i64,
+) -> Result<GroupWrite, StoreError> {
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        try_write_group(conn, group, default_threshold)
+    }))
+    .unwrap_or_else(|_| {
+        Err(StoreError::CommitFailed {
+            message: "the SQLite writer failed unexpectedly".to_owned(),
+            transient: true,
+        })
+    });
+    if outcome.is_err() && !conn.is_autocommit() {
+        let _ = conn.execute_batch("ROLLBACK");
     }
+    outcome
 }
 
 fn open_failed(error: &rusqlite::Error) -> StoreError {
@@ -145,7 +155,7 @@ fn failed(error: rusqlite::Error) -> StoreError {
     }
 }
 
-fn write_group(
+fn try_write_group(
     conn: &mut Connection,
     group: &[QueuedAppend],
     default_threshold: i64,
@@ -356,7 +366,7 @@ mod tests {
                     thread_id: format!("th{}", spec.thread),
                     batch,
                     expected_next_seq: spec.expect_offset.map(|o| known + i64::from(o)),
-                    reply: oneshot::channel().0,
+                    reply: tokio::sync::oneshot::channel().0,
                 })
             })
             .collect()
@@ -473,16 +483,14 @@ mod tests {
         let fast = open(&dir.join("fast.db"), auto_compact_tokens).await;
         let mut plain = open(&dir.join("plain.db"), auto_compact_tokens).await;
         plain.sqlite_writer = None;
-        let writer = fast
-            .sqlite_writer
-            .clone()
-            .expect("a file database has the writer");
+        let mut sqlite = connect(&dir.join("fast.db"), SqliteSynchronous::default()).unwrap();
         for specs in &groups {
             if self::group(specs, &[]).is_empty() {
                 // Every batch was refused before queueing: no group forms.
                 continue;
             }
-            let (group, outcome) = writer.write(group(specs, &next_seqs(&fast).await)).await;
+            let group = self::group(specs, &next_seqs(&fast).await);
+            let outcome = write_group(&mut sqlite, &group, auto_compact_tokens);
             let fast_plans = match outcome.expect("no statement fails") {
                 GroupWrite::Done(plans) => plans,
                 GroupWrite::Declined => {
@@ -538,14 +546,15 @@ mod tests {
             std::fs::create_dir_all(&dir).unwrap();
             // A threshold of 1 token: any append crosses it.
             let store = open(&dir.join("jobs.db"), 1).await;
-            let writer = store.sqlite_writer.clone().unwrap();
+            let mut sqlite = connect(&dir.join("jobs.db"), SqliteSynchronous::default()).unwrap();
             let specs = [AppendSpec {
                 thread: 0,
                 entries: vec![(1, 0, false)],
                 expect_offset: None,
             }];
-            let (_, outcome) = writer.write(group(&specs, &[0; THREADS])).await;
+            let outcome = write_group(&mut sqlite, &group(&specs, &[0; THREADS]), 1);
             assert!(matches!(outcome, Ok(GroupWrite::Declined)));
+            assert!(sqlite.is_autocommit(), "no transaction is left open");
             assert_eq!(
                 next_seqs(&store).await,
                 vec![0; THREADS],
