@@ -10,6 +10,9 @@
 # Phases, wrk -t2 -c8 on 127.0.0.1 only:
 #   ceiling   GET /healthz: the bare axum stack (middleware and all), no database;
 #   appends   POST …/messages, 2 messages of ~300 B, round-robin over 100 threads;
+#   pg-append (postgres only) the same transaction an append makes, sent by pgbench with 8
+#             clients on 2 threads straight to the database, no HTTP and no Loupe
+#             (scripts/load/pg_append.sql): what PostgreSQL itself commits on this machine;
 #   raw-1k    GET …/messages?limit=1000 of a 1,000-message thread: the same rows, each body
 #             parsed and written back, no normalization (the raw baseline);
 #   ctx-1k    GET …/context of that thread (Anthropic, normalized);
@@ -21,7 +24,9 @@ backend=${2:?usage: scripts/hotpath.sh BINARY sqlite|postgres}
 duration=${HOTPATH_DURATION:-10}
 (( duration >= 1 && duration <= 20 )) || { echo "hotpath.sh: HOTPATH_DURATION must be 1–20" >&2; exit 2; }
 runs=${HOTPATH_RUNS:-1}
-phases=" ${HOTPATH_PHASES:-ceiling appends raw-1k ctx-1k ctx-10k} "
+default_phases="ceiling appends raw-1k ctx-1k ctx-10k"
+[[ $backend == postgres ]] && default_phases="ceiling appends pg-append raw-1k ctx-1k ctx-10k"
+phases=" ${HOTPATH_PHASES:-$default_phases} "
 wanted() { [[ $phases == *" $1 "* ]]; }
 pg_admin=${HOTPATH_PG_ADMIN:-postgres://loupe:loupe@127.0.0.1:5432/postgres}
 command -v wrk >/dev/null || { echo "hotpath.sh: wrk is required" >&2; exit 2; }
@@ -107,6 +112,23 @@ for (( r = 1; r <= runs; r++ )); do
     run="a$RANDOM"
     for (( i = 0; i < 100; i++ )); do new_thread "$run-t$i"; done
     LOAD_RUN=$run LOAD_BATCH=2 LOAD_THREAD_COUNT=100 measure appends -s scripts/load/append_spread.lua "$base"
+  fi
+  if wanted pg-append && [[ $backend == postgres ]]; then
+    command -v pgbench >/dev/null || { echo "hotpath.sh: pgbench is required for pg-append" >&2; exit 2; }
+    start
+    run="p$RANDOM"
+    for (( i = 0; i < 100; i++ )); do new_thread "$run-t$i"; done
+    tenant=$(psql -qAt "${pg_admin%/*}/$db" -c "SELECT tenant_id FROM threads LIMIT 1")
+    pgbench -n -M prepared -c 8 -j 2 -T "$duration" -f scripts/load/pg_append.sql \
+      -D tenant="$tenant" -D prefix="$run-t" \
+      -D body="$(printf '{"type":"user","message":{"role":"user","content":"%s"}}' \
+        "$(printf 'the append handler checks the index first. %.0s' 1 2 3 4 5 6)")" \
+      "${pg_admin%/*}/$db" >"$tmp/pgbench.out" 2>&1 ||
+      { echo "hotpath.sh: pgbench failed: $(tail -3 "$tmp/pgbench.out")" >&2; exit 1; }
+    awk -v load="$(cut -d' ' -f1 /proc/loadavg)" '
+      /^tps = / { tps = $3 } /latency average/ { avg = $4 " ms" }
+      END { printf "%-8s %10s tx/s   avg %8s  (load %s)\n", "pg-append", tps, avg, load }
+    ' "$tmp/pgbench.out"
   fi
   if wanted raw-1k || wanted ctx-1k || wanted ctx-10k; then
     start
