@@ -116,9 +116,12 @@ impl Default for Limits {
     }
 }
 
-/// What every handler can reach.
+/// What every handler can reach. One shared allocation: the router's layers and extractors
+/// clone the state for every request, and a clone is then one reference count.
 #[derive(Clone)]
-pub struct AppState {
+pub struct AppState(Arc<SharedState>);
+
+pub struct SharedState {
     pub store: Store,
     pub limits: Arc<Limits>,
     pub guards: Arc<Guards>,
@@ -126,17 +129,25 @@ pub struct AppState {
     pub context_cache: Arc<context_cache::ContextCache>,
 }
 
+impl std::ops::Deref for AppState {
+    type Target = SharedState;
+
+    fn deref(&self) -> &SharedState {
+        &self.0
+    }
+}
+
 impl AppState {
     /// The state of a service authenticating callers by `auth`.
     pub fn new(store: Store, limits: Limits, auth: AuthMode) -> Self {
         let guards = Arc::new(Guards::new(auth, &limits));
         let context_cache = Arc::new(context_cache::ContextCache::new(limits.context_cache_bytes));
-        AppState {
+        AppState(Arc::new(SharedState {
             store,
             limits: Arc::new(limits),
             guards,
             context_cache,
-        }
+        }))
     }
 }
 
