@@ -631,7 +631,23 @@ mod tests {
                     .await
                     .unwrap();
                 assert_eq!(level, expected, "{setting:?}");
+                let temp_store: i64 = sqlx::query_scalar("PRAGMA temp_store")
+                    .fetch_one(pool)
+                    .await
+                    .unwrap();
+                assert_eq!(temp_store, 2, "temporary files in memory");
             }
+            // The group writer's connection, which commits the appends.
+            let path = dir.join(format!("{setting:?}.db"));
+            let writer = sqlite_writer::connect(&path, setting).unwrap();
+            let level: i64 = writer
+                .query_row("PRAGMA synchronous", [], |row| row.get(0))
+                .unwrap();
+            assert_eq!(level, expected, "{setting:?}, the group writer");
+            let temp_store: i64 = writer
+                .query_row("PRAGMA temp_store", [], |row| row.get(0))
+                .unwrap();
+            assert_eq!(temp_store, 2, "temporary files in memory");
             store.close().await;
         }
         assert_eq!("FULL".parse(), Ok(SqliteSynchronous::Full));
