@@ -106,6 +106,8 @@ pub(super) fn connect(
         super::WAL_AUTOCHECKPOINT_PAGES
     ))
     .map_err(|e| open_failed(&e))?;
+    // A statement per group shape (threads, named uuids, rows): keep the common ones prepared.
+    conn.set_prepared_statement_cache_capacity(64);
     Ok(conn)
 }
 
@@ -155,6 +157,7 @@ fn failed(error: rusqlite::Error) -> StoreError {
     }
 }
 
+/// The group's transaction: the statements of `Store::write_group`, through rusqlite.
 fn try_write_group(
     conn: &mut Connection,
     group: &[QueuedAppend],
@@ -190,6 +193,9 @@ fn try_write_group(
     Ok(GroupWrite::Done(plans))
 }
 
+/// Every thread of the group with its settings and the uuids the group named: the rows of
+/// [`read_group_sql`], keyed as the group names its threads. Another tenant's thread is not
+/// found.
 fn read_group<'g>(
     conn: &Connection,
     read: &GroupRead<'g>,
@@ -243,6 +249,8 @@ fn read_group<'g>(
     Ok(threads)
 }
 
+/// Inserts up to [`INSERT_CHUNK`] rows in one statement. Placeholders are bound by position:
+/// SQLite numbers `$N` parameters in the order they first appear, which is N's.
 fn insert_rows(conn: &Connection, rows: &[NewRow<'_>]) -> Result<(), StoreError> {
     let mut statement = conn
         .prepare_cached(&insert_rows_sql(rows.len()))
@@ -269,6 +277,7 @@ fn insert_rows(conn: &Connection, rows: &[NewRow<'_>]) -> Result<(), StoreError>
     Ok(())
 }
 
+/// Moves the counters of every thread the group wrote to, in one statement.
 fn update_threads<'a>(
     conn: &Connection,
     threads: impl Iterator<Item = &'a GroupThread>,
