@@ -290,35 +290,65 @@ pub async fn get_context(
         .into_response());
     }
     let key = ContextKey::new(&tenant, &path.thread_id, &options);
-    if let Some(cached) = cache.get(&key) {
-        let tail = match cached.checkpoint.resume_seq() {
-            Some(resume) => Some(
-                state
-                    .store
-                    .context_tail(&head, resume, cached.window_start)
-                    .await?,
-            ),
-            None => None,
-        };
-        if let Some(tail) = tail.filter(|tail| tail.thread_key == cached.thread_key) {
-            let (shared, key, options) = (cache.clone(), key.clone(), options.clone());
-            let read =
-                off_the_executor(move || continue_read(cached, tail, &options, &shared, key))
-                    .await??;
-            match read {
-                Ok(answer) => {
-                    cache.record_hit();
-                    return Ok(answer.into_response());
-                }
-                Err(Fallback(reason)) => crate::metrics::context_fallback(reason),
-            }
-        }
-        // The checkpoint could not answer (another thread of that id, or a tail that changes
-        // it): no later read should try it again. The full read below leaves a new one when it
-        // can.
-        drop(cache.take(&key));
+    if let Some(answer) = cached_read(&state, &head, &cache, &key, &options).await? {
+        return Ok(answer);
     }
-    paged_read(&state, &tenant, &path.thread_id, &head, options, cache, key).await
+    // No checkpoint. Of concurrent reads of one key, one reads the window; the others wait for
+    // it, then go on from the checkpoint it left, from the thread's head as it is now. So a
+    // burst of first reads reads the window once. A read that waited and still finds none (the
+    // window leaves no checkpoint) reads the window itself, without waiting again.
+    let turn = cache.first_read_turn(&key).await;
+    let head = match turn {
+        Some(_) => head,
+        None => {
+            let head = state.store.context_head(&tenant, &path.thread_id).await?;
+            if let Some(answer) = cached_read(&state, &head, &cache, &key, &options).await? {
+                return Ok(answer);
+            }
+            head
+        }
+    };
+    let answer = paged_read(&state, &tenant, &path.thread_id, &head, options, cache, key).await;
+    drop(turn);
+    answer
+}
+
+/// A read that goes on from the key's checkpoint, if the cache holds one that can answer.
+async fn cached_read(
+    state: &AppState,
+    head: &ContextHead,
+    cache: &Arc<ContextCache>,
+    key: &ContextKey,
+    options: &NormalizeOptions,
+) -> Result<Option<Response>, ApiError> {
+    let Some(cached) = cache.get(key) else {
+        return Ok(None);
+    };
+    let tail = match cached.checkpoint.resume_seq() {
+        Some(resume) => Some(
+            state
+                .store
+                .context_tail(head, resume, cached.window_start)
+                .await?,
+        ),
+        None => None,
+    };
+    if let Some(tail) = tail.filter(|tail| tail.thread_key == cached.thread_key) {
+        let (shared, key, options) = (cache.clone(), key.clone(), options.clone());
+        let read =
+            off_the_executor(move || continue_read(cached, tail, &options, &shared, key)).await??;
+        match read {
+            Ok(answer) => {
+                cache.record_hit();
+                return Ok(Some(answer.into_response()));
+            }
+            Err(Fallback(reason)) => crate::metrics::context_fallback(reason),
+        }
+    }
+    // The checkpoint could not answer (another thread of that id, or a tail that changes it):
+    // no later read should try it again. The full read after this leaves a new one when it can.
+    drop(cache.take(key));
+    Ok(None)
 }
 
 /// Most pages' worth of entries a paged read keeps waiting for a cut before it reads the whole

@@ -8,6 +8,11 @@
 //! the checkpoint out, moves its own copy on and puts it back; a read beside it still answers
 //! from the old one, or reads the whole window if it finds none: slower, never wrong (the later
 //! of two checkpoints put back stays; both are valid).
+//!
+//! Reads that find no checkpoint take turns per key ([`ContextCache::first_read_turn`]): one
+//! reads the window, and those arriving meanwhile wait for it, then go on from the checkpoint it
+//! left. A burst of first reads of a long thread (a restart, a new client) then reads its
+//! window once, not once per read.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -64,6 +69,32 @@ pub struct ContextCache {
     lru: Mutex<Lru>,
     /// Reads that found a checkpoint.
     hits: AtomicU64,
+    /// The keys being read without a checkpoint, each with the turn its readers wait for.
+    first_reads: Mutex<HashMap<ContextKey, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+/// A read's turn to read a key's window without a checkpoint ([`ContextCache::first_read_turn`]).
+/// Given back when dropped; the key's entry goes once nobody waits for it.
+pub struct FirstReadTurn {
+    cache: Arc<ContextCache>,
+    key: ContextKey,
+    turn: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl Drop for FirstReadTurn {
+    fn drop(&mut self) {
+        let Some(turn) = self.turn.take() else {
+            return;
+        };
+        let flight = tokio::sync::OwnedMutexGuard::mutex(&turn).clone();
+        drop(turn);
+        let mut first_reads = self.cache.first_reads_lock();
+        // The map's and this one's: nobody else holds the turn or waits for it (a waiter holds
+        // its own, and takes it only under this lock).
+        if Arc::strong_count(&flight) == 2 {
+            first_reads.remove(&self.key);
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -90,7 +121,50 @@ impl ContextCache {
             budget,
             lru: Mutex::new(Lru::default()),
             hits: AtomicU64::new(0),
+            first_reads: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The key's turn to read its window without a checkpoint, when no other read of the key is
+    /// under way; otherwise waits until that read ends and returns `None`, so that the caller
+    /// looks again for the checkpoint it left instead of reading the whole window too.
+    pub async fn first_read_turn(self: &Arc<Self>, key: &ContextKey) -> Option<FirstReadTurn> {
+        let flight = self
+            .first_reads_lock()
+            .entry(key.clone())
+            .or_default()
+            .clone();
+        match flight.clone().try_lock_owned() {
+            Ok(turn) => Some(FirstReadTurn {
+                cache: self.clone(),
+                key: key.clone(),
+                turn: Some(turn),
+            }),
+            Err(_) => {
+                // Taken and given back at once: the waiters after this one go on together.
+                let turn = flight.lock_owned().await;
+                drop(FirstReadTurn {
+                    cache: self.clone(),
+                    key: key.clone(),
+                    turn: Some(turn),
+                });
+                None
+            }
+        }
+    }
+
+    /// Keys being read without a checkpoint (for tests: none once every read is done).
+    pub fn first_reads(&self) -> usize {
+        self.first_reads_lock().len()
+    }
+
+    fn first_reads_lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<ContextKey, Arc<tokio::sync::Mutex<()>>>> {
+        // Every update completes before anything can panic.
+        self.first_reads
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     pub fn is_enabled(&self) -> bool {

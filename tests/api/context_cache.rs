@@ -23,6 +23,7 @@ on_both_backends!(
     cached_context_reads_equal_uncached_ones,
     a_tenants_cached_context_never_answers_another_tenant,
     concurrent_reads_of_a_thread_all_go_on_from_its_checkpoint,
+    a_burst_of_first_reads_reads_the_window_once,
     a_checkpoint_that_cannot_answer_leaves_the_cache,
     a_window_read_in_pages_answers_as_a_whole_read,
     a_tail_ends_where_its_head_saw_the_thread_end,
@@ -402,6 +403,32 @@ async fn concurrent_reads_of_a_thread_all_go_on_from_its_checkpoint(app: TestApp
         QUERIES.len(),
         "the checkpoints stay cached"
     );
+    app.finish().await;
+}
+
+/// A burst of first reads of a thread reads its window once: the reads that find no checkpoint
+/// while another reads the window wait for it, then go on from the checkpoint it left. Each
+/// answers what the uncached service does, and no turn is left behind.
+async fn a_burst_of_first_reads_reads_the_window_once(app: TestApp) {
+    let s = services(&app, || AuthMode::Open);
+    let thread = thread_with_rounds(&app, &s, "cold", 40).await;
+    let uri = format!("/v1/threads/{thread}/context");
+    let (_, expected) = get(&s.uncached, None, &uri).await;
+    let hits = s.cache.hits();
+    let answers = futures_util::future::join_all((0..8).map(|_| get(&s.cached, None, &uri))).await;
+    assert_eq!(
+        s.cache.hits() - hits,
+        7,
+        "one read read the window, the others went on from its checkpoint"
+    );
+    for (status, body) in answers {
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(
+            String::from_utf8_lossy(&body),
+            String::from_utf8_lossy(&expected)
+        );
+    }
+    assert_eq!(s.cache.first_reads(), 0, "every turn was given back");
     app.finish().await;
 }
 
