@@ -74,24 +74,43 @@ pub struct ContextCache {
 }
 
 /// A read's turn to read a key's window without a checkpoint ([`ContextCache::first_read_turn`]).
-/// Given back when dropped; the key's entry goes once nobody waits for it.
+/// Given back when dropped.
 pub struct FirstReadTurn {
-    cache: Arc<ContextCache>,
-    key: ContextKey,
     turn: Option<tokio::sync::OwnedMutexGuard<()>>,
+    _reader: FirstReader,
 }
 
 impl Drop for FirstReadTurn {
     fn drop(&mut self) {
-        let Some(turn) = self.turn.take() else {
-            return;
-        };
-        let flight = tokio::sync::OwnedMutexGuard::mutex(&turn).clone();
-        drop(turn);
+        // The turn first, so that the reader's count below no longer includes it.
+        drop(self.turn.take());
+    }
+}
+
+/// A read that holds or waits for a key's turn. The last one to go, turn holder or waiter (a
+/// cancelled one too), removes the key's entry: each lets its reference go under the map's
+/// lock, where every reference is also taken.
+struct FirstReader {
+    cache: Arc<ContextCache>,
+    key: ContextKey,
+    flight: Option<Arc<tokio::sync::Mutex<()>>>,
+}
+
+impl FirstReader {
+    fn flight(&self) -> &Arc<tokio::sync::Mutex<()>> {
+        self.flight.as_ref().expect("held until dropped")
+    }
+}
+
+impl Drop for FirstReader {
+    fn drop(&mut self) {
         let mut first_reads = self.cache.first_reads_lock();
-        // The map's and this one's: nobody else holds the turn or waits for it (a waiter holds
-        // its own, and takes it only under this lock).
-        if Arc::strong_count(&flight) == 2 {
+        drop(self.flight.take());
+        // Only the map's is left: nobody else holds the turn or waits for it.
+        if first_reads
+            .get(&self.key)
+            .is_some_and(|flight| Arc::strong_count(flight) == 1)
+        {
             first_reads.remove(&self.key);
         }
     }
@@ -134,23 +153,20 @@ impl ContextCache {
             .entry(key.clone())
             .or_default()
             .clone();
-        match flight.clone().try_lock_owned() {
-            Ok(turn) => Some(FirstReadTurn {
-                cache: self.clone(),
-                key: key.clone(),
+        let reader = FirstReader {
+            cache: self.clone(),
+            key: key.clone(),
+            flight: Some(flight),
+        };
+        if let Ok(turn) = reader.flight().clone().try_lock_owned() {
+            return Some(FirstReadTurn {
                 turn: Some(turn),
-            }),
-            Err(_) => {
-                // Taken and given back at once: the waiters after this one go on together.
-                let turn = flight.lock_owned().await;
-                drop(FirstReadTurn {
-                    cache: self.clone(),
-                    key: key.clone(),
-                    turn: Some(turn),
-                });
-                None
-            }
+                _reader: reader,
+            });
         }
+        // Taken and given back at once: the waiters after this one go on together.
+        drop(reader.flight().lock().await);
+        None
     }
 
     /// Keys being read without a checkpoint (for tests: none once every read is done).
