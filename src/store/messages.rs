@@ -192,6 +192,22 @@ pub(super) struct GroupThread {
     pub(super) known: HashMap<String, (i64, String)>,
 }
 
+impl GroupThread {
+    /// The thread as its row was read: `[next_seq, visible_count, context_tokens]`.
+    pub(super) fn new(thread_key: String, counters: [i64; 3], triggers: AppendTriggers) -> Self {
+        let [next_seq, visible_count, context_tokens] = counters;
+        GroupThread {
+            thread_key,
+            next_seq,
+            visible_count,
+            context_tokens,
+            triggers,
+            updated_at: None,
+            known: HashMap::new(),
+        }
+    }
+}
+
 /// Who begins and ends a group's transaction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Bracket {
@@ -488,8 +504,23 @@ fn context_tokens_of<'a>(entries: impl Iterator<Item = &'a Entry>) -> BatchToken
 /// What an append may trigger, from the thread's settings: its auto-compaction threshold (its
 /// own, else the server default) and whether it is outlined.
 pub(super) struct AppendTriggers {
-    pub(super) auto_compact_tokens: i64,
-    pub(super) outlined: bool,
+    auto_compact_tokens: i64,
+    outlined: bool,
+}
+
+impl AppendTriggers {
+    /// From the thread's `thread_settings` columns (NULL when it has none).
+    pub(super) fn from_settings(
+        own_threshold: Option<i64>,
+        outline: Option<String>,
+        default_threshold: i64,
+    ) -> Result<Self, StoreError> {
+        Ok(AppendTriggers {
+            auto_compact_tokens: own_threshold.unwrap_or(default_threshold),
+            outlined: super::settings::outline_column(outline)?
+                .is_some_and(|options| options.enabled),
+        })
+    }
 }
 
 /// The jobs an append enqueued.
@@ -693,22 +724,19 @@ async fn read_group<'g>(
         // On PostgreSQL a thread comes once per uuid found in it.
         let thread = match threads.entry(key) {
             Slot::Occupied(known) => known.into_mut(),
-            Slot::Vacant(new) => {
-                let own_threshold: Option<i64> = row.try_get("auto_compact_tokens")?;
-                new.insert(GroupThread {
-                    thread_key: row.try_get("thread_key")?,
-                    next_seq: row.try_get("next_seq")?,
-                    visible_count: row.try_get("visible_count")?,
-                    context_tokens: row.try_get("context_tokens")?,
-                    triggers: AppendTriggers {
-                        auto_compact_tokens: own_threshold.unwrap_or(default_threshold),
-                        outlined: super::settings::outline_column(row.try_get("outline")?)?
-                            .is_some_and(|options| options.enabled),
-                    },
-                    updated_at: None,
-                    known: HashMap::new(),
-                })
-            }
+            Slot::Vacant(new) => new.insert(GroupThread::new(
+                row.try_get("thread_key")?,
+                [
+                    row.try_get("next_seq")?,
+                    row.try_get("visible_count")?,
+                    row.try_get("context_tokens")?,
+                ],
+                AppendTriggers::from_settings(
+                    row.try_get("auto_compact_tokens")?,
+                    row.try_get("outline")?,
+                    default_threshold,
+                )?,
+            )),
         };
         if joined {
             if let Some(uuid) = row.try_get::<Option<String>, _>("uuid")? {

@@ -336,7 +336,11 @@ impl Store {
             options.sqlite_synchronous,
         )
         .await?;
-        let writer = if backend == Backend::Sqlite && !options.url.contains(":memory:") {
+        // A file database gets its one writer connection, SQLite's group writer and the WAL's
+        // checkpoints; an in-memory one (tests) writes through its one pool.
+        let (writer, sqlite_writer) = if backend == Backend::Sqlite
+            && !options.url.contains(":memory:")
+        {
             let writer = open_pool(
                 backend,
                 &connect_options,
@@ -345,19 +349,14 @@ impl Store {
                 options.sqlite_synchronous,
             )
             .await?;
-            tokio::spawn(checkpoint_wal(pool.clone()));
-            writer
-        } else {
-            pool.clone()
-        };
-        let sqlite_writer = if backend == Backend::Sqlite && !options.url.contains(":memory:") {
             let file = sqlx::sqlite::SqliteConnectOptions::from_str(&options.url)?;
-            Some(Arc::new(sqlite_writer::SqliteWriter::open(
-                file.get_filename(),
-                options.sqlite_synchronous,
-            )?))
+            let group_writer =
+                sqlite_writer::SqliteWriter::open(file.get_filename(), options.sqlite_synchronous)?;
+            // Last, once nothing can fail: the task keeps the pool open.
+            tokio::spawn(checkpoint_wal(pool.clone()));
+            (writer, Some(Arc::new(group_writer)))
         } else {
-            None
+            (pool.clone(), None)
         };
         Ok(Store {
             pool,

@@ -18,7 +18,7 @@ use std::collections::hash_map::Entry as Slot;
 use std::collections::HashMap;
 use std::sync::mpsc;
 
-use rusqlite::{Connection, OpenFlags};
+use rusqlite::{Connection, OpenFlags, ToSql};
 
 use super::group_commit::QueuedAppend;
 use super::messages::{
@@ -188,7 +188,7 @@ fn try_write_group(
     for chunk in rows.chunks(INSERT_CHUNK) {
         insert_rows(conn, chunk)?;
     }
-    update_threads(conn, threads.values().filter(|t| t.updated_at.is_some()))?;
+    update_threads(conn, threads.values())?;
     conn.execute_batch("COMMIT").map_err(failed)?;
     Ok(GroupWrite::Done(plans))
 }
@@ -220,23 +220,19 @@ fn read_group<'g>(
         };
         let thread = match threads.entry(key) {
             Slot::Occupied(known) => known.into_mut(),
-            Slot::Vacant(new) => {
-                let own_threshold: Option<i64> = row.get("auto_compact_tokens").map_err(failed)?;
-                let outline: Option<String> = row.get("outline").map_err(failed)?;
-                new.insert(GroupThread {
-                    thread_key: row.get("thread_key").map_err(failed)?,
-                    next_seq: row.get("next_seq").map_err(failed)?,
-                    visible_count: row.get("visible_count").map_err(failed)?,
-                    context_tokens: row.get("context_tokens").map_err(failed)?,
-                    triggers: AppendTriggers {
-                        auto_compact_tokens: own_threshold.unwrap_or(default_threshold),
-                        outlined: super::settings::outline_column(outline)?
-                            .is_some_and(|options| options.enabled),
-                    },
-                    updated_at: None,
-                    known: HashMap::new(),
-                })
-            }
+            Slot::Vacant(new) => new.insert(GroupThread::new(
+                row.get("thread_key").map_err(failed)?,
+                [
+                    row.get("next_seq").map_err(failed)?,
+                    row.get("visible_count").map_err(failed)?,
+                    row.get("context_tokens").map_err(failed)?,
+                ],
+                AppendTriggers::from_settings(
+                    row.get("auto_compact_tokens").map_err(failed)?,
+                    row.get("outline").map_err(failed)?,
+                    default_threshold,
+                )?,
+            )),
         };
         if let Some(uuid) = row.get::<_, Option<String>>("uuid").map_err(failed)? {
             let found = (
@@ -249,32 +245,28 @@ fn read_group<'g>(
     Ok(threads)
 }
 
-/// Inserts up to [`INSERT_CHUNK`] rows in one statement. Placeholders are bound by position:
-/// SQLite numbers `$N` parameters in the order they first appear, which is N's.
+/// Inserts up to [`INSERT_CHUNK`] rows in one statement.
 fn insert_rows(conn: &Connection, rows: &[NewRow<'_>]) -> Result<(), StoreError> {
-    let mut statement = conn
-        .prepare_cached(&insert_rows_sql(rows.len()))
-        .map_err(failed)?;
-    let mut index = 0;
-    let mut bind = |value: &dyn rusqlite::ToSql| {
-        index += 1;
-        statement.raw_bind_parameter(index, value)
-    };
-    for row in rows {
+    let kinds: Vec<&str> = rows
+        .iter()
+        .map(|row| row.prepared.entry.type_name())
+        .collect();
+    let mut values: Vec<&dyn ToSql> = Vec::with_capacity(rows.len() * INSERT_WIDTH);
+    for (row, kind) in rows.iter().zip(&kinds) {
         let p = row.prepared;
-        bind(&row.thread_key).map_err(failed)?;
-        bind(&row.seq).map_err(failed)?;
-        bind(&p.uuid).map_err(failed)?;
-        bind(&p.entry.type_name()).map_err(failed)?;
-        bind(&p.entry.subtype).map_err(failed)?;
-        bind(&row.visible_rank).map_err(failed)?;
-        bind(&p.body).map_err(failed)?;
-        bind(&p.content_hash).map_err(failed)?;
-        bind(&row.created_at).map_err(failed)?;
+        values.extend([
+            &row.thread_key as &dyn ToSql,
+            &row.seq,
+            &p.uuid,
+            kind,
+            &p.entry.subtype,
+            &row.visible_rank,
+            &p.body,
+            &p.content_hash,
+            &row.created_at,
+        ]);
     }
-    debug_assert_eq!(index, rows.len() * INSERT_WIDTH);
-    statement.raw_execute().map_err(failed)?;
-    Ok(())
+    execute(conn, &insert_rows_sql(rows.len()), &values)
 }
 
 /// Moves the counters of every thread the group wrote to, in one statement.
@@ -282,26 +274,30 @@ fn update_threads<'a>(
     conn: &Connection,
     threads: impl Iterator<Item = &'a GroupThread>,
 ) -> Result<(), StoreError> {
-    let written: Vec<&GroupThread> = threads.collect();
+    let written: Vec<(&GroupThread, i64)> = threads
+        .filter_map(|thread| Some((thread, thread.updated_at?)))
+        .collect();
     if written.is_empty() {
         return Ok(());
     }
-    let mut statement = conn
-        .prepare_cached(&update_threads_sql(1, written.len()))
-        .map_err(failed)?;
-    let mut index = 0;
-    let mut bind = |value: &dyn rusqlite::ToSql| {
-        index += 1;
-        statement.raw_bind_parameter(index, value)
-    };
-    for thread in written {
-        bind(&thread.thread_key).map_err(failed)?;
-        bind(&thread.updated_at.unwrap_or_default()).map_err(failed)?;
-        bind(&thread.next_seq).map_err(failed)?;
-        bind(&thread.visible_count).map_err(failed)?;
-        bind(&thread.context_tokens).map_err(failed)?;
+    let mut values: Vec<&dyn ToSql> = Vec::with_capacity(written.len() * 5);
+    for (thread, updated_at) in &written {
+        values.extend([
+            &thread.thread_key as &dyn ToSql,
+            updated_at,
+            &thread.next_seq,
+            &thread.visible_count,
+            &thread.context_tokens,
+        ]);
     }
-    statement.raw_execute().map_err(failed)?;
+    execute(conn, &update_threads_sql(1, written.len()), &values)
+}
+
+/// Runs a prepared (and cached) statement with its values bound by position: SQLite numbers
+/// `$N` parameters in the order they first appear, which is N's in every statement here.
+fn execute(conn: &Connection, sql: &str, values: &[&dyn ToSql]) -> Result<(), StoreError> {
+    let mut statement = conn.prepare_cached(sql).map_err(failed)?;
+    statement.execute(values).map_err(failed)?;
     Ok(())
 }
 
