@@ -2,30 +2,32 @@
 //! write, a compact boundary and the summary. The kept rounds are referenced by the boundary's
 //! `preserved_segment`, never copied.
 //!
-//! The job reads the thread, calls the summarizer with no transaction open, then writes the
+//! The job reads the view of the thread's window twice, a page at a time (see
+//! [`super::view_reader`]): once to plan the cut ([`PlanScan`]), once to summarize what lies
+//! before it ([`PageCutter`] pages). It calls the summarizer with no transaction open, then writes the
 //! boundary and the summary atomically with the job's completion (fenced by its lease). Entries
 //! appended while the summarizer ran lie between the read and the new boundary; the preserved
 //! segment runs up to the seq just before the boundary, so they stay in the context, in order.
 
+use std::collections::VecDeque;
+
 use serde_json::{json, Value};
 
 use crate::history::model::{subtype, ApiMessage, Content, Entry, EntryKind, Role};
-use crate::history::normalize::view;
-use crate::history::{estimate_entry_tokens, group_rounds};
 
 /// The first words of the summary message (`docs/NORMALIZATION.md` § Compaction).
 pub const SUMMARY_PREFIX: &str = "This session is being continued from a previous conversation that ran out of context. The summary below covers the earlier portion of the conversation.\n\n";
 
 pub use crate::store::{CompactionPayload, DEFAULT_KEEP_RECENT_ROUNDS};
 
-/// Where to cut the current context, computed from the entries the store returned for it.
+/// Where to cut the current context, planned over its view read in order (see [`PlanScan`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct CompactionPlan {
-    /// The entries to summarize: the view before the cut, without boundaries and old summaries
-    /// (as given: whole entries, or the skeletons a job plans over).
-    pub to_summarize: Vec<Entry>,
-    /// The token estimate of each entry to summarize, in the same order.
-    pub to_summarize_tokens: Vec<u64>,
+    /// How many entries of the view lie before the cut. The ones summarized are these, without
+    /// boundaries and old summaries.
+    pub cut: usize,
+    /// How many entries are summarized.
+    pub messages_summarized: usize,
     /// The text of the summary the previous compaction wrote (without its prefix).
     pub previous_summary: Option<String>,
     /// The seq of the first kept entry; `None` when no round is kept.
@@ -44,150 +46,181 @@ pub struct NothingToSummarize {
     pub keep_recent_rounds: u32,
 }
 
-/// Plans a compaction of the current view of `entries` (as [`crate::store::Store::context_window`]
-/// returns them), keeping the last `keep_recent_rounds` rounds. The cut is always at a round
-/// start. Older boundaries and summaries inside the view are never kept (the view skips them in a
-/// preserved range; see [`view::slice_after_boundary`]); the previous summary is folded in.
-pub fn plan(
-    entries: Vec<Entry>,
-    keep_recent_rounds: u32,
-) -> Result<CompactionPlan, NothingToSummarize> {
-    let tokens: Vec<u64> = entries.iter().map(estimate_entry_tokens).collect();
-    plan_with_tokens(entries, &tokens, keep_recent_rounds)
+/// Whether a compaction leaves an entry of its view out of the summary: an older boundary, or an
+/// older summary (whose text is folded in as the previous summary instead).
+pub fn is_superseded(entry: &Entry) -> bool {
+    entry.is_compact_boundary() || entry.is_compact_summary
 }
 
-/// [`plan`], with each entry's token estimate given beside it (`tokens[i]` for `entries[i]`),
-/// so that it can plan over [`skeleton`]s of a window read a page at a time.
+/// Running totals of the view up to some entry.
+#[derive(Debug, Clone, Copy, Default)]
+struct Totals {
+    tokens: u64,
+    /// Entries that would be summarized (not superseded).
+    summarized: usize,
+    /// Of those, the ones a model reads.
+    model_visible: usize,
+}
+
+/// Where a round starts in the view, with the totals before it.
+#[derive(Debug, Clone, Copy)]
+struct RoundStart {
+    index: usize,
+    before: Totals,
+    /// The lowest seq in the round.
+    min_seq: Option<i64>,
+}
+
+/// Plans a compaction that keeps the last `keep_recent_rounds` rounds, fed the view of the
+/// current context one entry at a time, in order (as [`super::view_reader::ViewReader`] reads
+/// it). The cut is always at a round start. Older boundaries and summaries in the view are never
+/// summarized; the previous summary is folded in.
 ///
-/// It consumes the window and moves the entries to summarize out of it: a window can be large,
-/// and a copy of it would be a second one in memory for the whole of the summarizer's run.
-pub fn plan_with_tokens(
-    entries: Vec<Entry>,
-    tokens: &[u64],
-    keep_recent_rounds: u32,
-) -> Result<CompactionPlan, NothingToSummarize> {
-    assert_eq!(entries.len(), tokens.len(), "one estimate per entry");
-    let (indices, _) = view::slice_after_boundary(&entries);
-    let indices = view::hide_snipped(&entries, indices);
-    let view_tokens: Vec<u64> = indices.iter().map(|&i| tokens[i]).collect();
-    let mut view = take_in_order(entries, &indices);
-    let rounds = group_rounds(&view);
-    let nothing = NothingToSummarize {
-        rounds: rounds.len(),
-        keep_recent_rounds,
-    };
-    let keep = keep_recent_rounds as usize;
-    if rounds.len() <= keep {
-        return Err(nothing);
-    }
-    let cut = if keep == 0 {
-        view.len()
-    } else {
-        rounds[rounds.len() - keep].first_index
-    };
-    let rounds = rounds.len();
-    let kept = view.split_off(cut);
-    let superseded = |e: &Entry| e.is_compact_boundary() || e.is_compact_summary;
-    let previous: Vec<String> = view
-        .iter()
-        .filter(|e| e.is_compact_summary)
-        .filter_map(|e| e.first_text())
-        .map(|text| text.strip_prefix(SUMMARY_PREFIX).unwrap_or(text).to_owned())
-        .collect();
-    let mut to_summarize_tokens = Vec::with_capacity(view.len());
-    let mut at = 0;
-    view.retain(|e| {
-        let summarized = !superseded(e);
-        if summarized {
-            to_summarize_tokens.push(view_tokens[at]);
-        }
-        at += 1;
-        summarized
-    });
-    let to_summarize = view;
-    if !to_summarize.iter().any(|e| e.kind.is_model_visible()) {
-        return Err(nothing);
-    }
-    Ok(CompactionPlan {
-        to_summarize,
-        to_summarize_tokens,
-        previous_summary: (!previous.is_empty()).then(|| previous.join("\n\n")),
-        first_kept_seq: kept.iter().filter_map(|e| e.seq).min(),
-        pre_tokens: view_tokens.iter().sum(),
-        kept_tokens: view_tokens[cut..].iter().sum(),
-        rounds,
-    })
+/// It holds the starts of the last `keep_recent_rounds` rounds and the texts of the summaries it
+/// met, never the entries, so a window of any length is planned in the same memory.
+#[derive(Debug)]
+pub struct PlanScan {
+    keep: usize,
+    view_len: usize,
+    rounds: usize,
+    /// `None` before the first assistant; `Some(None)` when the last one had no id.
+    last_assistant: Option<Option<String>>,
+    totals: Totals,
+    recent_rounds: VecDeque<RoundStart>,
+    /// The view index and text (without its prefix) of every compact summary met.
+    summaries: Vec<(usize, String)>,
 }
 
-/// The entries at `indices` (distinct), in that order, moved out of `entries`: in place when the
-/// indices ascend, as they do unless a preserved segment comes first.
-fn take_in_order(mut entries: Vec<Entry>, indices: &[usize]) -> Vec<Entry> {
-    debug_assert!(
-        {
-            let mut seen = std::collections::HashSet::new();
-            indices.iter().all(|i| seen.insert(*i))
-        },
-        "a view names each entry once"
-    );
-    if indices.windows(2).all(|pair| pair[0] < pair[1]) {
-        let mut wanted = vec![false; entries.len()];
-        for &i in indices {
-            wanted[i] = true;
+impl PlanScan {
+    pub fn new(keep_recent_rounds: u32) -> Self {
+        Self {
+            keep: keep_recent_rounds as usize,
+            view_len: 0,
+            rounds: 0,
+            last_assistant: None,
+            totals: Totals::default(),
+            recent_rounds: VecDeque::new(),
+            summaries: Vec::new(),
         }
-        let mut at = 0;
-        entries.retain(|_| {
-            at += 1;
-            wanted[at - 1]
-        });
-        return entries;
     }
-    let mut window: Vec<Option<Entry>> = entries.into_iter().map(Some).collect();
-    indices.iter().filter_map(|&i| window[i].take()).collect()
+
+    /// The next entry of the view, and its token estimate.
+    pub fn push(&mut self, entry: &Entry, tokens: u64) {
+        let index = self.view_len;
+        // A round starts where `group_rounds` starts one: at the first entry, and at an assistant
+        // whose response id differs from the previous assistant's (the first one continues).
+        let mut starts_round = index == 0;
+        if entry.kind == EntryKind::Assistant {
+            let id = entry.response_id();
+            starts_round |= match (&self.last_assistant, id) {
+                (None, _) => false,
+                (Some(Some(previous)), Some(current)) => previous != current,
+                (Some(_), _) => true,
+            };
+            self.last_assistant = Some(id.map(str::to_owned));
+        }
+        if starts_round {
+            self.rounds += 1;
+            if self.keep > 0 {
+                if self.recent_rounds.len() == self.keep {
+                    self.recent_rounds.pop_front();
+                }
+                self.recent_rounds.push_back(RoundStart {
+                    index,
+                    before: self.totals,
+                    min_seq: None,
+                });
+            }
+        }
+        if let (Some(round), Some(seq)) = (self.recent_rounds.back_mut(), entry.seq) {
+            round.min_seq = Some(round.min_seq.map_or(seq, |min| min.min(seq)));
+        }
+        self.totals.tokens += tokens;
+        if is_superseded(entry) {
+            if entry.is_compact_summary {
+                if let Some(text) = entry.first_text() {
+                    let text = text.strip_prefix(SUMMARY_PREFIX).unwrap_or(text);
+                    self.summaries.push((index, text.to_owned()));
+                }
+            }
+        } else {
+            self.totals.summarized += 1;
+            self.totals.model_visible += usize::from(entry.kind.is_model_visible());
+        }
+        self.view_len += 1;
+    }
+
+    /// The plan, once the whole view went through [`PlanScan::push`].
+    pub fn finish(self) -> Result<CompactionPlan, NothingToSummarize> {
+        let nothing = NothingToSummarize {
+            rounds: self.rounds,
+            keep_recent_rounds: self.keep as u32,
+        };
+        if self.rounds <= self.keep {
+            return Err(nothing);
+        }
+        let (cut, before, first_kept_seq) = match self.recent_rounds.front() {
+            Some(first_kept) => (
+                first_kept.index,
+                first_kept.before,
+                self.recent_rounds.iter().filter_map(|r| r.min_seq).min(),
+            ),
+            None => (self.view_len, self.totals, None),
+        };
+        if before.model_visible == 0 {
+            return Err(nothing);
+        }
+        let previous: Vec<String> = self
+            .summaries
+            .into_iter()
+            .filter(|(index, _)| *index < cut)
+            .map(|(_, text)| text)
+            .collect();
+        Ok(CompactionPlan {
+            cut,
+            messages_summarized: before.summarized,
+            previous_summary: (!previous.is_empty()).then(|| previous.join("\n\n")),
+            first_kept_seq,
+            pre_tokens: self.totals.tokens,
+            kept_tokens: self.totals.tokens - before.tokens,
+            rounds: self.rounds,
+        })
+    }
 }
 
-/// What [`plan_with_tokens`] reads of an entry, and nothing else: the message's content and the
-/// fields Loupe does not model are dropped, except on a compaction's summary, whose text is
-/// folded into the next one. A window of skeletons is a small fraction of the window it stands
-/// for, so a compaction can plan over a window of any length and then read only a page of
-/// bodies at a time.
-pub fn skeleton(mut entry: Entry) -> Entry {
-    if !entry.is_compact_summary {
-        if let Some(message) = entry.message.as_mut() {
-            message.content = Content::Blocks(Vec::new());
-            message.usage = None;
-            message.extra = Default::default();
-        }
-        entry.content = None;
-        entry.extra = Default::default();
-        entry.sent = None;
-    }
-    entry
-}
-
-/// Cuts the entries to summarize, given by their token estimates in order, into pages of at most
-/// `max_tokens` (and `max_entries`) each: the ranges of each page. An entry larger than a page is
-/// a page of its own; an entry of no tokens (one the model never reads) never starts a page on
-/// account of tokens, so it stays with what came before it. One page when everything fits.
-pub fn summary_pages(
-    tokens: &[u64],
+/// Cuts the entries to summarize, given one at a time by their token estimates, into pages of at
+/// most `max_tokens` (and `max_entries`) each. An entry larger than a page is a page of its own;
+/// an entry of no tokens (one the model never reads) never starts a page on account of tokens, so
+/// it stays with what came before it.
+#[derive(Debug)]
+pub struct PageCutter {
     max_tokens: u64,
     max_entries: usize,
-) -> Vec<std::ops::Range<usize>> {
-    let mut pages = Vec::new();
-    let (mut start, mut sum) = (0, 0u64);
-    for (i, &t) in tokens.iter().enumerate() {
-        let over = t > 0 && sum + t > max_tokens;
-        let full = i > start && (over || i - start >= max_entries);
-        if full {
-            pages.push(start..i);
-            (start, sum) = (i, 0);
+    entries: usize,
+    tokens: u64,
+}
+
+impl PageCutter {
+    pub fn new(max_tokens: u64, max_entries: usize) -> Self {
+        Self {
+            max_tokens,
+            max_entries,
+            entries: 0,
+            tokens: 0,
         }
-        sum += t;
     }
-    if start < tokens.len() {
-        pages.push(start..tokens.len());
+
+    /// Takes the next entry's estimate; whether it starts a new page (the first never does).
+    pub fn starts_page(&mut self, tokens: u64) -> bool {
+        let over = tokens > 0 && self.tokens + tokens > self.max_tokens;
+        let full = self.entries > 0 && (over || self.entries >= self.max_entries);
+        if full {
+            (self.entries, self.tokens) = (0, 0);
+        }
+        self.entries += 1;
+        self.tokens += tokens;
+        full
     }
-    pages
 }
 
 /// What the boundary records besides its position.
@@ -250,6 +283,45 @@ pub fn preserved_segment(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::jobs::view_reader::{plan_compaction, ToSummarize, ViewReader, WindowShape};
+    use futures_util::FutureExt;
+
+    /// The plan of a window held in memory, and the seqs it summarizes (its futures are ready).
+    fn plan(window: &[Entry], keep: u32) -> Result<(CompactionPlan, Vec<i64>), NothingToSummarize> {
+        let reader = || {
+            // Pages of 2: the head run and the segment span pages.
+            let shape = WindowShape::of_entries(window);
+            let reader = ViewReader::new(window, shape).now_or_never().unwrap();
+            reader.unwrap().with_page_entries(2)
+        };
+        let plan = plan_compaction(reader(), keep)
+            .now_or_never()
+            .unwrap()
+            .unwrap()?;
+        let mut entries = ToSummarize::new(reader(), &plan);
+        let mut seqs = Vec::new();
+        while let Some(entry) = entries.next().now_or_never().unwrap().unwrap() {
+            seqs.push(entry.seq.unwrap());
+        }
+        Ok((plan, seqs))
+    }
+
+    /// The pages `tokens` are cut into, as ranges.
+    fn summary_pages(
+        tokens: &[u64],
+        max_tokens: u64,
+        max_entries: usize,
+    ) -> Vec<std::ops::Range<usize>> {
+        let mut cutter = PageCutter::new(max_tokens, max_entries);
+        let mut pages: Vec<std::ops::Range<usize>> = Vec::new();
+        for (i, &t) in tokens.iter().enumerate() {
+            if cutter.starts_page(t) || pages.is_empty() {
+                pages.push(i..i);
+            }
+            pages.last_mut().unwrap().end = i + 1;
+        }
+        pages
+    }
 
     fn entry(v: Value) -> Entry {
         serde_json::from_value(v).unwrap()
@@ -275,25 +347,19 @@ mod tests {
             asst(5, "C"),
         ];
         // Rounds: [0,1,2], [3,4], [5].
-        let p = plan(e.clone(), 2).unwrap();
+        let (p, seqs) = plan(&e, 2).unwrap();
         assert_eq!(p.rounds, 3);
         assert_eq!(p.first_kept_seq, Some(3));
+        assert_eq!((seqs, p.messages_summarized), (vec![0, 1, 2], 3));
         assert_eq!(
-            p.to_summarize
-                .iter()
-                .map(|e| e.seq.unwrap())
-                .collect::<Vec<_>>(),
-            [0, 1, 2]
-        );
-        assert_eq!(
-            plan(e.clone(), 3),
+            plan(&e, 3).map(|(p, _)| p),
             Err(NothingToSummarize {
                 rounds: 3,
                 keep_recent_rounds: 3
             })
         );
-        let all = plan(e.clone(), 0).unwrap();
-        assert_eq!((all.to_summarize.len(), all.first_kept_seq), (6, None));
+        let (all, seqs) = plan(&e, 0).unwrap();
+        assert_eq!((seqs.len(), all.first_kept_seq), (6, None));
     }
 
     #[test]
@@ -321,16 +387,10 @@ mod tests {
         ];
         // View: 6, 7, 3, 4, 5, 8, 9, 10 — rounds [6,7] (no assistant yet: joins the first),
         // then [3,4], [5,8], [9,10].
-        let p = plan(e.clone(), 2).unwrap();
+        let (p, seqs) = plan(&e, 2).unwrap();
         assert_eq!(p.previous_summary.as_deref(), Some("FIRST"));
         assert_eq!(p.first_kept_seq, Some(5));
-        assert_eq!(
-            p.to_summarize
-                .iter()
-                .map(|e| e.seq.unwrap())
-                .collect::<Vec<_>>(),
-            [3, 4]
-        );
+        assert_eq!(seqs, [3, 4]);
         assert_eq!(preserved_segment(p.first_kept_seq, 11, 12), Some((5, 11)));
     }
 
@@ -350,20 +410,6 @@ mod tests {
         assert_eq!(summary_pages(&[50], 8, 100), vec![(0..1)]);
         // The entry count bounds a page too.
         assert_eq!(summary_pages(&[0; 5], 8, 2), [0..2, 2..4, 4..5]);
-    }
-
-    #[test]
-    fn a_skeleton_keeps_what_planning_reads_and_a_summary_whole() {
-        let mut tool = asst(1, "A");
-        tool.extra.insert("progress".into(), json!({"a": 1}));
-        let bare = skeleton(tool.clone());
-        assert_eq!(bare.response_id(), Some("A"));
-        assert_eq!((bare.seq, bare.kind), (Some(1), EntryKind::Assistant));
-        assert!(bare.extra.is_empty());
-        assert_eq!(bare.first_text(), None);
-        let mut summary = summary_entry("FIRST");
-        summary.seq = Some(2);
-        assert_eq!(skeleton(summary.clone()), summary);
     }
 
     #[test]

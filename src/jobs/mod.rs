@@ -11,6 +11,7 @@
 
 pub mod compaction;
 pub mod tree;
+pub mod view_reader;
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -24,11 +25,14 @@ use crate::history::estimate_entry_tokens;
 use crate::history::model::Entry;
 use crate::history::normalize::tokens::rough;
 use crate::store::{
-    Backend, ClaimedJob, CompactionWrite, JobState, Store, StoreError, TenantId, WindowBounds,
-    NOTIFY_CHANNEL,
+    Backend, ClaimedJob, CompactionWrite, JobState, Store, StoreError, TenantId, NOTIFY_CHANNEL,
 };
 pub use crate::store::{CompactionPayload, KIND_COMPACTION, KIND_NOOP, KIND_TREE};
 use crate::summarize::{Purpose, SummarizeError, Summarizer, SummaryRequest};
+use compaction::PageCutter;
+use view_reader::{
+    plan_compaction, StoreWindow, ToSummarize, ViewReader, WindowShape, WindowSource,
+};
 
 /// Where the workers' time comes from.
 #[derive(Debug, Clone, Copy)]
@@ -338,41 +342,42 @@ impl Runner {
         let payload: CompactionPayload = serde_json::from_value(claimed.job.payload.clone())
             .map_err(|e| JobError::Invalid(format!("bad compaction payload: {e}")))?;
         let tenant = TenantId(claimed.job.tenant_id.clone());
-        // Read (no transaction stays open past here), a page at a time: the plan needs only a
-        // skeleton of each entry, and the bodies are read again, a page at a time, to summarize.
+        // Read (no transaction stays open past here) a page at a time, twice: once to plan, and
+        // again to summarize, a summarizer request's worth of entries at a time. The window is
+        // never held whole, whatever its length.
         let bounds = self
             .store
             .window_bounds(&tenant, &payload.thread_id, None)
             .await?;
-        let (skeletons, tokens) = self.window_skeleton(&bounds).await?;
-        let mut plan =
-            match compaction::plan_with_tokens(skeletons, &tokens, payload.keep_recent_rounds) {
-                Ok(plan) => plan,
-                Err(nothing) => {
-                    let result = json!({
-                        "compacted": false,
-                        "reason": format!(
-                            "nothing to summarize: the context has {} round(s) and {} are kept",
-                            nothing.rounds, nothing.keep_recent_rounds
-                        ),
-                        "rounds": nothing.rounds,
-                    });
-                    self.store
-                        .complete_job(claimed, &result, clock.now_ms())
-                        .await?;
-                    return Ok(result);
-                }
+        let shape = WindowShape::of_bounds(&bounds);
+        let read_view = || {
+            let window = StoreWindow {
+                store: &self.store,
+                bounds: &bounds,
             };
-        let messages_summarized = plan.to_summarize.len();
+            ViewReader::new(window, shape)
+        };
+        let plan = match plan_compaction(read_view().await?, payload.keep_recent_rounds).await? {
+            Ok(plan) => plan,
+            Err(nothing) => {
+                let result = json!({
+                    "compacted": false,
+                    "reason": format!(
+                        "nothing to summarize: the context has {} round(s) and {} are kept",
+                        nothing.rounds, nothing.keep_recent_rounds
+                    ),
+                    "rounds": nothing.rounds,
+                });
+                self.store
+                    .complete_job(claimed, &result, clock.now_ms())
+                    .await?;
+                return Ok(result);
+            }
+        };
+        let messages_summarized = plan.messages_summarized;
         let (boundary_seq, read_next_seq) = (bounds.boundary_seq(), bounds.next_seq);
-        // The skeletons are let go before any body is read again (collected from a borrow: an
-        // in-place collect would keep their whole allocation as the seqs' capacity).
-        let skeletons = std::mem::take(&mut plan.to_summarize);
-        let seqs: Vec<i64> = skeletons.iter().filter_map(|e| e.seq).collect();
-        drop(skeletons);
-        let summary = self
-            .summarize_window(&bounds, &seqs, &plan, &payload)
-            .await?;
+        let to_summarize = ToSummarize::new(read_view().await?, &plan);
+        let summary = self.summarize_window(to_summarize, &plan, &payload).await?;
         let summary_entry = compaction::summary_entry(&summary.text);
         let summary_tokens = rough(summary_entry.first_text().unwrap_or_default());
         // Write the boundary and the summary, and complete the job, in one transaction.
@@ -414,82 +419,81 @@ impl Runner {
         Ok(result)
     }
 
-    /// A skeleton of every entry of the window (see [`compaction::skeleton`]) and each entry's
-    /// token estimate, read a page at a time.
-    async fn window_skeleton(
+    /// The summary of the plan's entries, read in order from `entries`: one summarizer request
+    /// per page of `compaction_page_tokens`, each carrying the previous page's summary (the
+    /// first, the previous compaction's). The bodies of one page at a time are in memory.
+    async fn summarize_window<S: WindowSource>(
         &self,
-        bounds: &WindowBounds,
-    ) -> Result<(Vec<Entry>, Vec<u64>), JobError> {
-        let len = (bounds.next_seq - bounds.start_seq).max(0) as usize;
-        let (mut skeletons, mut tokens) = (Vec::with_capacity(len), Vec::with_capacity(len));
-        let mut at = bounds.start_seq;
-        while at < bounds.next_seq {
-            let end = (at + WINDOW_PAGE_ENTRIES).min(bounds.next_seq);
-            for entry in self.store.window_page(bounds, at, end).await? {
-                tokens.push(estimate_entry_tokens(&entry));
-                skeletons.push(compaction::skeleton(entry));
-            }
-            at = end;
-        }
-        Ok((skeletons, tokens))
-    }
-
-    /// The summary of the plan's entries (`seqs`, in its order): one summarizer request per page of
-    /// `compaction_page_tokens`, each carrying the previous page's summary (the first, the
-    /// previous compaction's). The bodies of one page at a time are in memory.
-    async fn summarize_window(
-        &self,
-        bounds: &WindowBounds,
-        seqs: &[i64],
+        mut entries: ToSummarize<S>,
         plan: &compaction::CompactionPlan,
         payload: &CompactionPayload,
     ) -> Result<crate::summarize::Summary, JobError> {
-        let pages = compaction::summary_pages(
-            &plan.to_summarize_tokens,
-            self.config.compaction_page_tokens,
-            SUMMARY_PAGE_ENTRIES,
-        );
-        let mut previous = plan.previous_summary.clone();
-        let mut calls = 0;
-        let mut summary = None;
-        for page in pages {
-            let entries = self
-                .store
-                .entries_at(&bounds.thread_key, &seqs[page.clone()])
-                .await?;
-            if entries.len() != page.len() {
-                // The thread was deleted since the plan was read: summarizing what is left
-                // would be paid for and then refused by the write.
-                return Err(StoreError::ThreadNotFound.into());
+        let mut cutter = PageCutter::new(self.config.compaction_page_tokens, SUMMARY_PAGE_ENTRIES);
+        let mut pages = PageSummaries {
+            previous: plan.previous_summary.clone(),
+            calls: 0,
+            summary: None,
+        };
+        let (mut page, mut read) = (Vec::new(), 0);
+        while let Some(entry) = entries.next().await? {
+            read += 1;
+            if cutter.starts_page(estimate_entry_tokens(&entry)) {
+                self.summarize_page(std::mem::take(&mut page), &mut pages, payload)
+                    .await?;
             }
-            if summary.is_some() && !entries.iter().any(|e| e.kind.is_model_visible()) {
-                // Nothing a model reads: the summary so far stands.
-                continue;
-            }
-            let request = SummaryRequest {
-                entries,
-                previous_summary: previous.take(),
-                instructions: payload.instructions.clone(),
-                max_bytes: self.config.summary_max_bytes,
-                purpose: Purpose::Compaction,
-                lines: Vec::new(),
-                context: Vec::new(),
-            };
-            let page_summary = self.summarizer.summarize(&request).await?;
-            calls += page_summary.calls;
-            previous = Some(page_summary.text.clone());
-            summary = Some(page_summary);
+            page.push(entry);
         }
-        let mut summary = summary.ok_or_else(|| {
+        if read != plan.messages_summarized {
+            // The thread was deleted since the plan was read: summarizing what is left would be
+            // paid for and then refused by the write.
+            return Err(StoreError::ThreadNotFound.into());
+        }
+        self.summarize_page(page, &mut pages, payload).await?;
+        let mut summary = pages.summary.ok_or_else(|| {
             JobError::Invalid("a compaction plan with nothing to summarize".to_owned())
         })?;
-        summary.calls = calls;
+        summary.calls = pages.calls;
         Ok(summary)
+    }
+
+    /// Summarizes one page of a compaction into `pages`, on top of the summary so far.
+    async fn summarize_page(
+        &self,
+        entries: Vec<Entry>,
+        pages: &mut PageSummaries,
+        payload: &CompactionPayload,
+    ) -> Result<(), JobError> {
+        if entries.is_empty()
+            || (pages.summary.is_some() && !entries.iter().any(|e| e.kind.is_model_visible()))
+        {
+            // Nothing a model reads: the summary so far stands.
+            return Ok(());
+        }
+        let request = SummaryRequest {
+            entries,
+            previous_summary: pages.previous.take(),
+            instructions: payload.instructions.clone(),
+            max_bytes: self.config.summary_max_bytes,
+            purpose: Purpose::Compaction,
+            lines: Vec::new(),
+            context: Vec::new(),
+        };
+        let page_summary = self.summarizer.summarize(&request).await?;
+        pages.calls += page_summary.calls;
+        pages.previous = Some(page_summary.text.clone());
+        pages.summary = Some(page_summary);
+        Ok(())
     }
 }
 
-/// Entries per read while a compaction plans over its window.
-pub const WINDOW_PAGE_ENTRIES: i64 = 1_024;
+/// A compaction's summary so far, page after page.
+struct PageSummaries {
+    /// The summary the next page builds on.
+    previous: Option<String>,
+    calls: u32,
+    summary: Option<crate::summarize::Summary>,
+}
+
 /// Most entries in one summarizer request of a compaction, whatever their tokens.
 pub const SUMMARY_PAGE_ENTRIES: usize = 4_096;
 

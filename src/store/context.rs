@@ -11,6 +11,7 @@ use super::messages::entry_from_row;
 use super::settings::{settings_from_row, ThreadSettings};
 use super::{MessageRef, Store, StoreError, TenantId};
 use crate::history::model::{subtype, Entry};
+use crate::history::normalize::view;
 
 /// The stored entries a context is built from.
 #[derive(Debug, Clone)]
@@ -188,6 +189,31 @@ impl Store {
             .await?;
         bounds.resolve(&mut entries);
         Ok(entries)
+    }
+
+    /// The uuids the snip entries of the window `bounds` describe remove (see
+    /// [`view::hide_snipped`]), read through the subtype index without the rest of the window.
+    pub async fn window_snipped_uuids(
+        &self,
+        bounds: &WindowBounds,
+    ) -> Result<HashSet<String>, StoreError> {
+        let mut rows = sqlx::query(
+            "SELECT seq, uuid, created_at, body FROM messages WHERE thread_key = $1 AND subtype = $2 \
+             AND seq >= $3 AND seq < $4 ORDER BY seq",
+        )
+        .bind(&bounds.thread_key)
+        .bind(subtype::SNIP)
+        .bind(bounds.start_seq)
+        .bind(bounds.next_seq)
+        .fetch(&self.pool);
+        let mut snips = Vec::new();
+        while let Some(row) = rows.try_next().await? {
+            snips.push(entry_from_row(&row)?);
+        }
+        Ok(view::snipped_uuids(&snips)
+            .into_iter()
+            .map(str::to_owned)
+            .collect())
     }
 
     /// The thread's entries at `seqs`, in the order given (seqs it does not hold are skipped).

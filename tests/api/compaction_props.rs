@@ -1,42 +1,32 @@
-//! A compaction plans over skeletons of its window, read a page at a time (see
-//! `loupe::jobs::compaction::skeleton`): the plan must be the one the whole entries give, and
-//! both must be the plain plan below (the view's entries cloned out, as the first version did),
-//! for any stored history.
+//! A compaction plans over its window's view read a page at a time, and reads it again to
+//! summarize (see `loupe::jobs::view_reader`): what it summarizes and what it keeps must be the
+//! plain plan below (the whole window in memory, the view cut at a round start), for any stored
+//! history and any page size.
 
+use futures_util::FutureExt;
 use loupe::history::normalize::view;
 use loupe::history::{estimate_entry_tokens, group_rounds, Entry};
-use loupe::jobs::compaction::{plan, plan_with_tokens, skeleton, CompactionPlan};
+use loupe::jobs::compaction::SUMMARY_PREFIX;
+use loupe::jobs::view_reader::{plan_compaction, ToSummarize, ViewReader, WindowShape};
 use proptest::prelude::*;
 
 use crate::chaos;
 
-/// What a plan decides, by seq: the skeleton plan's entries have no bodies to compare.
+/// What the plain plan decides.
 #[derive(Debug, PartialEq)]
-struct Decided {
-    to_summarize: Vec<Option<i64>>,
-    to_summarize_tokens: Vec<u64>,
-    previous_summary: Option<String>,
-    first_kept_seq: Option<i64>,
-    pre_tokens: u64,
-    kept_tokens: u64,
-    rounds: usize,
+pub struct PlainPlan {
+    /// The seqs summarized, in order.
+    pub summarized: Vec<Option<i64>>,
+    pub pre_tokens: u64,
+    pub kept_tokens: u64,
+    pub first_kept_seq: Option<i64>,
+    pub previous_summary: Option<String>,
+    pub rounds: usize,
 }
 
-fn decided(plan: CompactionPlan) -> Decided {
-    Decided {
-        to_summarize: plan.to_summarize.iter().map(|e| e.seq).collect(),
-        to_summarize_tokens: plan.to_summarize_tokens,
-        previous_summary: plan.previous_summary,
-        first_kept_seq: plan.first_kept_seq,
-        pre_tokens: plan.pre_tokens,
-        kept_tokens: plan.kept_tokens,
-        rounds: plan.rounds,
-    }
-}
-
-/// The plain plan, written independently of `plan_with_tokens`: the seqs to summarize and the
-/// token sums, or `None` when there is nothing to summarize.
-pub fn reference_plan(entries: &[Entry], keep: u32) -> Option<(Vec<Option<i64>>, u64, u64)> {
+/// The plain plan, written independently of the job's: the whole window's view, cut at the start
+/// of the `keep`-th round from the end; `None` when there is nothing to summarize.
+pub fn reference_plan(entries: &[Entry], keep: u32) -> Option<PlainPlan> {
     let (indices, _) = view::slice_after_boundary(entries);
     let indices = view::hide_snipped(entries, indices);
     let view: Vec<Entry> = indices.iter().map(|&i| entries[i].clone()).collect();
@@ -48,48 +38,64 @@ pub fn reference_plan(entries: &[Entry], keep: u32) -> Option<(Vec<Option<i64>>,
         0 => view.len(),
         keep => rounds[rounds.len() - keep as usize].first_index,
     };
-    let summarized: Vec<&Entry> = view[..cut]
-        .iter()
-        .filter(|e| !e.is_compact_boundary() && !e.is_compact_summary)
-        .collect();
+    let superseded = |e: &Entry| e.is_compact_boundary() || e.is_compact_summary;
+    let summarized: Vec<&Entry> = view[..cut].iter().filter(|e| !superseded(e)).collect();
     if !summarized.iter().any(|e| e.kind.is_model_visible()) {
         return None;
     }
-    Some((
-        summarized.iter().map(|e| e.seq).collect(),
-        view.iter().map(estimate_entry_tokens).sum(),
-        view[cut..].iter().map(estimate_entry_tokens).sum(),
-    ))
+    let previous: Vec<&str> = view[..cut]
+        .iter()
+        .filter(|e| e.is_compact_summary)
+        .filter_map(|e| e.first_text())
+        .map(|text| text.strip_prefix(SUMMARY_PREFIX).unwrap_or(text))
+        .collect();
+    Some(PlainPlan {
+        summarized: summarized.iter().map(|e| e.seq).collect(),
+        pre_tokens: view.iter().map(estimate_entry_tokens).sum(),
+        kept_tokens: view[cut..].iter().map(estimate_entry_tokens).sum(),
+        first_kept_seq: view[cut..].iter().filter_map(|e| e.seq).min(),
+        previous_summary: (!previous.is_empty()).then(|| previous.join("\n\n")),
+        rounds: rounds.len(),
+    })
+}
+
+/// The job's plan of `window`, read `page` entries at a time, as a [`PlainPlan`].
+fn streamed_plan(window: &[Entry], keep: u32, page: i64) -> Option<PlainPlan> {
+    // A window in memory reads through ready futures.
+    let reader = || {
+        let reader = ViewReader::new(window, WindowShape::of_entries(window)).now_or_never();
+        reader.unwrap().unwrap().with_page_entries(page)
+    };
+    let plan = plan_compaction(reader(), keep)
+        .now_or_never()
+        .unwrap()
+        .unwrap()
+        .ok()?;
+    let mut entries = ToSummarize::new(reader(), &plan);
+    let mut summarized = Vec::new();
+    while let Some(entry) = entries.next().now_or_never().unwrap().unwrap() {
+        summarized.push(entry.seq);
+    }
+    assert_eq!(summarized.len(), plan.messages_summarized);
+    Some(PlainPlan {
+        summarized,
+        pre_tokens: plan.pre_tokens,
+        kept_tokens: plan.kept_tokens,
+        first_kept_seq: plan.first_kept_seq,
+        previous_summary: plan.previous_summary,
+        rounds: plan.rounds,
+    })
 }
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
 
     #[test]
-    fn planning_over_skeletons_equals_planning_over_the_entries(
+    fn planning_a_page_at_a_time_equals_planning_over_the_whole_window(
         entries in chaos::chaotic_history(),
         keep in 0u32..5,
+        page in 1i64..9,
     ) {
-        let tokens: Vec<u64> = entries.iter().map(estimate_entry_tokens).collect();
-        let reference = reference_plan(&entries, keep);
-        let whole = plan(entries.clone(), keep);
-        match (&whole, &reference) {
-            (Ok(whole), Some((seqs, pre, kept))) => {
-                let summarized: Vec<Option<i64>> = whole.to_summarize.iter().map(|e| e.seq).collect();
-                prop_assert_eq!(&summarized, seqs);
-                prop_assert_eq!((whole.pre_tokens, whole.kept_tokens), (*pre, *kept));
-                let own: Vec<u64> = whole.to_summarize.iter().map(estimate_entry_tokens).collect();
-                prop_assert_eq!(&whole.to_summarize_tokens, &own);
-            }
-            (Err(_), None) => {}
-            (whole, reference) => prop_assert!(false, "{:?} against the reference {:?}", whole.as_ref().map(|p| p.to_summarize.len()), reference),
-        }
-        let skeletons: Vec<_> = entries.into_iter().map(skeleton).collect();
-        let light = plan_with_tokens(skeletons, &tokens, keep);
-        match (whole, light) {
-            (Ok(whole), Ok(light)) => prop_assert_eq!(decided(whole), decided(light)),
-            (Err(whole), Err(light)) => prop_assert_eq!(whole, light),
-            (whole, light) => prop_assert!(false, "{:?} against {:?}", whole.map(decided), light.map(decided)),
-        }
+        prop_assert_eq!(streamed_plan(&entries, keep, page), reference_plan(&entries, keep));
     }
 }

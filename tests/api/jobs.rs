@@ -34,6 +34,7 @@ on_both_backends!(
     a_long_window_is_summarized_a_page_at_a_time,
     a_uuid_named_boundary_is_planned_the_same_in_pages,
     a_page_of_nothing_a_model_reads_is_not_summarized,
+    snipped_entries_are_not_summarized,
 );
 
 const LEASE_MS: i64 = 300_000;
@@ -736,8 +737,8 @@ async fn plainly_summarized(app: &TestApp, thread: &str, keep: u32) -> (Vec<Stri
         .context_window(&TenantId::default_tenant(), thread, None)
         .await
         .unwrap();
-    let (seqs, pre_tokens, _) =
-        reference_plan(&window.entries, keep).expect("something to summarize");
+    let plan = reference_plan(&window.entries, keep).expect("something to summarize");
+    let (seqs, pre_tokens) = (plan.summarized, plan.pre_tokens);
     let uuid_of = |seq: Option<i64>| {
         window
             .entries
@@ -899,5 +900,25 @@ async fn a_page_of_nothing_a_model_reads_is_not_summarized(app: TestApp) {
     assert!(written.body["messages"][0]
         .to_string()
         .contains("summary 1"));
+    app.finish().await;
+}
+
+async fn snipped_entries_are_not_summarized(app: TestApp) {
+    // The job reads the snips through their own index, apart from the pages of the window.
+    let thread = app.thread("snipped").await;
+    conversation(&app, &thread, 0, 30).await;
+    append(
+        &app,
+        &thread,
+        json!([{"uuid": "snip-1", "type": "system", "subtype": "snip",
+                "content": "2 messages snipped",
+                "snipMetadata": {"removedUuids": ["u3", "t3"]}}]),
+    )
+    .await;
+    conversation(&app, &thread, 30, 10).await;
+    let (plain, _) = plainly_summarized(&app, &thread, DEFAULT_KEEP_RECENT_ROUNDS).await;
+    assert!(plain.contains(&"u4".to_owned()) && !plain.contains(&"u3".to_owned()));
+    assert!(!plain.contains(&"t3".to_owned()));
+    check_paged_compaction(&app, &thread, 1_500, None).await;
     app.finish().await;
 }

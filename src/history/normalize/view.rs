@@ -46,14 +46,19 @@ pub fn slice_after_boundary(entries: &[Entry]) -> (Vec<usize>, Option<i64>) {
     (view, boundary_seq)
 }
 
-/// Step b — hides the entries named by every `snip` entry of the input (`removed_uuids`).
-pub fn hide_snipped(entries: &[Entry], view: Vec<usize>) -> Vec<usize> {
-    let removed: HashSet<&str> = entries
-        .iter()
+/// The uuids the snip entries among `entries` remove.
+pub fn snipped_uuids<'a>(entries: impl IntoIterator<Item = &'a Entry>) -> HashSet<&'a str> {
+    entries
+        .into_iter()
         .filter(|e| e.is_snip())
         .filter_map(|e| e.snip_metadata.as_ref())
         .flat_map(|m| m.removed_uuids.iter().map(String::as_str))
-        .collect();
+        .collect()
+}
+
+/// Step b — hides the entries named by every `snip` entry of the input (`removed_uuids`).
+pub fn hide_snipped(entries: &[Entry], view: Vec<usize>) -> Vec<usize> {
+    let removed = snipped_uuids(entries);
     if removed.is_empty() {
         return view;
     }
