@@ -340,6 +340,40 @@ mod tests {
         assert!(cache.take(&key("a", "3")).is_some());
     }
 
+    #[tokio::test]
+    async fn cancelled_waiters_and_the_turn_holder_leave_no_entry() {
+        use futures_util::FutureExt;
+        let cache = Arc::new(ContextCache::new(1 << 20));
+        let thread = key("a", "t");
+        let turn = cache
+            .first_read_turn(&thread)
+            .await
+            .expect("the first read's");
+        // Two waiters: polled once (so they wait on the turn), then cancelled by dropping them.
+        let mut waiters: Vec<_> = (0..2)
+            .map(|_| Box::pin(cache.first_read_turn(&thread)))
+            .collect();
+        for waiter in &mut waiters {
+            assert!(
+                waiter.as_mut().now_or_never().is_none(),
+                "waits for the turn"
+            );
+        }
+        assert_eq!(cache.first_reads(), 1);
+        drop(waiters);
+        assert_eq!(cache.first_reads(), 1, "the turn is still held");
+        drop(turn);
+        assert_eq!(cache.first_reads(), 0);
+        // Cancelled after the holder went: the last waiter to go removes the entry.
+        let turn = cache.first_read_turn(&thread).await.unwrap();
+        let mut waiter = Box::pin(cache.first_read_turn(&thread));
+        assert!(waiter.as_mut().now_or_never().is_none());
+        drop(turn);
+        assert_eq!(cache.first_reads(), 1, "the waiter still holds it");
+        drop(waiter);
+        assert_eq!(cache.first_reads(), 0);
+    }
+
     #[test]
     fn a_zero_budget_keeps_nothing() {
         let cache = ContextCache::new(0);
