@@ -27,7 +27,7 @@ use sqlx::{Any, AnyConnection, Connection};
 use tokio::sync::oneshot;
 
 use super::messages::{AppendStep, Bracket, Planned, PreparedBatch};
-use super::sqlite_writer::{write_group, GroupWrite};
+use super::sqlite_writer::{GroupWrite, WriterConnection};
 use super::{Store, StoreError, TenantId};
 
 /// Most appends written in one group: bounds the transaction and the wait of its last member.
@@ -187,7 +187,7 @@ impl Drop for RunnerGuard {
 
 impl Store {
     /// The runner, on the group writer's thread (`sqlite_writer`), writing on its connection.
-    pub(super) async fn run_sqlite_groups(&self, sqlite: &mut rusqlite::Connection) {
+    pub(super) async fn run_sqlite_groups(&self, sqlite: &mut WriterConnection) {
         let runner = RunnerGuard(self.clone());
         runner.0.run_groups(Some(sqlite)).await;
     }
@@ -210,7 +210,7 @@ impl Store {
     ///
     /// With `sqlite`, the group writer's connection, groups are written on it in one go
     /// (`sqlite_writer::write_group`); without, through sqlx on the writer connection.
-    async fn run_groups(&self, mut sqlite: Option<&mut rusqlite::Connection>) {
+    async fn run_groups(&self, mut sqlite: Option<&mut WriterConnection>) {
         let mut writer = Writer::default();
         let mut held_since = Instant::now();
         while let Some(group) = self.group_commit.next_group() {
@@ -262,7 +262,7 @@ impl Store {
         &self,
         writer: &mut Writer,
         group: Vec<QueuedAppend>,
-        sqlite: Option<&mut rusqlite::Connection>,
+        sqlite: Option<&mut WriterConnection>,
     ) -> Result<(), (Vec<QueuedAppend>, StoreError)> {
         let conn = match &mut writer.conn {
             Some(conn) => conn,
@@ -278,7 +278,7 @@ impl Store {
         let outcome = match sqlite {
             // The writer pool's connection, held, keeps every other writer of this process off
             // the file while the group writer's connection writes.
-            Some(sqlite) => match write_group(sqlite, &group, self.auto_compact_tokens) {
+            Some(sqlite) => match sqlite.write_group(&group, self.auto_compact_tokens) {
                 Ok(GroupWrite::Done(plans)) => Ok(Ok(plans)),
                 Err(error) => Ok(Err(error)),
                 Ok(GroupWrite::Declined) => {

@@ -638,7 +638,8 @@ mod tests {
             }
             // The group writer's connection, which commits the appends.
             let path = dir.join(format!("{setting:?}.db"));
-            let writer = sqlite_writer::connect(&path, setting).unwrap();
+            let writer = sqlite_writer::WriterConnection::open(&path, setting).unwrap();
+            let writer = writer.connection();
             let level: i64 = writer
                 .query_row("PRAGMA synchronous", [], |row| row.get(0))
                 .unwrap();

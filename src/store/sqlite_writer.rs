@@ -56,7 +56,7 @@ impl SqliteWriter {
         path: &std::path::Path,
         synchronous: SqliteSynchronous,
     ) -> Result<Self, StoreError> {
-        let mut conn = connect(path, synchronous)?;
+        let mut conn = WriterConnection::open(path, synchronous)?;
         let (starts, requests) = mpsc::channel::<Start>();
         std::thread::Builder::new()
             .name("loupe-sqlite-writer".to_owned())
@@ -89,8 +89,74 @@ impl SqliteWriter {
     }
 }
 
-/// The writer's connection, with the settings of the pool's (`open_pool`).
-pub(super) fn connect(
+/// The writer's connection, and what it takes to open it again.
+pub(super) struct WriterConnection {
+    conn: Connection,
+    path: std::path::PathBuf,
+    synchronous: SqliteSynchronous,
+}
+
+impl WriterConnection {
+    /// Opens the connection with the settings of the pool's (`open_pool`).
+    pub(super) fn open(
+        path: &std::path::Path,
+        synchronous: SqliteSynchronous,
+    ) -> Result<Self, StoreError> {
+        Ok(Self {
+            conn: connect(path, synchronous)?,
+            path: path.to_owned(),
+            synchronous,
+        })
+    }
+
+    /// Writes the group in one transaction, or declines it. After a failure (a statement's, or a
+    /// panic's, which is a bug and answered with a 503) nothing of the group is kept and no
+    /// transaction is left open.
+    pub(super) fn write_group(
+        &mut self,
+        group: &[QueuedAppend],
+        default_threshold: i64,
+    ) -> Result<GroupWrite, StoreError> {
+        self.leave_transaction()?;
+        let conn = &mut self.conn;
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            try_write_group(conn, group, default_threshold)
+        }))
+        .unwrap_or_else(|_| {
+            Err(StoreError::CommitFailed {
+                message: "the SQLite writer failed unexpectedly".to_owned(),
+                transient: true,
+            })
+        });
+        if outcome.is_err() && !conn.is_autocommit() {
+            // When this fails too, the next group's `leave_transaction` tries again.
+            let _ = conn.execute_batch("ROLLBACK");
+        }
+        outcome
+    }
+
+    /// Ends a transaction a failed group left open (its ROLLBACK failed): rolled back, or, if
+    /// the connection cannot, dropped and opened again. Either way SQLite's write lock is given
+    /// back, which an open transaction would hold from every other writer.
+    fn leave_transaction(&mut self) -> Result<(), StoreError> {
+        if self.conn.is_autocommit() {
+            return Ok(());
+        }
+        if self.conn.execute_batch("ROLLBACK").is_ok() && self.conn.is_autocommit() {
+            return Ok(());
+        }
+        tracing::warn!("the SQLite writer's connection stayed in a transaction; opening it again");
+        self.conn = connect(&self.path, self.synchronous)?;
+        Ok(())
+    }
+
+    #[cfg(test)]
+    pub(super) fn connection(&self) -> &Connection {
+        &self.conn
+    }
+}
+
+fn connect(
     path: &std::path::Path,
     synchronous: SqliteSynchronous,
 ) -> Result<Connection, StoreError> {
@@ -109,29 +175,6 @@ pub(super) fn connect(
     // A statement per group shape (threads, named uuids, rows): keep the common ones prepared.
     conn.set_prepared_statement_cache_capacity(64);
     Ok(conn)
-}
-
-/// Writes the group in one transaction on `conn`, or declines it. After a failure (a
-/// statement's, or a panic's, which is a bug and answered with a 503) nothing of the group is
-/// kept and no transaction is left open.
-pub(super) fn write_group(
-    conn: &mut Connection,
-    group: &[QueuedAppend],
-    default_threshold: i64,
-) -> Result<GroupWrite, StoreError> {
-    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        try_write_group(conn, group, default_threshold)
-    }))
-    .unwrap_or_else(|_| {
-        Err(StoreError::CommitFailed {
-            message: "the SQLite writer failed unexpectedly".to_owned(),
-            transient: true,
-        })
-    });
-    if outcome.is_err() && !conn.is_autocommit() {
-        let _ = conn.execute_batch("ROLLBACK");
-    }
-    outcome
 }
 
 fn open_failed(error: &rusqlite::Error) -> StoreError {
@@ -488,14 +531,15 @@ mod tests {
         let fast = open(&dir.join("fast.db"), auto_compact_tokens).await;
         let mut plain = open(&dir.join("plain.db"), auto_compact_tokens).await;
         plain.sqlite_writer = None;
-        let mut sqlite = connect(&dir.join("fast.db"), SqliteSynchronous::default()).unwrap();
+        let mut sqlite =
+            WriterConnection::open(&dir.join("fast.db"), SqliteSynchronous::default()).unwrap();
         for specs in &groups {
             if self::group(specs, &[]).is_empty() {
                 // Every batch was refused before queueing: no group forms.
                 continue;
             }
             let group = self::group(specs, &next_seqs(&fast).await);
-            let outcome = write_group(&mut sqlite, &group, auto_compact_tokens);
+            let outcome = sqlite.write_group(&group, auto_compact_tokens);
             let fast_plans = match outcome.expect("no statement fails") {
                 GroupWrite::Done(plans) => plans,
                 GroupWrite::Declined => {
@@ -551,19 +595,57 @@ mod tests {
             std::fs::create_dir_all(&dir).unwrap();
             // A threshold of 1 token: any append crosses it.
             let store = open(&dir.join("jobs.db"), 1).await;
-            let mut sqlite = connect(&dir.join("jobs.db"), SqliteSynchronous::default()).unwrap();
+            let mut sqlite =
+                WriterConnection::open(&dir.join("jobs.db"), SqliteSynchronous::default()).unwrap();
             let specs = [AppendSpec {
                 thread: 0,
                 entries: vec![(1, 0, false)],
                 expect_offset: None,
             }];
-            let outcome = write_group(&mut sqlite, &group(&specs, &[0; THREADS]), 1);
+            let outcome = sqlite.write_group(&group(&specs, &[0; THREADS]), 1);
             assert!(matches!(outcome, Ok(GroupWrite::Declined)));
-            assert!(sqlite.is_autocommit(), "no transaction is left open");
+            assert!(
+                sqlite.connection().is_autocommit(),
+                "no transaction is left open"
+            );
             assert_eq!(
                 next_seqs(&store).await,
                 vec![0; THREADS],
                 "nothing was written"
+            );
+            store.close().await;
+            let _ = std::fs::remove_dir_all(&dir);
+        });
+    }
+
+    #[test]
+    fn a_transaction_left_open_is_ended_before_the_next_group() {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        runtime.block_on(async {
+            let dir = std::env::temp_dir().join(format!("loupe-writer-{}", uuid::Uuid::new_v4()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let store = open(&dir.join("open.db"), 0).await;
+            let mut sqlite =
+                WriterConnection::open(&dir.join("open.db"), SqliteSynchronous::default()).unwrap();
+            // What a failed ROLLBACK leaves: a transaction holding SQLite's write lock.
+            sqlite
+                .connection()
+                .execute_batch("BEGIN IMMEDIATE")
+                .unwrap();
+            let specs = [AppendSpec {
+                thread: 1,
+                entries: vec![(1, 0, false), (2, 0, true)],
+                expect_offset: None,
+            }];
+            let outcome = sqlite.write_group(&group(&specs, &[0; THREADS]), 0);
+            assert!(matches!(outcome, Ok(GroupWrite::Done(_))));
+            assert!(sqlite.connection().is_autocommit());
+            let mut expected = vec![0; THREADS];
+            expected[1] = 2;
+            assert_eq!(
+                next_seqs(&store).await,
+                expected,
+                "committed, seen by the pool"
             );
             store.close().await;
             let _ = std::fs::remove_dir_all(&dir);
