@@ -211,6 +211,8 @@ fn try_write_group(
         return Ok(GroupWrite::Declined);
     }
     conn.execute_batch("BEGIN IMMEDIATE").map_err(failed)?;
+    #[cfg(test)]
+    tests::panic_if_asked();
     let mut threads = read_group(conn, &read, default_threshold)?;
     let mut rows = Vec::new();
     let plans: Vec<Planned> = group
@@ -647,6 +649,59 @@ mod tests {
                 expected,
                 "committed, seen by the pool"
             );
+            store.close().await;
+            let _ = std::fs::remove_dir_all(&dir);
+        });
+    }
+
+    thread_local! {
+        /// Makes the next group written on this thread panic inside its transaction.
+        static PANIC_IN_NEXT_GROUP: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+
+    pub(super) fn panic_if_asked() {
+        if PANIC_IN_NEXT_GROUP.with(|asked| asked.replace(false)) {
+            panic!("a bug while writing a group (injected by a test)");
+        }
+    }
+
+    #[test]
+    fn a_panic_fails_only_its_group_and_leaves_no_transaction() {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        runtime.block_on(async {
+            let dir = std::env::temp_dir().join(format!("loupe-writer-{}", uuid::Uuid::new_v4()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let store = open(&dir.join("panic.db"), 0).await;
+            let mut sqlite =
+                WriterConnection::open(&dir.join("panic.db"), SqliteSynchronous::default())
+                    .unwrap();
+            let specs = [AppendSpec {
+                thread: 0,
+                entries: vec![(1, 0, false)],
+                expect_offset: None,
+            }];
+            PANIC_IN_NEXT_GROUP.with(|asked| asked.set(true));
+            let outcome = sqlite.write_group(&group(&specs, &[0; THREADS]), 0);
+            // A transient failure, which the HTTP layer answers with a 503 and `Retry-After`.
+            assert!(
+                matches!(
+                    outcome,
+                    Err(StoreError::CommitFailed {
+                        transient: true,
+                        ..
+                    })
+                ),
+                "{:?}",
+                outcome.err()
+            );
+            assert!(sqlite.connection().is_autocommit(), "rolled back");
+            assert_eq!(next_seqs(&store).await, vec![0; THREADS], "nothing kept");
+            let outcome = sqlite.write_group(&group(&specs, &[0; THREADS]), 0);
+            assert!(
+                matches!(outcome, Ok(GroupWrite::Done(_))),
+                "the next group is written"
+            );
+            assert_eq!(next_seqs(&store).await[0], 1);
             store.close().await;
             let _ = std::fs::remove_dir_all(&dir);
         });
