@@ -14,8 +14,9 @@
 //! - `loupe_rate_limited_total` and `loupe_overloaded_total`: requests refused by the guard rails.
 //! - `loupe_context_reads_total{path}`: context reads that went on from a cached checkpoint
 //!   (`incremental`), normalized a window of more than one page a page at a time (`paged`), or
-//!   normalized the whole window at once (`full`); `loupe_context_fallbacks_total{reason}`: reads
-//!   that had a checkpoint, or pages, but could not use them; `loupe_context_cache_bytes` (gauge): what
+//!   normalized the whole window at once (`full`); `loupe_context_fallbacks_total{path,reason}`:
+//!   reads that had a checkpoint (`incremental`) or pages (`paged`) but could not use them, by
+//!   the path that gave up (a read can give up on both before it reads the window whole); `loupe_context_cache_bytes` (gauge): what
 //!   the cached checkpoints weigh.
 
 use std::sync::OnceLock;
@@ -180,9 +181,10 @@ pub fn context_read(path: &'static str) {
     metrics::counter!(CONTEXT_READS, "path" => path).increment(1);
 }
 
-/// A context read that could not go on from its cached checkpoint, and why (a fixed text).
-pub fn context_fallback(reason: &'static str) {
-    metrics::counter!(CONTEXT_FALLBACKS, "reason" => reason).increment(1);
+/// A context read that could not go on along `path` (`incremental`: from its cached checkpoint;
+/// `paged`: a page at a time), and why (a fixed text).
+pub fn context_fallback(path: &'static str, reason: &'static str) {
+    metrics::counter!(CONTEXT_FALLBACKS, "path" => path, "reason" => reason).increment(1);
 }
 
 /// What the context cache holds now.

@@ -342,7 +342,7 @@ async fn cached_read(
                 cache.record_hit();
                 return Ok(Some(answer.into_response()));
             }
-            Err(Fallback(reason)) => crate::metrics::context_fallback(reason),
+            Err(Fallback(reason)) => crate::metrics::context_fallback("incremental", reason),
         }
     }
     // The checkpoint could not answer (another thread of that id, or a tail that changes it):
@@ -389,7 +389,7 @@ async fn paged_read(
         if page.len() as i64 != to - from {
             // Seqs are dense: a page short of entries means the thread went (deleted, or deleted
             // and made again) while it was read. The whole read answers what is there now.
-            crate::metrics::context_fallback("the thread changed between pages");
+            crate::metrics::context_fallback("paged", "the thread changed between pages");
             let window = state.store.context_window(tenant, thread_id, None).await?;
             let answer =
                 off_the_executor(move || full_read(window, &options, &cache, key)).await??;
@@ -413,7 +413,7 @@ async fn paged_read(
         match fed {
             Ok(fed) => read = fed,
             Err(Fallback(reason)) => {
-                crate::metrics::context_fallback(reason);
+                crate::metrics::context_fallback("paged", reason);
                 break;
             }
         }
@@ -437,7 +437,7 @@ fn finish_read(
     let (checkpoint, run, moved) = match read.finish(last) {
         Ok(done) => done,
         Err(fallback) => {
-            crate::metrics::context_fallback(fallback.0);
+            crate::metrics::context_fallback("paged", fallback.0);
             return Ok(Err(fallback));
         }
     };

@@ -490,9 +490,9 @@ async fn a_window_read_in_pages_answers_as_a_whole_read(app: TestApp) {
     app.finish().await;
 }
 
-/// Reads whose pages (or checkpoint) met a snip of an entry before them.
+/// Reads whose pages met a snip of an entry before them.
 fn snip_fallbacks() -> u64 {
-    let series = "loupe_context_fallbacks_total{reason=\"a snip hides an entry before the tail\"}";
+    let series = "loupe_context_fallbacks_total{path=\"paged\",reason=\"a snip hides an entry before the tail\"}";
     loupe::metrics::render()
         .lines()
         .find(|l| l.starts_with(series))
