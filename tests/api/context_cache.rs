@@ -27,6 +27,7 @@ on_both_backends!(
     a_checkpoint_that_cannot_answer_leaves_the_cache,
     a_window_read_in_pages_answers_as_a_whole_read,
     a_tail_ends_where_its_head_saw_the_thread_end,
+    a_boundary_committed_after_the_head_belongs_to_a_later_read,
 );
 
 /// The options every step is read with.
@@ -541,5 +542,59 @@ async fn a_tail_ends_where_its_head_saw_the_thread_end(app: TestApp) {
         Some(head.next_seq)
     );
     assert_eq!(tail.entries.len() as i64, later.next_seq - head.next_seq);
+    app.finish().await;
+}
+
+/// A read's bounds come from the head it read first: a compaction that commits its boundary
+/// between the two (here, deterministically, between the two calls) belongs to the next read.
+/// Bounded by the later boundary, the window would start at its own end and answer nothing.
+async fn a_boundary_committed_after_the_head_belongs_to_a_later_read(app: TestApp) {
+    let s = services(&app, || AuthMode::Open);
+    let thread = thread_with_rounds(&app, &s, "bounded", 3).await;
+    let tenant = loupe::store::TenantId::default_tenant();
+    let head = app.store.context_head(&tenant, &thread).await.unwrap();
+    let job = app
+        .post(
+            &format!("/v1/threads/{thread}/compact"),
+            json!({"keep_recent_rounds": 0}),
+        )
+        .await;
+    assert_eq!(job.status, StatusCode::ACCEPTED, "{}", job.body);
+    let runner = Runner::new(
+        app.store.clone(),
+        Arc::new(ExtractiveSummarizer::new()),
+        JobsConfig::default(),
+    );
+    let outcome = runner.step(Clock::System).await.unwrap();
+    assert!(
+        matches!(outcome, loupe::jobs::StepOutcome::Succeeded { .. }),
+        "{outcome:?}"
+    );
+    let later = app.store.context_head(&tenant, &thread).await.unwrap();
+    assert_eq!(
+        later.next_seq,
+        head.next_seq + 2,
+        "a boundary and a summary"
+    );
+    let bounds = app.store.context_bounds(&head).await.unwrap();
+    assert_eq!(
+        bounds.boundary_seq(),
+        None,
+        "the boundary is the next read's"
+    );
+    assert_eq!((bounds.start_seq, bounds.next_seq), (0, head.next_seq));
+    let window = app
+        .store
+        .window_page(&bounds, bounds.start_seq, bounds.next_seq)
+        .await
+        .unwrap();
+    assert_eq!(
+        window.len() as i64,
+        head.next_seq,
+        "the whole window the head saw"
+    );
+    let next = app.store.context_bounds(&later).await.unwrap();
+    assert_eq!(next.boundary_seq(), Some(head.next_seq));
+    assert_eq!(next.start_seq, head.next_seq);
     app.finish().await;
 }
