@@ -48,23 +48,41 @@ pub struct WindowShape {
 
 impl WindowShape {
     pub fn of_bounds(bounds: &WindowBounds) -> Self {
-        Self {
-            start_seq: bounds.start_seq,
-            next_seq: bounds.next_seq,
-            boundary_seq: bounds.boundary_seq(),
-            segment: bounds.boundary.as_ref().and_then(Entry::preserved_segment),
-        }
+        Self::new(
+            bounds.start_seq,
+            bounds.next_seq,
+            bounds.boundary_seq(),
+            bounds.boundary.as_ref().and_then(Entry::preserved_segment),
+        )
     }
 
     /// The shape of a window held whole, its seqs dense from its first entry's.
     pub fn of_entries(entries: &[Entry]) -> Self {
         let start_seq = entries.first().map_or(0, |e| e.seq_or(0));
         let boundary = entries.iter().rev().find(|e| e.is_compact_boundary());
+        Self::new(
+            start_seq,
+            start_seq + entries.len() as i64,
+            boundary.and_then(|b| b.seq),
+            boundary.and_then(Entry::preserved_segment),
+        )
+    }
+
+    /// The segment is cut to the window: a boundary's segment is the client's to write, and
+    /// seqs outside the window change nothing in the view, while reading toward them could
+    /// overflow or walk an empty range for ever.
+    fn new(
+        start_seq: i64,
+        next_seq: i64,
+        boundary_seq: Option<i64>,
+        segment: Option<(i64, i64)>,
+    ) -> Self {
+        let segment = segment.map(|(first, last)| (first.max(start_seq), last.min(next_seq - 1)));
         Self {
             start_seq,
-            next_seq: start_seq + entries.len() as i64,
-            boundary_seq: boundary.and_then(|b| b.seq),
-            segment: boundary.and_then(Entry::preserved_segment),
+            next_seq,
+            boundary_seq,
+            segment: segment.filter(|(first, last)| first <= last),
         }
     }
 
@@ -179,14 +197,14 @@ impl<S: WindowSource> ViewReader<S> {
                 Part::Done => return Ok(None),
                 Part::Head { at } => self.read_head(at).await?,
                 Part::Segment { at, end } => {
-                    let to = (at + self.page_entries).min(end);
+                    let to = at.saturating_add(self.page_entries).min(end);
                     self.part = if to < end {
                         Part::Segment { at: to, end }
                     } else {
                         Part::Rest { at: self.head_end }
                     };
                     let (b, head_end) = (self.shape.boundary_seq, self.head_end);
-                    let mut page = self.source.range(at, to).await?;
+                    let mut page = self.read(at, to).await?;
                     // The boundary and its head run came first; older boundaries and summaries
                     // in the segment are history (the new summary folds them in).
                     page.retain(|e| {
@@ -202,9 +220,9 @@ impl<S: WindowSource> ViewReader<S> {
                         self.part = Part::Done;
                         continue;
                     }
-                    let to = (at + self.page_entries).min(next);
+                    let to = at.saturating_add(self.page_entries).min(next);
                     self.part = Part::Rest { at: to };
-                    let mut page = self.source.range(at, to).await?;
+                    let mut page = self.read(at, to).await?;
                     page.retain(|e| !self.shape.in_segment(e.seq_or(0)));
                     page
                 }
@@ -219,15 +237,25 @@ impl<S: WindowSource> ViewReader<S> {
         }
     }
 
+    /// The window's entries in `[from, to)`. Seqs are dense, so a range short of entries means
+    /// the thread went (deleted, or deleted and made again) since the window was bounded.
+    async fn read(&mut self, from: i64, to: i64) -> Result<Vec<Entry>, StoreError> {
+        let entries = self.source.range(from, to).await?;
+        if entries.len() as i64 != (to - from).max(0) {
+            return Err(StoreError::ThreadNotFound);
+        }
+        Ok(entries)
+    }
+
     /// The boundary at `at` or the head run's entries from `at`, up to a page of them; moves on
     /// to the segment (or the rest) where the run ends.
     async fn read_head(&mut self, at: i64) -> Result<Vec<Entry>, StoreError> {
         let next = self.shape.next_seq;
-        let to = (at + self.page_entries).min(next);
+        let to = at.saturating_add(self.page_entries).min(next);
         let boundary = self.shape.boundary_seq;
         let mut head = Vec::new();
         let mut run_end = None;
-        for entry in self.source.range(at, to).await? {
+        for entry in self.read(at, to).await? {
             let seq = entry.seq_or(0);
             let in_run = Some(seq) == boundary
                 || (entry.kind == EntryKind::User && entry.is_compact_summary);
@@ -243,7 +271,7 @@ impl<S: WindowSource> ViewReader<S> {
                 self.part = match self.shape.segment {
                     Some((first, last)) => Part::Segment {
                         at: first.max(self.shape.start_seq),
-                        end: (last + 1).min(next),
+                        end: last.saturating_add(1).min(next),
                     },
                     None => Part::Rest { at: end },
                 };

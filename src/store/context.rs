@@ -10,7 +10,7 @@ use sqlx::Row;
 use super::messages::entry_from_row;
 use super::settings::{settings_from_row, ThreadSettings};
 use super::{MessageRef, Store, StoreError, TenantId};
-use crate::history::model::{subtype, Entry};
+use crate::history::model::{subtype, Entry, EntryKind};
 use crate::history::normalize::view;
 
 /// The stored entries a context is built from.
@@ -136,14 +136,16 @@ impl Store {
         from_seq: Option<i64>,
     ) -> Result<WindowBounds, StoreError> {
         // Below `next_seq`: a boundary committed after the head was read belongs to a later read
-        // (else the window would start past its own end).
+        // (else the window would start past its own end). Only a system entry is a boundary
+        // (`Entry::is_compact_boundary`), whatever subtype another entry carries.
         let boundary = sqlx::query(
             "SELECT seq, uuid, created_at, body FROM messages WHERE thread_key = $1 AND subtype = $2 \
-             AND seq < $3 ORDER BY seq DESC LIMIT 1",
+             AND seq < $3 AND kind = $4 ORDER BY seq DESC LIMIT 1",
         )
         .bind(&thread_key)
         .bind(subtype::COMPACT_BOUNDARY)
         .bind(next_seq)
+        .bind(EntryKind::System.as_str())
         .fetch_optional(&self.pool)
         .await?;
         let mut boundary = boundary.map(|row| entry_from_row(&row)).transpose()?;
@@ -213,34 +215,6 @@ impl Store {
         Ok(view::snipped_uuids(&snips)
             .into_iter()
             .map(str::to_owned)
-            .collect())
-    }
-
-    /// The thread's entries at `seqs`, in the order given (seqs it does not hold are skipped).
-    pub async fn entries_at(
-        &self,
-        thread_key: &str,
-        seqs: &[i64],
-    ) -> Result<Vec<Entry>, StoreError> {
-        let mut found = std::collections::HashMap::with_capacity(seqs.len());
-        for chunk in seqs.chunks(super::messages::INSERT_CHUNK) {
-            let sql = format!(
-                "SELECT seq, uuid, created_at, body FROM messages WHERE thread_key = $1 AND seq IN ({})",
-                super::list_placeholders(2, chunk.len())
-            );
-            let mut query = sqlx::query(&sql).bind(thread_key.to_owned());
-            for seq in chunk {
-                query = query.bind(*seq);
-            }
-            let mut rows = query.fetch(&self.pool);
-            while let Some(row) = rows.try_next().await? {
-                let entry = entry_from_row(&row)?;
-                found.insert(entry.seq, entry);
-            }
-        }
-        Ok(seqs
-            .iter()
-            .filter_map(|seq| found.remove(&Some(*seq)))
             .collect())
     }
 

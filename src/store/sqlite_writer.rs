@@ -146,7 +146,11 @@ impl WriterConnection {
             return Ok(());
         }
         tracing::warn!("the SQLite writer's connection stayed in a transaction; opening it again");
-        self.conn = connect(&self.path, self.synchronous)?;
+        self.conn =
+            connect(&self.path, self.synchronous).map_err(|error| StoreError::CommitFailed {
+                message: error.to_string(),
+                transient: true,
+            })?;
         Ok(())
     }
 

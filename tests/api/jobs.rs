@@ -35,6 +35,8 @@ on_both_backends!(
     a_uuid_named_boundary_is_planned_the_same_in_pages,
     a_page_of_nothing_a_model_reads_is_not_summarized,
     snipped_entries_are_not_summarized,
+    only_a_system_entry_bounds_the_window,
+    a_segment_far_outside_the_window_is_planned_as_none,
 );
 
 const LEASE_MS: i64 = 300_000;
@@ -920,5 +922,53 @@ async fn snipped_entries_are_not_summarized(app: TestApp) {
     assert!(plain.contains(&"u4".to_owned()) && !plain.contains(&"u3".to_owned()));
     assert!(!plain.contains(&"t3".to_owned()));
     check_paged_compaction(&app, &thread, 1_500, None).await;
+    app.finish().await;
+}
+
+async fn only_a_system_entry_bounds_the_window(app: TestApp) {
+    // Any entry may carry a subtype; a progress event named `compact_boundary` is no boundary,
+    // for the job's reads as for the context's.
+    let thread = app.thread("not-a-boundary").await;
+    conversation(&app, &thread, 0, 6).await;
+    append(
+        &app,
+        &thread,
+        json!([{"uuid": "fake-boundary", "type": "progress", "subtype": "compact_boundary",
+                "compact_metadata": {"preserved_segment": {"first_seq": 8, "last_seq": 11}}}]),
+    )
+    .await;
+    conversation(&app, &thread, 6, 4).await;
+    let (plain, _) = plainly_summarized(&app, &thread, DEFAULT_KEEP_RECENT_ROUNDS).await;
+    assert!(plain.contains(&"u0".to_owned()) && plain.contains(&"u5".to_owned()));
+    check_paged_compaction(&app, &thread, 1_500, None).await;
+    app.finish().await;
+}
+
+async fn a_segment_far_outside_the_window_is_planned_as_none(app: TestApp) {
+    // A boundary's segment is the client's to write: one at the end of the seq range must not
+    // overflow a page's bounds, nor send the job reading toward it.
+    let thread = app.thread("far-segment").await;
+    conversation(&app, &thread, 0, 3).await;
+    let far = i64::MAX - 100;
+    append(
+        &app,
+        &thread,
+        json!([
+            {"uuid": "far-boundary", "type": "system", "subtype": "compact_boundary",
+             "content": "Conversation compacted",
+             "compact_metadata": {"preserved_segment": {"first_seq": far, "last_seq": far}}},
+            {"uuid": "far-summary", "type": "user", "isCompactSummary": true,
+             "message": {"role": "user", "content": "Earlier: three questions."}}
+        ]),
+    )
+    .await;
+    conversation(&app, &thread, 3, 5).await;
+    check_paged_compaction(
+        &app,
+        &thread,
+        1_500,
+        Some("Earlier: three questions.".to_owned()),
+    )
+    .await;
     app.finish().await;
 }
