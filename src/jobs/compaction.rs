@@ -283,22 +283,19 @@ pub fn preserved_segment(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::jobs::view_reader::{plan_compaction, ToSummarize, ViewReader, WindowShape};
+    use crate::jobs::view_reader::{plan_compaction, ToSummarize, ViewReader};
     use futures_util::FutureExt;
 
     /// The plan of a window held in memory, and the seqs it summarizes (its futures are ready).
     fn plan(window: &[Entry], keep: u32) -> Result<(CompactionPlan, Vec<i64>), NothingToSummarize> {
-        let reader = || {
-            // Pages of 2: the head run and the segment span pages.
-            let shape = WindowShape::of_entries(window);
-            let reader = ViewReader::new(window, shape).now_or_never().unwrap();
-            reader.unwrap().with_page_entries(2)
-        };
-        let plan = plan_compaction(reader(), keep)
+        // Pages of 2: the head run and the segment span pages. A window in memory reads
+        // through ready futures.
+        let mut reader = ViewReader::of_entries(window).with_page_entries(2);
+        let plan = plan_compaction(&mut reader, keep)
             .now_or_never()
             .unwrap()
             .unwrap()?;
-        let mut entries = ToSummarize::new(reader(), &plan);
+        let mut entries = ToSummarize::new(reader, &plan);
         let mut seqs = Vec::new();
         while let Some(entry) = entries.next().now_or_never().unwrap().unwrap() {
             seqs.push(entry.seq.unwrap());

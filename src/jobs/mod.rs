@@ -349,15 +349,12 @@ impl Runner {
             .store
             .window_bounds(&tenant, &payload.thread_id, None)
             .await?;
-        let shape = WindowShape::of_bounds(&bounds);
-        let read_view = || {
-            let window = StoreWindow {
-                store: &self.store,
-                bounds: &bounds,
-            };
-            ViewReader::new(window, shape)
+        let window = StoreWindow {
+            store: &self.store,
+            bounds: &bounds,
         };
-        let plan = match plan_compaction(read_view().await?, payload.keep_recent_rounds).await? {
+        let mut reader = ViewReader::new(window, WindowShape::of_bounds(&bounds)).await?;
+        let plan = match plan_compaction(&mut reader, payload.keep_recent_rounds).await? {
             Ok(plan) => plan,
             Err(nothing) => {
                 let result = json!({
@@ -376,7 +373,7 @@ impl Runner {
         };
         let messages_summarized = plan.messages_summarized;
         let (boundary_seq, read_next_seq) = (bounds.boundary_seq(), bounds.next_seq);
-        let to_summarize = ToSummarize::new(read_view().await?, &plan);
+        let to_summarize = ToSummarize::new(reader, &plan);
         let summary = self.summarize_window(to_summarize, &plan, &payload).await?;
         let summary_entry = compaction::summary_entry(&summary.text);
         let summary_tokens = rough(summary_entry.first_text().unwrap_or_default());
@@ -434,19 +431,14 @@ impl Runner {
             calls: 0,
             summary: None,
         };
-        let (mut page, mut read) = (Vec::new(), 0);
+        // A thread deleted meanwhile comes up short in a page, and the reader fails there.
+        let mut page = Vec::new();
         while let Some(entry) = entries.next().await? {
-            read += 1;
             if cutter.starts_page(estimate_entry_tokens(&entry)) {
                 self.summarize_page(std::mem::take(&mut page), &mut pages, payload)
                     .await?;
             }
             page.push(entry);
-        }
-        if read != plan.messages_summarized {
-            // The thread was deleted since the plan was read: summarizing what is left would be
-            // paid for and then refused by the write.
-            return Err(StoreError::ThreadNotFound.into());
         }
         self.summarize_page(page, &mut pages, payload).await?;
         let mut summary = pages.summary.ok_or_else(|| {

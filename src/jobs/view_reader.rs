@@ -112,6 +112,14 @@ impl WindowSource for &[Entry] {
     }
 }
 
+impl<'a> ViewReader<&'a [Entry]> {
+    /// A reader of a window held in memory, its seqs dense from its first entry's.
+    pub fn of_entries(window: &'a [Entry]) -> Self {
+        let removed = view::snipped_uuids(window).into_iter().map(str::to_owned);
+        Self::with_removed(window, WindowShape::of_entries(window), removed.collect())
+    }
+}
+
 /// The window `bounds` describe, read from the store.
 pub struct StoreWindow<'a> {
     pub store: &'a Store,
@@ -168,20 +176,31 @@ impl<S: WindowSource> ViewReader<S> {
     /// A reader of the window `shape` describes; reads the snips it must hide first.
     pub async fn new(mut source: S, shape: WindowShape) -> Result<Self, StoreError> {
         let removed = source.snipped_uuids().await?;
-        let part = match shape.boundary_seq {
-            Some(b) => Part::Head { at: b },
-            None => Part::Rest {
-                at: shape.start_seq,
-            },
-        };
-        Ok(Self {
+        Ok(Self::with_removed(source, shape, removed))
+    }
+
+    fn with_removed(source: S, shape: WindowShape, removed: HashSet<String>) -> Self {
+        let mut reader = Self {
             source,
             shape,
             removed,
             head_end: shape.start_seq,
-            part,
+            part: Part::Done,
             page_entries: PAGE_ENTRIES,
-        })
+        };
+        reader.rewind();
+        reader
+    }
+
+    /// Back to the start of the view, the snips it read kept: a second pass reads only pages.
+    pub fn rewind(&mut self) {
+        self.head_end = self.shape.start_seq;
+        self.part = match self.shape.boundary_seq {
+            Some(b) => Part::Head { at: b },
+            None => Part::Rest {
+                at: self.shape.start_seq,
+            },
+        };
     }
 
     /// The same reader, reading `entries` at a time (at least 1).
@@ -210,7 +229,7 @@ impl<S: WindowSource> ViewReader<S> {
                     page.retain(|e| {
                         let seq = e.seq_or(0);
                         let in_head = b.is_some_and(|b| b <= seq && seq < head_end);
-                        !in_head && !e.is_compact_boundary() && !e.is_compact_summary
+                        !in_head && !is_superseded(e)
                     });
                     page
                 }
@@ -285,7 +304,7 @@ impl<S: WindowSource> ViewReader<S> {
 /// Plans a compaction keeping the last `keep_recent_rounds` rounds of the window: the view goes
 /// through a [`PlanScan`] a page at a time.
 pub async fn plan_compaction<S: WindowSource>(
-    mut reader: ViewReader<S>,
+    reader: &mut ViewReader<S>,
     keep_recent_rounds: u32,
 ) -> Result<Result<CompactionPlan, NothingToSummarize>, StoreError> {
     let mut scan = PlanScan::new(keep_recent_rounds);
@@ -306,7 +325,9 @@ pub struct ToSummarize<S> {
 }
 
 impl<S: WindowSource> ToSummarize<S> {
-    pub fn new(reader: ViewReader<S>, plan: &CompactionPlan) -> Self {
+    /// Reads from the start of `reader`'s view, wherever an earlier pass left it.
+    pub fn new(mut reader: ViewReader<S>, plan: &CompactionPlan) -> Self {
+        reader.rewind();
         Self {
             reader,
             left_before_cut: plan.cut,
@@ -371,8 +392,7 @@ mod tests {
 
     /// The seqs of the view, read `page` entries at a time.
     fn read(window: &[Entry], page: i64) -> Vec<i64> {
-        let reader = ViewReader::new(window, WindowShape::of_entries(window)).now_or_never();
-        let mut reader = reader.unwrap().unwrap().with_page_entries(page);
+        let mut reader = ViewReader::of_entries(window).with_page_entries(page);
         let mut seqs = Vec::new();
         while let Some(entries) = reader.next_page().now_or_never().unwrap().unwrap() {
             seqs.extend(entries.iter().map(|e| e.seq.unwrap()));
@@ -408,5 +428,23 @@ mod tests {
         let window: Vec<Entry> = (0..5).map(|seq| message(seq, "user")).collect();
         assert_eq!(read(&window, 2), [0, 1, 2, 3, 4]);
         assert_eq!(read(&[], 2), Vec::<i64>::new());
+    }
+
+    #[test]
+    fn a_range_short_of_entries_means_the_thread_went() {
+        let window: Vec<Entry> = (0..5).map(|seq| message(seq, "user")).collect();
+        let shape = WindowShape {
+            next_seq: 8,
+            ..WindowShape::of_entries(&window)
+        };
+        let reader = ViewReader::new(window.as_slice(), shape).now_or_never();
+        let mut reader = reader.unwrap().unwrap().with_page_entries(4);
+        let first = reader.next_page().now_or_never().unwrap().unwrap();
+        assert_eq!(first.map(|page| page.len()), Some(4));
+        let short = reader.next_page().now_or_never().unwrap();
+        assert!(
+            matches!(short, Err(StoreError::ThreadNotFound)),
+            "{short:?}"
+        );
     }
 }

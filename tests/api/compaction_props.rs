@@ -7,7 +7,7 @@ use futures_util::FutureExt;
 use loupe::history::normalize::view;
 use loupe::history::{estimate_entry_tokens, group_rounds, Entry};
 use loupe::jobs::compaction::SUMMARY_PREFIX;
-use loupe::jobs::view_reader::{plan_compaction, ToSummarize, ViewReader, WindowShape};
+use loupe::jobs::view_reader::{plan_compaction, ToSummarize, ViewReader};
 use proptest::prelude::*;
 
 use crate::chaos;
@@ -62,16 +62,13 @@ pub fn reference_plan(entries: &[Entry], keep: u32) -> Option<PlainPlan> {
 /// The job's plan of `window`, read `page` entries at a time, as a [`PlainPlan`].
 fn streamed_plan(window: &[Entry], keep: u32, page: i64) -> Option<PlainPlan> {
     // A window in memory reads through ready futures.
-    let reader = || {
-        let reader = ViewReader::new(window, WindowShape::of_entries(window)).now_or_never();
-        reader.unwrap().unwrap().with_page_entries(page)
-    };
-    let plan = plan_compaction(reader(), keep)
+    let mut reader = ViewReader::of_entries(window).with_page_entries(page);
+    let plan = plan_compaction(&mut reader, keep)
         .now_or_never()
         .unwrap()
         .unwrap()
         .ok()?;
-    let mut entries = ToSummarize::new(reader(), &plan);
+    let mut entries = ToSummarize::new(reader, &plan);
     let mut summarized = Vec::new();
     while let Some(entry) = entries.next().now_or_never().unwrap().unwrap() {
         summarized.push(entry.seq);
