@@ -10,7 +10,7 @@ use sqlx::Row;
 use super::messages::entry_from_row;
 use super::settings::{settings_from_row, ThreadSettings};
 use super::{MessageRef, Store, StoreError, TenantId};
-use crate::history::model::{subtype, Entry, EntryKind};
+use crate::history::model::{subtype, Entry};
 use crate::history::normalize::view;
 
 /// The stored entries a context is built from.
@@ -81,6 +81,11 @@ impl WindowBounds {
     }
 }
 
+/// The rows of compact boundaries, as [`Entry::is_compact_boundary`] tells them: the subtype on
+/// a system entry (any other entry may carry the subtype too). Every query for "the last
+/// boundary" filters with it, so the reads and the compaction's check agree.
+pub(super) const BOUNDARY_ROWS: &str = "subtype = 'compact_boundary' AND kind = 'system'";
+
 impl Store {
     /// The entries from the last compact boundary on (and the segment it preserved by reference,
     /// which lies before it), or from `from_seq` when given.
@@ -136,16 +141,13 @@ impl Store {
         from_seq: Option<i64>,
     ) -> Result<WindowBounds, StoreError> {
         // Below `next_seq`: a boundary committed after the head was read belongs to a later read
-        // (else the window would start past its own end). Only a system entry is a boundary
-        // (`Entry::is_compact_boundary`), whatever subtype another entry carries.
-        let boundary = sqlx::query(
-            "SELECT seq, uuid, created_at, body FROM messages WHERE thread_key = $1 AND subtype = $2 \
-             AND seq < $3 AND kind = $4 ORDER BY seq DESC LIMIT 1",
-        )
+        // (else the window would start past its own end).
+        let boundary = sqlx::query(&format!(
+            "SELECT seq, uuid, created_at, body FROM messages WHERE thread_key = $1 \
+             AND {BOUNDARY_ROWS} AND seq < $2 ORDER BY seq DESC LIMIT 1"
+        ))
         .bind(&thread_key)
-        .bind(subtype::COMPACT_BOUNDARY)
         .bind(next_seq)
-        .bind(EntryKind::System.as_str())
         .fetch_optional(&self.pool)
         .await?;
         let mut boundary = boundary.map(|row| entry_from_row(&row)).transpose()?;
@@ -389,5 +391,21 @@ impl Store {
             }
         }
         Ok(found)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::history::model::EntryKind;
+
+    #[test]
+    fn boundary_rows_name_the_boundary_subtype_on_a_system_entry() {
+        let expected = format!(
+            "subtype = '{}' AND kind = '{}'",
+            subtype::COMPACT_BOUNDARY,
+            EntryKind::System.as_str()
+        );
+        assert_eq!(BOUNDARY_ROWS, expected);
     }
 }

@@ -15,9 +15,10 @@ use sqlx::any::AnyRow;
 use sqlx::{Any, AnyConnection, Row, Transaction};
 use utoipa::ToSchema;
 
+use super::context::BOUNDARY_ROWS;
 use super::messages::{entry_from_row, insert_entries};
 use super::{Backend, Store, StoreError, TenantId};
-use crate::history::model::{subtype, Entry, EntryKind};
+use crate::history::model::Entry;
 use crate::history::normalize::context_entry_tokens;
 
 /// Which of a thread's jobs [`Store::thread_jobs`] reads.
@@ -683,14 +684,11 @@ impl Store {
         .ok_or(StoreError::ThreadNotFound)?;
         let next_seq: i64 = row.try_get("next_seq")?;
         let visible_count: i64 = row.try_get("visible_count")?;
-        // The boundary as `Store::window_bounds` finds it: a system entry's.
-        let last_boundary: Option<i64> = sqlx::query_scalar(
-            "SELECT seq FROM messages WHERE thread_key = $1 AND subtype = $2 AND kind = $3 \
-             ORDER BY seq DESC LIMIT 1",
-        )
+        let last_boundary: Option<i64> = sqlx::query_scalar(&format!(
+            "SELECT seq FROM messages WHERE thread_key = $1 AND {BOUNDARY_ROWS} \
+             ORDER BY seq DESC LIMIT 1"
+        ))
         .bind(&thread_key)
-        .bind(subtype::COMPACT_BOUNDARY)
-        .bind(EntryKind::System.as_str())
         .fetch_optional(&mut *tx)
         .await?;
         if last_boundary != write.expected_boundary_seq {
