@@ -593,34 +593,64 @@ mod tests {
         }
     }
 
+    /// A store of `THREADS` threads in a directory of its own, and a writer on its file.
+    struct Fixture {
+        dir: std::path::PathBuf,
+        store: Store,
+        sqlite: WriterConnection,
+    }
+
+    impl Fixture {
+        async fn new(auto_compact_tokens: i64) -> Self {
+            let dir = std::env::temp_dir().join(format!("loupe-writer-{}", uuid::Uuid::new_v4()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let path = dir.join("loupe.db");
+            let store = open(&path, auto_compact_tokens).await;
+            let sqlite = WriterConnection::open(&path, SqliteSynchronous::default()).unwrap();
+            Fixture { dir, store, sqlite }
+        }
+
+        /// Writes one append of `entries` to thread `thread` as a group.
+        fn write(
+            &mut self,
+            thread: usize,
+            entries: Vec<(u8, u8, bool)>,
+            threshold: i64,
+        ) -> Result<GroupWrite, StoreError> {
+            let specs = [AppendSpec {
+                thread,
+                entries,
+                expect_offset: None,
+            }];
+            let next_seqs = [0; THREADS];
+            self.sqlite
+                .write_group(&group(&specs, &next_seqs), threshold)
+        }
+
+        async fn finish(self) {
+            self.store.close().await;
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+
     #[test]
     fn a_group_that_would_enqueue_a_job_is_declined_untouched() {
         let runtime = tokio::runtime::Runtime::new().unwrap();
         runtime.block_on(async {
-            let dir = std::env::temp_dir().join(format!("loupe-writer-{}", uuid::Uuid::new_v4()));
-            std::fs::create_dir_all(&dir).unwrap();
             // A threshold of 1 token: any append crosses it.
-            let store = open(&dir.join("jobs.db"), 1).await;
-            let mut sqlite =
-                WriterConnection::open(&dir.join("jobs.db"), SqliteSynchronous::default()).unwrap();
-            let specs = [AppendSpec {
-                thread: 0,
-                entries: vec![(1, 0, false)],
-                expect_offset: None,
-            }];
-            let outcome = sqlite.write_group(&group(&specs, &[0; THREADS]), 1);
+            let mut fixture = Fixture::new(1).await;
+            let outcome = fixture.write(0, vec![(1, 0, false)], 1);
             assert!(matches!(outcome, Ok(GroupWrite::Declined)));
             assert!(
-                sqlite.connection().is_autocommit(),
+                fixture.sqlite.connection().is_autocommit(),
                 "no transaction is left open"
             );
             assert_eq!(
-                next_seqs(&store).await,
+                next_seqs(&fixture.store).await,
                 vec![0; THREADS],
                 "nothing was written"
             );
-            store.close().await;
-            let _ = std::fs::remove_dir_all(&dir);
+            fixture.finish().await;
         });
     }
 
@@ -628,33 +658,21 @@ mod tests {
     fn a_transaction_left_open_is_ended_before_the_next_group() {
         let runtime = tokio::runtime::Runtime::new().unwrap();
         runtime.block_on(async {
-            let dir = std::env::temp_dir().join(format!("loupe-writer-{}", uuid::Uuid::new_v4()));
-            std::fs::create_dir_all(&dir).unwrap();
-            let store = open(&dir.join("open.db"), 0).await;
-            let mut sqlite =
-                WriterConnection::open(&dir.join("open.db"), SqliteSynchronous::default()).unwrap();
+            let mut fixture = Fixture::new(0).await;
             // What a failed ROLLBACK leaves: a transaction holding SQLite's write lock.
-            sqlite
-                .connection()
-                .execute_batch("BEGIN IMMEDIATE")
-                .unwrap();
-            let specs = [AppendSpec {
-                thread: 1,
-                entries: vec![(1, 0, false), (2, 0, true)],
-                expect_offset: None,
-            }];
-            let outcome = sqlite.write_group(&group(&specs, &[0; THREADS]), 0);
+            let conn = fixture.sqlite.connection();
+            conn.execute_batch("BEGIN IMMEDIATE").unwrap();
+            let outcome = fixture.write(1, vec![(1, 0, false), (2, 0, true)], 0);
             assert!(matches!(outcome, Ok(GroupWrite::Done(_))));
-            assert!(sqlite.connection().is_autocommit());
+            assert!(fixture.sqlite.connection().is_autocommit());
             let mut expected = vec![0; THREADS];
             expected[1] = 2;
             assert_eq!(
-                next_seqs(&store).await,
+                next_seqs(&fixture.store).await,
                 expected,
                 "committed, seen by the pool"
             );
-            store.close().await;
-            let _ = std::fs::remove_dir_all(&dir);
+            fixture.finish().await;
         });
     }
 
@@ -673,19 +691,9 @@ mod tests {
     fn a_panic_fails_only_its_group_and_leaves_no_transaction() {
         let runtime = tokio::runtime::Runtime::new().unwrap();
         runtime.block_on(async {
-            let dir = std::env::temp_dir().join(format!("loupe-writer-{}", uuid::Uuid::new_v4()));
-            std::fs::create_dir_all(&dir).unwrap();
-            let store = open(&dir.join("panic.db"), 0).await;
-            let mut sqlite =
-                WriterConnection::open(&dir.join("panic.db"), SqliteSynchronous::default())
-                    .unwrap();
-            let specs = [AppendSpec {
-                thread: 0,
-                entries: vec![(1, 0, false)],
-                expect_offset: None,
-            }];
+            let mut fixture = Fixture::new(0).await;
             PANIC_IN_NEXT_GROUP.with(|asked| asked.set(true));
-            let outcome = sqlite.write_group(&group(&specs, &[0; THREADS]), 0);
+            let outcome = fixture.write(0, vec![(1, 0, false)], 0);
             // A transient failure, which the HTTP layer answers with a 503 and `Retry-After`.
             assert!(
                 matches!(
@@ -698,16 +706,19 @@ mod tests {
                 "{:?}",
                 outcome.err()
             );
-            assert!(sqlite.connection().is_autocommit(), "rolled back");
-            assert_eq!(next_seqs(&store).await, vec![0; THREADS], "nothing kept");
-            let outcome = sqlite.write_group(&group(&specs, &[0; THREADS]), 0);
+            assert!(fixture.sqlite.connection().is_autocommit(), "rolled back");
+            assert_eq!(
+                next_seqs(&fixture.store).await,
+                vec![0; THREADS],
+                "nothing kept"
+            );
+            let outcome = fixture.write(0, vec![(1, 0, false)], 0);
             assert!(
                 matches!(outcome, Ok(GroupWrite::Done(_))),
                 "the next group is written"
             );
-            assert_eq!(next_seqs(&store).await[0], 1);
-            store.close().await;
-            let _ = std::fs::remove_dir_all(&dir);
+            assert_eq!(next_seqs(&fixture.store).await[0], 1);
+            fixture.finish().await;
         });
     }
 }
