@@ -267,21 +267,7 @@ async fn cached_context_reads_equal_uncached_ones(app: TestApp) {
     }
 
     // A real compaction: a new boundary and summary, the latest round kept.
-    let compact = app
-        .post(
-            &format!("/v1/threads/{thread}/compact"),
-            json!({"keep_recent_rounds": 1}),
-        )
-        .await;
-    assert_eq!(compact.status, StatusCode::ACCEPTED, "{}", compact.body);
-    Runner::new(
-        app.store.clone(),
-        Arc::new(ExtractiveSummarizer::new()),
-        JobsConfig::default(),
-    )
-    .step(Clock::System)
-    .await
-    .unwrap();
+    compact_now(&app, &thread, 1).await;
     same_answers(&s, None, &thread, "after a compaction").await;
     for i in 10..12 {
         append_round(&s, &thread, i, 1).await;
@@ -491,6 +477,23 @@ async fn a_window_read_in_pages_answers_as_a_whole_read(app: TestApp) {
     app.finish().await;
 }
 
+/// Asks for a compaction keeping `keep` rounds and runs it at once (the extractive summarizer).
+async fn compact_now(app: &TestApp, thread: &str, keep: u32) -> loupe::jobs::StepOutcome {
+    let job = app
+        .post(
+            &format!("/v1/threads/{thread}/compact"),
+            json!({"keep_recent_rounds": keep}),
+        )
+        .await;
+    assert_eq!(job.status, StatusCode::ACCEPTED, "{}", job.body);
+    let runner = Runner::new(
+        app.store.clone(),
+        Arc::new(ExtractiveSummarizer::new()),
+        JobsConfig::default(),
+    );
+    runner.step(Clock::System).await.unwrap()
+}
+
 /// Reads whose pages met a snip of an entry before them.
 fn snip_fallbacks() -> u64 {
     let series = "loupe_context_fallbacks_total{path=\"paged\",reason=\"a snip hides an entry before the tail\"}";
@@ -553,19 +556,7 @@ async fn a_boundary_committed_after_the_head_belongs_to_a_later_read(app: TestAp
     let thread = thread_with_rounds(&app, &s, "bounded", 3).await;
     let tenant = loupe::store::TenantId::default_tenant();
     let head = app.store.context_head(&tenant, &thread).await.unwrap();
-    let job = app
-        .post(
-            &format!("/v1/threads/{thread}/compact"),
-            json!({"keep_recent_rounds": 0}),
-        )
-        .await;
-    assert_eq!(job.status, StatusCode::ACCEPTED, "{}", job.body);
-    let runner = Runner::new(
-        app.store.clone(),
-        Arc::new(ExtractiveSummarizer::new()),
-        JobsConfig::default(),
-    );
-    let outcome = runner.step(Clock::System).await.unwrap();
+    let outcome = compact_now(&app, &thread, 0).await;
     assert!(
         matches!(outcome, loupe::jobs::StepOutcome::Succeeded { .. }),
         "{outcome:?}"
