@@ -59,6 +59,13 @@ expect 422 "invalid message"
 call GET "/v1/threads/does-not-exist-$$"
 expect 404 "unknown thread"
 
+# An entry of a type Loupe does not model, sent to a thread that does not exist: a problem, over
+# the real server's whole stack (tests/api/problems.rs walks every route in process).
+answer=$(curl -sS -o /dev/null -w '%{http_code} %{content_type}' -X POST "${auth[@]}" \
+  -H 'Content-Type: application/json' --data '{"messages": [{"type": "robot"}]}' \
+  "$base/v1/threads/does-not-exist-$$/messages") || fail "unknown type: curl failed"
+[[ $answer == "404 application/problem+json" ]] || fail "unknown type on a missing thread: $answer"
+
 # Outline mode through the server's own workers: a tiny tail budget moves old rounds into lines.
 call PUT "/v1/threads/$thread/settings" '{"outline": {"enabled": true, "line_bytes": 64, "budget_bytes": 4000, "tail_tokens": 20}}'
 expect 200 "outline on"

@@ -23,6 +23,7 @@ mod normalize_invariants;
 mod normalize_perf;
 mod normalize_smoke_props;
 mod openapi;
+mod problems;
 mod providers;
 mod summarize_extractive;
 mod summarize_models;
