@@ -112,6 +112,9 @@ for (( r = 1; r <= runs; r++ )); do
     run="a$RANDOM"
     for (( i = 0; i < 100; i++ )); do new_thread "$run-t$i"; done
     LOAD_RUN=$run LOAD_BATCH=2 LOAD_THREAD_COUNT=100 measure appends -s scripts/load/append_spread.lua "$base"
+    curl -sf "$base/metrics" | awk '/^loupe_append_groups_total / { g = $2 }
+      /^loupe_append_group_appends_total / { a = $2 }
+      END { if (g > 0) printf "         %.2f appends per group commit (%d groups)\n", a / g, g }'
   fi
   if wanted pg-append && [[ $backend == postgres ]]; then
     command -v pgbench >/dev/null || { echo "hotpath.sh: pgbench is required for pg-append" >&2; exit 2; }

@@ -18,6 +18,10 @@
 //!   reads that had a checkpoint (`incremental`) or pages (`paged`) but could not use them, by
 //!   the path that gave up (a read can give up on both before it reads the window whole); `loupe_context_cache_bytes` (gauge): what
 //!   the cached checkpoints weigh.
+//! - `loupe_append_groups_total`, `loupe_append_group_appends_total` and
+//!   `loupe_append_split_groups_total`: group commit's transactions, the appends they held (their
+//!   ratio is the mean group size), and groups a failed statement split into lone appends; read
+//!   from the store at scrape time.
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -38,6 +42,9 @@ pub const OVERLOADED: &str = "loupe_overloaded_total";
 pub const CONTEXT_READS: &str = "loupe_context_reads_total";
 pub const CONTEXT_FALLBACKS: &str = "loupe_context_fallbacks_total";
 pub const CONTEXT_CACHE_BYTES: &str = "loupe_context_cache_bytes";
+pub const APPEND_GROUPS: &str = "loupe_append_groups_total";
+pub const APPEND_GROUP_APPENDS: &str = "loupe_append_group_appends_total";
+pub const APPEND_SPLIT_GROUPS: &str = "loupe_append_split_groups_total";
 
 /// Latency buckets, in seconds.
 const DURATION_BUCKETS: &[f64] = &[
@@ -105,6 +112,15 @@ fn describe() {
         Unit::Bytes,
         "Bytes held by the context cache's checkpoints"
     );
+    describe_counter!(APPEND_GROUPS, "Transactions group commit wrote appends in");
+    describe_counter!(
+        APPEND_GROUP_APPENDS,
+        "Appends those transactions held (divided by the groups: the mean group size)"
+    );
+    describe_counter!(
+        APPEND_SPLIT_GROUPS,
+        "Groups a failed statement rolled back, then written one append at a time"
+    );
     // Gauges exist from the start, so dashboards see a zero instead of no data.
     metrics::gauge!(JOBS_QUEUED).set(0.0);
     metrics::counter!(RATE_LIMITED).increment(0);
@@ -145,6 +161,13 @@ pub fn db_pool(size: u32, idle: usize) {
     metrics::gauge!(DB_POOL_CONNECTIONS).set(size);
     metrics::gauge!(DB_POOL_IDLE).set(idle);
     metrics::gauge!(DB_POOL_IN_USE).set((size - idle).max(0.0));
+}
+
+/// Group commit's totals since the store was opened.
+pub fn append_groups(groups: u64, appends: u64, split: u64) {
+    metrics::counter!(APPEND_GROUPS).absolute(groups);
+    metrics::counter!(APPEND_GROUP_APPENDS).absolute(appends);
+    metrics::counter!(APPEND_SPLIT_GROUPS).absolute(split);
 }
 
 /// A summary asked of `backend` (`anthropic`, `openai`, `extractive`, …).

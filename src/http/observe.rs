@@ -30,6 +30,8 @@ const MAX_PROBLEM_BYTES: usize = 64 * 1024;
 pub async fn metrics(State(state): State<AppState>) -> Response {
     let (size, idle) = state.store.pool_usage();
     crate::metrics::db_pool(size, idle);
+    let groups = state.store.group_commit_stats();
+    crate::metrics::append_groups(groups.groups, groups.appends, groups.split_groups);
     match state.store.queued_job_count().await {
         Ok(depth) => crate::metrics::set_jobs_queued(depth.max(0) as u64),
         // The scrape still answers; the gauge keeps its last value.
