@@ -131,6 +131,11 @@ pub struct DatabaseArgs {
     /// (it survives a power loss too: the WAL is synced at every commit).
     #[arg(long, env = "LOUPE_SQLITE_SYNCHRONOUS", default_value = "normal", value_parser = clap::builder::TypedValueParser::try_map(clap::builder::PossibleValuesParser::new(["normal", "full"]), |v| v.parse::<SqliteSynchronous>()))]
     pub sqlite_synchronous: SqliteSynchronous,
+    /// PostgreSQL only: how long, in microseconds, a group of appends waits for as many appends
+    /// as the last groups held before it commits (0: no wait). Fuller groups cost the database
+    /// less per append; a lone writer never waits.
+    #[arg(long, env = "LOUPE_APPEND_GATHER_US", default_value_t = crate::store::DEFAULT_APPEND_GATHER.as_micros() as u64)]
+    pub append_gather_us: u64,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -417,6 +422,7 @@ impl DatabaseArgs {
         let mut options = StoreOptions::new(&self.database_url);
         options.max_connections = self.db_max_connections;
         options.sqlite_synchronous = self.sqlite_synchronous;
+        options.append_gather = Duration::from_micros(self.append_gather_us);
         options
     }
 

@@ -17,8 +17,13 @@
 //!
 //! A group locks its threads in (tenant, thread) order, so the groups of concurrent runners
 //! (PostgreSQL) cannot deadlock.
+//!
+//! On PostgreSQL a group is first tried in one statement with no locks (`pg_group`), and only
+//! written under locks when that cannot be; and a runner waits a moment for a group as full as
+//! the last ones ([`GroupCommit::gather`]) before it writes. Two runners: one fills while the
+//! other commits.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -26,7 +31,8 @@ use sqlx::pool::PoolConnection;
 use sqlx::{Any, AnyConnection, Connection};
 use tokio::sync::oneshot;
 
-use super::messages::{AppendStep, Bracket, Planned, PreparedBatch};
+use super::messages::{AppendStep, Bracket, GroupOutcome, Planned, PreparedBatch, UuidCheck};
+use super::pg_group::Unlocked;
 use super::sqlite_writer::{GroupWrite, WriterConnection};
 use super::{Store, StoreError, TenantId};
 
@@ -69,14 +75,20 @@ pub(super) struct QueuedAppend {
 /// The appends waiting, and how many runners are writing groups.
 pub(super) struct GroupCommit {
     state: Mutex<Queue>,
-    /// Runners allowed at once: 1 on SQLite (one writer); on PostgreSQL most of the pool, so
-    /// appends keep running side by side and group only when every runner is busy.
+    /// Runners allowed at once: 1 on SQLite (one writer), a few on PostgreSQL.
     max_runners: usize,
     /// Transactions committed, and the appends they held.
     groups: AtomicU64,
     grouped_appends: AtomicU64,
     /// Groups rolled back by a failed statement and written again one append at a time.
     split_groups: AtomicU64,
+    /// The longest a runner waits for a group as full as the last ones ([`GroupCommit::gather`]).
+    gather: Duration,
+    /// Rung by every append queued while a runner runs.
+    arrived: tokio::sync::Notify,
+    /// How many appends the next group waits for: the size the last groups reached, less one a
+    /// group, so a load that falls away stops being waited for within a few groups.
+    expected: AtomicUsize,
 }
 
 /// How appends were grouped since the store was opened.
@@ -97,13 +109,46 @@ struct Queue {
 }
 
 impl GroupCommit {
-    pub(super) fn new(max_runners: usize) -> Self {
+    pub(super) fn new(max_runners: usize, gather: Duration) -> Self {
         GroupCommit {
             state: Mutex::new(Queue::default()),
             max_runners: max_runners.max(1),
             groups: AtomicU64::new(0),
             grouped_appends: AtomicU64::new(0),
             split_groups: AtomicU64::new(0),
+            gather,
+            arrived: tokio::sync::Notify::new(),
+            expected: AtomicUsize::new(1),
+        }
+    }
+
+    /// Waits, at most [`GroupCommit::gather`], until as many appends wait as the last groups
+    /// held, as PostgreSQL's own `commit_delay` does for commits: under concurrent load the
+    /// clients answered by the last group are about to send their next appends, and a group
+    /// costs the database about the same whatever its size. A lone writer (groups of one) never
+    /// waits.
+    async fn gather(&self) {
+        let expected = self.expected.load(Ordering::Relaxed);
+        if self.gather.is_zero() || expected <= 1 {
+            return;
+        }
+        let deadline = tokio::time::Instant::now() + self.gather;
+        loop {
+            let waiting = self
+                .state
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .waiting
+                .len();
+            if waiting >= expected {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, self.arrived.notified())
+                .await
+                .is_err()
+            {
+                return;
+            }
         }
     }
 
@@ -120,6 +165,8 @@ impl GroupCommit {
         };
         if start {
             spawn_runner(store.clone());
+        } else if !self.gather.is_zero() {
+            self.arrived.notify_one();
         }
     }
 
@@ -140,6 +187,9 @@ impl GroupCommit {
             count += 1;
             entries += append.batch.entries.len();
         }
+        let previous = self.expected.load(Ordering::Relaxed);
+        self.expected
+            .store(count.max(previous.saturating_sub(1)), Ordering::Relaxed);
         Some(queue.waiting.drain(..count).collect())
     }
 }
@@ -213,7 +263,11 @@ impl Store {
     async fn run_groups(&self, mut sqlite: Option<&mut WriterConnection>) {
         let mut writer = Writer::default();
         let mut held_since = Instant::now();
-        while let Some(group) = self.group_commit.next_group() {
+        loop {
+            self.group_commit.gather().await;
+            let Some(group) = self.group_commit.next_group() else {
+                break;
+            };
             if writer.conn.is_some() && held_since.elapsed() >= MAX_WRITER_HOLD {
                 writer.conn = None;
             }
@@ -341,23 +395,48 @@ impl Store {
         group: &[QueuedAppend],
     ) -> Result<Result<Vec<Planned>, StoreError>, StoreError> {
         if self.backend == super::Backend::Sqlite {
-            return Ok(self.write_group(conn, group, Bracket::Inline).await);
+            return Ok(
+                match self
+                    .write_group(conn, group, Bracket::Inline, UuidCheck::Read)
+                    .await
+                {
+                    Ok(GroupOutcome::Planned(plans)) => Ok(plans),
+                    Ok(GroupOutcome::ReadUuids) => unreachable!("SQLite reads the uuids"),
+                    Err(error) => Err(error),
+                },
+            );
         }
-        let mut tx = conn.begin().await?;
-        let plans = match self.write_group(&mut tx, group, Bracket::Caller).await {
-            Ok(plans) => plans,
-            Err(error) => {
-                let _ = tx.rollback().await;
-                return Ok(Err(error));
-            }
+        let mut check = match self.write_group_unlocked(conn, group).await? {
+            Unlocked::Written(plans) => return Ok(Ok(plans)),
+            Unlocked::UnderLocks(check) => check,
         };
-        if plans.iter().any(Planned::writes) {
-            tx.commit().await?;
-        } else {
-            // Replays and refusals only: nothing to keep.
-            let _ = tx.rollback().await;
+        loop {
+            let mut tx = conn.begin().await?;
+            let plans = match self
+                .write_group(&mut tx, group, Bracket::Caller, check)
+                .await
+            {
+                Ok(GroupOutcome::Planned(plans)) => plans,
+                Ok(GroupOutcome::ReadUuids) => {
+                    // A replay, a conflict or a race with another process: decide again
+                    // knowing what is stored.
+                    tx.rollback().await?;
+                    check = UuidCheck::Read;
+                    continue;
+                }
+                Err(error) => {
+                    let _ = tx.rollback().await;
+                    return Ok(Err(error));
+                }
+            };
+            if plans.iter().any(Planned::writes) {
+                tx.commit().await?;
+            } else {
+                // Replays and refusals only: nothing to keep.
+                let _ = tx.rollback().await;
+            }
+            return Ok(Ok(plans));
         }
-        Ok(Ok(plans))
     }
 }
 

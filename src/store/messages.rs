@@ -181,6 +181,8 @@ impl Planned {
 /// One thread of a group, as read under its lock and then moved on by each append written.
 pub(super) struct GroupThread {
     pub(super) thread_key: String,
+    /// `next_seq` as read, before the group's appends moved it on.
+    pub(super) read_next_seq: i64,
     pub(super) next_seq: i64,
     pub(super) visible_count: i64,
     pub(super) context_tokens: i64,
@@ -198,6 +200,7 @@ impl GroupThread {
         let [next_seq, visible_count, context_tokens] = counters;
         GroupThread {
             thread_key,
+            read_next_seq: next_seq,
             next_seq,
             visible_count,
             context_tokens,
@@ -216,6 +219,40 @@ pub(super) enum Bracket {
     Inline,
     /// The caller's transaction (PostgreSQL, which takes one statement a call).
     Caller,
+}
+
+/// How a group finds out which of the uuids its clients named are stored already.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum UuidCheck {
+    /// The group's read looks them up with its threads.
+    Read,
+    /// Not read: the insert leaves out a row whose uuid is stored and says how many it wrote.
+    /// Fewer than planned means an append may be a replay or a conflict, and so may an append
+    /// refused for its `expected_next_seq` (a retry of an append that was written: its replay
+    /// comes first). Either way ([`GroupOutcome::ReadUuids`]) the caller rolls the group back
+    /// and writes it again with [`UuidCheck::Read`].
+    /// A retry is rare, and on PostgreSQL the lookup was most of the read's time: its plan,
+    /// cached per connection, is only as good as the statistics it was made with, and a plan
+    /// made on a young table scans every message (BENCHMARKS.md). PostgreSQL only, for groups
+    /// whose rows go in one statement.
+    OnInsert,
+}
+
+/// Whether a group's read locks its threads' rows (PostgreSQL; SQLite's write lock is the file's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum RowLock {
+    ForUpdate,
+    /// A plain read: the unlocked group (`pg_group`) checks at its write that nothing moved.
+    None,
+}
+
+/// What [`Store::write_group`] did.
+pub(super) enum GroupOutcome {
+    /// Every append decided, and the writes done (not committed).
+    Planned(Vec<Planned>),
+    /// With [`UuidCheck::OnInsert`], an append's outcome depends on what the uuids it named hold:
+    /// nothing may be kept, and the group is decided again reading them.
+    ReadUuids,
 }
 
 /// The fingerprint of what a client sent: SHA-256 of the entry as Loupe understood it (without
@@ -313,9 +350,18 @@ impl Store {
         conn: &mut AnyConnection,
         group: &[QueuedAppend],
         bracket: Bracket,
-    ) -> Result<Vec<Planned>, StoreError> {
-        let mut threads =
-            read_group(conn, self.backend, group, self.auto_compact_tokens, bracket).await?;
+        check: UuidCheck,
+    ) -> Result<GroupOutcome, StoreError> {
+        let mut threads = read_group(
+            conn,
+            self.backend,
+            group,
+            self.auto_compact_tokens,
+            bracket,
+            check,
+            RowLock::ForUpdate,
+        )
+        .await?;
         let mut rows = Vec::new();
         let mut plans: Vec<Planned> = group
             .iter()
@@ -326,6 +372,9 @@ impl Store {
                 None => Planned::Refused(StoreError::ThreadNotFound),
             })
             .collect();
+        if check == UuidCheck::OnInsert && may_be_replays(group, &plans) {
+            return Ok(GroupOutcome::ReadUuids);
+        }
         for (append, plan) in group.iter().zip(&mut plans) {
             if let Planned::Write {
                 tokens_before,
@@ -343,12 +392,16 @@ impl Store {
             }
         }
         if plans.iter().any(Planned::writes) {
-            write_rows(conn, self.backend, &rows, threads.values(), bracket).await?;
+            let inserted =
+                write_rows(conn, self.backend, &rows, threads.values(), bracket, check).await?;
+            if inserted.is_some_and(|inserted| inserted < rows.len()) {
+                return Ok(GroupOutcome::ReadUuids);
+            }
         } else if bracket == Bracket::Inline {
             // Replays and refusals only: nothing to keep.
             sqlx::query("ROLLBACK").execute(&mut *conn).await?;
         }
-        Ok(plans)
+        Ok(GroupOutcome::Planned(plans))
     }
 
     /// Enqueues, in the group's transaction, what one append triggers: a compaction when the
@@ -503,9 +556,20 @@ fn context_tokens_of<'a>(entries: impl Iterator<Item = &'a Entry>) -> BatchToken
 
 /// What an append may trigger, from the thread's settings: its auto-compaction threshold (its
 /// own, else the server default) and whether it is outlined.
+#[derive(Debug, Clone)]
 pub(super) struct AppendTriggers {
     auto_compact_tokens: i64,
     outlined: bool,
+    /// The columns they were read from, for a write that checks they did not change.
+    pub(super) columns: SettingsColumns,
+}
+
+/// A thread's `thread_settings` columns that decide what its appends trigger (NULL when it has
+/// no settings row, or the column is unset).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct SettingsColumns {
+    pub(super) auto_compact_tokens: Option<i64>,
+    pub(super) outline: Option<String>,
 }
 
 impl AppendTriggers {
@@ -517,8 +581,12 @@ impl AppendTriggers {
     ) -> Result<Self, StoreError> {
         Ok(AppendTriggers {
             auto_compact_tokens: own_threshold.unwrap_or(default_threshold),
-            outlined: super::settings::outline_column(outline)?
+            outlined: super::settings::outline_column(outline.clone())?
                 .is_some_and(|options| options.enabled),
+            columns: SettingsColumns {
+                auto_compact_tokens: own_threshold,
+                outline,
+            },
         })
     }
 }
@@ -609,6 +677,8 @@ pub(super) fn thread_of(append: &QueuedAppend) -> (&str, &str) {
 /// `joined` false: they are looked up in chunks after it).
 pub(super) struct GroupRead<'g> {
     pub sql: String,
+    /// The keys go as one JSON array of `{t, i}` objects (tenant, thread id), not bound pairs.
+    pub keys_json: bool,
     pub keys: Vec<(&'g str, &'g str)>,
     /// Every uuid the group's clients named, with the thread it was named for.
     pub named: Vec<((&'g str, &'g str), &'g str)>,
@@ -620,23 +690,40 @@ pub(super) fn read_group_sql(
     backend: super::Backend,
     group: &[QueuedAppend],
     bracket: Bracket,
+    check: UuidCheck,
+    lock: RowLock,
 ) -> GroupRead<'_> {
     let mut keys: Vec<(&str, &str)> = group.iter().map(thread_of).collect();
     keys.sort_unstable();
     keys.dedup();
-    let terms = (0..keys.len())
-        .map(|i| {
-            format!(
-                "(threads.tenant_id = ${} AND threads.thread_id = ${})",
-                2 * i + 1,
-                2 * i + 2
-            )
-        })
-        .collect::<Vec<_>>()
-        .join(" OR ");
+    // PostgreSQL takes the keys as one JSON array, so that every group, whatever its size, runs
+    // one prepared statement with one cached plan: a list of terms is a new statement per size,
+    // planned again at each run (a fifth of a group's time in the database).
+    let keys_json = backend == super::Backend::Postgres;
+    let (from, terms) = if keys_json {
+        (
+            "json_to_recordset($1::json) AS k(t text, i text) \
+             JOIN threads ON threads.tenant_id = k.t AND threads.thread_id = k.i",
+            "TRUE".to_owned(),
+        )
+    } else {
+        let terms = (0..keys.len())
+            .map(|i| {
+                format!(
+                    "(threads.tenant_id = ${} AND threads.thread_id = ${})",
+                    2 * i + 1,
+                    2 * i + 2
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(" OR ");
+        ("threads", terms)
+    };
+    let first_uuid = if keys_json { 2 } else { 2 * keys.len() + 1 };
     // Only uuids the client named are looked up: a generated one is new.
     let named: Vec<((&str, &str), &str)> = group
         .iter()
+        .filter(|_| check == UuidCheck::Read)
         .flat_map(|append| {
             let key = thread_of(append);
             let sent = append.batch.entries.iter().filter(|p| p.uuid_sent);
@@ -651,32 +738,37 @@ pub(super) fn read_group_sql(
     if !joined {
         uuids.clear();
     }
-    let (materialized, lock) = match backend {
-        super::Backend::Postgres => ("MATERIALIZED", "FOR UPDATE OF threads"),
-        super::Backend::Sqlite => ("", ""),
+    let (materialized, lock) = match (backend, lock) {
+        (super::Backend::Postgres, RowLock::ForUpdate) => ("MATERIALIZED", "FOR UPDATE OF threads"),
+        _ => ("", ""),
     };
     let begin = match bracket {
         Bracket::Inline => "BEGIN IMMEDIATE; ",
         Bracket::Caller => "",
     };
-    // A uuid is looked up in every thread of the group; a match in another thread than the one
-    // it was named for is never asked for.
-    let sql = format!(
+    let locked = format!(
         "{begin}WITH locked AS {materialized} (\
          SELECT threads.thread_key, threads.tenant_id, threads.thread_id, threads.next_seq, \
          threads.visible_count, threads.context_tokens, s.auto_compact_tokens, s.outline \
-         FROM threads LEFT JOIN thread_settings s ON s.thread_key = threads.thread_key \
-         WHERE {terms} ORDER BY threads.tenant_id, threads.thread_id {lock}) \
-         SELECT locked.*, m.uuid, m.seq, m.content_hash FROM locked \
-         LEFT JOIN messages m ON m.thread_key = locked.thread_key AND m.uuid IN ({})",
-        if uuids.is_empty() {
-            "NULL".to_owned()
-        } else {
-            super::list_placeholders(2 * keys.len() + 1, uuids.len())
-        }
+         FROM {from} LEFT JOIN thread_settings s ON s.thread_key = threads.thread_key \
+         WHERE {terms} ORDER BY threads.tenant_id, threads.thread_id {lock})"
     );
+    // A uuid is looked up in every thread of the group; a match in another thread than the one
+    // it was named for is never asked for.
+    let sql = if uuids.is_empty() {
+        format!(
+            "{locked} SELECT locked.*, NULL AS uuid, NULL AS seq, NULL AS content_hash FROM locked"
+        )
+    } else {
+        format!(
+            "{locked} SELECT locked.*, m.uuid, m.seq, m.content_hash FROM locked \
+             LEFT JOIN messages m ON m.thread_key = locked.thread_key AND m.uuid IN ({})",
+            super::list_placeholders(first_uuid, uuids.len())
+        )
+    };
     GroupRead {
         sql,
+        keys_json,
         keys,
         named,
         uuids,
@@ -691,23 +783,34 @@ pub(super) fn read_group_sql(
 /// and its writes; on PostgreSQL this statement locks the rows, in (tenant, thread) order, the
 /// same in every runner, so concurrent groups cannot deadlock. Another tenant's thread is not
 /// found.
-async fn read_group<'g>(
+pub(super) async fn read_group<'g>(
     conn: &mut AnyConnection,
     backend: super::Backend,
     group: &'g [QueuedAppend],
     default_threshold: i64,
     bracket: Bracket,
+    check: UuidCheck,
+    lock: RowLock,
 ) -> Result<HashMap<(&'g str, &'g str), GroupThread>, StoreError> {
     let GroupRead {
         sql,
+        keys_json,
         keys,
         named,
         uuids,
         joined,
-    } = read_group_sql(backend, group, bracket);
+    } = read_group_sql(backend, group, bracket, check, lock);
     let mut query = sqlx::query(&sql);
-    for (tenant, thread_id) in &keys {
-        query = query.bind(tenant.to_string()).bind(thread_id.to_string());
+    if keys_json {
+        let keys: Vec<serde_json::Value> = keys
+            .iter()
+            .map(|(tenant, thread_id)| serde_json::json!({"t": tenant, "i": thread_id}))
+            .collect();
+        query = query.bind(serde_json::Value::Array(keys).to_string());
+    } else {
+        for (tenant, thread_id) in &keys {
+            query = query.bind(tenant.to_string()).bind(thread_id.to_string());
+        }
     }
     for uuid in &uuids {
         query = query.bind(uuid.to_string());
@@ -758,6 +861,15 @@ async fn read_group<'g>(
         }
     }
     Ok(threads)
+}
+
+/// Whether an append refused for its `expected_next_seq` names uuids: if they are stored, it is a
+/// replay, which is decided before the seq ([`plan_append`]), so its uuids must be read first.
+pub(super) fn may_be_replays(group: &[QueuedAppend], plans: &[Planned]) -> bool {
+    group.iter().zip(plans).any(|(append, plan)| {
+        matches!(plan, Planned::Refused(StoreError::SeqConflict { .. }))
+            && append.batch.entries.iter().any(|p| p.uuid_sent)
+    })
 }
 
 /// Decides one append against its thread as the group has left it so far; a write queues its
@@ -836,13 +948,16 @@ pub(super) fn plan_append<'g>(
 /// SQLite, the insert a data-modifying part of the update on PostgreSQL (which takes one
 /// statement a call). Only rows past the first [`INSERT_CHUNK`] take calls of their own. Each
 /// call is a round trip, or on SQLite two thread wake-ups, that the group's writer waits for.
+/// With [`UuidCheck::OnInsert`] (PostgreSQL, one statement's rows), rows whose uuid is stored are
+/// left out and the answer is how many went in.
 async fn write_rows<'a>(
     conn: &mut AnyConnection,
     backend: super::Backend,
     rows: &[NewRow<'_>],
     threads: impl Iterator<Item = &'a GroupThread>,
     bracket: Bracket,
-) -> Result<(), StoreError> {
+    check: UuidCheck,
+) -> Result<Option<usize>, StoreError> {
     let written: Vec<&GroupThread> = threads.filter(|t| t.updated_at.is_some()).collect();
     // A group holds at most 64 appends, so its counters always fit one statement.
     debug_assert!(written.len() <= INSERT_CHUNK);
@@ -854,18 +969,30 @@ async fn write_rows<'a>(
     insert_rows(conn, earlier).await?;
     let update = update_threads_sql(last.len() * INSERT_WIDTH + 1, written.len());
     let insert = insert_rows_sql(last.len());
+    let counted = check == UuidCheck::OnInsert;
+    debug_assert!(!counted || (backend == super::Backend::Postgres && earlier.is_empty()));
     let sql = match backend {
         _ if last.is_empty() => format!("{update}{commit}"),
         super::Backend::Sqlite => format!("{insert}; {update}{commit}"),
+        super::Backend::Postgres if counted => format!(
+            "WITH inserted AS ({insert} ON CONFLICT (thread_key, uuid) DO NOTHING RETURNING 1) \
+             {update} RETURNING (SELECT count(*) FROM inserted)"
+        ),
         super::Backend::Postgres => {
             format!("WITH inserted AS ({insert} RETURNING 1) {update}{commit}")
         }
     };
-    let query = bind_rows(sqlx::query(&sql), last);
-    bind_thread_counters(query, &written)
-        .execute(&mut *conn)
-        .await?;
-    Ok(())
+    let query = bind_thread_counters(bind_rows(sqlx::query(&sql), last), &written);
+    if !counted {
+        query.execute(&mut *conn).await?;
+        return Ok(None);
+    }
+    // One row per thread moved, each with the count.
+    let inserted: i64 = match query.fetch_optional(&mut *conn).await? {
+        Some(row) => row.try_get(0)?,
+        None => 0,
+    };
+    Ok(Some(usize::try_from(inserted).unwrap_or(0)))
 }
 
 /// The update of `count` threads' counters, its placeholders numbered from `$start`.
@@ -980,7 +1107,7 @@ pub(super) fn insert_rows_sql(count: usize) -> String {
     )
 }
 
-fn bind_rows<'q>(mut query: AnyQuery<'q>, rows: &[NewRow<'_>]) -> AnyQuery<'q> {
+pub(super) fn bind_rows<'q>(mut query: AnyQuery<'q>, rows: &[NewRow<'_>]) -> AnyQuery<'q> {
     for row in rows {
         let p = row.prepared;
         query = query

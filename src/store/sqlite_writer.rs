@@ -23,7 +23,8 @@ use rusqlite::{Connection, OpenFlags, ToSql};
 use super::group_commit::QueuedAppend;
 use super::messages::{
     group_needs_jobs, insert_rows_sql, plan_append, read_group_sql, thread_of, update_threads_sql,
-    AppendTriggers, Bracket, GroupRead, GroupThread, NewRow, Planned, INSERT_CHUNK, INSERT_WIDTH,
+    AppendTriggers, Bracket, GroupRead, GroupThread, NewRow, Planned, RowLock, UuidCheck,
+    INSERT_CHUNK, INSERT_WIDTH,
 };
 use super::{SqliteSynchronous, Store, StoreError};
 
@@ -210,7 +211,13 @@ fn try_write_group(
     group: &[QueuedAppend],
     default_threshold: i64,
 ) -> Result<GroupWrite, StoreError> {
-    let read = read_group_sql(super::Backend::Sqlite, group, Bracket::Caller);
+    let read = read_group_sql(
+        super::Backend::Sqlite,
+        group,
+        Bracket::Caller,
+        UuidCheck::Read,
+        RowLock::ForUpdate,
+    );
     if !read.joined {
         return Ok(GroupWrite::Declined);
     }

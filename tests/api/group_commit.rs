@@ -18,6 +18,10 @@ on_both_backends!(
     a_batch_of_thousands_of_named_uuids_replays_and_conflicts,
     other_writes_get_their_turn_while_appends_never_stop,
     a_group_that_writes_nothing_leaves_no_transaction_open,
+    two_processes_appending_to_one_thread_keep_its_seqs_dense,
+    a_threshold_set_by_another_process_fires_on_the_next_append,
+    a_thread_recreated_by_another_process_takes_the_next_append,
+    a_group_with_one_thread_moved_elsewhere_keeps_each_append_once,
 );
 
 fn entries(values: Vec<serde_json::Value>) -> Vec<Entry> {
@@ -532,4 +536,295 @@ async fn a_transient_failure_answers_the_whole_group_at_once() {
     assert_eq!(after.split_groups, before.split_groups, "nothing was split");
     assert!(stored(&app, &b).await.is_empty());
     app.finish().await;
+}
+
+fn new_thread(id: &str) -> NewThread {
+    NewThread {
+        id: Some(id.to_owned()),
+        metadata: Default::default(),
+    }
+}
+
+/// A second process on the app's database: a store of its own, with its own group runners (and,
+/// on PostgreSQL, its own memory of the threads its groups wrote).
+async fn other_process(app: &TestApp) -> Store {
+    Store::connect(&StoreOptions::new(&app.url)).await.unwrap()
+}
+
+async fn two_processes_appending_to_one_thread_keep_its_seqs_dense(app: TestApp) {
+    let tenant = TenantId::default_tenant();
+    app.store
+        .create_thread(&tenant, new_thread("shared"))
+        .await
+        .unwrap();
+    let other = other_process(&app).await;
+    // Turns alternate between the processes, each compare-and-append on what the last answer
+    // said, so each process's view of the thread is always one turn behind.
+    let mut next_seq = 0;
+    for i in 0..12 {
+        let store = if i % 2 == 0 { &app.store } else { &other };
+        let outcome = append_to(store, "shared", turn(0, i), Some(next_seq))
+            .await
+            .unwrap_or_else(|e| panic!("turn {i}: {e:?}"));
+        assert!(!outcome.replayed, "turn {i}");
+        assert_eq!(outcome.messages[0].seq, Some(next_seq), "turn {i}");
+        next_seq = outcome.next_seq;
+        // A retry of the same turn on the other process is a replay.
+        let again = if i % 2 == 0 { &other } else { &app.store };
+        let replay = append_to(again, "shared", turn(0, i), None).await.unwrap();
+        assert!(replay.replayed, "turn {i} again");
+        assert_eq!(replay.next_seq, next_seq);
+    }
+    // And at once, from both.
+    let both = join_all((12..40).map(|i| {
+        let store = if i % 2 == 0 { &app.store } else { &other };
+        append_to(store, "shared", turn(0, i), None)
+    }))
+    .await;
+    assert!(both.iter().all(|outcome| outcome.is_ok()), "{both:?}");
+    let rows = stored(&app, "shared").await;
+    assert_eq!(rows.len(), 80);
+    let uuids: BTreeSet<&str> = rows.iter().map(|(_, uuid)| uuid.as_str()).collect();
+    assert_eq!(uuids.len(), 80, "every entry once");
+    // A stale compare-and-append is refused with the thread's real next seq.
+    match append_to(&other, "shared", turn(0, 99), Some(next_seq)).await {
+        Err(StoreError::SeqConflict { actual: 80, .. }) => {}
+        other => panic!("{other:?}"),
+    }
+    other.close().await;
+    app.finish().await;
+}
+
+async fn a_threshold_set_by_another_process_fires_on_the_next_append(app: TestApp) {
+    let tenant = TenantId::default_tenant();
+    app.store
+        .create_thread(&tenant, new_thread("t"))
+        .await
+        .unwrap();
+    let first = append(&app, "t", turn(0, 0), None).await.unwrap();
+    assert!(first.auto_compaction_job.is_none());
+    let other = other_process(&app).await;
+    other
+        .put_thread_settings(
+            &tenant,
+            "t",
+            &loupe::store::ThreadSettings {
+                auto_compact_tokens: Some(first_tokens_plus_one()),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let next = append(&app, "t", turn(0, 1), None).await.unwrap();
+    assert!(
+        next.auto_compaction_job.is_some(),
+        "the append crossed the threshold another process set"
+    );
+    other.close().await;
+    app.finish().await;
+}
+
+/// A threshold the first turn of [`turn`] stays under and the second crosses.
+fn first_tokens_plus_one() -> i64 {
+    let tokens = |batch: Vec<Entry>| -> i64 {
+        batch
+            .iter()
+            .map(|entry| loupe::history::normalize::context_entry_tokens(entry) as i64)
+            .sum()
+    };
+    tokens(turn(0, 0)) + 1
+}
+
+async fn a_thread_recreated_by_another_process_takes_the_next_append(app: TestApp) {
+    let tenant = TenantId::default_tenant();
+    app.store
+        .create_thread(&tenant, new_thread("t"))
+        .await
+        .unwrap();
+    append(&app, "t", turn(0, 0), None).await.unwrap();
+    let other = other_process(&app).await;
+    other.delete_thread(&tenant, "t").await.unwrap();
+    match append(&app, "t", turn(0, 1), None).await {
+        Err(StoreError::ThreadNotFound) => {}
+        outcome => panic!("an append to a deleted thread: {outcome:?}"),
+    }
+    other.create_thread(&tenant, new_thread("t")).await.unwrap();
+    append(&app, "t", turn(0, 2), None).await.unwrap();
+    other.delete_thread(&tenant, "t").await.unwrap();
+    other.create_thread(&tenant, new_thread("t")).await.unwrap();
+    let outcome = append(&app, "t", turn(0, 3), None).await.unwrap();
+    assert_eq!(outcome.messages[0].seq, Some(0), "a new thread starts at 0");
+    assert_eq!(
+        stored(&app, "t").await,
+        vec![(0, "t0-q3".to_owned()), (1, "t0-a3".to_owned())]
+    );
+    other.close().await;
+    app.finish().await;
+}
+
+/// A group whose threads are one that another process moved and one it did not: the group is
+/// kept whole or not at all, so the untouched thread's append is written once, not replayed.
+async fn a_group_with_one_thread_moved_elsewhere_keeps_each_append_once(app: TestApp) {
+    let tenant = TenantId::default_tenant();
+    let other = other_process(&app).await;
+    for round in 0..10 {
+        let (moved, still) = (format!("m{round}"), format!("s{round}"));
+        for id in [&moved, &still] {
+            app.store
+                .create_thread(&tenant, new_thread(id))
+                .await
+                .unwrap();
+            append(&app, id, turn(round, 0), None).await.unwrap();
+        }
+        append_to(&other, &moved, turn(round, 1), None)
+            .await
+            .unwrap();
+        let before = app.store.group_commit_stats();
+        let outcomes = join_all([
+            append(&app, &moved, turn(round, 2), None),
+            append(&app, &still, turn(round, 2), None),
+        ])
+        .await;
+        for outcome in &outcomes {
+            let outcome = outcome.as_ref().unwrap();
+            assert!(!outcome.replayed, "{outcome:?}");
+        }
+        assert_eq!(stored(&app, &moved).await.len(), 6);
+        assert_eq!(stored(&app, &still).await.len(), 4);
+        let after = app.store.group_commit_stats();
+        if after.appends - before.appends == 2 && after.groups - before.groups == 1 {
+            other.close().await;
+            app.finish().await;
+            return;
+        }
+    }
+    panic!("the two appends never shared a group");
+}
+
+/// One append of a generated run: the thread it goes to (3 is never created), the uuids it
+/// names from a small pool (so retries, conflicts and partial replays happen) with which of two
+/// contents, and its compare-and-append seq.
+#[derive(Debug, Clone)]
+struct AppendSpec {
+    thread: usize,
+    entries: Vec<(u8, bool)>,
+    expected_next_seq: Option<i64>,
+}
+
+/// A step of a generated run: appends sent at once by one of two processes.
+#[derive(Debug, Clone)]
+struct Step {
+    process: usize,
+    appends: Vec<AppendSpec>,
+}
+
+fn steps() -> impl proptest::strategy::Strategy<Value = Vec<Step>> {
+    use proptest::prelude::*;
+    let append = (
+        0usize..4,
+        proptest::collection::vec((0u8..12, any::<bool>()), 1..4),
+        proptest::option::weighted(0.3, 0i64..14),
+    )
+        .prop_map(|(thread, entries, expected_next_seq)| AppendSpec {
+            thread,
+            entries,
+            expected_next_seq,
+        });
+    let step = (0usize..2, proptest::collection::vec(append, 1..6))
+        .prop_map(|(process, appends)| Step { process, appends });
+    proptest::collection::vec(step, 1..14)
+}
+
+fn spec_entries(spec: &AppendSpec) -> Vec<Entry> {
+    spec.entries
+        .iter()
+        .map(|(uuid, other)| {
+            let text = if *other { "the other text" } else { "the text" };
+            serde_json::from_value(user(&format!("u{}-{uuid}", spec.thread), text)).unwrap()
+        })
+        .collect()
+}
+
+/// What an append was answered, comparable across backends.
+fn answer_of(outcome: Result<AppendOutcome, StoreError>) -> String {
+    match outcome {
+        Ok(outcome) => format!(
+            "{} {:?} next {}",
+            if outcome.replayed {
+                "replayed"
+            } else {
+                "written"
+            },
+            outcome.messages.iter().map(|m| m.seq).collect::<Vec<_>>(),
+            outcome.next_seq
+        ),
+        Err(StoreError::SeqConflict { expected, actual }) => {
+            format!("seq conflict {expected} {actual}")
+        }
+        Err(StoreError::UuidConflict { uuid, seq }) => format!("uuid conflict {uuid} {seq}"),
+        Err(StoreError::PartialReplay { stored, total }) => {
+            format!("partial replay {stored}/{total}")
+        }
+        Err(other) => format!("{other}"),
+    }
+}
+
+/// Runs the steps with two processes on one database; returns every answer and the rows.
+async fn run_steps(backend: crate::common::Backend, steps: &[Step]) -> (Vec<String>, Vec<String>) {
+    let app = TestApp::new(backend).await;
+    let tenant = TenantId::default_tenant();
+    for thread in 0..3 {
+        app.store
+            .create_thread(&tenant, new_thread(&format!("th{thread}")))
+            .await
+            .unwrap();
+    }
+    // One runner each, so a step's appends form one group, in the order they were made.
+    let processes = [one_runner_store(&app).await, one_runner_store(&app).await];
+    let mut answers = Vec::new();
+    for step in steps {
+        let store = &processes[step.process];
+        let outcomes = join_all(step.appends.iter().map(|spec| async move {
+            let thread = format!("th{}", spec.thread);
+            append_to(store, &thread, spec_entries(spec), spec.expected_next_seq).await
+        }))
+        .await;
+        answers.extend(outcomes.into_iter().map(answer_of));
+    }
+    let mut rows = Vec::new();
+    for thread in 0..3 {
+        let id = format!("th{thread}");
+        for (seq, uuid) in stored(&app, &id).await {
+            rows.push(format!("{id} {seq} {uuid}"));
+        }
+    }
+    for process in processes {
+        process.close().await;
+    }
+    app.finish().await;
+    (answers, rows)
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 24, ..Default::default() })]
+
+    /// PostgreSQL's groups (written in one unlocked statement when they can, each process
+    /// remembering the threads it wrote) answer and store exactly what SQLite's, written under
+    /// its write lock, do: two processes taking turns, with retries, conflicts, compare-and-
+    /// append and a thread that does not exist.
+    #[test]
+    fn postgres_groups_decide_as_sqlite_groups_do(steps in steps()) {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let (sqlite, postgres) = runtime.block_on(async {
+            (
+                run_steps(crate::common::Backend::Sqlite, &steps).await,
+                run_steps(crate::common::Backend::Postgres, &steps).await,
+            )
+        });
+        proptest::prop_assert_eq!(sqlite, postgres);
+    }
 }
