@@ -131,6 +131,7 @@ impl ContextOptions {
             cache: self.cache,
             advisor: self.advisor,
             microcompact: None,
+            clearing: None,
         })
     }
 }
@@ -265,6 +266,7 @@ pub async fn get_context(
     let mut options = options.normalize_options()?;
     let head = state.store.context_head(&tenant, &path.thread_id).await?;
     options.microcompact = head.settings.microcompact_options();
+    options.clearing = head.settings.clearing_options();
     if view == ContextView::Outline {
         let outline = head.settings.outline.unwrap_or_default();
         return outline_context(&state, &tenant, &path.thread_id, &outline, &options)
@@ -279,12 +281,13 @@ pub async fn get_context(
         let window = state.store.window_entries(bounds).await?;
         let context_tokens = crate::history::normalize::estimate_context(&window.entries);
         let entries = window.entries;
+        let tools = offered_tools(&options, 0);
         let normalized = off_the_executor(move || normalize(&entries, &options)).await?;
         return Ok(Json(ContextResponse {
             normalized,
             next_seq: window.next_seq,
             context_tokens,
-            tools: Vec::new(),
+            tools,
             outline: None,
         })
         .into_response());
@@ -453,7 +456,12 @@ fn finish_read(
         window_start: bounds.start_seq,
         checkpoint,
     });
-    let answer = ContextAnswer::new(&run, cached.clone(), bounds.next_seq)?;
+    let answer = ContextAnswer::new(
+        &run,
+        cached.clone(),
+        bounds.next_seq,
+        offered_tools(key.options(), 0),
+    )?;
     // An earlier page may have moved it even when the last did not.
     if cached.checkpoint.resume_seq().is_some() && moved != Err(NOT_REPRODUCED) {
         cache.put(key, cached);
@@ -469,7 +477,7 @@ struct ContextBody<'a> {
     normalized: NormalizedJson<'a>,
     next_seq: i64,
     context_tokens: ContextEstimate,
-    tools: [Value; 0],
+    tools: Vec<Value>,
 }
 
 /// How a context body starts: its first field is the messages, the checkpoint's items first.
@@ -497,12 +505,13 @@ impl ContextAnswer {
         run: &TailRun,
         cached: Arc<CachedContext>,
         next_seq: i64,
+        tools: Vec<Value>,
     ) -> Result<ContextAnswer, ApiError> {
         let body = ContextBody {
             normalized: run.json_without_prefix_items(&cached.checkpoint),
             next_seq,
             context_tokens: run.context_estimate(),
-            tools: [],
+            tools,
         };
         let internal = |why: String| ApiError::new(ProblemKind::Internal, why);
         let mut written = serde_json::to_vec(&body)
@@ -600,7 +609,7 @@ fn continue_read(
     };
     crate::metrics::context_read("incremental");
     if !run.has_cut() {
-        return ContextAnswer::new(&run, cached, tail.next_seq).map(Ok);
+        return ContextAnswer::new(&run, cached, tail.next_seq, offered_tools(options, 0)).map(Ok);
     }
     // Moving needs a checkpoint of its own: taken out of the cache, and copied only when another
     // read holds it at this moment.
@@ -608,7 +617,12 @@ fn continue_read(
     let mut owned = Arc::unwrap_or_clone(cached);
     let (run, moved) = run.advance(&mut owned.checkpoint, &tail.entries);
     let owned = Arc::new(owned);
-    let answer = ContextAnswer::new(&run, owned.clone(), tail.next_seq)?;
+    let answer = ContextAnswer::new(
+        &run,
+        owned.clone(),
+        tail.next_seq,
+        offered_tools(options, 0),
+    )?;
     match moved {
         Err(NOT_REPRODUCED) => {
             tracing::warn!(
@@ -646,11 +660,28 @@ fn full_read(
         window_start: window.start_seq,
         checkpoint,
     });
-    let answer = ContextAnswer::new(&run, cached.clone(), window.next_seq)?;
+    let answer = ContextAnswer::new(
+        &run,
+        cached.clone(),
+        window.next_seq,
+        offered_tools(options, 0),
+    )?;
     if moved == Ok(true) {
         cache.put(key, cached);
     }
     Ok(answer)
+}
+
+/// The tools Loupe adds to a context: zoom, once the outline has a line (`outline_lines`) or
+/// whenever the thread clears old results (their stubs name zoom addresses). Offered from the
+/// start of clearing rather than at its first batch, so the request's tools, which providers
+/// render first, do not change when the first result is cleared.
+fn offered_tools(options: &NormalizeOptions, outline_lines: usize) -> Vec<Value> {
+    if outline_lines > 0 || options.clearing.is_some() {
+        vec![crate::tree::view::zoom_tool(options.provider)]
+    } else {
+        Vec::new()
+    }
 }
 
 /// The outlined context: the stored outline's lines, then the messages from its boundary on.
@@ -680,11 +711,7 @@ async fn outline_context(
         crate::tree::view::outlined_context(&lines, window.entries, &render_options)
     })
     .await?;
-    let tools = if line_count == 0 {
-        Vec::new()
-    } else {
-        vec![crate::tree::view::zoom_tool(options.provider)]
-    };
+    let tools = offered_tools(options, line_count);
     Ok(Json(ContextResponse {
         normalized,
         next_seq: window.next_seq,
@@ -864,6 +891,8 @@ pub async fn normalize_history(
         cache: request.cache,
         advisor: request.advisor,
         microcompact: None,
+        // A stub names a stored message to zoom to; this history is not stored.
+        clearing: None,
     };
     // Entries without a seq are numbered by position so repairs can name them.
     let mut entries = request.messages;
@@ -897,7 +926,7 @@ mod tests {
             window_start: 0,
             checkpoint: checkpoint.clone(),
         });
-        let answer = ContextAnswer::new(run, cached, next_seq).unwrap();
+        let answer = ContextAnswer::new(run, cached, next_seq, Vec::new()).unwrap();
         let length = answer.len();
         let bytes: Vec<u8> = answer.pieces().flat_map(|piece| piece.to_vec()).collect();
         assert_eq!(bytes.len(), length, "the announced length");
@@ -980,7 +1009,7 @@ mod tests {
             window_start: 0,
             checkpoint: checkpoint.clone(),
         });
-        let pieces: Vec<Bytes> = ContextAnswer::new(&run, cached, 3_000)
+        let pieces: Vec<Bytes> = ContextAnswer::new(&run, cached, 3_000, Vec::new())
             .unwrap()
             .pieces()
             .collect();

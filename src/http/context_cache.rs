@@ -41,6 +41,11 @@ impl ContextKey {
         }
     }
 
+    /// The options the cached prefix was normalized with.
+    pub fn options(&self) -> &NormalizeOptions {
+        &self.options
+    }
+
     fn approx_bytes(&self) -> usize {
         let tools: usize = self.options.tools.iter().flatten().map(String::len).sum();
         self.tenant.0.len()

@@ -1,5 +1,5 @@
-//! `/v1/threads/{thread_id}/settings`: the auto-compaction threshold and micro-compaction of the
-//! context view.
+//! `/v1/threads/{thread_id}/settings`: the auto-compaction threshold, micro-compaction and
+//! clearing of the context view, outline mode.
 
 use axum::extract::State;
 use axum::Json;
@@ -12,8 +12,9 @@ use super::problem::{ApiError, ApiJson, ApiPath, Problem};
 use super::threads::ThreadPath;
 use super::{AppState, Tenant};
 use crate::history::normalize::ids::is_valid_tool_name;
+use crate::history::normalize::ClearingOptions;
 use crate::history::MicrocompactOptions;
-use crate::store::{MicrocompactSettings, ThreadSettings};
+use crate::store::{ClearingSettings, MicrocompactSettings, ThreadSettings};
 use crate::tree::OutlineOptions;
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -46,6 +47,52 @@ pub struct MicrocompactBody {
     /// Results shorter than this many bytes are kept (default 2000).
     #[schema(maximum = 1000000000)]
     pub min_bytes: Option<u64>,
+}
+
+/// Reversible clearing of old tool results in the context view (both views): an old result is
+/// sent as `[Old tool result cleared: <tool>, <bytes> bytes; zoom <seq>+1 reads it whole]`, and
+/// the context's `tools` offers zoom, which reads the stored message whole. Results stay whole
+/// until those whole pass `keep_tokens + batch_tokens`; then the oldest are cleared, at once,
+/// down to `keep_tokens`: between batches the request only grows at its end. Storage is never
+/// changed. Unset sizes take the defaults.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ClearingBody {
+    /// Off unless enabled.
+    pub enabled: bool,
+    /// Estimated tokens (bytes / 4) of the newest results left whole after a batch (default
+    /// 5,000; the newest result is always whole).
+    #[schema(maximum = 10000000)]
+    pub keep_tokens: Option<u64>,
+    /// Tokens of whole results a batch waits for beyond `keep_tokens` before it clears them at
+    /// once (default 20,000): larger batches are rarer, so fewer requests are rewritten.
+    #[schema(maximum = 10000000)]
+    pub batch_tokens: Option<u64>,
+    /// Results shorter than this many bytes are never cleared (default 1,000; never under 161,
+    /// about a stub's own length).
+    #[schema(maximum = 1000000000)]
+    pub min_bytes: Option<u64>,
+}
+
+impl ClearingBody {
+    fn of(stored: &ClearingSettings) -> Self {
+        ClearingBody {
+            enabled: stored.enabled,
+            keep_tokens: stored.keep_tokens,
+            batch_tokens: stored.batch_tokens,
+            min_bytes: stored.min_bytes,
+        }
+    }
+
+    fn effective(stored: Option<&ClearingSettings>) -> Self {
+        let options = stored.map_or_else(ClearingOptions::default, ClearingSettings::options);
+        ClearingBody {
+            enabled: stored.is_some_and(|c| c.enabled),
+            keep_tokens: Some(options.keep_tokens),
+            batch_tokens: Some(options.batch_tokens),
+            min_bytes: Some(options.min_bytes as u64),
+        }
+    }
 }
 
 /// Outline mode: the context's `view=outline` sends the old messages as summary lines, coarser
@@ -101,6 +148,7 @@ pub struct ThreadSettingsBody {
     pub auto_compact_tokens: Option<i64>,
     pub microcompact: Option<MicrocompactBody>,
     pub outline: Option<OutlineBody>,
+    pub clearing: Option<ClearingBody>,
 }
 
 /// The values in force, defaults filled in.
@@ -110,6 +158,7 @@ pub struct EffectiveSettings {
     pub auto_compact_tokens: i64,
     pub microcompact: MicrocompactBody,
     pub outline: OutlineBody,
+    pub clearing: ClearingBody,
 }
 
 /// The settings as set for the thread (`null`: the server default), and in force. The stored
@@ -120,6 +169,7 @@ pub struct ThreadSettingsResponse {
     pub auto_compact_tokens: Option<i64>,
     pub microcompact: Option<MicrocompactBody>,
     pub outline: Option<OutlineBody>,
+    pub clearing: Option<ClearingBody>,
     pub effective: EffectiveSettings,
 }
 
@@ -152,7 +202,9 @@ fn response(settings: ThreadSettings, default_threshold: i64) -> ThreadSettingsR
             auto_compact_tokens: settings.auto_compact_tokens.unwrap_or(default_threshold),
             microcompact: effective_mc,
             outline: OutlineBody::from_options(settings.outline.unwrap_or_default()),
+            clearing: ClearingBody::effective(settings.clearing.as_ref()),
         },
+        clearing: settings.clearing.as_ref().map(ClearingBody::of),
         outline: settings.outline.map(OutlineBody::from_options),
         auto_compact_tokens: settings.auto_compact_tokens,
         microcompact: stored_mc.map(|m| MicrocompactBody {
@@ -262,7 +314,33 @@ pub async fn put_settings(
             ));
         }
     }
+    if let Some(clearing) = &body.clearing {
+        let bounded = [
+            (
+                "clearing.keep_tokens",
+                clearing.keep_tokens,
+                MAX_TAIL_TOKENS,
+            ),
+            (
+                "clearing.batch_tokens",
+                clearing.batch_tokens,
+                MAX_TAIL_TOKENS,
+            ),
+            ("clearing.min_bytes", clearing.min_bytes, MAX_MIN_BYTES),
+        ];
+        for (field, value, max) in bounded {
+            if value.is_some_and(|n| n > max) {
+                return Err(ApiError::invalid_field(field, format!("at most {max}")));
+            }
+        }
+    }
     let settings = ThreadSettings {
+        clearing: body.clearing.map(|c| ClearingSettings {
+            enabled: c.enabled,
+            keep_tokens: c.keep_tokens,
+            batch_tokens: c.batch_tokens,
+            min_bytes: c.min_bytes,
+        }),
         outline,
         auto_compact_tokens: body.auto_compact_tokens,
         microcompact: body.microcompact.map(|m| MicrocompactSettings {

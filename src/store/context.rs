@@ -228,7 +228,8 @@ impl Store {
     ) -> Result<ContextHead, StoreError> {
         // No settings row reads as NULLs, which are the defaults.
         let row = sqlx::query(
-            "SELECT t.thread_key, t.next_seq, s.auto_compact_tokens, s.microcompact, s.outline \
+            "SELECT t.thread_key, t.next_seq, s.auto_compact_tokens, s.microcompact, s.outline, \
+             s.clearing \
              FROM threads t LEFT JOIN thread_settings s ON s.thread_key = t.thread_key \
              WHERE t.tenant_id = $1 AND t.thread_id = $2",
         )

@@ -43,7 +43,7 @@ pub use messages::{fingerprint, AppendOutcome, AppendRequest, MessagePage};
 pub use payloads::{
     CompactionPayload, DEFAULT_KEEP_RECENT_ROUNDS, KIND_COMPACTION, KIND_NOOP, KIND_TREE,
 };
-pub use settings::{MicrocompactSettings, ThreadSettings};
+pub use settings::{ClearingSettings, MicrocompactSettings, ThreadSettings};
 pub use threads::{NewThread, Thread, ThreadPage};
 pub use tree::{NewNode, OutlineSnapshot, TreeStatus, ZoomRead};
 

@@ -1,9 +1,11 @@
-//! Per-thread settings: the auto-compaction threshold and micro-compaction of the context view.
+//! Per-thread settings: the auto-compaction threshold, micro-compaction and clearing of the
+//! context view, outline mode.
 
 use serde::{Deserialize, Serialize};
 use sqlx::Row;
 
 use super::{now_millis, Store, StoreError, TenantId};
+use crate::history::normalize::ClearingOptions;
 use crate::history::MicrocompactOptions;
 use crate::tree::OutlineOptions;
 
@@ -15,6 +17,33 @@ pub struct ThreadSettings {
     pub microcompact: Option<MicrocompactSettings>,
     /// Outline mode and its budgets (see [`crate::tree::policy`]).
     pub outline: Option<OutlineOptions>,
+    /// Reversible clearing of old tool results in the context view.
+    pub clearing: Option<ClearingSettings>,
+}
+
+/// Reversible clearing of old tool results in the context view (never in storage). Unset fields
+/// take the defaults of [`crate::history::normalize::ClearingOptions`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClearingSettings {
+    pub enabled: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep_tokens: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_tokens: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_bytes: Option<u64>,
+}
+
+impl ClearingSettings {
+    /// The stored values with the defaults filled in (whether or not it is on).
+    pub fn options(&self) -> ClearingOptions {
+        let defaults = ClearingOptions::default();
+        ClearingOptions {
+            keep_tokens: self.keep_tokens.unwrap_or(defaults.keep_tokens),
+            batch_tokens: self.batch_tokens.unwrap_or(defaults.batch_tokens),
+            min_bytes: self.min_bytes.map_or(defaults.min_bytes, |n| n as usize),
+        }
+    }
 }
 
 /// Micro-compaction of old tool results in the context view (never in storage). Unset fields take
@@ -31,6 +60,14 @@ pub struct MicrocompactSettings {
 }
 
 impl ThreadSettings {
+    /// The clearing options of the thread's context: `None` when it is off.
+    pub fn clearing_options(&self) -> Option<ClearingOptions> {
+        self.clearing
+            .as_ref()
+            .filter(|c| c.enabled)
+            .map(ClearingSettings::options)
+    }
+
     /// The micro-compaction options of the thread's context: `None` when it is off, else the
     /// stored values with the defaults filled in.
     pub fn microcompact_options(&self) -> Option<MicrocompactOptions> {
@@ -57,7 +94,12 @@ pub(super) fn outline_column(json: Option<String>) -> Result<Option<OutlineOptio
 pub(super) fn settings_from_row(row: &sqlx::any::AnyRow) -> Result<ThreadSettings, StoreError> {
     let microcompact: Option<String> = row.try_get("microcompact")?;
     let outline: Option<String> = row.try_get("outline")?;
+    let clearing: Option<String> = row.try_get("clearing")?;
     Ok(ThreadSettings {
+        clearing: clearing
+            .map(|json| serde_json::from_str(&json))
+            .transpose()
+            .map_err(|e| StoreError::Corrupt(format!("clearing settings: {e}")))?,
         outline: outline_column(outline)?,
         auto_compact_tokens: row.try_get("auto_compact_tokens")?,
         microcompact: microcompact
@@ -98,18 +140,25 @@ impl Store {
             .map(serde_json::to_string)
             .transpose()
             .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        let clearing = settings
+            .clearing
+            .as_ref()
+            .map(serde_json::to_string)
+            .transpose()
+            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
         let mut tx = self.writer.begin().await?;
         sqlx::query(
             "INSERT INTO thread_settings (thread_key, auto_compact_tokens, microcompact, outline, \
-             updated_at) VALUES ($1, $2, $3, $4, $5) ON CONFLICT (thread_key) DO UPDATE SET \
-             auto_compact_tokens = excluded.auto_compact_tokens, \
+             clearing, updated_at) VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (thread_key) DO \
+             UPDATE SET auto_compact_tokens = excluded.auto_compact_tokens, \
              microcompact = excluded.microcompact, outline = excluded.outline, \
-             updated_at = excluded.updated_at",
+             clearing = excluded.clearing, updated_at = excluded.updated_at",
         )
         .bind(&thread_key)
         .bind(settings.auto_compact_tokens)
         .bind(microcompact)
         .bind(outline)
+        .bind(clearing)
         .bind(now_millis())
         .execute(&mut *tx)
         .await?;

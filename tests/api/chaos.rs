@@ -467,7 +467,11 @@ impl Builder {
     }
 
     fn tool_result(&mut self, id: &str, shape: ResultShape) -> Value {
-        let text = self.text("r", "total 3\nCargo.toml\nsrc");
+        let mut text = self.text("r", "total 3\nCargo.toml\nsrc");
+        // Every third result is long, as real tool output often is (what clearing clears).
+        if self.n.is_multiple_of(3) {
+            text.push_str(&"\nsrc/module.rs: fn handler() -> Result<(), Error>".repeat(8));
+        }
         match shape {
             ResultShape::Text => json!({"type": "tool_result", "tool_use_id": id, "content": text}),
             ResultShape::Blocks => {

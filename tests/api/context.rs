@@ -11,6 +11,8 @@ on_both_backends!(
     the_context_starts_at_the_last_compact_boundary,
     snipped_messages_leave_the_context_but_not_the_store,
     bad_context_options_are_400,
+    old_tool_results_are_cleared_in_batches_and_one_zoom_reads_them,
+    clearing_settings_are_bounded_and_default_when_unset,
 );
 
 fn tool_use(uuid: &str, id: &str, tool_id: &str) -> Value {
@@ -312,5 +314,157 @@ async fn the_stateless_normalizer_merges_split_fragments() {
     )
     .await
     .assert_problem(StatusCode::UNPROCESSABLE_ENTITY, "validation");
+    app.finish().await;
+}
+
+/// Round `i`: a tool call and its result of 400 bytes (100 estimated tokens), then an answer.
+fn cleared_round(i: usize) -> Vec<Value> {
+    vec![
+        tool_use(&format!("c{i}"), &format!("msg_{i}"), &format!("toolu_{i}")),
+        tool_result(
+            &format!("r{i}"),
+            &format!("toolu_{i}"),
+            &format!("{i:>3} sunny ").repeat(40),
+        ),
+        assistant(&format!("a{i}"), &format!("msg_a{i}"), "Noted."),
+    ]
+}
+
+/// The stubs of a context's messages, as (tool_use_id, zoom seq).
+fn stubs_of(context: &Value) -> Vec<(String, i64)> {
+    context["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|m| m["content"].as_array().into_iter().flatten())
+        .filter_map(|b| {
+            let stub = b["content"].as_str()?.strip_prefix("[Old tool result cleared: ")?;
+            let seq = stub.split_once("zoom ")?.1.split_once("+1")?.0.parse().ok()?;
+            Some((b["tool_use_id"].as_str()?.to_owned(), seq))
+        })
+        .collect()
+}
+
+async fn old_tool_results_are_cleared_in_batches_and_one_zoom_reads_them(app: TestApp) {
+    let thread = app.thread("cleared").await;
+    app.append(&thread, json!([user("q", "What is the weather, day by day?")]))
+        .await;
+    let settings = app
+        .request(
+            axum::http::Method::PUT,
+            &format!("/v1/threads/{thread}/settings"),
+            Some(json!({"clearing": {"enabled": true, "keep_tokens": 100, "batch_tokens": 250,
+                "min_bytes": 200}})),
+        )
+        .await;
+    assert_eq!(settings.status, StatusCode::OK, "{}", settings.body);
+    let mut previous: Option<Value> = None;
+    let mut batches = 0;
+    for i in 0..12 {
+        app.append(&thread, json!(cleared_round(i))).await;
+        let context = app.get(&format!("/v1/threads/{thread}/context")).await.body;
+        // Offered from the first request on, so the tools never change.
+        assert_eq!(context["tools"][0]["name"], "zoom", "{context}");
+        let stubs = stubs_of(&context);
+        // 100 tokens a result: whole results pass 350 at the fourth, then every third.
+        let expected = match i {
+            0..=2 => 0,
+            3..=5 => 3,
+            6..=8 => 6,
+            _ => 9,
+        };
+        assert_eq!(stubs.len(), expected, "round {i}: {stubs:?}");
+        let messages = context["messages"].as_array().unwrap();
+        if let Some(previous) = &previous {
+            let before = previous["messages"].as_array().unwrap();
+            let kept = before.len() - 1;
+            if stubs_of(previous).len() == stubs.len() {
+                // Between batches the request only grows at its end.
+                assert_eq!(before[..kept], messages[..kept], "round {i}");
+            } else {
+                batches += 1;
+            }
+        }
+        previous = Some(context.clone());
+    }
+    assert_eq!(batches, 3);
+    // Each stub opens, in one zoom, to the result whole.
+    let context = previous.unwrap();
+    for (tool_use_id, seq) in stubs_of(&context) {
+        let zoomed = app
+            .post(&format!("/v1/threads/{thread}/zoom"), json!({"id": seq, "n": 1}))
+            .await;
+        assert_eq!(zoomed.body["is_error"], false, "{}", zoomed.body);
+        let i: usize = tool_use_id.trim_start_matches("toolu_").parse().unwrap();
+        let whole = format!("{i:>3} sunny ").repeat(40);
+        assert!(
+            zoomed.body["content"].as_str().unwrap().contains(whole.trim()),
+            "{}",
+            zoomed.body
+        );
+        assert!(context["repairs"].as_array().unwrap().iter().any(|r| {
+            r["kind"] == "tool_result_cleared" && r["seqs"] == json!([seq])
+        }));
+    }
+    // Every provider accepts it.
+    for provider in ["anthropic", "openai"] {
+        let context = app
+            .get(&format!("/v1/threads/{thread}/context?provider={provider}"))
+            .await
+            .body;
+        let messages = context["messages"].as_array().unwrap();
+        let violations = if provider == "openai" {
+            openai::validate(messages)
+        } else {
+            anthropic::validate(messages, &AnthropicRules::default())
+        };
+        assert!(violations.is_empty(), "{provider}: {violations:?}");
+    }
+    // The outlined view clears its recent messages the same way, and offers zoom once.
+    let settings = app
+        .request(
+            axum::http::Method::PUT,
+            &format!("/v1/threads/{thread}/settings"),
+            Some(json!({"outline": {"enabled": true},
+                "clearing": {"enabled": true, "keep_tokens": 100, "batch_tokens": 250,
+                "min_bytes": 200}})),
+        )
+        .await;
+    assert_eq!(settings.status, StatusCode::OK, "{}", settings.body);
+    let outlined = app
+        .get(&format!("/v1/threads/{thread}/context?view=outline"))
+        .await
+        .body;
+    assert_eq!(stubs_of(&outlined), stubs_of(&context));
+    assert_eq!(outlined["tools"].as_array().unwrap().len(), 1, "{outlined}");
+    app.finish().await;
+}
+
+async fn clearing_settings_are_bounded_and_default_when_unset(app: TestApp) {
+    let thread = app.thread("bounded").await;
+    let uri = format!("/v1/threads/{thread}/settings");
+    let unset = app.get(&uri).await.body;
+    assert_eq!(unset["clearing"], Value::Null);
+    assert_eq!(
+        unset["effective"]["clearing"],
+        json!({"enabled": false, "keep_tokens": 5000, "batch_tokens": 20000, "min_bytes": 1000})
+    );
+    for (field, value) in [
+        ("keep_tokens", json!(10_000_001)),
+        ("batch_tokens", json!(10_000_001)),
+        ("min_bytes", json!(1_000_000_001u64)),
+    ] {
+        let refused = app
+            .request(
+                axum::http::Method::PUT,
+                &uri,
+                Some(json!({"clearing": {"enabled": true, field: value}})),
+            )
+            .await;
+        refused.assert_problem(StatusCode::UNPROCESSABLE_ENTITY, "validation");
+        assert_eq!(refused.body["errors"][0]["field"], format!("clearing.{field}"));
+    }
+    let context = app.get(&format!("/v1/threads/{thread}/context")).await.body;
+    assert_eq!(context["tools"], json!([]), "no zoom while clearing is off");
     app.finish().await;
 }

@@ -266,6 +266,36 @@ async fn cached_context_reads_equal_uncached_ones(app: TestApp) {
         same_answers(&s, None, &thread, &format!("round {i}, micro-compacted")).await;
     }
 
+    // Clearing turned on beside it: batches of old results sent as stubs, the zoom tool offered.
+    let settings = app
+        .request(
+            Method::PUT,
+            &format!("/v1/threads/{thread}/settings"),
+            Some(
+                json!({"microcompact": {"enabled": true, "keep_recent": 2, "min_bytes": 100},
+                "clearing": {"enabled": true, "keep_tokens": 100, "batch_tokens": 150,
+                    "min_bytes": 200}}),
+            ),
+        )
+        .await;
+    assert_eq!(settings.status, StatusCode::OK, "{}", settings.body);
+    same_answers(&s, None, &thread, "clearing on").await;
+    for i in 100..106 {
+        append_round(&s, &thread, i, 2).await;
+        same_answers(&s, None, &thread, &format!("round {i}, cleared")).await;
+    }
+    let (_, cleared) = get(&s.cached, None, &format!("/v1/threads/{thread}/context")).await;
+    let cleared: Value = serde_json::from_slice(&cleared).unwrap();
+    assert!(
+        cleared["repairs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["kind"] == "tool_result_cleared"),
+        "{cleared}"
+    );
+    assert_eq!(cleared["tools"][0]["name"], "zoom");
+
     // A real compaction: a new boundary and summary, the latest round kept.
     compact_now(&app, &thread, 1).await;
     same_answers(&s, None, &thread, "after a compaction").await;

@@ -16,7 +16,7 @@
 
 use crate::chaos::{self, MODELS};
 use loupe::history::normalize::incremental::{Checkpoint, PagedRead, TailRun, NOT_REPRODUCED};
-use loupe::history::normalize::{estimate_context, Fallback};
+use loupe::history::normalize::{estimate_context, ClearingOptions, Fallback};
 use loupe::history::{
     normalize, Entry, MicrocompactOptions, NormalizeOptions, Provider, ThinkingMode,
 };
@@ -41,6 +41,7 @@ struct Knobs {
     tools: Option<Vec<String>>,
     model: Option<usize>,
     microcompact: Option<MicrocompactOptions>,
+    clearing: Option<ClearingOptions>,
 }
 
 fn knobs() -> impl Strategy<Value = Knobs> {
@@ -66,15 +67,25 @@ fn knobs() -> impl Strategy<Value = Knobs> {
         )),
         prop::option::of(0..MODELS.len()),
         microcompact,
+        prop::option::of((
+            0u64..400,
+            0u64..400,
+            prop::sample::select(vec![0usize, 1, 300]),
+        )),
     )
         .prop_map(
-            |(thinking, cache, advisor, tools, model, microcompact)| Knobs {
+            |(thinking, cache, advisor, tools, model, microcompact, clearing)| Knobs {
                 thinking,
                 cache,
                 advisor,
                 tools: tools.map(|t| t.into_iter().map(str::to_string).collect()),
                 model,
                 microcompact,
+                clearing: clearing.map(|(keep_tokens, batch_tokens, min_bytes)| ClearingOptions {
+                    keep_tokens,
+                    batch_tokens,
+                    min_bytes,
+                }),
             },
         )
 }
@@ -88,6 +99,7 @@ fn options(provider: Provider, k: &Knobs) -> NormalizeOptions {
         cache: k.cache,
         advisor: k.advisor,
         microcompact: k.microcompact.clone(),
+        clearing: k.clearing.clone(),
     }
 }
 

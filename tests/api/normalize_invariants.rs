@@ -17,8 +17,10 @@
 use std::collections::HashSet;
 
 use crate::chaos::{self, text_inventory, MODELS};
+use loupe::history::normalize::{clearing, ClearingOptions};
 use loupe::history::{
-    entries_from_messages, normalize, Entry, NormalizeOptions, Normalized, Provider, ThinkingMode,
+    entries_from_messages, normalize, Entry, EntryKind, NormalizeOptions, Normalized, Provider,
+    RepairKind, ThinkingMode,
 };
 use loupe_validate::{
     anthropic, gemini, openai, responses, AnthropicRules, GeminiRules, ResponsesRules, Violation,
@@ -66,6 +68,8 @@ struct Knobs {
     tools: Option<Vec<String>>,
     /// The request model, an index in [`MODELS`].
     model: Option<usize>,
+    /// Reversible clearing, sized small so that chaotic histories clear results.
+    clearing: Option<ClearingOptions>,
 }
 
 fn knobs() -> impl Strategy<Value = Knobs> {
@@ -78,13 +82,23 @@ fn knobs() -> impl Strategy<Value = Knobs> {
             0..=6,
         )),
         prop::option::of(0..MODELS.len()),
+        prop::option::of((
+            0u64..400,
+            0u64..400,
+            prop::sample::select(vec![0usize, 1, 300]),
+        )),
     )
-        .prop_map(|(thinking, cache, advisor, tools, model)| Knobs {
+        .prop_map(|(thinking, cache, advisor, tools, model, clearing)| Knobs {
             thinking,
             cache,
             advisor,
             tools: tools.map(|t| t.into_iter().map(str::to_string).collect()),
             model,
+            clearing: clearing.map(|(keep_tokens, batch_tokens, min_bytes)| ClearingOptions {
+                keep_tokens,
+                batch_tokens,
+                min_bytes,
+            }),
         })
 }
 
@@ -96,8 +110,25 @@ fn options(provider: Provider, k: &Knobs) -> NormalizeOptions {
         cache: k.cache,
         advisor: k.advisor,
         model: k.model.map(|m| MODELS[m].to_string()),
+        clearing: k.clearing.clone(),
         ..NormalizeOptions::default()
     }
+}
+
+/// The zoom addresses of the cleared results' stubs in `messages`, in order.
+fn stub_addresses(messages: &[Value]) -> Vec<i64> {
+    let json = serde_json::to_string(messages).unwrap();
+    json.split(clearing::STUB_PREFIX)
+        .skip(1)
+        .map(|rest| {
+            let (_, zoom) = rest
+                .split_once("bytes; zoom ")
+                .expect("a stub names its address");
+            zoom.split_once("+1 reads it whole]")
+                .and_then(|(seq, _)| seq.parse().ok())
+                .expect("a stub's address is id+1")
+        })
+        .collect()
 }
 
 /// What entries written by another model than the request's carry, by field: thinking
@@ -239,12 +270,20 @@ fn check(entries: &[Entry], pi: usize, k: &Knobs) -> Result<(), TestCaseError> {
         dump(entries)
     );
 
-    // 2. Idempotent (the output was written for the request's model).
+    // 2. Idempotent (the output was written for the request's model). Without clearing: the
+    //    list read back is numbered by position, not by the stored seqs its stubs name, and the
+    //    provider's shape changes the sizes the rule counts; its stubs stay as they are.
     let mut back = entries_from_messages(&out.messages, provider(pi));
     for m in back.iter_mut().filter_map(|e| e.message.as_mut()) {
         m.model = opts.model.clone();
     }
-    let again = normalize(&back, &opts);
+    let again = normalize(
+        &back,
+        &NormalizeOptions {
+            clearing: None,
+            ..opts.clone()
+        },
+    );
     prop_assert_eq!(
         &again.messages,
         &out.messages,
@@ -338,6 +377,33 @@ fn check(entries: &[Entry], pi: usize, k: &Knobs) -> Result<(), TestCaseError> {
                 sig
             );
         }
+    }
+
+    // 7. Every cleared result's stub names the stored user entry holding a tool result, which
+    //    zoom(seq, 1) reads whole, and a repair names it.
+    let cleared: HashSet<i64> = out
+        .repairs
+        .iter()
+        .filter(|r| r.kind == RepairKind::ToolResultCleared)
+        .flat_map(|r| r.seqs.iter().copied())
+        .collect();
+    for seq in stub_addresses(&out.messages) {
+        let holder = entries.iter().find(|e| e.seq == Some(seq));
+        prop_assert!(
+            holder.is_some_and(|e| e.kind == EntryKind::User
+                && e.message.as_ref().is_some_and(|m| m
+                    .content
+                    .to_blocks()
+                    .iter()
+                    .any(|b| b["type"] == "tool_result"))),
+            "stub zoom {}+1 names no stored tool result\nhistory:\n{}",
+            seq,
+            dump(entries)
+        );
+        prop_assert!(cleared.contains(&seq), "stub {} without its repair", seq);
+    }
+    if k.clearing.is_none() {
+        prop_assert!(cleared.is_empty());
     }
 
     // 5. Repairs name real entries.

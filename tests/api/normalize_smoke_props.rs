@@ -220,6 +220,13 @@ fn arb_opts() -> impl Strategy<Value = NormalizeOptions> {
                     min_bytes: 1,
                     ..Default::default()
                 }),
+                // Clearing after micro-compaction, where both are on (its own test is
+                // normalize_invariants).
+                clearing: mc.then_some(loupe::history::normalize::ClearingOptions {
+                    keep_tokens: 0,
+                    batch_tokens: 0,
+                    min_bytes: 1,
+                }),
             },
         )
 }

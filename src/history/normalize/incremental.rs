@@ -26,7 +26,9 @@
 //! a user turn at the front of the tail after any pass (it would merge into the prefix's last);
 //! more than 100 media, a change of the many-images rule where the prefix has large images, a
 //! request over 32 MB; fewer recent compactable calls than micro-compaction keeps; nothing left
-//! after the prefix (the cache breakpoint would move onto it).
+//! after the prefix (the cache breakpoint would move onto it). With clearing, the checkpoint
+//! ends before the first result left whole, so its prefix holds only stubs, and carries the
+//! sizes of those the rule had still left whole at its end: the tail's run goes on from them.
 //!
 //! # Moving the checkpoint
 //! After a read, the checkpoint moves to the last closed round that leaves behind it enough to
@@ -83,11 +85,16 @@ struct Facts {
     compactable_calls: usize,
     /// The turn that opened the tool loop it ends in, if that loop has begun.
     loop_opener: Option<LoopOpener>,
+    /// With clearing: the sizes of its results the rule had still left whole at its end (they
+    /// are stubs in its output already: a later batch clears them without changing it).
+    clearing_whole: Vec<u64>,
 }
 
 impl Facts {
     fn approx_bytes(&self) -> usize {
-        16 * (self.snipped.len() + self.response_ids.len() + self.tool_ids.len()) + 128
+        16 * (self.snipped.len() + self.response_ids.len() + self.tool_ids.len())
+            + 8 * self.clearing_whole.len()
+            + 128
     }
 }
 
@@ -400,6 +407,12 @@ fn choose_cut(
         highest_before[j + 1] = highest_before[j].max(highest_src(&msgs[j]));
     }
     let calls_total = calls_after[0];
+    // With clearing, only stubs may end up in the prefix: a whole result there could be cleared
+    // by a later batch.
+    let first_whole = opts
+        .clearing
+        .as_ref()
+        .and_then(|clearing| super::clearing::first_whole(msgs, clearing, tail));
     (1..n).rev().find_map(|j| {
         if !(msgs[j].is_assistant() && msgs[j - 1].is_user()) {
             return None;
@@ -423,6 +436,9 @@ fn choose_cut(
             if before > 0 && calls_after[j] < mc.keep_recent {
                 return None;
             }
+        }
+        if first_whole.is_some_and(|whole| j > whole) {
+            return None;
         }
         Some(Cut {
             msg: j,
@@ -483,6 +499,11 @@ fn next_prefix(
     facts.many_images = figures.many_images;
     if let Some(mc) = &opts.microcompact {
         facts.compactable_calls += compactable_calls(stable, mc);
+    }
+    if let Some(clearing) = &opts.clearing {
+        let arrived = super::clearing::sizes_before(msgs, cut.msg, clearing, tail);
+        facts.clearing_whole =
+            super::clearing::still_whole(&facts.clearing_whole, &arrived, clearing);
     }
     let opener_from = |from: usize| {
         stable[from..].iter().find(|m| m.is_assistant()).map(|m| {
@@ -1063,6 +1084,12 @@ impl<'p> Seam<'p> {
         }
         self.figures.over_limits = true;
         Ok(Some(total))
+    }
+
+    /// With clearing, the sizes of the prefix's results the rule had left whole.
+    pub fn clearing_carried(&self) -> &'p [u64] {
+        self.prefix
+            .map_or(&[], |p| p.facts.clearing_whole.as_slice())
     }
 
     /// Whether the messages follow a user turn (the prefix's last), so the first is not the first.

@@ -24,8 +24,10 @@ pub fn content_bytes(content: Option<&Value>) -> usize {
     }
 }
 
+/// Its own placeholder, or a stub of reversible clearing (which runs before it).
 fn already_cleared(content: Option<&Value>) -> bool {
-    matches!(content, Some(Value::String(s)) if s.starts_with(CLEARED_PREFIX))
+    matches!(content, Some(Value::String(s))
+        if s.starts_with(CLEARED_PREFIX) || s.starts_with(super::clearing::STUB_PREFIX))
 }
 
 /// Clears the content of results of compactable tools older than the last `keep_recent`

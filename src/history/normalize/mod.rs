@@ -33,7 +33,9 @@
 //!     first turn `user`, strict alternation; then, with `thinking=enabled` (Anthropic),
 //!     [`thinking::close_loop_without_thinking`].
 //! 13. [`microcompact::microcompact`] (optional; only rewrites tool-result content, so it runs
-//!     last, on the final shape; results are found by the final, already paired ids).
+//!     last, on the final shape; results are found by the final, already paired ids), then
+//!     [`clearing::clear_old_results`] (optional, reversible: old results become stubs naming
+//!     their zoom address, in batches).
 //! 14. Rendering, a final pure step over the shared working shape: [`cache::add_cache_breakpoint`]
 //!     (m) and [`output::to_anthropic`] (n), [`output::to_openai`] (Chat Completions),
 //!     [`responses::to_responses`] (Responses `input` items) or [`gemini::to_gemini`]
@@ -82,6 +84,7 @@ pub mod advisor;
 pub mod blocks;
 pub mod cache;
 pub mod cleanup;
+pub mod clearing;
 pub mod convert;
 pub mod enforce;
 pub mod gemini;
@@ -157,7 +160,11 @@ pub struct NormalizeOptions {
     /// The advisor beta is available; when false, advisor blocks are stripped.
     pub advisor: bool,
     pub microcompact: Option<MicrocompactOptions>,
+    /// Reversible clearing of old tool results ([`clearing`]).
+    pub clearing: Option<ClearingOptions>,
 }
+
+pub use clearing::ClearingOptions;
 
 /// Client-side micro-compaction of old tool results (`docs/NORMALIZATION.md` § Micro-compaction; by count here).
 ///
@@ -254,6 +261,9 @@ pub enum RepairKind {
     OrphanServerResultRemoved,
     /// An old tool result's content was cleared (micro-compaction).
     Microcompacted,
+    /// An old tool result was sent as a stub naming its size and the zoom address of the stored
+    /// message (`zoom <seq>+1`), which reads it whole (reversible clearing).
+    ToolResultCleared,
     /// Advisor blocks were removed (advisor not available).
     AdvisorStripped,
     /// The oldest media were removed to stay within 100 per request.

@@ -12,9 +12,9 @@ use serde_json::Value;
 
 use super::incremental::Seam;
 use super::{
-    advisor, cache, cleanup, convert, enforce, gemini, media, merge, microcompact, output, pairing,
-    responses, thinking, tool_reference, view, Ctx, Fallback, Msg, NormalizeOptions, PassEnd,
-    Provider, ThinkingMode,
+    advisor, cache, cleanup, clearing, convert, enforce, gemini, media, merge, microcompact,
+    output, pairing, responses, thinking, tool_reference, view, Ctx, Fallback, Msg,
+    NormalizeOptions, PassEnd, Provider, ThinkingMode,
 };
 use crate::history::model::Entry;
 
@@ -62,6 +62,17 @@ pub fn run(
     let mut msgs = enforce::run(msgs, opts.provider, seam.after_user_turn(), ctx, seam)?;
     if opts.thinking == ThinkingMode::Enabled && opts.provider == Provider::Anthropic {
         thinking::close_loop_after(&mut msgs, seam.loop_opener(), ctx);
+    }
+    seam.pass_done(&msgs, ctx)?;
+    if let Some(clearing) = &opts.clearing {
+        // Before micro-compaction, whose placeholders appear as its recent calls move on: what
+        // this pass counts is then the same at every read.
+        if clearing::clear_old_results(&mut msgs, clearing, seam.clearing_carried(), ctx).is_none()
+        {
+            return Err(Fallback(
+                "the checkpoint cleared results this window sends whole",
+            ));
+        }
     }
     seam.pass_done(&msgs, ctx)?;
     if let Some(mc) = &opts.microcompact {

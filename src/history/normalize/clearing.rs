@@ -1,0 +1,385 @@
+//! Reversible clearing of old tool results (`docs/NORMALIZATION.md` § Clearing).
+//!
+//! A thread that turns it on sends its old tool results as a short stub naming the tool, the
+//! size and the zoom address of the stored message (`zoom 412+1`): the model reads the result
+//! whole again with one call of the zoom tool, which the context then offers. Storage is never
+//! changed.
+//!
+//! Which results are old moves **in batches**, so the request stays byte-stable between them (a
+//! provider caches the prefix it saw): results stay whole until those whole reach
+//! `keep_tokens + batch_tokens`, and then the oldest are cleared until `keep_tokens` or less are
+//! left. The rule runs over the results in the order they came, as if clearing had been decided
+//! when each arrived ([`frontier`]), so it is a function of the history alone: every read of
+//! the same window clears the same results, whenever and however often it is read, and a
+//! result once cleared stays cleared as the thread grows. The newest result is never cleared.
+//!
+//! Only the content of a `tool_result` changes: its `tool_use_id`, its `is_error` and the turn
+//! around it stay, so pairing holds for every provider. A stub counts as the result it replaced
+//! (its size is in it), so normalizing the output again clears nothing more.
+
+use std::collections::HashMap;
+
+use serde_json::Value;
+
+use super::blocks::{is_type, str_field, CLEARED_PREFIX};
+use super::microcompact::content_bytes;
+use super::{Ctx, Msg, RepairKind};
+use crate::history::model::Entry;
+
+/// What every stub starts with.
+pub const STUB_PREFIX: &str = "[Old tool result cleared: ";
+
+/// Results this short are never cleared, whatever `min_bytes` says: a stub is about as long
+/// (a 64-character tool name makes one of about 130 bytes), and so is the placeholder a
+/// provider's rendering gives an empty result, which must not count on a second pass.
+pub const MIN_CLEARED_BYTES: usize = 160;
+
+/// Reversible clearing, as a thread's settings size it (`clearing` in `/settings`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ClearingOptions {
+    /// Estimated tokens (bytes / 4) of the newest results left whole after a batch.
+    pub keep_tokens: u64,
+    /// Tokens of whole results a batch waits for beyond `keep_tokens`, then clears at once: the
+    /// larger, the rarer the batches that rewrite the request from the oldest result they clear.
+    pub batch_tokens: u64,
+    /// Results shorter than this many bytes are never cleared (a stub would save little); below
+    /// [`MIN_CLEARED_BYTES`], that floor holds.
+    pub min_bytes: usize,
+}
+
+impl Default for ClearingOptions {
+    /// 5,000 tokens kept, batches of 20,000, results under 1,000 bytes kept: on the tool-heavy
+    /// replay, half of automatic compaction's input cost (BENCHMARKS.md §8.7).
+    fn default() -> Self {
+        ClearingOptions {
+            keep_tokens: 5_000,
+            batch_tokens: 20_000,
+            min_bytes: 1_000,
+        }
+    }
+}
+
+/// The stub of a cleared result: the tool, the size, and the address zoom opens.
+pub fn stub(tool: &str, bytes: usize, seq: i64) -> String {
+    format!("{STUB_PREFIX}{tool}, {bytes} bytes; zoom {seq}+1 reads it whole]")
+}
+
+/// The size a stub names, if `content` is one.
+fn stub_bytes(content: Option<&Value>) -> Option<usize> {
+    let rest = content?.as_str()?.strip_prefix(STUB_PREFIX)?;
+    let (_, after_tool) = rest.rsplit_once(", ")?;
+    let (bytes, _) = after_tool.split_once(" bytes; zoom ")?;
+    bytes.parse().ok()
+}
+
+fn tokens_of(bytes: usize) -> u64 {
+    (bytes as u64).div_ceil(4)
+}
+
+/// How many of the results, oldest first (`tokens` each), are cleared: after each result
+/// arrives, once the whole results since the last one cleared pass `keep_tokens +
+/// batch_tokens`, the oldest of them are cleared until `keep_tokens` or less are left, never
+/// the one that just arrived.
+pub fn frontier(tokens: &[u64], opts: &ClearingOptions) -> usize {
+    run_rule(tokens, 0, opts)
+}
+
+/// [`frontier`] for results of which the first `arrived` had arrived, all of them still whole:
+/// how the rule goes on from a checkpoint (`incremental`), which carries the results it had
+/// left whole.
+fn run_rule(tokens: &[u64], arrived: usize, opts: &ClearingOptions) -> usize {
+    let high = opts.keep_tokens.saturating_add(opts.batch_tokens);
+    let mut whole: u64 = tokens[..arrived].iter().sum();
+    let mut cleared = 0usize;
+    for (newest, &t) in tokens.iter().enumerate().skip(arrived) {
+        whole += t;
+        if whole > high {
+            while whole > opts.keep_tokens && cleared < newest {
+                whole -= tokens[cleared];
+                cleared += 1;
+            }
+        }
+    }
+    cleared
+}
+
+/// The results the rule leaves whole once those of `carried` (whole before, in order) and then
+/// `arrived` have come: what a checkpoint carries for the run that goes on after it.
+pub fn still_whole(carried: &[u64], arrived: &[u64], opts: &ClearingOptions) -> Vec<u64> {
+    let all: Vec<u64> = carried.iter().chain(arrived).copied().collect();
+    let cleared = run_rule(&all, carried.len(), opts);
+    all[cleared..].to_vec()
+}
+
+/// What a counted result is sent as so far.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sent {
+    Whole,
+    /// A stub of this module's.
+    Stub,
+    /// Micro-compaction's placeholder (it runs after this pass, so only on a second pass): its
+    /// size counts, and it is left as it is.
+    Microcompacted,
+}
+
+/// One result the rule counts: where it is, its size, and how it is sent so far.
+struct Counted {
+    msg: usize,
+    block: usize,
+    bytes: usize,
+    sent: Sent,
+}
+
+/// The size micro-compaction's placeholder names, if `content` is one.
+fn microcompacted_bytes(content: Option<&Value>) -> Option<usize> {
+    let rest = content?.as_str()?.strip_prefix(CLEARED_PREFIX)?;
+    let (_, after_tool) = rest.rsplit_once(", ")?;
+    after_tool.strip_suffix(" bytes]")?.parse().ok()
+}
+
+/// The results the rule counts, in order: each `tool_result` of a stored user entry (a seq to
+/// zoom to) longer than `min_bytes` and [`MIN_CLEARED_BYTES`], and every stub or placeholder,
+/// by the size it names, so a second pass counts what the first did.
+fn counted(msgs: &[Msg], opts: &ClearingOptions, entries: &[Entry]) -> Vec<Counted> {
+    let mut results = Vec::new();
+    for (m, msg) in msgs.iter().enumerate().filter(|(_, m)| m.is_user()) {
+        for (k, b) in msg.blocks.iter().enumerate() {
+            if !is_type(&b.v, "tool_result") {
+                continue;
+            }
+            let stored = entries.get(b.src as usize);
+            if stored.is_none_or(|e| e.seq.is_none()) {
+                continue;
+            }
+            let content = b.v.get("content");
+            let (bytes, sent) = if let Some(bytes) = stub_bytes(content) {
+                (bytes, Sent::Stub)
+            } else if let Some(bytes) = microcompacted_bytes(content) {
+                (bytes, Sent::Microcompacted)
+            } else {
+                (content_bytes(content), Sent::Whole)
+            };
+            if sent != Sent::Whole || (bytes >= opts.min_bytes && bytes > MIN_CLEARED_BYTES) {
+                results.push(Counted {
+                    msg: m,
+                    block: k,
+                    bytes,
+                    sent,
+                });
+            }
+        }
+    }
+    results
+}
+
+/// Clears the results [`frontier`] says are old, each reported as `tool_result_cleared` naming
+/// the entry that holds it. `carried`: the sizes of results before these messages that the rule
+/// had left whole (a run that goes on from a checkpoint); they are stubs in the prefix already
+/// (the checkpoint ends before the first result left whole), so clearing them changes nothing
+/// here. Returns how many of these messages' results are stubs; `None`, with nothing changed,
+/// when the rule does not clear every carried result: the prefix then sends stubs this window
+/// would send whole (the checkpoint was made from a longer window than this one).
+pub fn clear_old_results(
+    msgs: &mut [Msg],
+    opts: &ClearingOptions,
+    carried: &[u64],
+    ctx: &mut Ctx,
+) -> Option<usize> {
+    let results = counted(msgs, opts, ctx.entries);
+    let tokens: Vec<u64> = carried
+        .iter()
+        .copied()
+        .chain(results.iter().map(|r| tokens_of(r.bytes)))
+        .collect();
+    let cleared = run_rule(&tokens, carried.len(), opts);
+    if cleared < carried.len() {
+        return None;
+    }
+    let old = cleared - carried.len();
+    if old == 0 {
+        return Some(0);
+    }
+    let tools: HashMap<String, String> = msgs
+        .iter()
+        .filter(|m| m.is_assistant())
+        .flat_map(|m| m.blocks.iter())
+        .filter(|b| is_type(&b.v, "tool_use"))
+        .map(|b| {
+            (
+                str_field(&b.v, "id").unwrap_or("").to_owned(),
+                str_field(&b.v, "name").unwrap_or("tool").to_owned(),
+            )
+        })
+        .collect();
+    for result in results.iter().take(old) {
+        if result.sent != Sent::Whole {
+            continue;
+        }
+        let block = &mut msgs[result.msg].blocks[result.block];
+        let src = block.src;
+        let Some(seq) = ctx.entries.get(src as usize).and_then(|e| e.seq) else {
+            continue;
+        };
+        let id = str_field(&block.v, "tool_use_id").unwrap_or("").to_owned();
+        let tool = tools.get(&id).map_or("tool", String::as_str);
+        block.v["content"] = Value::String(stub(tool, result.bytes, seq));
+        ctx.report(
+            RepairKind::ToolResultCleared,
+            [src],
+            format!(
+                "cleared {} bytes of the {tool} result {id}; zoom {seq}+1 reads it",
+                result.bytes
+            ),
+        );
+    }
+    Some(old)
+}
+
+/// The first of `msgs` (final, cleared) that holds a result the rule counts and left whole: a
+/// checkpoint must end before it, since a later batch may clear that result (`incremental`).
+/// Before it every counted result is a stub, which no later batch changes.
+pub fn first_whole(msgs: &[Msg], opts: &ClearingOptions, entries: &[Entry]) -> Option<usize> {
+    // A placeholder micro-compaction wrote counts as whole here: a full run would have sent this
+    // module's stub for it, had the rule cleared it first.
+    counted(msgs, opts, entries)
+        .into_iter()
+        .find(|r| r.sent != Sent::Stub)
+        .map(|r| r.msg)
+}
+
+/// The sizes of the counted results of `msgs[..end]`, oldest first.
+pub fn sizes_before(
+    msgs: &[Msg],
+    end: usize,
+    opts: &ClearingOptions,
+    entries: &[Entry],
+) -> Vec<u64> {
+    counted(msgs, opts, entries)
+        .into_iter()
+        .filter(|r| r.msg < end)
+        .map(|r| tokens_of(r.bytes))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testutil::*;
+    use super::*;
+    use serde_json::json;
+
+    fn opts(keep: u64, batch: u64) -> ClearingOptions {
+        ClearingOptions {
+            keep_tokens: keep,
+            batch_tokens: batch,
+            min_bytes: 10,
+        }
+    }
+
+    #[test]
+    fn the_frontier_moves_in_batches_and_keeps_the_newest() {
+        let o = opts(10, 20);
+        // Whole results reach 40 > 30 at the fourth: the oldest go until 10 or less are left.
+        assert_eq!(frontier(&[10, 10, 10], &o), 0);
+        assert_eq!(frontier(&[10, 10, 10, 10], &o), 3);
+        // Between batches nothing moves.
+        assert_eq!(frontier(&[10, 10, 10, 10, 10], &o), 3);
+        assert_eq!(frontier(&[10, 10, 10, 10, 10, 10], &o), 3);
+        assert_eq!(frontier(&[10, 10, 10, 10, 10, 10, 10], &o), 6);
+        // A result larger than the whole budget is still sent whole while it is the newest.
+        assert_eq!(frontier(&[100], &o), 0);
+        assert_eq!(frontier(&[100, 1], &o), 1);
+    }
+
+    #[test]
+    fn the_rule_goes_on_from_what_it_left_whole() {
+        let o = opts(30, 50);
+        let sizes: Vec<u64> = (0..120).map(|i| (i * 37 % 23) as u64 + 1).collect();
+        for cut in 0..sizes.len() {
+            let carried = still_whole(&[], &sizes[..cut], &o);
+            let before = cut - carried.len();
+            let goes_on = still_whole(&carried, &sizes[cut..], &o);
+            assert_eq!(goes_on, still_whole(&[], &sizes, &o), "cut at {cut}");
+            let all: Vec<u64> = carried.iter().chain(&sizes[cut..]).copied().collect();
+            assert_eq!(
+                before + run_rule(&all, carried.len(), &o),
+                frontier(&sizes, &o),
+                "cut at {cut}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_cleared_result_stays_cleared_as_the_thread_grows() {
+        let o = opts(30, 50);
+        let sizes: Vec<u64> = (0..200).map(|i| (i * 37 % 23) as u64 + 1).collect();
+        let mut last = 0;
+        for n in 0..=sizes.len() {
+            let f = frontier(&sizes[..n], &o);
+            assert!(f >= last, "at {n}: {f} after {last}");
+            assert!(n == 0 || f < n, "the newest of {n} is whole");
+            last = f;
+        }
+    }
+
+    fn call(id: &str) -> serde_json::Value {
+        json!({"type": "tool_use", "id": id, "name": "Read", "input": {}})
+    }
+
+    fn res(id: &str, content: &str) -> serde_json::Value {
+        json!({"type": "tool_result", "tool_use_id": id, "content": content})
+    }
+
+    #[test]
+    fn old_results_become_stubs_with_their_zoom_address_and_a_second_pass_changes_nothing() {
+        let big = "x".repeat(400);
+        let e = vec![
+            user(0, json!("go")),
+            asst(1, "A", json!([call("a")])),
+            user(2, json!([res("a", &big)])),
+            asst(3, "B", json!([call("b")])),
+            user(4, json!([res("b", &big)])),
+            asst(5, "C", json!([call("c")])),
+            user(
+                6,
+                json!([res("c", &big), {"type": "text", "text": "small"}]),
+            ),
+        ];
+        let mut m = msgs(&e);
+        let mut ctx = Ctx::new(&e);
+        // 100 tokens each: the third takes the whole results to 300 > 250, down to 100.
+        let o = ClearingOptions {
+            keep_tokens: 100,
+            batch_tokens: 150,
+            min_bytes: 10,
+        };
+        assert_eq!(clear_old_results(&mut m, &o, &[], &mut ctx), Some(2));
+        let s = shape(&m);
+        assert_eq!(
+            s[2].1[0]["content"],
+            "[Old tool result cleared: Read, 400 bytes; zoom 2+1 reads it whole]"
+        );
+        assert_eq!(s[4].1[0]["content"], json!(stub("Read", 400, 4)));
+        assert_eq!(s[4].1[0]["tool_use_id"], "b");
+        assert_eq!(s[6].1[0]["content"], json!(big));
+        assert_eq!(
+            kinds(&ctx),
+            vec![RepairKind::ToolResultCleared, RepairKind::ToolResultCleared]
+        );
+        let before = m.clone();
+        let mut again = Ctx::new(&e);
+        assert_eq!(clear_old_results(&mut m, &o, &[], &mut again), Some(2));
+        assert_eq!(m, before);
+        assert!(kinds(&again).is_empty());
+    }
+
+    #[test]
+    fn a_stub_names_its_size() {
+        let s = Value::String(stub("Bash", 1234, 7));
+        assert_eq!(stub_bytes(Some(&s)), Some(1234));
+        assert_eq!(
+            stub_bytes(Some(&json!("[Old tool result cleared: x"))),
+            None
+        );
+        assert_eq!(stub_bytes(Some(&json!("plain"))), None);
+    }
+}
