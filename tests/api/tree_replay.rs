@@ -6,9 +6,11 @@
 //!
 //! Two workloads: a chatty one (5,000 messages, a tool call every third turn) and a tool-heavy
 //! one shaped like a real agent session (one tool call per round, results of up to ~14 KB,
-//! thinking-only responses and progress events the model never sees). The tool-heavy replay runs
-//! at 400 rounds by default; `tool_heavy_replay_figures` (ignored; run it by hand) replays the
-//! 1,200 rounds whose figures are in docs/TREE.md and BENCHMARKS.md.
+//! thinking-only responses and progress events the model never sees). The tool-heavy rounds are
+//! replayed three ways: outlined, under automatic compaction, and with old tool results cleared
+//! (reversibly) under automatic compaction. The tool-heavy replay runs at 240 rounds by default;
+//! `tool_heavy_replay_figures` (ignored; run it by hand) replays the 1,200 rounds whose figures
+//! are in docs/TREE.md and BENCHMARKS.md.
 
 use std::sync::Arc;
 
@@ -232,6 +234,8 @@ struct Report {
     /// Of each request that kept all of the previous one but a few closing bytes, how much it
     /// grew: the new round as the model reads it, which no cache can have seen.
     appended: Vec<usize>,
+    /// The latest context that sent cleared results (clearing only).
+    last_cleared: Option<Value>,
 }
 
 impl Report {
@@ -325,18 +329,56 @@ fn outline_settings() -> Value {
     settings
 }
 
-/// Appends each round, runs the jobs it caused, and reads the context (`view=outline` when
-/// `outlined`, else the plain view under automatic compaction) as the next request would.
-async fn replay(app: &TestApp, rounds: &[Vec<Value>], outlined: bool) -> (String, Report) {
-    let thread = app
-        .thread(if outlined { "outlined" } else { "compacted" })
-        .await;
-    if outlined {
+/// The replayed thread's clearing settings: the defaults, or those of `LOUPE_REPLAY_CLEARING`
+/// (a JSON object such as `{"keep_tokens": 10000, "batch_tokens": 20000}`).
+fn clearing_settings() -> Value {
+    let mut settings = json!({"enabled": true});
+    if let Ok(extra) = std::env::var("LOUPE_REPLAY_CLEARING") {
+        let extra: serde_json::Map<String, Value> =
+            serde_json::from_str(&extra).expect("LOUPE_REPLAY_CLEARING is a JSON object");
+        settings.as_object_mut().unwrap().extend(extra);
+    }
+    settings
+}
+
+/// The clearing replay's thread settings: clearing, and the auto-compaction threshold of
+/// `LOUPE_REPLAY_AUTO_COMPACT` when set (clearing keeps requests smaller than the stored
+/// estimate the threshold counts, so a higher one compacts less often).
+fn clearing_thread_settings() -> Value {
+    let mut settings = json!({"clearing": clearing_settings()});
+    if let Ok(threshold) = std::env::var("LOUPE_REPLAY_AUTO_COMPACT") {
+        settings["auto_compact_tokens"] = json!(threshold
+            .parse::<i64>()
+            .expect("LOUPE_REPLAY_AUTO_COMPACT is a number"));
+    }
+    settings
+}
+
+/// How a replay sends the history.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// `view=outline`.
+    Outline,
+    /// The plain view under automatic compaction.
+    Compaction,
+    /// The plain view with old tool results cleared (reversibly), under automatic compaction.
+    Clearing,
+}
+
+/// Appends each round, runs the jobs it caused, and reads the context as the next request would.
+async fn replay(app: &TestApp, rounds: &[Vec<Value>], mode: Mode) -> (String, Report) {
+    let thread = app.thread(&format!("{mode:?}").to_lowercase()).await;
+    let settings = match mode {
+        Mode::Outline => Some(json!({"outline": outline_settings()})),
+        Mode::Compaction => None,
+        Mode::Clearing => Some(clearing_thread_settings()),
+    };
+    if let Some(settings) = settings {
         let settings = app
             .request(
                 axum::http::Method::PUT,
                 &format!("/v1/threads/{thread}/settings"),
-                Some(json!({"outline": outline_settings()})),
+                Some(settings),
             )
             .await;
         assert!(settings.status.is_success(), "{}", settings.body);
@@ -346,7 +388,11 @@ async fn replay(app: &TestApp, rounds: &[Vec<Value>], outlined: bool) -> (String
         Arc::new(ExtractiveSummarizer::new()),
         JobsConfig::default(),
     );
-    let view = if outlined { "outline" } else { "full" };
+    let view = if mode == Mode::Outline {
+        "outline"
+    } else {
+        "full"
+    };
     let mut report = Report::default();
     let mut previous: Option<Vec<u8>> = None;
     for round in rounds {
@@ -372,13 +418,88 @@ async fn replay(app: &TestApp, rounds: &[Vec<Value>], outlined: bool) -> (String
         )
         .unwrap();
         report.add(previous.as_deref(), &request);
+        if mode == Mode::Clearing && context.body.to_string().contains(STUB) {
+            report.last_cleared = Some(context.body);
+        }
         previous = Some(request);
     }
-    if outlined {
+    if mode == Mode::Outline {
         let outline = app.get(&format!("/v1/threads/{thread}/outline")).await.body;
         report.summarizer_calls = outline["build"]["summarized_nodes"].as_u64().unwrap();
     }
     (thread, report)
+}
+
+/// How a cleared result's stub begins.
+const STUB: &str = "[Old tool result cleared: ";
+
+/// The cleared thread's last contexts: every provider accepts them (the independent validator);
+/// and every stub of the latest context that had some opens, in one zoom, to the result whole.
+async fn check_cleared_results(app: &TestApp, thread: &str, context: &Value) {
+    use loupe_validate::{anthropic, gemini, openai, responses, AnthropicRules};
+    for provider in ["anthropic", "openai", "openai_responses", "gemini"] {
+        let context = app
+            .get(&format!("/v1/threads/{thread}/context?provider={provider}"))
+            .await;
+        assert!(context.status.is_success(), "{}", context.body);
+        let messages = context.body["messages"].as_array().unwrap();
+        let violations = match provider {
+            "anthropic" => anthropic::validate(messages, &AnthropicRules::default()),
+            "openai" => openai::validate(messages),
+            "openai_responses" => responses::validate(messages),
+            _ => gemini::validate(messages),
+        };
+        assert!(violations.is_empty(), "{provider}: {violations:?}");
+        let tool = &context.body["tools"][0];
+        let name = tool["name"]
+            .as_str()
+            .or(tool["function"]["name"].as_str())
+            .or(tool["functionDeclarations"][0]["name"].as_str());
+        assert_eq!(name, Some("zoom"), "{provider}: {tool}");
+    }
+    let mut stubs = 0;
+    for block in context["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|m| m["content"].as_array().into_iter().flatten())
+        .filter(|b| b["type"] == "tool_result")
+    {
+        let Some(stub) = block["content"].as_str().filter(|c| c.starts_with(STUB)) else {
+            continue;
+        };
+        stubs += 1;
+        let (_, after) = stub.rsplit_once(", ").unwrap();
+        let (bytes, zoom) = after.split_once(" bytes; zoom ").unwrap();
+        let seq: i64 = zoom.split_once("+1").unwrap().0.parse().unwrap();
+        let answer = app
+            .post(
+                &format!("/v1/threads/{thread}/zoom"),
+                json!({"id": seq, "n": 1}),
+            )
+            .await
+            .body;
+        assert_eq!(answer["is_error"], false, "{answer}");
+        assert!(answer["content"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("{seq}+1|")));
+        let stored = &answer["message"]["message"]["content"];
+        let result = stored
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|b| b["tool_use_id"] == block["tool_use_id"])
+            .unwrap_or_else(|| panic!("zoom {seq}+1 holds no result {}", block["tool_use_id"]));
+        let whole = result["content"].as_str().unwrap();
+        assert_eq!(
+            whole.len().to_string(),
+            bytes,
+            "the stub names the result's size"
+        );
+        assert!(answer["content"].as_str().unwrap().contains(whole.trim()));
+    }
+    assert!(stubs > 0, "the replay clears results");
 }
 
 /// The outline's lines that are notes (a bracketed remark, not something said).
@@ -438,8 +559,9 @@ async fn tool_heavy(count: usize) -> (Report, Report) {
     let mut rng = Lcg(11);
     let rounds: Vec<Vec<Value>> = (0..count).map(|i| tool_heavy_round(&mut rng, i)).collect();
     let app = TestApp::new(Backend::Sqlite).await;
-    let (thread, outlined) = replay(&app, &rounds, true).await;
-    let (_, compacted) = replay(&app, &rounds, false).await;
+    let (thread, outlined) = replay(&app, &rounds, Mode::Outline).await;
+    let (_, compacted) = replay(&app, &rounds, Mode::Compaction).await;
+    let (cleared_thread, cleared) = replay(&app, &rounds, Mode::Clearing).await;
     let outline = app.get(&format!("/v1/threads/{thread}/outline")).await.body;
     let notes = note_share(&outline);
     let ratio = outlined.cost / compacted.cost;
@@ -459,6 +581,16 @@ async fn tool_heavy(count: usize) -> (Report, Report) {
         compacted.appended.iter().sum::<usize>() / compacted.appended.len().max(1),
         compacted.appended.len(),
     );
+    eprintln!(
+        "  {}\n  clearing input cost {:.2}× compaction's",
+        cleared.describe("clearing"),
+        cleared.cost / compacted.cost
+    );
+    let last_cleared = cleared
+        .last_cleared
+        .as_ref()
+        .expect("the replay clears results");
+    check_cleared_results(&app, &cleared_thread, last_cleared).await;
     // Every message the outline covers is log2(T) + 1 zooms away at most, from its line down;
     // every line's address opens.
     let next_seq = outline["next_seq"].as_u64().unwrap();
@@ -492,6 +624,11 @@ async fn tool_heavy(count: usize) -> (Report, Report) {
     assert!(
         ratio < 1.0,
         "the outline's input cost is {ratio:.2}× compaction's: more, not less"
+    );
+    assert!(
+        cleared.cost < compacted.cost,
+        "clearing costs {:.2}× compaction's",
+        cleared.cost / compacted.cost
     );
     app.finish().await;
     (outlined, compacted)
