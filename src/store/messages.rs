@@ -363,15 +363,7 @@ impl Store {
         )
         .await?;
         let mut rows = Vec::new();
-        let mut plans: Vec<Planned> = group
-            .iter()
-            .map(|append| match threads.get_mut(&thread_of(append)) {
-                Some(thread) => {
-                    plan_append(thread, append, &mut rows).unwrap_or_else(Planned::Refused)
-                }
-                None => Planned::Refused(StoreError::ThreadNotFound),
-            })
-            .collect();
+        let mut plans = plan_group(group, &mut threads, &mut rows);
         if check == UuidCheck::OnInsert && may_be_replays(group, &plans) {
             return Ok(GroupOutcome::ReadUuids);
         }
@@ -870,6 +862,22 @@ pub(super) fn may_be_replays(group: &[QueuedAppend], plans: &[Planned]) -> bool 
         matches!(plan, Planned::Refused(StoreError::SeqConflict { .. }))
             && append.batch.entries.iter().any(|p| p.uuid_sent)
     })
+}
+
+/// Decides every append of the group, in queue order ([`plan_append`]); an append to a thread
+/// the group's read did not find is refused.
+pub(super) fn plan_group<'g>(
+    group: &'g [QueuedAppend],
+    threads: &mut HashMap<(&'g str, &'g str), GroupThread>,
+    rows: &mut Vec<NewRow<'g>>,
+) -> Vec<Planned> {
+    group
+        .iter()
+        .map(|append| match threads.get_mut(&thread_of(append)) {
+            Some(thread) => plan_append(thread, append, rows).unwrap_or_else(Planned::Refused),
+            None => Planned::Refused(StoreError::ThreadNotFound),
+        })
+        .collect()
 }
 
 /// Decides one append against its thread as the group has left it so far; a write queues its

@@ -28,7 +28,7 @@ use sqlx::AnyConnection;
 
 use super::group_commit::QueuedAppend;
 use super::messages::{
-    bind_rows, group_needs_jobs, plan_append, read_group, thread_of, AppendTriggers, Bracket,
+    bind_rows, group_needs_jobs, plan_group, read_group, thread_of, AppendTriggers, Bracket,
     GroupThread, Planned, RowLock, UuidCheck, INSERT_CHUNK, INSERT_WIDTH,
 };
 use super::{Store, StoreError};
@@ -173,15 +173,7 @@ impl Store {
             }
         };
         let mut rows = Vec::new();
-        let plans: Vec<Planned> = group
-            .iter()
-            .map(|append| match threads.get_mut(&thread_of(append)) {
-                Some(thread) => {
-                    plan_append(thread, append, &mut rows).unwrap_or_else(Planned::Refused)
-                }
-                None => Planned::Refused(StoreError::ThreadNotFound),
-            })
-            .collect();
+        let plans = plan_group(group, &mut threads, &mut rows);
         if group_needs_jobs(group, &plans, &threads) {
             // The locked group moves the threads on: what the cache holds of them is then old.
             cache.forget(group);

@@ -83,6 +83,13 @@ impl ThreadSettings {
     }
 }
 
+/// A settings part as its JSON column (`None`: NULL, the server default).
+fn json_column<T: Serialize>(part: Option<&T>) -> Result<Option<String>, StoreError> {
+    part.map(serde_json::to_string)
+        .transpose()
+        .map_err(|e| StoreError::Corrupt(e.to_string()))
+}
+
 /// The `outline` column: the thread's outline options, `None` when never set.
 pub(super) fn outline_column(json: Option<String>) -> Result<Option<OutlineOptions>, StoreError> {
     json.map(|json| serde_json::from_str(&json))
@@ -128,24 +135,9 @@ impl Store {
         settings: &ThreadSettings,
     ) -> Result<(), StoreError> {
         let thread_key = self.thread_head(tenant, thread_id).await?.thread_key;
-        let microcompact = settings
-            .microcompact
-            .as_ref()
-            .map(serde_json::to_string)
-            .transpose()
-            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        let outline = settings
-            .outline
-            .as_ref()
-            .map(serde_json::to_string)
-            .transpose()
-            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        let clearing = settings
-            .clearing
-            .as_ref()
-            .map(serde_json::to_string)
-            .transpose()
-            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        let microcompact = json_column(settings.microcompact.as_ref())?;
+        let outline = json_column(settings.outline.as_ref())?;
+        let clearing = json_column(settings.clearing.as_ref())?;
         let mut tx = self.writer.begin().await?;
         sqlx::query(
             "INSERT INTO thread_settings (thread_key, auto_compact_tokens, microcompact, outline, \

@@ -22,7 +22,7 @@ use rusqlite::{Connection, OpenFlags, ToSql};
 
 use super::group_commit::QueuedAppend;
 use super::messages::{
-    group_needs_jobs, insert_rows_sql, plan_append, read_group_sql, thread_of, update_threads_sql,
+    group_needs_jobs, insert_rows_sql, plan_group, read_group_sql, update_threads_sql,
     AppendTriggers, Bracket, GroupRead, GroupThread, NewRow, Planned, RowLock, UuidCheck,
     INSERT_CHUNK, INSERT_WIDTH,
 };
@@ -226,13 +226,7 @@ fn try_write_group(
     tests::panic_if_asked();
     let mut threads = read_group(conn, &read, default_threshold)?;
     let mut rows = Vec::new();
-    let plans: Vec<Planned> = group
-        .iter()
-        .map(|append| match threads.get_mut(&thread_of(append)) {
-            Some(thread) => plan_append(thread, append, &mut rows).unwrap_or_else(Planned::Refused),
-            None => Planned::Refused(StoreError::ThreadNotFound),
-        })
-        .collect();
+    let plans = plan_group(group, &mut threads, &mut rows);
     if group_needs_jobs(group, &plans, &threads) {
         conn.execute_batch("ROLLBACK").map_err(failed)?;
         return Ok(GroupWrite::Declined);

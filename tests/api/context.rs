@@ -338,8 +338,16 @@ fn stubs_of(context: &Value) -> Vec<(String, i64)> {
         .iter()
         .flat_map(|m| m["content"].as_array().into_iter().flatten())
         .filter_map(|b| {
-            let stub = b["content"].as_str()?.strip_prefix("[Old tool result cleared: ")?;
-            let seq = stub.split_once("zoom ")?.1.split_once("+1")?.0.parse().ok()?;
+            let stub = b["content"]
+                .as_str()?
+                .strip_prefix("[Old tool result cleared: ")?;
+            let seq = stub
+                .split_once("zoom ")?
+                .1
+                .split_once("+1")?
+                .0
+                .parse()
+                .ok()?;
             Some((b["tool_use_id"].as_str()?.to_owned(), seq))
         })
         .collect()
@@ -347,14 +355,19 @@ fn stubs_of(context: &Value) -> Vec<(String, i64)> {
 
 async fn old_tool_results_are_cleared_in_batches_and_one_zoom_reads_them(app: TestApp) {
     let thread = app.thread("cleared").await;
-    app.append(&thread, json!([user("q", "What is the weather, day by day?")]))
-        .await;
+    app.append(
+        &thread,
+        json!([user("q", "What is the weather, day by day?")]),
+    )
+    .await;
     let settings = app
         .request(
             axum::http::Method::PUT,
             &format!("/v1/threads/{thread}/settings"),
-            Some(json!({"clearing": {"enabled": true, "keep_tokens": 100, "batch_tokens": 250,
-                "min_bytes": 200}})),
+            Some(
+                json!({"clearing": {"enabled": true, "keep_tokens": 100, "batch_tokens": 250,
+                "min_bytes": 200}}),
+            ),
         )
         .await;
     assert_eq!(settings.status, StatusCode::OK, "{}", settings.body);
@@ -392,19 +405,27 @@ async fn old_tool_results_are_cleared_in_batches_and_one_zoom_reads_them(app: Te
     let context = previous.unwrap();
     for (tool_use_id, seq) in stubs_of(&context) {
         let zoomed = app
-            .post(&format!("/v1/threads/{thread}/zoom"), json!({"id": seq, "n": 1}))
+            .post(
+                &format!("/v1/threads/{thread}/zoom"),
+                json!({"id": seq, "n": 1}),
+            )
             .await;
         assert_eq!(zoomed.body["is_error"], false, "{}", zoomed.body);
         let i: usize = tool_use_id.trim_start_matches("toolu_").parse().unwrap();
         let whole = format!("{i:>3} sunny ").repeat(40);
         assert!(
-            zoomed.body["content"].as_str().unwrap().contains(whole.trim()),
+            zoomed.body["content"]
+                .as_str()
+                .unwrap()
+                .contains(whole.trim()),
             "{}",
             zoomed.body
         );
-        assert!(context["repairs"].as_array().unwrap().iter().any(|r| {
-            r["kind"] == "tool_result_cleared" && r["seqs"] == json!([seq])
-        }));
+        assert!(context["repairs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| { r["kind"] == "tool_result_cleared" && r["seqs"] == json!([seq]) }));
     }
     // Every provider accepts it.
     for provider in ["anthropic", "openai"] {
@@ -462,7 +483,10 @@ async fn clearing_settings_are_bounded_and_default_when_unset(app: TestApp) {
             )
             .await;
         refused.assert_problem(StatusCode::UNPROCESSABLE_ENTITY, "validation");
-        assert_eq!(refused.body["errors"][0]["field"], format!("clearing.{field}"));
+        assert_eq!(
+            refused.body["errors"][0]["field"],
+            format!("clearing.{field}")
+        );
     }
     let context = app.get(&format!("/v1/threads/{thread}/context")).await.body;
     assert_eq!(context["tools"], json!([]), "no zoom while clearing is off");

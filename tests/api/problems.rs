@@ -228,39 +228,47 @@ fn wrong_queries(spec: &Value) -> Vec<String> {
 
 /// A thread with a round, a cursor and a snip, so the probes reach the handlers' own checks.
 async fn seed(app: &TestApp, key: Option<&str>) {
-    let create = app
-        .request_as(
-            key,
-            Method::POST,
-            "/v1/threads",
-            Some(json!({ "id": THREAD })),
-        )
-        .await;
-    assert_eq!(create.status, StatusCode::CREATED, "{}", create.body);
-    let append = app
-        .request_as(
-            key,
-            Method::POST,
-            &format!("/v1/threads/{THREAD}/messages"),
-            Some(json!({"messages": [user("u0", "hello"), assistant("a0", "msg_0", "hi")]})),
-        )
-        .await;
-    assert_eq!(append.status, StatusCode::CREATED, "{}", append.body);
-    let claim = app
-        .request_as(
-            key,
-            Method::POST,
-            &format!("/v1/threads/{THREAD}/cursors/{CURSOR}/claim"),
-            Some(json!({})),
-        )
-        .await;
-    assert!(claim.status.is_success(), "{}", claim.body);
+    let steps = [
+        ("/v1/threads".to_owned(), json!({ "id": THREAD })),
+        (
+            format!("/v1/threads/{THREAD}/messages"),
+            json!({"messages": [user("u0", "hello"), assistant("a0", "msg_0", "hi")]}),
+        ),
+        (
+            format!("/v1/threads/{THREAD}/cursors/{CURSOR}/claim"),
+            json!({}),
+        ),
+    ];
+    for (uri, body) in steps {
+        let answer = app.request_as(key, Method::POST, &uri, Some(body)).await;
+        assert!(answer.status.is_success(), "{uri}: {}", answer.body);
+    }
 }
 
 fn body_of(operation: &Operation) -> Option<(&str, &Value)> {
     let content = operation.spec["requestBody"]["content"].as_object()?;
     let (content_type, media) = content.iter().next()?;
     Some((content_type.as_str(), &media["schema"]))
+}
+
+/// The operation's request at `uri` with the least body it takes: `{}` for JSON, `lines` for the
+/// import's JSON Lines, none for an operation without a body.
+async fn send_minimal(
+    app: &TestApp,
+    key: Option<&str>,
+    operation: &Operation,
+    uri: &str,
+    lines: &[u8],
+) -> TestResponse {
+    let method = operation.method.clone();
+    match body_of(operation) {
+        Some(("application/json", _)) => app.request_as(key, method, uri, Some(json!({}))).await,
+        Some((content_type, _)) => {
+            app.raw_as(key, method, uri, Some(content_type), lines.to_vec())
+                .await
+        }
+        None => app.request_as(key, method, uri, None).await,
+    }
 }
 
 /// Sends every probe to every operation with `key`, checking each answer.
@@ -272,23 +280,7 @@ async fn walk(app: &TestApp, key: Option<&str>, document: &Value, checker: &mut 
         let long = "x".repeat(300);
         for value in ["nope", "%00", "%FF", long.as_str(), "a%20b", "..", "%2F"] {
             let uri = fill(&operation.path, value, false);
-            let response = match body_of(&operation) {
-                Some(("application/json", _)) => {
-                    app.request_as(key, method.clone(), &uri, Some(json!({})))
-                        .await
-                }
-                Some((content_type, _)) => {
-                    app.raw_as(
-                        key,
-                        method.clone(),
-                        &uri,
-                        Some(content_type),
-                        b"{}\n".to_vec(),
-                    )
-                    .await
-                }
-                None => app.request_as(key, method.clone(), &uri, None).await,
-            };
+            let response = send_minimal(app, key, &operation, &uri, b"{}\n").await;
             checker.check(&format!("{method} {uri}"), &response, Some(responses));
         }
         let target = fill(&operation.path, "", true);
@@ -298,17 +290,7 @@ async fn walk(app: &TestApp, key: Option<&str>, document: &Value, checker: &mut 
         }
         for query in wrong_queries(&operation.spec) {
             let uri = format!("{target}{query}");
-            let response = match body_of(&operation) {
-                Some(("application/json", _)) => {
-                    app.request_as(key, method.clone(), &uri, Some(json!({})))
-                        .await
-                }
-                Some((content_type, _)) => {
-                    app.raw_as(key, method.clone(), &uri, Some(content_type), Vec::new())
-                        .await
-                }
-                None => app.request_as(key, method.clone(), &uri, None).await,
-            };
+            let response = send_minimal(app, key, &operation, &uri, b"").await;
             checker.check(&format!("{method} {uri}"), &response, Some(responses));
         }
         if let Some((content_type, schema)) = body_of(&operation) {

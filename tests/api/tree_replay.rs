@@ -317,25 +317,14 @@ fn the_least_cost_at_a_share_is_that_of_equal_requests_when_rounds_are_equal() {
     }
 }
 
-/// The replayed thread's outline settings: the defaults, or those of `LOUPE_REPLAY_OUTLINE` (a
-/// JSON object such as `{"budget_bytes": 64000, "tail_tokens": 16000}`) to compare settings.
-fn outline_settings() -> Value {
+/// `{"enabled": true}` with the members of the JSON object in the variable `name`, when it is
+/// set: `LOUPE_REPLAY_OUTLINE` (`{"budget_bytes": 64000, "tail_tokens": 16000}`) and
+/// `LOUPE_REPLAY_CLEARING` (`{"keep_tokens": 2000, "batch_tokens": 10000}`) compare settings.
+fn enabled_with(name: &str) -> Value {
     let mut settings = json!({"enabled": true});
-    if let Ok(extra) = std::env::var("LOUPE_REPLAY_OUTLINE") {
-        let extra: serde_json::Map<String, Value> =
-            serde_json::from_str(&extra).expect("LOUPE_REPLAY_OUTLINE is a JSON object");
-        settings.as_object_mut().unwrap().extend(extra);
-    }
-    settings
-}
-
-/// The replayed thread's clearing settings: the defaults, or those of `LOUPE_REPLAY_CLEARING`
-/// (a JSON object such as `{"keep_tokens": 10000, "batch_tokens": 20000}`).
-fn clearing_settings() -> Value {
-    let mut settings = json!({"enabled": true});
-    if let Ok(extra) = std::env::var("LOUPE_REPLAY_CLEARING") {
-        let extra: serde_json::Map<String, Value> =
-            serde_json::from_str(&extra).expect("LOUPE_REPLAY_CLEARING is a JSON object");
+    if let Ok(extra) = std::env::var(name) {
+        let extra: serde_json::Map<String, Value> = serde_json::from_str(&extra)
+            .unwrap_or_else(|e| panic!("{name} is not a JSON object: {e}"));
         settings.as_object_mut().unwrap().extend(extra);
     }
     settings
@@ -345,7 +334,7 @@ fn clearing_settings() -> Value {
 /// `LOUPE_REPLAY_AUTO_COMPACT` when set (clearing keeps requests smaller than the stored
 /// estimate the threshold counts, so a higher one compacts less often).
 fn clearing_thread_settings() -> Value {
-    let mut settings = json!({"clearing": clearing_settings()});
+    let mut settings = json!({"clearing": enabled_with("LOUPE_REPLAY_CLEARING")});
     if let Ok(threshold) = std::env::var("LOUPE_REPLAY_AUTO_COMPACT") {
         settings["auto_compact_tokens"] = json!(threshold
             .parse::<i64>()
@@ -369,7 +358,7 @@ enum Mode {
 async fn replay(app: &TestApp, rounds: &[Vec<Value>], mode: Mode) -> (String, Report) {
     let thread = app.thread(&format!("{mode:?}").to_lowercase()).await;
     let settings = match mode {
-        Mode::Outline => Some(json!({"outline": outline_settings()})),
+        Mode::Outline => Some(json!({"outline": enabled_with("LOUPE_REPLAY_OUTLINE")})),
         Mode::Compaction => None,
         Mode::Clearing => Some(clearing_thread_settings()),
     };
