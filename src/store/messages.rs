@@ -725,8 +725,13 @@ pub(super) fn read_group_sql(
     let mut uuids: Vec<&str> = named.iter().map(|(_, uuid)| *uuid).collect();
     uuids.sort_unstable();
     uuids.dedup();
-    // A huge batch's uuids are looked up in chunks instead, below every bind limit.
-    let joined = uuids.len() <= MAX_JOINED_UUIDS;
+    // A huge batch's uuids are looked up in chunks instead, below every bind limit. So are a
+    // PostgreSQL group's under row locks: a statement that waited for a lock reads the locked
+    // rows as the other writer committed them but every other table as it stood when the
+    // statement began, so a joined lookup would miss the uuids that writer just stored; the
+    // lookup after the lock is a statement of its own, which sees them.
+    let locked_on_postgres = backend == super::Backend::Postgres && lock == RowLock::ForUpdate;
+    let joined = uuids.len() <= MAX_JOINED_UUIDS && !locked_on_postgres;
     if !joined {
         uuids.clear();
     }
@@ -769,7 +774,8 @@ pub(super) fn read_group_sql(
 }
 
 /// Reads every thread the group appends to, with its settings and the uuids the group names, in
-/// one statement (up to [`MAX_JOINED_UUIDS`] uuids; more are looked up in chunks after it). On
+/// one statement (up to [`MAX_JOINED_UUIDS`] uuids, and not under PostgreSQL's row locks; else
+/// the uuids are looked up in chunks after it). On
 /// SQLite the write lock is taken first, by the `BEGIN IMMEDIATE` sent with it
 /// ([`Bracket::Inline`]), so no other process on the file can write between the group's read
 /// and its writes; on PostgreSQL this statement locks the rows, in (tenant, thread) order, the
@@ -855,12 +861,16 @@ pub(super) async fn read_group<'g>(
     Ok(threads)
 }
 
-/// Whether an append refused for its `expected_next_seq` names uuids: if they are stored, it is a
-/// replay, which is decided before the seq ([`plan_append`]), so its uuids must be read first.
+/// Whether a refusal decided without the stored uuids may be wrong: an append refused for its
+/// `expected_next_seq` is a replay if its uuids are stored (a replay is decided before the seq,
+/// [`plan_append`]), and one that is partly a replay of the group's earlier members is a whole
+/// replay if its other uuids are stored. Either way its uuids must be read first.
 pub(super) fn may_be_replays(group: &[QueuedAppend], plans: &[Planned]) -> bool {
     group.iter().zip(plans).any(|(append, plan)| {
-        matches!(plan, Planned::Refused(StoreError::SeqConflict { .. }))
-            && append.batch.entries.iter().any(|p| p.uuid_sent)
+        matches!(
+            plan,
+            Planned::Refused(StoreError::SeqConflict { .. } | StoreError::PartialReplay { .. })
+        ) && append.batch.entries.iter().any(|p| p.uuid_sent)
     })
 }
 

@@ -1,4 +1,4 @@
-//! PostgreSQL's fast path for a group of appends: no transaction of its own and no row locks.
+//! PostgreSQL's fast path for a group of appends: no transaction of its own, no read under locks.
 //!
 //! A locked group (`Store::write_group`) costs four calls (begin, the locked read, the write,
 //! commit) and a row lock per thread, which PostgreSQL writes to its WAL. Most groups need none
@@ -12,6 +12,8 @@
 //!   compacted, deleted or reconfigured the thread otherwise);
 //! - it inserts the rows of the threads it moved, with a plain insert, so a stored uuid is a
 //!   unique violation;
+//! - it locks the threads' rows first, in the order every group locks them, so groups never
+//!   deadlock on each other;
 //! - it asserts that it moved every thread (`loupe_assert`, migration 0006), so a thread that
 //!   moved meanwhile aborts the statement, and nothing of the group is kept.
 //!
@@ -41,6 +43,8 @@ const MAX_CACHED_THREADS: usize = 10_000;
 const ASSERT_FAILED: &str = "LP001";
 /// PostgreSQL's `unique_violation`: a named uuid is stored already.
 const UNIQUE_VIOLATION: &str = "23505";
+/// PostgreSQL's `deadlock_detected`.
+const DEADLOCK_DETECTED: &str = "40P01";
 
 /// How the threads of this process's last groups were left, by (tenant, thread id).
 #[derive(Default)]
@@ -121,13 +125,23 @@ pub(super) enum Unlocked {
 /// write checks is unchanged (`next_seq` as read, the settings columns).
 const THREAD_WIDTH: usize = 8;
 
-/// The group's one statement for `threads` moved and `rows` inserted.
+/// The group's one statement for `threads` moved and `rows` inserted. The threads' rows are
+/// locked first, in (tenant, thread) order as the locked group takes them: the update alone
+/// would lock them in whatever order its plan meets them, and two groups meeting the same
+/// threads in opposite orders deadlock.
 pub(super) fn unlocked_write_sql(threads: usize, rows: usize) -> String {
+    let keys = (0..threads)
+        .map(|thread| format!("${}", thread * THREAD_WIDTH + 1))
+        .collect::<Vec<_>>()
+        .join(", ");
     format!(
-        "WITH moved AS (UPDATE threads SET updated_at = v.column2, next_seq = v.column3, \
+        "WITH locked AS MATERIALIZED (SELECT thread_key FROM threads WHERE thread_key IN ({keys}) \
+         ORDER BY tenant_id, thread_id FOR UPDATE), \
+         moved AS (UPDATE threads SET updated_at = v.column2, next_seq = v.column3, \
          visible_count = v.column4, context_tokens = v.column5 \
          FROM (VALUES {}) AS v LEFT JOIN thread_settings s ON s.thread_key = v.column1 \
          WHERE threads.thread_key = v.column1 AND threads.next_seq = v.column6 \
+         AND threads.thread_key IN (SELECT thread_key FROM locked) \
          AND s.auto_compact_tokens IS NOT DISTINCT FROM v.column7 \
          AND s.outline IS NOT DISTINCT FROM v.column8 \
          RETURNING threads.thread_key), \
@@ -159,32 +173,37 @@ impl Store {
         let cache = &self.thread_cache;
         let mut threads = match cache.threads_of(group) {
             Some(threads) => threads,
-            None => {
-                read_group(
-                    conn,
-                    self.backend,
-                    group,
-                    self.auto_compact_tokens,
-                    Bracket::Caller,
-                    UuidCheck::OnInsert,
-                    RowLock::None,
-                )
-                .await?
-            }
+            None => match read_group(
+                conn,
+                self.backend,
+                group,
+                self.auto_compact_tokens,
+                Bracket::Caller,
+                UuidCheck::OnInsert,
+                RowLock::None,
+            )
+            .await
+            {
+                Ok(threads) => threads,
+                Err(error) if error.is_transient() => return Err(error),
+                // What one append's thread holds (settings that do not parse, say) fails only
+                // that append: the locked group splits a failing group.
+                Err(_) => return Ok(Unlocked::UnderLocks(UuidCheck::Read)),
+            },
         };
         let mut rows = Vec::new();
         let plans = plan_group(group, &mut threads, &mut rows);
-        if group_needs_jobs(group, &plans, &threads) {
-            // The locked group moves the threads on: what the cache holds of them is then old.
-            cache.forget(group);
-            return Ok(Unlocked::UnderLocks(UuidCheck::OnInsert));
-        }
         if plans.iter().any(|plan| matches!(plan, Planned::Refused(_))) {
             // A refusal decided on a cached thread may be stale (a thread recreated, say), and a
             // refused compare-and-append may be a replay: the locked read, with the uuids,
             // decides it.
             cache.forget(group);
             return Ok(Unlocked::UnderLocks(UuidCheck::Read));
+        }
+        if group_needs_jobs(group, &plans, &threads) {
+            // The locked group moves the threads on: what the cache holds of them is then old.
+            cache.forget(group);
+            return Ok(Unlocked::UnderLocks(UuidCheck::OnInsert));
         }
         let moved: Vec<&GroupThread> = threads
             .values()
@@ -221,7 +240,11 @@ impl Store {
                 };
                 match code.as_deref() {
                     Some(UNIQUE_VIOLATION) => Ok(Unlocked::UnderLocks(UuidCheck::Read)),
-                    Some(ASSERT_FAILED) => Ok(Unlocked::UnderLocks(UuidCheck::OnInsert)),
+                    // A deadlock with another writer (a compaction's, a deleted thread's) aborted
+                    // only this statement: the locked group waits its turn instead.
+                    Some(ASSERT_FAILED | DEADLOCK_DETECTED) => {
+                        Ok(Unlocked::UnderLocks(UuidCheck::OnInsert))
+                    }
                     _ => {
                         let error = StoreError::from(error);
                         if error.is_transient() {

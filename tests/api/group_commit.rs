@@ -22,6 +22,9 @@ on_both_backends!(
     a_threshold_set_by_another_process_fires_on_the_next_append,
     a_thread_recreated_by_another_process_takes_the_next_append,
     a_group_with_one_thread_moved_elsewhere_keeps_each_append_once,
+    a_retry_racing_its_original_across_processes_is_a_replay,
+    a_replay_completed_by_an_earlier_member_on_an_outlined_thread,
+    a_thread_whose_settings_do_not_read_fails_only_its_own_appends,
 );
 
 fn entries(values: Vec<serde_json::Value>) -> Vec<Entry> {
@@ -749,14 +752,19 @@ fn spec_entries(spec: &AppendSpec) -> Vec<Entry> {
 fn answer_of(outcome: Result<AppendOutcome, StoreError>) -> String {
     match outcome {
         Ok(outcome) => format!(
-            "{} {:?} next {}",
+            "{} {:?} next {}{}",
             if outcome.replayed {
                 "replayed"
             } else {
                 "written"
             },
             outcome.messages.iter().map(|m| m.seq).collect::<Vec<_>>(),
-            outcome.next_seq
+            outcome.next_seq,
+            if outcome.auto_compaction_job.is_some() {
+                " compaction"
+            } else {
+                ""
+            }
         ),
         Err(StoreError::SeqConflict { expected, actual }) => {
             format!("seq conflict {expected} {actual}")
@@ -776,6 +784,26 @@ async fn run_steps(backend: crate::common::Backend, steps: &[Step]) -> (Vec<Stri
     for thread in 0..3 {
         app.store
             .create_thread(&tenant, new_thread(&format!("th{thread}")))
+            .await
+            .unwrap();
+    }
+    // Appends that trigger jobs take the locked way on PostgreSQL: th1 crosses a threshold at
+    // its first append and stays above it, th2 is outlined (a tree job every append). No worker
+    // runs, so the jobs only wait.
+    let th1 = loupe::store::ThreadSettings {
+        auto_compact_tokens: Some(1),
+        ..Default::default()
+    };
+    let th2 = loupe::store::ThreadSettings {
+        outline: Some(loupe::tree::OutlineOptions {
+            enabled: true,
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    for (thread, settings) in [("th1", th1), ("th2", th2)] {
+        app.store
+            .put_thread_settings(&tenant, thread, &settings)
             .await
             .unwrap();
     }
@@ -811,7 +839,7 @@ proptest::proptest! {
     /// PostgreSQL's groups (written in one unlocked statement when they can, each process
     /// remembering the threads it wrote) answer and store exactly what SQLite's, written under
     /// its write lock, do: two processes taking turns, with retries, conflicts, compare-and-
-    /// append and a thread that does not exist.
+    /// append, a thread that does not exist, and threads whose appends trigger jobs.
     #[test]
     fn postgres_groups_decide_as_sqlite_groups_do(steps in steps()) {
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -827,4 +855,174 @@ proptest::proptest! {
         });
         proptest::prop_assert_eq!(sqlite, postgres);
     }
+}
+
+/// A large batch (past one statement's rows, so it is written under locks with its uuids read)
+/// and its retry sent by another process at the same moment, both queued behind the thread's
+/// lock: whichever goes second must see the first's rows, though its read began before they
+/// were committed, and answer a replay (not a uuid error).
+async fn a_retry_racing_its_original_across_processes_is_a_replay(app: TestApp) {
+    let other = other_process(&app).await;
+    let batch: Vec<Entry> = entries(
+        (0..300)
+            .map(|n| user(&format!("race-{n}"), &format!("line {n}")))
+            .collect(),
+    );
+    for round in 0..3 {
+        let thread = app.thread(&format!("race-{round}")).await;
+        let lock = hold_append_lock(&app, &thread).await;
+        let sent = join_all([
+            append_to(&app.store, &thread, batch.clone(), None),
+            append_to(&other, &thread, batch.clone(), None),
+        ]);
+        let (answers, ()) = tokio::join!(sent, release(lock));
+        let answers: Vec<(bool, usize)> = answers
+            .into_iter()
+            .map(|answer| match answer {
+                Ok(outcome) => (outcome.replayed, outcome.messages.len()),
+                Err(error) => panic!(
+                    "round {round}: {}",
+                    error.to_string().chars().take(300).collect::<String>()
+                ),
+            })
+            .collect();
+        let mut kinds = answers.clone();
+        kinds.sort();
+        assert_eq!(kinds, vec![(false, 300), (true, 300)], "round {round}");
+        assert_eq!(stored(&app, &thread).await.len(), 300, "written once");
+    }
+    other.close().await;
+    app.finish().await;
+}
+
+/// On an outlined thread (every append enqueues a tree job, the locked way on PostgreSQL), an
+/// append whose entries an earlier member of its group and an earlier append stored between them
+/// is a replay, as it is when the two go in separate groups.
+async fn a_replay_completed_by_an_earlier_member_on_an_outlined_thread(app: TestApp) {
+    let tenant = TenantId::default_tenant();
+    let thread = app.thread("outlined").await;
+    app.store
+        .put_thread_settings(
+            &tenant,
+            &thread,
+            &loupe::store::ThreadSettings {
+                outline: Some(loupe::tree::OutlineOptions {
+                    enabled: true,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let y = || user("entry-y", "stored first");
+    let x = || user("entry-x", "stored by the group");
+    append(&app, &thread, entries(vec![y()]), None)
+        .await
+        .unwrap();
+    let lock = hold_append_lock(&app, &thread).await;
+    let sent = join_all([
+        append(&app, &thread, entries(vec![x()]), None),
+        append(&app, &thread, entries(vec![x(), y()]), None),
+    ]);
+    let (answers, ()) = tokio::join!(sent, release(lock));
+    let mut answers = answers.into_iter();
+    let first = answers.next().unwrap().unwrap();
+    assert!(!first.replayed);
+    let second = match answers.next().unwrap() {
+        Ok(second) => second,
+        Err(error) => panic!("a replay, not {error}"),
+    };
+    assert!(second.replayed);
+    let mut seqs: Vec<Option<i64>> = second.messages.iter().map(|m| m.seq).collect();
+    seqs.sort();
+    assert_eq!(seqs, vec![Some(0), Some(1)]);
+    assert_eq!(stored(&app, &thread).await.len(), 2);
+    app.finish().await;
+}
+
+/// Two processes' groups over the same two threads, each group meeting them in its own order,
+/// while every update of a thread's row is slowed (a trigger) so their statements overlap: the
+/// rows are locked in one order by every group, so none deadlocks and every append is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_groups_over_the_same_threads_never_deadlock() {
+    let app = TestApp::new(crate::common::Backend::Postgres).await;
+    let tenant = TenantId::default_tenant();
+    for thread in ["a", "b"] {
+        app.store
+            .create_thread(&tenant, new_thread(thread))
+            .await
+            .unwrap();
+    }
+    run_as_admin(
+        &app,
+        &[
+            "CREATE FUNCTION slow_thread_update() RETURNS trigger LANGUAGE plpgsql AS \
+             $$ BEGIN PERFORM pg_sleep(0.02); RETURN NEW; END $$",
+            "CREATE TRIGGER slow_thread_update BEFORE UPDATE ON threads FOR EACH ROW \
+             EXECUTE FUNCTION slow_thread_update()",
+        ],
+    )
+    .await;
+    let processes = [one_runner_store(&app).await, one_runner_store(&app).await];
+    let (first, second) = (&processes[0], &processes[1]);
+    for round in 0..12 {
+        let (mine, theirs) = (2 * round, 2 * round + 1);
+        let answers = join_all([
+            append_to(first, "a", turn(0, mine), None),
+            append_to(first, "b", turn(1, mine), None),
+            append_to(second, "b", turn(1, theirs), None),
+            append_to(second, "a", turn(0, theirs), None),
+        ])
+        .await;
+        for answer in answers {
+            if let Err(error) = answer {
+                panic!("round {round}: {error}");
+            }
+        }
+    }
+    assert_eq!(stored(&app, "a").await.len(), 48);
+    assert_eq!(stored(&app, "b").await.len(), 48);
+    for process in processes {
+        process.close().await;
+    }
+    app.finish().await;
+}
+
+/// A thread whose stored settings do not parse (written by hand, or by a later version) fails
+/// its own appends; the appends it shares a group with are written.
+async fn a_thread_whose_settings_do_not_read_fails_only_its_own_appends(app: TestApp) {
+    let tenant = TenantId::default_tenant();
+    let (good, bad) = (app.thread("good").await, app.thread("bad").await);
+    // A settings row, then its outline spoiled.
+    app.store
+        .put_thread_settings(&tenant, &bad, &loupe::store::ThreadSettings::default())
+        .await
+        .unwrap();
+    run_as_admin(
+        &app,
+        &[
+            "UPDATE thread_settings SET outline = '{not json' WHERE thread_key = \
+           (SELECT thread_key FROM threads WHERE thread_id = 'bad')",
+        ],
+    )
+    .await;
+    let store = one_runner_store(&app).await;
+    for round in 0..3 {
+        let lock = hold_append_lock(&app, &good).await;
+        let appends = join_all([
+            append_to(&store, &good, turn(0, 2 * round), None),
+            append_to(&store, &bad, turn(1, round), None),
+            append_to(&store, &good, turn(0, 2 * round + 1), None),
+        ]);
+        let (results, ()) = tokio::join!(appends, release(lock));
+        let mut results = results.into_iter();
+        assert!(results.next().unwrap().is_ok(), "round {round}");
+        assert!(results.next().unwrap().is_err(), "round {round}");
+        assert!(results.next().unwrap().is_ok(), "round {round}");
+    }
+    store.close().await;
+    assert_eq!(stored(&app, &good).await.len(), 12);
+    assert!(stored(&app, &bad).await.is_empty());
+    app.finish().await;
 }
