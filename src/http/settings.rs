@@ -53,8 +53,11 @@ pub struct MicrocompactBody {
 /// sent as `[Old tool result cleared: <tool>, <bytes> bytes; zoom <seq>+1 reads it whole]`, and
 /// the context's `tools` offers zoom, which reads the stored message whole. Results stay whole
 /// until those whole pass `keep_tokens + batch_tokens`; then the oldest are cleared, at once,
-/// down to `keep_tokens`: between batches the request only grows at its end. Storage is never
-/// changed. Unset sizes take the defaults.
+/// down to `keep_tokens`: between batches the request only grows at its end. The newest turn's
+/// results are never cleared. Storage is never changed. Unset sizes take the defaults. A batch
+/// rewrites the request from the oldest result it clears: on models that bind each thinking
+/// block to everything before it, send `thinking=strip` (or have the provider drop such
+/// blocks).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ClearingBody {

@@ -11,7 +11,8 @@
 //! left. The rule runs over the results in the order they came, as if clearing had been decided
 //! when each arrived ([`frontier`]), so it is a function of the history alone: every read of
 //! the same window clears the same results, whenever and however often it is read, and a
-//! result once cleared stays cleared as the thread grows. The newest result is never cleared.
+//! result once cleared stays cleared as the thread grows. The results of the newest turn (all
+//! of a parallel call's, which arrive together) are never cleared: the model has not read them.
 //!
 //! Only the content of a `tool_result` changes: its `tool_use_id`, its `is_error` and the turn
 //! around it stay, so pairing holds for every provider. A stub counts as the result it replaced
@@ -76,25 +77,51 @@ fn tokens_of(bytes: usize) -> u64 {
     (bytes as u64).div_ceil(4)
 }
 
-/// How many of the results, oldest first (`tokens` each), are cleared: after each result
-/// arrives, once the whole results since the last one cleared pass `keep_tokens +
-/// batch_tokens`, the oldest of them are cleared until `keep_tokens` or less are left, never
-/// the one that just arrived.
-pub fn frontier(tokens: &[u64], opts: &ClearingOptions) -> usize {
-    run_rule(tokens, 0, opts)
+/// One result as the rule sees it: its estimated tokens and the turn it came in (the message
+/// that holds it: the results of one turn arrive together).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Arrival {
+    pub tokens: u64,
+    pub turn: usize,
 }
 
-/// [`frontier`] for results of which the first `arrived` had arrived, all of them still whole:
-/// how the rule goes on from a checkpoint (`incremental`), which carries the results it had
-/// left whole.
-fn run_rule(tokens: &[u64], arrived: usize, opts: &ClearingOptions) -> usize {
+/// How many of the results, oldest first (`tokens` each, one a turn), are cleared: after each
+/// turn's results arrive, once the whole results since the last one cleared pass `keep_tokens +
+/// batch_tokens`, the oldest of them are cleared until `keep_tokens` or less are left, never
+/// those that just arrived.
+pub fn frontier(tokens: &[u64], opts: &ClearingOptions) -> usize {
+    let arrivals: Vec<Arrival> = tokens
+        .iter()
+        .enumerate()
+        .map(|(turn, &tokens)| Arrival { tokens, turn })
+        .collect();
+    run_rule(&[], &arrivals, opts)
+}
+
+/// The rule over `carried` (results that had arrived before, all of them still whole: how it
+/// goes on from a checkpoint, `incremental`) and then `arrived`, turn by turn: how many of all
+/// of them, oldest first, are cleared.
+fn run_rule(carried: &[u64], arrived: &[Arrival], opts: &ClearingOptions) -> usize {
+    let tokens: Vec<u64> = carried
+        .iter()
+        .copied()
+        .chain(arrived.iter().map(|a| a.tokens))
+        .collect();
     let high = opts.keep_tokens.saturating_add(opts.batch_tokens);
-    let mut whole: u64 = tokens[..arrived].iter().sum();
+    let mut whole: u64 = carried.iter().sum();
     let mut cleared = 0usize;
-    for (newest, &t) in tokens.iter().enumerate().skip(arrived) {
-        whole += t;
-        if whole > high {
-            while whole > opts.keep_tokens && cleared < newest {
+    let mut turn_start = carried.len();
+    for (i, arrival) in arrived.iter().enumerate() {
+        let index = carried.len() + i;
+        if i > 0 && arrived[i - 1].turn != arrival.turn {
+            turn_start = index;
+        }
+        whole += arrival.tokens;
+        let turn_ends = arrived
+            .get(i + 1)
+            .is_none_or(|next| next.turn != arrival.turn);
+        if turn_ends && whole > high {
+            while whole > opts.keep_tokens && cleared < turn_start {
                 whole -= tokens[cleared];
                 cleared += 1;
             }
@@ -105,10 +132,14 @@ fn run_rule(tokens: &[u64], arrived: usize, opts: &ClearingOptions) -> usize {
 
 /// The results the rule leaves whole once those of `carried` (whole before, in order) and then
 /// `arrived` have come: what a checkpoint carries for the run that goes on after it.
-pub fn still_whole(carried: &[u64], arrived: &[u64], opts: &ClearingOptions) -> Vec<u64> {
-    let all: Vec<u64> = carried.iter().chain(arrived).copied().collect();
-    let cleared = run_rule(&all, carried.len(), opts);
-    all[cleared..].to_vec()
+pub fn still_whole(carried: &[u64], arrived: &[Arrival], opts: &ClearingOptions) -> Vec<u64> {
+    let cleared = run_rule(carried, arrived, opts);
+    carried
+        .iter()
+        .copied()
+        .chain(arrived.iter().map(|a| a.tokens))
+        .skip(cleared)
+        .collect()
 }
 
 /// What a counted result is sent as so far.
@@ -130,6 +161,15 @@ struct Counted {
     sent: Sent,
 }
 
+impl Counted {
+    fn arrival(&self) -> Arrival {
+        Arrival {
+            tokens: tokens_of(self.bytes),
+            turn: self.msg,
+        }
+    }
+}
+
 /// The size micro-compaction's placeholder names, if `content` is one.
 fn microcompacted_bytes(content: Option<&Value>) -> Option<usize> {
     let rest = content?.as_str()?.strip_prefix(CLEARED_PREFIX)?;
@@ -138,8 +178,10 @@ fn microcompacted_bytes(content: Option<&Value>) -> Option<usize> {
 }
 
 /// The results the rule counts, in order: each `tool_result` of a stored user entry (a seq to
-/// zoom to) longer than `min_bytes` and [`MIN_CLEARED_BYTES`], and every stub or placeholder,
-/// by the size it names, so a second pass counts what the first did.
+/// zoom to) longer than `min_bytes` and [`MIN_CLEARED_BYTES`], and every stub, and every
+/// placeholder that names such a size, by the size it names, so a second pass counts what the
+/// first did. (A placeholder of a shorter result was never counted: counting it would keep
+/// every later result whole in the eyes of [`first_whole`].)
 fn counted(msgs: &[Msg], opts: &ClearingOptions, entries: &[Entry]) -> Vec<Counted> {
     let mut results = Vec::new();
     for (m, msg) in msgs.iter().enumerate().filter(|(_, m)| m.is_user()) {
@@ -159,7 +201,7 @@ fn counted(msgs: &[Msg], opts: &ClearingOptions, entries: &[Entry]) -> Vec<Count
             } else {
                 (content_bytes(content), Sent::Whole)
             };
-            if sent != Sent::Whole || (bytes >= opts.min_bytes && bytes > MIN_CLEARED_BYTES) {
+            if sent == Sent::Stub || (bytes >= opts.min_bytes && bytes > MIN_CLEARED_BYTES) {
                 results.push(Counted {
                     msg: m,
                     block: k,
@@ -186,12 +228,8 @@ pub fn clear_old_results(
     ctx: &mut Ctx,
 ) -> Option<usize> {
     let results = counted(msgs, opts, ctx.entries);
-    let tokens: Vec<u64> = carried
-        .iter()
-        .copied()
-        .chain(results.iter().map(|r| tokens_of(r.bytes)))
-        .collect();
-    let cleared = run_rule(&tokens, carried.len(), opts);
+    let arrivals: Vec<Arrival> = results.iter().map(Counted::arrival).collect();
+    let cleared = run_rule(carried, &arrivals, opts);
     if cleared < carried.len() {
         return None;
     }
@@ -247,17 +285,17 @@ pub fn first_whole(msgs: &[Msg], opts: &ClearingOptions, entries: &[Entry]) -> O
         .map(|r| r.msg)
 }
 
-/// The sizes of the counted results of `msgs[..end]`, oldest first.
-pub fn sizes_before(
+/// The counted results of `msgs[..end]`, oldest first.
+pub fn arrivals_before(
     msgs: &[Msg],
     end: usize,
     opts: &ClearingOptions,
     entries: &[Entry],
-) -> Vec<u64> {
+) -> Vec<Arrival> {
     counted(msgs, opts, entries)
         .into_iter()
         .filter(|r| r.msg < end)
-        .map(|r| tokens_of(r.bytes))
+        .map(|r| r.arrival())
         .collect()
 }
 
@@ -294,15 +332,26 @@ mod tests {
     fn the_rule_goes_on_from_what_it_left_whole() {
         let o = opts(30, 50);
         let sizes: Vec<u64> = (0..120).map(|i| (i * 37 % 23) as u64 + 1).collect();
-        for cut in 0..sizes.len() {
-            let carried = still_whole(&[], &sizes[..cut], &o);
+        // Turns of one to three results.
+        let arrivals: Vec<Arrival> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &tokens)| Arrival {
+                tokens,
+                turn: i * 2 / 5,
+            })
+            .collect();
+        let turn_starts = (0..arrivals.len())
+            .filter(|&i| i == 0 || arrivals[i - 1].turn != arrivals[i].turn)
+            .chain([arrivals.len()]);
+        for cut in turn_starts {
+            let carried = still_whole(&[], &arrivals[..cut], &o);
             let before = cut - carried.len();
-            let goes_on = still_whole(&carried, &sizes[cut..], &o);
-            assert_eq!(goes_on, still_whole(&[], &sizes, &o), "cut at {cut}");
-            let all: Vec<u64> = carried.iter().chain(&sizes[cut..]).copied().collect();
+            let goes_on = still_whole(&carried, &arrivals[cut..], &o);
+            assert_eq!(goes_on, still_whole(&[], &arrivals, &o), "cut at {cut}");
             assert_eq!(
-                before + run_rule(&all, carried.len(), &o),
-                frontier(&sizes, &o),
+                before + run_rule(&carried, &arrivals[cut..], &o),
+                run_rule(&[], &arrivals, &o),
                 "cut at {cut}"
             );
         }
@@ -370,6 +419,52 @@ mod tests {
         assert_eq!(clear_old_results(&mut m, &o, &[], &mut again), Some(2));
         assert_eq!(m, before);
         assert!(kinds(&again).is_empty());
+    }
+
+    #[test]
+    fn the_results_of_the_newest_turn_stay_whole_together() {
+        // Four parallel results of 100 tokens each pass 250 at once: none of them is cleared
+        // while they are the newest turn's; the next turn's arrival clears them.
+        let o = opts(100, 150);
+        let turn = |turn: usize, n: usize| vec![Arrival { tokens: 100, turn }; n];
+        assert_eq!(run_rule(&[], &turn(0, 4), &o), 0);
+        let two_turns: Vec<Arrival> = [turn(0, 4), turn(1, 1)].concat();
+        assert_eq!(run_rule(&[], &two_turns, &o), 4);
+        // One result a turn, the same sizes: the third passes 250 and the two before it go.
+        assert_eq!(frontier(&[100; 4], &o), 2);
+    }
+
+    #[test]
+    fn a_placeholder_of_a_result_too_short_to_clear_is_not_counted() {
+        let small = "y".repeat(500);
+        let big = "x".repeat(2_000);
+        let placeholder = format!("{CLEARED_PREFIX}Read, 500 bytes]");
+        let e = vec![
+            user(0, json!("go")),
+            asst(1, "A", json!([call("a")])),
+            user(2, json!([res("a", &placeholder)])),
+            asst(3, "B", json!([call("b")])),
+            user(4, json!([res("b", &big)])),
+            asst(5, "C", json!([call("c")])),
+            user(6, json!([res("c", &small)])),
+        ];
+        let m = msgs(&e);
+        let o = ClearingOptions {
+            keep_tokens: 100,
+            batch_tokens: 150,
+            min_bytes: 1_000,
+        };
+        // The placeholder stood for 500 bytes, under `min_bytes`: the first result the rule
+        // counts and leaves whole is the 2,000-byte one.
+        assert_eq!(first_whole(&m, &o, &e), Some(4));
+        let arrivals = arrivals_before(&m, m.len(), &o, &e);
+        assert_eq!(
+            arrivals,
+            vec![Arrival {
+                tokens: 500,
+                turn: 4
+            }]
+        );
     }
 
     #[test]

@@ -501,7 +501,7 @@ fn next_prefix(
         facts.compactable_calls += compactable_calls(stable, mc);
     }
     if let Some(clearing) = &opts.clearing {
-        let arrived = super::clearing::sizes_before(msgs, cut.msg, clearing, tail);
+        let arrived = super::clearing::arrivals_before(msgs, cut.msg, clearing, tail);
         facts.clearing_whole =
             super::clearing::still_whole(&facts.clearing_whole, &arrived, clearing);
     }
