@@ -541,6 +541,17 @@ async fn a_transient_failure_answers_the_whole_group_at_once() {
     app.finish().await;
 }
 
+/// Settings that outline a thread: each of its appends enqueues a tree job.
+fn outlined() -> loupe::store::ThreadSettings {
+    loupe::store::ThreadSettings {
+        outline: Some(loupe::tree::OutlineOptions {
+            enabled: true,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
 fn new_thread(id: &str) -> NewThread {
     NewThread {
         id: Some(id.to_owned()),
@@ -794,13 +805,7 @@ async fn run_steps(backend: crate::common::Backend, steps: &[Step]) -> (Vec<Stri
         auto_compact_tokens: Some(1),
         ..Default::default()
     };
-    let th2 = loupe::store::ThreadSettings {
-        outline: Some(loupe::tree::OutlineOptions {
-            enabled: true,
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
+    let th2 = outlined();
     for (thread, settings) in [("th1", th1), ("th2", th2)] {
         app.store
             .put_thread_settings(&tenant, thread, &settings)
@@ -902,17 +907,7 @@ async fn a_replay_completed_by_an_earlier_member_on_an_outlined_thread(app: Test
     let tenant = TenantId::default_tenant();
     let thread = app.thread("outlined").await;
     app.store
-        .put_thread_settings(
-            &tenant,
-            &thread,
-            &loupe::store::ThreadSettings {
-                outline: Some(loupe::tree::OutlineOptions {
-                    enabled: true,
-                    ..Default::default()
-                }),
-                ..Default::default()
-            },
-        )
+        .put_thread_settings(&tenant, &thread, &outlined())
         .await
         .unwrap();
     let y = || user("entry-y", "stored first");

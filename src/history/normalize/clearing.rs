@@ -102,11 +102,7 @@ pub fn frontier(tokens: &[u64], opts: &ClearingOptions) -> usize {
 /// goes on from a checkpoint, `incremental`) and then `arrived`, turn by turn: how many of all
 /// of them, oldest first, are cleared.
 fn run_rule(carried: &[u64], arrived: &[Arrival], opts: &ClearingOptions) -> usize {
-    let tokens: Vec<u64> = carried
-        .iter()
-        .copied()
-        .chain(arrived.iter().map(|a| a.tokens))
-        .collect();
+    let tokens = all_tokens(carried, arrived);
     let high = opts.keep_tokens.saturating_add(opts.batch_tokens);
     let mut whole: u64 = carried.iter().sum();
     let mut cleared = 0usize;
@@ -134,11 +130,15 @@ fn run_rule(carried: &[u64], arrived: &[Arrival], opts: &ClearingOptions) -> usi
 /// `arrived` have come: what a checkpoint carries for the run that goes on after it.
 pub fn still_whole(carried: &[u64], arrived: &[Arrival], opts: &ClearingOptions) -> Vec<u64> {
     let cleared = run_rule(carried, arrived, opts);
+    all_tokens(carried, arrived).split_off(cleared)
+}
+
+/// The tokens of `carried` and then of `arrived`, oldest first.
+fn all_tokens(carried: &[u64], arrived: &[Arrival]) -> Vec<u64> {
     carried
         .iter()
         .copied()
         .chain(arrived.iter().map(|a| a.tokens))
-        .skip(cleared)
         .collect()
 }
 
