@@ -96,6 +96,7 @@ pub async fn run(
             let connections = ConnectionLimits {
                 max_connections: limits.max_connections,
                 header_read_timeout: limits.header_read_timeout,
+                write_timeout: limits.write_timeout,
             };
             let router = crate::http::router(AppState::new(store.clone(), limits, auth));
             tracing::info!(addr = %listener.local_addr()?, "listening");
@@ -125,20 +126,25 @@ pub async fn run(
 struct ConnectionLimits {
     max_connections: usize,
     header_read_timeout: Duration,
+    write_timeout: Duration,
 }
 
 /// Accepts connections until `stop`, each served by hyper's HTTP/1 connection with a header-read
-/// timeout (a client that trickles its headers is disconnected), at most `max_connections` at
-/// once (past that, new connections wait in the kernel's backlog). After `stop`, every connection
-/// finishes its request in flight and closes; this returns when all have.
+/// timeout (a client that trickles its headers is disconnected) and a write timeout (a client
+/// that stops reading an answer is disconnected), at most `max_connections` at once (past that,
+/// new connections wait in the kernel's backlog). Each request carries its peer's address, for
+/// the guard's count of failed authentications. After `stop`, every connection finishes its
+/// request in flight and closes; this returns when all have.
 async fn serve(
     listener: TcpListener,
     router: axum::Router,
     limits: ConnectionLimits,
     stop: CancellationToken,
 ) -> std::io::Result<()> {
+    use axum::extract::connect_info::ConnectInfo;
     use hyper_util::rt::{TokioIo, TokioTimer};
     use hyper_util::service::TowerToHyperService;
+    use tower::ServiceExt;
 
     let max = limits.max_connections.max(1);
     let open = Arc::new(tokio::sync::Semaphore::new(max));
@@ -147,10 +153,10 @@ async fn serve(
             _ = stop.cancelled() => break,
             permit = open.clone().acquire_owned() => permit.expect("the semaphore is never closed"),
         };
-        let stream = tokio::select! {
+        let (stream, peer) = tokio::select! {
             _ = stop.cancelled() => break,
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
+                Ok(accepted) => accepted,
                 Err(error) => {
                     // Out of file descriptors and the like: wait instead of spinning.
                     tracing::warn!(%error, "cannot accept a connection");
@@ -159,7 +165,15 @@ async fn serve(
                 }
             },
         };
-        let service = TowerToHyperService::new(router.clone());
+        let with_peer = router.clone().map_request(
+            move |mut request: hyper::Request<hyper::body::Incoming>| {
+                request.extensions_mut().insert(ConnectInfo(peer));
+                request
+            },
+        );
+        let service = TowerToHyperService::new(with_peer);
+        let mut stream = tokio_io_timeout::TimeoutStream::new(stream);
+        stream.set_write_timeout(Some(limits.write_timeout));
         let stop = stop.clone();
         tokio::spawn(async move {
             let _permit = permit;
@@ -167,7 +181,7 @@ async fn serve(
             builder
                 .timer(TokioTimer::new())
                 .header_read_timeout(limits.header_read_timeout);
-            let connection = builder.serve_connection(TokioIo::new(stream), service);
+            let connection = builder.serve_connection(TokioIo::new(Box::pin(stream)), service);
             tokio::pin!(connection);
             tokio::select! {
                 result = connection.as_mut() => {

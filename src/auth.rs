@@ -123,15 +123,102 @@ impl Bucket {
 
     /// Takes one token, or says how long until one is available.
     pub fn take(&mut self, now: Instant, rate: f64, burst: f64) -> Result<(), Duration> {
+        self.peek(now, rate, burst)?;
+        self.tokens -= 1.0;
+        Ok(())
+    }
+
+    /// Whether a token is available, without taking it.
+    pub fn peek(&mut self, now: Instant, rate: f64, burst: f64) -> Result<(), Duration> {
         let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
         self.tokens = (self.tokens + elapsed * rate).min(burst);
         self.last = now;
         if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
             Ok(())
         } else {
             Err(Duration::from_secs_f64((1.0 - self.tokens) / rate))
         }
+    }
+
+    fn is_full(&self, now: Instant, rate: f64, burst: f64) -> bool {
+        let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
+        self.tokens + elapsed * rate >= burst
+    }
+}
+
+/// Failed authentications, per peer address, and keys known not to be valid.
+///
+/// A peer that failed too often is refused before any key is looked up, and a key that was just
+/// looked up and not found is refused again without a lookup for [`AuthFailures::REMEMBERED`]:
+/// a stream of bogus keys costs neither the database nor the other tenants anything.
+#[derive(Debug)]
+pub struct AuthFailures {
+    rate: f64,
+    burst: f64,
+    peers: Mutex<HashMap<String, Bucket>>,
+    /// Hex SHA-256 of keys that failed → when that was found out.
+    unknown_keys: Mutex<HashMap<String, Instant>>,
+}
+
+impl AuthFailures {
+    /// How long a key found not valid is refused without a lookup.
+    pub const REMEMBERED: Duration = Duration::from_secs(10);
+    /// Most peers and keys remembered: past it, the forgotten are those with nothing to remember.
+    const MAX_REMEMBERED: usize = 10_000;
+
+    /// `rate` failures per second per peer on average, `burst` at once; a rate of 0 is no limit.
+    pub fn new(rate_per_sec: f64, burst: u32) -> Self {
+        AuthFailures {
+            rate: rate_per_sec.max(0.0),
+            burst: f64::from(burst.max(1)),
+            peers: Mutex::new(HashMap::new()),
+            unknown_keys: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// `Err(retry_after)` when `peer` has failed more than its share.
+    pub fn check_peer(&self, peer: &str, now: Instant) -> Result<(), Duration> {
+        if self.rate <= 0.0 {
+            return Ok(());
+        }
+        let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
+        match peers.get_mut(peer) {
+            Some(bucket) => bucket.peek(now, self.rate, self.burst),
+            None => Ok(()),
+        }
+    }
+
+    /// Counts a failure of `peer`, and remembers `key_hash` as not valid.
+    pub fn record(&self, peer: Option<&str>, key_hash: Option<&str>, now: Instant) {
+        if let (Some(peer), true) = (peer, self.rate > 0.0) {
+            let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
+            if peers.len() >= Self::MAX_REMEMBERED && !peers.contains_key(peer) {
+                let (rate, burst) = (self.rate, self.burst);
+                peers.retain(|_, bucket| !bucket.is_full(now, rate, burst));
+            }
+            if peers.len() < Self::MAX_REMEMBERED || peers.contains_key(peer) {
+                let bucket = peers
+                    .entry(peer.to_owned())
+                    .or_insert_with(|| Bucket::full(self.burst, now));
+                let _ = bucket.take(now, self.rate, self.burst);
+            }
+        }
+        if let Some(hash) = key_hash {
+            let mut keys = self.unknown_keys.lock().unwrap_or_else(|e| e.into_inner());
+            if keys.len() >= Self::MAX_REMEMBERED {
+                keys.retain(|_, at| now.saturating_duration_since(*at) < Self::REMEMBERED);
+            }
+            if keys.len() < Self::MAX_REMEMBERED {
+                keys.insert(hash.to_owned(), now);
+            }
+        }
+    }
+
+    /// Whether `key_hash` failed within [`AuthFailures::REMEMBERED`].
+    pub fn known_unknown(&self, key_hash: &str, now: Instant) -> bool {
+        let keys = self.unknown_keys.lock().unwrap_or_else(|e| e.into_inner());
+        keys.get(key_hash)
+            .is_some_and(|at| now.saturating_duration_since(*at) < Self::REMEMBERED)
     }
 }
 
@@ -177,6 +264,49 @@ pub fn retry_after_secs(wait: Duration) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_peer_that_fails_past_its_burst_is_refused_until_it_refills() {
+        let failures = AuthFailures::new(1.0, 3);
+        let t0 = Instant::now();
+        for _ in 0..3 {
+            assert!(failures.check_peer("10.0.0.1", t0).is_ok());
+            failures.record(Some("10.0.0.1"), None, t0);
+        }
+        let wait = failures.check_peer("10.0.0.1", t0).unwrap_err();
+        assert!(wait <= Duration::from_secs(1));
+        assert!(
+            failures.check_peer("10.0.0.2", t0).is_ok(),
+            "other peers are not affected"
+        );
+        assert!(failures
+            .check_peer("10.0.0.1", t0 + Duration::from_secs(1))
+            .is_ok());
+        assert!(AuthFailures::new(0.0, 1).check_peer("p", t0).is_ok());
+    }
+
+    #[test]
+    fn an_unknown_key_is_remembered_briefly() {
+        let failures = AuthFailures::new(1.0, 3);
+        let t0 = Instant::now();
+        failures.record(None, Some("h"), t0);
+        assert!(failures.known_unknown("h", t0 + Duration::from_secs(1)));
+        assert!(!failures.known_unknown("h", t0 + AuthFailures::REMEMBERED));
+        assert!(!failures.known_unknown("other", t0));
+    }
+
+    #[test]
+    fn remembered_peers_stay_bounded() {
+        let failures = AuthFailures::new(1.0, 2);
+        let t0 = Instant::now();
+        for i in 0..(AuthFailures::MAX_REMEMBERED + 50) {
+            failures.record(Some(&format!("peer-{i}")), None, t0);
+        }
+        let later = t0 + Duration::from_secs(5);
+        failures.record(Some("late"), None, later);
+        let peers = failures.peers.lock().unwrap().len();
+        assert!(peers <= AuthFailures::MAX_REMEMBERED, "{peers}");
+    }
 
     #[test]
     fn generated_keys_parse_and_hash() {

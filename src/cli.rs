@@ -209,6 +209,37 @@ pub struct ServeArgs {
     /// normalizes only what was appended since the last read (0 turns the cache off).
     #[arg(long, env = "LOUPE_CONTEXT_CACHE_BYTES", default_value_t = Limits::DEFAULT.context_cache_bytes)]
     pub context_cache_bytes: usize,
+    /// Host names that open mode answers on `/v1` and `/metrics` besides `localhost`,
+    /// `127.0.0.1` and `[::1]` (comma-separated, without ports). Keyed mode answers any host.
+    #[arg(long, env = "LOUPE_ALLOWED_HOSTS", value_delimiter = ',')]
+    pub allowed_hosts: Vec<String>,
+    /// Slowest average rate, in bytes per second, at which an import's body may arrive once its
+    /// first body-read timeout has passed.
+    #[arg(long, env = "LOUPE_IMPORT_MIN_BYTES_PER_SEC", default_value_t = Limits::DEFAULT.import_min_bytes_per_sec)]
+    pub import_min_bytes_per_sec: u64,
+    /// Seconds an import may run, however fast its body arrives.
+    #[arg(long, env = "LOUPE_IMPORT_TIMEOUT_SECS", default_value_t = Limits::DEFAULT.import_timeout.as_secs())]
+    pub import_timeout_secs: u64,
+    /// Most imports one tenant may run at once.
+    #[arg(long, env = "LOUPE_MAX_IMPORTS_PER_TENANT", default_value_t = Limits::DEFAULT.max_imports_per_tenant)]
+    pub max_imports_per_tenant: usize,
+    /// Most requests one tenant may have in flight at once (default: a quarter of
+    /// --max-connections; open mode has one tenant, which gets them all).
+    #[arg(long, env = "LOUPE_MAX_REQUESTS_PER_TENANT")]
+    pub max_requests_per_tenant: Option<usize>,
+    /// Seconds a write to a client may wait for the client to read before the connection closes.
+    #[arg(long, env = "LOUPE_WRITE_TIMEOUT_SECS", default_value_t = Limits::DEFAULT.write_timeout.as_secs())]
+    pub write_timeout_secs: u64,
+    /// Bytes of request bodies held in memory at once across the process (at least
+    /// --body-limit); past it requests get 503 `overloaded`.
+    #[arg(long, env = "LOUPE_MAX_INFLIGHT_BODY_BYTES", default_value_t = Limits::DEFAULT.max_inflight_body_bytes)]
+    pub max_inflight_body_bytes: usize,
+    /// Failed authentications one peer address may make per second on average (0: no limit).
+    #[arg(long, env = "LOUPE_AUTH_FAILURES_PER_SEC", default_value_t = Limits::DEFAULT.auth_failures_per_sec)]
+    pub auth_failures_per_sec: f64,
+    /// Failed authentications one peer address may make at once above the average.
+    #[arg(long, env = "LOUPE_AUTH_FAILURE_BURST", default_value_t = Limits::DEFAULT.auth_failure_burst)]
+    pub auth_failure_burst: u32,
     /// What this process runs: the HTTP API, the background job workers, or both.
     #[arg(long, env = "LOUPE_ROLE", value_enum, default_value_t = Role::All)]
     pub role: Role,
@@ -412,6 +443,18 @@ impl ServeArgs {
             max_connections: self.max_connections.max(1),
             header_read_timeout: Duration::from_secs(self.header_read_timeout_secs.max(1)),
             context_cache_bytes: self.context_cache_bytes,
+            allowed_hosts: self.allowed_hosts.clone(),
+            import_min_bytes_per_sec: self.import_min_bytes_per_sec,
+            import_timeout: Duration::from_secs(self.import_timeout_secs.max(1)),
+            max_imports_per_tenant: self.max_imports_per_tenant.max(1),
+            max_requests_per_tenant: self
+                .max_requests_per_tenant
+                .unwrap_or(self.max_connections / 4)
+                .max(1),
+            write_timeout: Duration::from_secs(self.write_timeout_secs.max(1)),
+            max_inflight_body_bytes: self.max_inflight_body_bytes.max(self.body_limit),
+            auth_failures_per_sec: self.auth_failures_per_sec,
+            auth_failure_burst: self.auth_failure_burst,
             ..Limits::default()
         }
     }

@@ -1,9 +1,10 @@
 //! Importing agent transcripts (JSON Lines) into threads: the one path behind `loupe import` on
 //! the database and `POST /v1/threads/{thread_id}/import`.
 //!
-//! Lines are read as they come and appended in batches of [`BATCH_ENTRIES`]; each batch is one
-//! atomic append, so memory does not grow with the file and a crash loses at most the batch in
-//! flight. Every entry is keyed by its uuid (derived for entries without one, see
+//! Lines are read as they come and appended in batches of at most [`BATCH_ENTRIES`] entries and
+//! about [`BATCH_BYTES`] bytes (a batch always takes the line that reaches the bound); each batch
+//! is one atomic append, so memory is bounded by a constant plus a small multiple of the largest
+//! line, whatever the file's size, and a crash loses at most the batch in flight. Every entry is keyed by its uuid (derived for entries without one, see
 //! [`transcript::read_line`]): before a batch is appended, the uuids the thread already holds are
 //! skipped, so re-running an import continues where it stopped. A line that cannot be stored is
 //! refused with its reason, and the import goes on. Sub-agent entries (`isSidechain`) go to a
@@ -19,8 +20,11 @@ use crate::history::model::Entry;
 use crate::history::transcript;
 use crate::store::{fingerprint, AppendRequest, NewThread, Store, StoreError, TenantId};
 
-/// Entries appended per atomic batch.
+/// Most entries appended per atomic batch.
 pub const BATCH_ENTRIES: usize = 500;
+/// Bytes of lines after which a batch is appended: a few large lines are appended one at a time
+/// rather than held by the hundred.
+pub const BATCH_BYTES: usize = 4 * 1024 * 1024;
 /// Refusals listed one by one in a report; the rest are only counted.
 pub const MAX_LISTED_REFUSALS: usize = 100;
 
@@ -97,6 +101,8 @@ pub struct Importer {
     /// Target thread → its pending entries, in line order.
     pending: BTreeMap<String, Vec<Pending>>,
     pending_count: usize,
+    /// Bytes of the lines pending.
+    pending_bytes: usize,
     /// Uuids pending per target thread, with their fingerprints (a repeated line is caught here).
     pending_uuids: HashMap<String, HashMap<String, String>>,
     known_sidechains: HashSet<String>,
@@ -114,6 +120,7 @@ impl Importer {
             thread_id,
             pending: BTreeMap::new(),
             pending_count: 0,
+            pending_bytes: 0,
             pending_uuids: HashMap::new(),
             known_sidechains: HashSet::new(),
             previous_uuid,
@@ -180,7 +187,8 @@ impl Importer {
             fingerprint,
         });
         self.pending_count += 1;
-        if self.pending_count >= BATCH_ENTRIES {
+        self.pending_bytes += line.len();
+        if self.pending_count >= BATCH_ENTRIES || self.pending_bytes >= BATCH_BYTES {
             self.flush().await?;
         }
         Ok(())
@@ -220,6 +228,7 @@ impl Importer {
     async fn flush(&mut self) -> Result<(), StoreError> {
         let pending = std::mem::take(&mut self.pending);
         self.pending_count = 0;
+        self.pending_bytes = 0;
         self.pending_uuids.clear();
         for (thread, batch) in pending {
             self.append_new(&thread, batch).await?;

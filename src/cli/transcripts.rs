@@ -295,7 +295,13 @@ pub async fn export(args: ExportArgs) -> anyhow::Result<()> {
             let mut after = -1;
             loop {
                 let page = store
-                    .export_page(&tenant, &args.thread, after, 1000)
+                    .export_page(
+                        &tenant,
+                        &args.thread,
+                        after,
+                        crate::http::transcripts::EXPORT_PAGE_ENTRIES,
+                        crate::http::transcripts::EXPORT_PAGE_BYTES,
+                    )
                     .await?;
                 let Some((last, _)) = page.last() else { break };
                 after = *last;

@@ -14,6 +14,9 @@ pub const MAX_UUID_LEN: usize = 200;
 /// Longest accepted subtype, in characters.
 pub const MAX_SUBTYPE_LEN: usize = 100;
 
+/// Longest accepted entry type, in characters.
+pub const MAX_TYPE_LEN: usize = 100;
+
 /// A field that is not valid, named by its JSON path (`messages[3].message.content[0].type`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{path}: {problem}")]
@@ -41,6 +44,14 @@ pub fn check_entry(entry: &Entry, path: &str) -> Result<(), FieldError> {
                 format!("must be 1 to {MAX_UUID_LEN} characters, without NUL characters"),
             ));
         }
+    }
+    // The type is stored in its own column (PostgreSQL's TEXT cannot hold a NUL).
+    let type_name = entry.type_name();
+    if type_name.chars().count() > MAX_TYPE_LEN || type_name.contains('\0') {
+        return Err(FieldError::new(
+            format!("{path}.type"),
+            format!("must be at most {MAX_TYPE_LEN} characters, without NUL characters"),
+        ));
     }
     // The subtype is stored in its own column and looked up by value.
     if let Some(subtype) = &entry.subtype {
@@ -176,6 +187,20 @@ mod tests {
 
     fn entry(value: Value) -> Entry {
         serde_json::from_value(value).unwrap()
+    }
+
+    /// The type is stored in a column of its own: a NUL, which PostgreSQL cannot store, or a
+    /// name past the limit is the caller's mistake on both backends.
+    #[test]
+    fn a_type_is_at_most_100_characters_without_nul() {
+        let typed = |name: &str| entry(json!({"type": name, "data": 1}));
+        assert!(check_entry(&typed("file-history-snapshot"), "m").is_ok());
+        assert!(check_entry(&typed(&"t".repeat(100)), "m").is_ok());
+        assert_eq!(check_entry(&typed("a\0b"), "m").unwrap_err().path, "m.type");
+        assert_eq!(
+            check_entry(&typed(&"t".repeat(101)), "m").unwrap_err().path,
+            "m.type"
+        );
     }
 
     /// The subtype's limit counts characters, as the schema's `maxLength` does.

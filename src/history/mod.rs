@@ -15,5 +15,5 @@ pub use normalize::{
     entries_from_messages, estimate_entry_tokens, estimate_tokens, normalize, MicrocompactOptions,
     NormalizeOptions, Normalized, Provider, Repair, RepairKind, ThinkingMode,
 };
-pub use rounds::{group_rounds, Round};
+pub use rounds::{group_rounds, round_skeleton, Round};
 pub use visibility::is_sent_to_model;

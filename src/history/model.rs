@@ -135,9 +135,9 @@ pub struct Entry {
     pub uuid: Option<String>,
     /// An open string. Loupe models `user`, `assistant`, `attachment`, `system` and `progress`;
     /// any other type (`file-history-snapshot`, `queue-operation`, `summary`, …) is stored as sent,
-    /// listed with its type and never sent to a model.
+    /// listed with its type and never sent to a model. At most 100 characters, no NUL.
     #[serde(rename = "type", skip_serializing_if = "EntryKind::is_other")]
-    #[schema(value_type = String, example = "user")]
+    #[schema(value_type = String, example = "user", max_length = 100, pattern = r"^[^\u0000]*$")]
     pub kind: EntryKind,
     /// Present on `user`, `assistant` and `attachment` entries.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -87,6 +87,45 @@ pub fn group_rounds(entries: &[Entry]) -> Vec<Round> {
     rounds
 }
 
+/// What [`group_rounds`] reads of an entry, and nothing more: its kind, seq, response id, and the
+/// ids of its `tool_use` and `tool_result` blocks. Rounds of a long window are grouped from these
+/// as each entry is read, so no body is held beside the next.
+pub fn round_skeleton(mut entry: Entry) -> Entry {
+    entry.sent = None;
+    entry.content = None;
+    entry.compact_metadata = None;
+    entry.snip_metadata = None;
+    entry.extra = serde_json::Map::new();
+    if let Some(message) = entry.message.as_mut() {
+        message.usage = None;
+        message.model = None;
+        message.stop_reason = None;
+        message.extra = serde_json::Map::new();
+        let blocks = match &message.content {
+            Content::Blocks(blocks) => blocks
+                .iter()
+                .filter_map(|block| {
+                    let kind = block.get("type").and_then(Value::as_str)?;
+                    let id_field = match kind {
+                        "tool_use" => "id",
+                        "tool_result" => "tool_use_id",
+                        _ => return None,
+                    };
+                    let mut kept = serde_json::Map::new();
+                    kept.insert("type".to_owned(), Value::from(kind));
+                    if let Some(id) = block.get(id_field) {
+                        kept.insert(id_field.to_owned(), id.clone());
+                    }
+                    Some(Value::Object(kept))
+                })
+                .collect(),
+            Content::Text(_) => Vec::new(),
+        };
+        message.content = Content::Blocks(blocks);
+    }
+    entry
+}
+
 fn blocks_of(entry: &Entry) -> &[Value] {
     match entry.message.as_ref().map(|m| &m.content) {
         Some(Content::Blocks(blocks)) => blocks,
@@ -151,6 +190,36 @@ mod tests {
     fn asst(seq: i64, id: &str, content: Value) -> Entry {
         entry(json!({"seq": seq, "type": "assistant",
             "message": {"role": "assistant", "id": id, "content": content}}))
+    }
+
+    /// Rounds grouped from skeletons are the rounds of the whole entries.
+    #[test]
+    fn skeletons_group_as_the_entries_do() {
+        let entries = vec![
+            user(0, json!("hello ".repeat(1000))),
+            asst(
+                1,
+                "A1",
+                json!([{"type": "text", "text": "x".repeat(5000)},
+                {"type": "tool_use", "id": "t1", "name": "Read", "input": {"path": "a"}}]),
+            ),
+            user(
+                2,
+                json!([{"type": "tool_result", "tool_use_id": "t1", "content": "y".repeat(9000)}]),
+            ),
+            asst(
+                3,
+                "A1",
+                json!([{"type": "tool_use", "id": "t2", "name": "Read", "input": {}}]),
+            ),
+            user(4, json!("next")),
+            asst(5, "B2", json!([{"type": "text", "text": "done"}])),
+        ];
+        let skeletons: Vec<Entry> = entries.iter().cloned().map(round_skeleton).collect();
+        assert_eq!(group_rounds(&skeletons), group_rounds(&entries));
+        assert!(!group_rounds(&skeletons)[0].closed, "t2 is unanswered");
+        let size = |e: &[Entry]| serde_json::to_string(e).unwrap().len();
+        assert!(size(&skeletons) * 5 < size(&entries));
     }
 
     /// The seed's six-message example: exactly two rounds, `[0..=4]` (the prompt, both A1

@@ -27,7 +27,8 @@ use crate::history::normalize::incremental::{
 };
 use crate::history::normalize::{ContextEstimate, Fallback};
 use crate::history::{
-    group_rounds, normalize, NormalizeOptions, Normalized, Provider, Round, ThinkingMode,
+    group_rounds, normalize, round_skeleton, NormalizeOptions, Normalized, Provider, Round,
+    ThinkingMode,
 };
 use crate::store::{
     AppendRequest, ContextHead, ContextTail, ContextWindow, TenantId, WindowBounds,
@@ -181,26 +182,30 @@ pub struct RoundsQuery {
 )]
 pub async fn get_rounds(
     State(state): State<AppState>,
-    _slot: ExpensiveSlot,
+    slot: ExpensiveSlot,
     Tenant(tenant): Tenant,
     ApiPath(path): ApiPath<ThreadPath>,
     ApiQuery(query): ApiQuery<RoundsQuery>,
 ) -> Result<Json<RoundsResponse>, ApiError> {
-    let window = state
+    let bounds = state
         .store
-        .context_window(&tenant, &path.thread_id, query.from_seq)
+        .window_bounds(&tenant, &path.thread_id, query.from_seq)
         .await?;
-    let from_seq = window
-        .entries
+    // Rounds need kinds, response ids and tool ids: each entry is cut to those as it is read.
+    let max_bytes = i64::try_from(state.limits.max_page_bytes).unwrap_or(i64::MAX);
+    let skeletons = state
+        .store
+        .window_reduced(&bounds, max_bytes, round_skeleton)
+        .await?;
+    let from_seq = skeletons
         .first()
         .and_then(|e| e.seq)
-        .unwrap_or(window.next_seq);
-    let entries = window.entries;
-    let rounds = off_the_executor(move || group_rounds(&entries)).await?;
+        .unwrap_or(bounds.next_seq);
+    let rounds = off_the_executor(&slot, move || group_rounds(&skeletons)).await?;
     Ok(Json(RoundsResponse {
         rounds,
         from_seq,
-        next_seq: window.next_seq,
+        next_seq: bounds.next_seq,
     }))
 }
 
@@ -257,7 +262,7 @@ pub struct OutlineRef {
 )]
 pub async fn get_context(
     State(state): State<AppState>,
-    _slot: ExpensiveSlot,
+    slot: ExpensiveSlot,
     Tenant(tenant): Tenant,
     ApiPath(path): ApiPath<ThreadPath>,
     ApiQuery(options): ApiQuery<ContextOptions>,
@@ -269,7 +274,7 @@ pub async fn get_context(
     options.clearing = head.settings.clearing_options();
     if view == ContextView::Outline {
         let outline = head.settings.outline.unwrap_or_default();
-        return outline_context(&state, &tenant, &path.thread_id, &outline, &options)
+        return outline_context(&state, &slot, &tenant, &path.thread_id, &outline, &options)
             .await
             .map(IntoResponse::into_response);
     }
@@ -282,7 +287,7 @@ pub async fn get_context(
         let context_tokens = crate::history::normalize::estimate_context(&window.entries);
         let entries = window.entries;
         let tools = offered_tools(&options, 0);
-        let normalized = off_the_executor(move || normalize(&entries, &options)).await?;
+        let normalized = off_the_executor(&slot, move || normalize(&entries, &options)).await?;
         return Ok(Json(ContextResponse {
             normalized,
             next_seq: window.next_seq,
@@ -293,7 +298,7 @@ pub async fn get_context(
         .into_response());
     }
     let key = ContextKey::new(&tenant, &path.thread_id, &options);
-    if let Some(answer) = cached_read(&state, &head, &cache, &key, &options).await? {
+    if let Some(answer) = cached_read(&state, &slot, &head, &cache, &key, &options).await? {
         return Ok(answer);
     }
     // No checkpoint. Of concurrent reads of one key, one reads the window; the others wait for
@@ -305,13 +310,23 @@ pub async fn get_context(
         Some(_) => head,
         None => {
             let head = state.store.context_head(&tenant, &path.thread_id).await?;
-            if let Some(answer) = cached_read(&state, &head, &cache, &key, &options).await? {
+            if let Some(answer) = cached_read(&state, &slot, &head, &cache, &key, &options).await? {
                 return Ok(answer);
             }
             head
         }
     };
-    let answer = paged_read(&state, &tenant, &path.thread_id, &head, options, cache, key).await;
+    let answer = paged_read(
+        &state,
+        &slot,
+        &tenant,
+        &path.thread_id,
+        &head,
+        options,
+        cache,
+        key,
+    )
+    .await;
     drop(turn);
     answer
 }
@@ -319,6 +334,7 @@ pub async fn get_context(
 /// A read that goes on from the key's checkpoint, if the cache holds one that can answer.
 async fn cached_read(
     state: &AppState,
+    slot: &ExpensiveSlot,
     head: &ContextHead,
     cache: &Arc<ContextCache>,
     key: &ContextKey,
@@ -338,8 +354,10 @@ async fn cached_read(
     };
     if let Some(tail) = tail.filter(|tail| tail.thread_key == cached.thread_key) {
         let (shared, key, options) = (cache.clone(), key.clone(), options.clone());
-        let read =
-            off_the_executor(move || continue_read(cached, tail, &options, &shared, key)).await??;
+        let read = off_the_executor(slot, move || {
+            continue_read(cached, tail, &options, &shared, key)
+        })
+        .await??;
         match read {
             Ok(answer) => {
                 cache.record_hit();
@@ -364,8 +382,10 @@ const MAX_PENDING_PAGES: usize = 2;
 /// append meanwhile does not land in the answer without its `next_seq`. When the pages cannot be
 /// read so (a later page changes what an earlier one normalized), the whole window within the
 /// same bounds is read at once; when the thread went meanwhile, it is read again from its head. Either way the read leaves a checkpoint when it can.
+#[allow(clippy::too_many_arguments)]
 async fn paged_read(
     state: &AppState,
+    slot: &ExpensiveSlot,
     tenant: &TenantId,
     thread_id: &str,
     head: &ContextHead,
@@ -395,20 +415,21 @@ async fn paged_read(
             crate::metrics::context_fallback("paged", "the thread changed between pages");
             let window = state.store.context_window(tenant, thread_id, None).await?;
             let answer =
-                off_the_executor(move || full_read(window, &options, &cache, key)).await??;
+                off_the_executor(slot, move || full_read(window, &options, &cache, key)).await??;
             return Ok(answer.into_response());
         }
         if to >= bounds.next_seq {
             let (cache, key, bounds) = (cache.clone(), key.clone(), bounds.clone());
-            let answer =
-                off_the_executor(move || finish_read(read, page, &bounds, pages, &cache, key))
-                    .await??;
+            let answer = off_the_executor(slot, move || {
+                finish_read(read, page, &bounds, pages, &cache, key)
+            })
+            .await??;
             if let Ok(answer) = answer {
                 return Ok(answer.into_response());
             }
             break;
         }
-        let fed = off_the_executor(move || {
+        let fed = off_the_executor(slot, move || {
             let fed = read.feed(page);
             fed.map(|()| read)
         })
@@ -423,7 +444,7 @@ async fn paged_read(
         from = to;
     }
     let window = state.store.window_entries(bounds).await?;
-    let answer = off_the_executor(move || full_read(window, &options, &cache, key)).await??;
+    let answer = off_the_executor(slot, move || full_read(window, &options, &cache, key)).await??;
     Ok(answer.into_response())
 }
 
@@ -687,6 +708,7 @@ fn offered_tools(options: &NormalizeOptions, outline_lines: usize) -> Vec<Value>
 /// The outlined context: the stored outline's lines, then the messages from its boundary on.
 async fn outline_context(
     state: &AppState,
+    slot: &ExpensiveSlot,
     tenant: &crate::store::TenantId,
     thread_id: &str,
     outline: &crate::tree::OutlineOptions,
@@ -707,7 +729,7 @@ async fn outline_context(
     let context_tokens = crate::history::normalize::estimate_context(&window.entries);
     let (version, line_count) = (snapshot.version, snapshot.lines.len());
     let (lines, render_options) = (snapshot.lines, options.clone());
-    let normalized = off_the_executor(move || {
+    let normalized = off_the_executor(slot, move || {
         crate::tree::view::outlined_context(&lines, window.entries, &render_options)
     })
     .await?;
@@ -865,7 +887,7 @@ pub struct NormalizeRequest {
     )
 )]
 pub async fn normalize_history(
-    _slot: ExpensiveSlot,
+    slot: ExpensiveSlot,
     ApiJson(request): ApiJson<NormalizeRequest>,
 ) -> Result<Json<Normalized>, ApiError> {
     for (index, entry) in request.messages.iter().enumerate() {
@@ -900,24 +922,65 @@ pub async fn normalize_history(
         entry.seq = Some(index as i64);
     }
     Ok(Json(
-        off_the_executor(move || normalize(&entries, &options)).await?,
+        off_the_executor(&slot, move || normalize(&entries, &options)).await?,
     ))
 }
 
 /// Runs CPU-heavy work (normalizing, grouping rounds, rendering an outline) on the blocking pool,
 /// so that a large history never stalls the async threads serving everyone else. Callers hold an
-/// [`ExpensiveSlot`], which bounds how many run at once and how many one tenant may run.
+/// [`ExpensiveSlot`], which bounds how many run at once and how many one tenant may run, and
+/// pass it here so the work keeps it until it ends.
 pub(crate) async fn off_the_executor<T: Send + 'static>(
+    slot: &ExpensiveSlot,
     work: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, ApiError> {
-    tokio::task::spawn_blocking(work)
-        .await
-        .map_err(|error| ApiError::new(ProblemKind::Internal, format!("CPU work failed: {error}")))
+    let slot = slot.clone();
+    tokio::task::spawn_blocking(move || {
+        // The slot is given back when the work ends, not when the request does (a request
+        // answered by its timeout leaves this running).
+        let _slot = slot;
+        work()
+    })
+    .await
+    .map_err(|error| ApiError::new(ProblemKind::Internal, format!("CPU work failed: {error}")))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A request answered by its timeout while its CPU work runs keeps its slot until the work
+    /// ends: the bound on concurrent expensive work holds however requests end.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_slot_is_held_until_the_work_off_the_executor_ends() {
+        let limits = crate::http::Limits::default();
+        let guards = crate::http::Guards::new(crate::http::AuthMode::Open, &limits);
+        let all = ExpensiveSlot::available(&guards);
+        let slot = ExpensiveSlot::acquire(&guards, "t").await.unwrap();
+        let (started, start) = std::sync::mpsc::channel();
+        let (finish, finished) = std::sync::mpsc::channel::<()>();
+        let work = off_the_executor(&slot, move || {
+            started.send(()).unwrap();
+            finished.recv().unwrap();
+        });
+        let timed_out = tokio::time::timeout(std::time::Duration::from_millis(50), work).await;
+        assert!(timed_out.is_err(), "the request is answered by its timeout");
+        start.recv().unwrap();
+        drop(slot);
+        assert_eq!(
+            ExpensiveSlot::available(&guards),
+            all - 1,
+            "the work still runs"
+        );
+        finish.send(()).unwrap();
+        for _ in 0..200 {
+            if ExpensiveSlot::available(&guards) == all {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        panic!("the slot was not given back when the work ended");
+    }
 
     /// The body a [`ContextAnswer`] sends, its pieces joined.
     fn sent(run: &TailRun, checkpoint: &Checkpoint, next_seq: i64) -> String {

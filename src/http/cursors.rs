@@ -9,14 +9,15 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::{router::OpenApiRouter, routes};
 
 use super::answers::ThreadNotFound;
-use super::context::ContextOptions;
+use super::context::{off_the_executor, ContextOptions};
 use super::problem::{ApiError, ApiJson, ApiPath, ApiQuery, Problem};
 use super::threads::ThreadPath;
-use super::{AppState, Tenant};
+use super::{AppState, ExpensiveSlot, Tenant};
 use crate::history::model::Entry;
-use crate::history::{normalize, Normalized};
+use crate::history::{normalize, NormalizeOptions, Normalized};
 use crate::store::{
-    millis_to_datetime, now_millis, AdvanceRequest, CursorState, PendingBatch, StoreError,
+    millis_to_datetime, now_millis, AdvanceRequest, BatchLimit, CursorState, PendingBatch,
+    StoreError, TenantId,
 };
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -126,7 +127,8 @@ pub enum BatchFormat {
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct PendingQuery {
-    /// Most entries in the batch, 1–1000 (default 100).
+    /// Most entries in the batch, 1–1000 (default 100); the batch is also cut at the server's
+    /// page byte limit.
     #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<u32>,
     /// `raw` (the default) or `normalized`.
@@ -156,18 +158,27 @@ pub struct PendingResponse {
 }
 
 impl PendingResponse {
-    fn build(
+    /// The answer for `batch`. A normalized batch is normalized off the executor in `slot`, which
+    /// the caller took (before claiming, so a refused slot never leaves a lease behind).
+    async fn build(
         batch: PendingBatch,
         format: BatchFormat,
         options: &ContextOptions,
+        slot: Option<&ExpensiveSlot>,
     ) -> Result<Self, ApiError> {
         let advance_to = batch.advance_to().map(str::to_owned);
         let first_seq = batch.entries.first().and_then(|e| e.seq);
         let last_seq = batch.entries.last().and_then(|e| e.seq);
         let entry_count = batch.entries.len();
-        let (messages, normalized) = match format {
-            BatchFormat::Raw => (Some(batch.entries), None),
-            BatchFormat::Normalized => (None, Some(normalize_batch(&batch.entries, options)?)),
+        let (messages, normalized) = match (format, slot) {
+            (BatchFormat::Normalized, Some(slot)) => {
+                let options = options.normalize_options()?;
+                let entries = batch.entries;
+                let normalized =
+                    off_the_executor(slot, move || normalize_batch(entries, &options)).await?;
+                (None, Some(normalized))
+            }
+            _ => (Some(batch.entries), None),
         };
         Ok(PendingResponse {
             cursor: batch.cursor.into(),
@@ -183,23 +194,41 @@ impl PendingResponse {
     }
 }
 
+/// The slot a batch in `format` needs: normalizing is expensive work, a raw batch is not.
+async fn slot_for(
+    state: &AppState,
+    tenant: &TenantId,
+    format: BatchFormat,
+) -> Result<Option<ExpensiveSlot>, ApiError> {
+    match format {
+        BatchFormat::Normalized => Ok(Some(
+            ExpensiveSlot::acquire(&state.guards, &tenant.0).await?,
+        )),
+        BatchFormat::Raw => Ok(None),
+    }
+}
+
+/// How much one batch may hold: the count asked for, and the page byte limit of message pages.
+fn batch_limit(state: &AppState, entries: u32) -> BatchLimit {
+    BatchLimit {
+        entries,
+        bytes: i64::try_from(state.limits.max_page_bytes).unwrap_or(i64::MAX),
+    }
+}
+
 /// Normalizes a batch on its own. A compact boundary inside the batch is not a cut here: the
 /// entries before it are new to the consumer too, so the boundary is left out rather than obeyed.
-fn normalize_batch(entries: &[Entry], options: &ContextOptions) -> Result<Normalized, ApiError> {
-    let options = options.normalize_options()?;
-    let entries: Vec<Entry> = entries
-        .iter()
-        .filter(|e| !e.is_compact_boundary())
-        .cloned()
-        .collect();
-    Ok(normalize(&entries, &options))
+fn normalize_batch(mut entries: Vec<Entry>, options: &NormalizeOptions) -> Normalized {
+    entries.retain(|e| !e.is_compact_boundary());
+    normalize(&entries, options)
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({"limit": 50, "lease_seconds": 120}))]
 pub struct ClaimRequest {
-    /// Most entries in the batch, 1–1000 (default 100).
+    /// Most entries in the batch, 1–1000 (default 100); the batch is also cut at the server's
+    /// page byte limit.
     #[schema(minimum = 1, maximum = 1000)]
     pub limit: Option<u32>,
     /// How long the lease lives, 1 to the server's maximum, `--cursor-lease-max-secs` (3,600
@@ -301,7 +330,8 @@ pub async fn get_cursor(
 /// The entries after the bookmark, to process before advancing.
 ///
 /// The batch holds entries of every type (so a consumer can advance past system entries too), at
-/// most `limit`. Reading takes no lease and moves nothing: a consumer that fails simply does not
+/// most `limit`, cut once their stored bodies reach the page byte limit (`--max-page-bytes`, 4 MiB
+/// by default; a batch always holds its first entry): `has_more` says more follow. Reading takes no lease and moves nothing: a consumer that fails simply does not
 /// advance, and the next read returns the same entries.
 #[utoipa::path(
     get, path = "/v1/threads/{thread_id}/cursors/{name}/pending", tag = "cursors", operation_id = "getPending",
@@ -329,9 +359,18 @@ pub async fn get_pending(
     options.normalize_options()?;
     let batch = state
         .store
-        .cursor_pending(&tenant, &path.thread_id, &path.name, limit, now_millis())
+        .cursor_pending(
+            &tenant,
+            &path.thread_id,
+            &path.name,
+            batch_limit(&state, limit),
+            now_millis(),
+        )
         .await?;
-    Ok(Json(PendingResponse::build(batch, query.format, &options)?))
+    let slot = slot_for(&state, &tenant, query.format).await?;
+    Ok(Json(
+        PendingResponse::build(batch, query.format, &options, slot.as_ref()).await?,
+    ))
 }
 
 /// Claim the pending batch for one worker of a consumer.
@@ -384,19 +423,20 @@ pub async fn claim_cursor(
     };
     options.normalize_options()?;
     let lease_ms = i64::try_from(lease_seconds.saturating_mul(1_000)).unwrap_or(i64::MAX);
+    let slot = slot_for(&state, &tenant, query.format).await?;
     let claim = state
         .store
         .claim_cursor(
             &tenant,
             &path.thread_id,
             &path.name,
-            limit,
+            batch_limit(&state, limit),
             lease_ms,
             now_millis(),
         )
         .await?;
     Ok(Json(ClaimResponse {
-        batch: PendingResponse::build(claim.batch, query.format, &options)?,
+        batch: PendingResponse::build(claim.batch, query.format, &options, slot.as_ref()).await?,
         lease: claim.lease.map(|lease| LeaseResponse {
             token: lease.token,
             expires_at: millis_to_datetime(lease.expires_at),

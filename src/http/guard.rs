@@ -13,6 +13,12 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use axum::body::{Body, Bytes, HttpBody};
+use axum::extract::connect_info::ConnectInfo;
 use axum::extract::{FromRequestParts, Request, State};
 use axum::http::header;
 use axum::http::request::Parts;
@@ -22,7 +28,9 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::problem::{ApiError, ProblemKind};
 use super::{AppState, Limits};
-use crate::auth::{bearer_token, retry_after_secs, secrets_match, RateLimiter};
+use crate::auth::{
+    bearer_token, hash_key, retry_after_secs, secrets_match, AuthFailures, RateLimiter,
+};
 use crate::store::TenantId;
 
 /// How callers authenticate.
@@ -73,35 +81,118 @@ impl AuthMode {
 pub struct Guards {
     pub auth: AuthMode,
     pub rate: RateLimiter,
+    /// Failed authentications per peer, and keys just found not valid.
+    pub auth_failures: AuthFailures,
     expensive: Arc<Semaphore>,
     expensive_wait: Duration,
     /// Each tenant's share of the expensive slots, so that one tenant cannot hold them all.
-    tenant_share: usize,
-    tenant_slots: Mutex<HashMap<String, Arc<Semaphore>>>,
+    expensive_shares: TenantShares,
+    /// Each tenant's requests in flight: its share of the connections.
+    in_flight: TenantShares,
+    /// Each tenant's imports running.
+    imports: TenantShares,
+    /// Request bodies held in memory across the process, in KiB.
+    body_budget: Arc<Semaphore>,
+    /// Host names open mode answers besides loopback's.
+    allowed_hosts: Vec<String>,
 }
 
 impl Guards {
     pub fn new(auth: AuthMode, limits: &Limits) -> Self {
+        // Open mode has one tenant: its share of the slots and connections is the whole pool.
+        let share = |keyed: usize, whole: usize| if auth.is_open() { whole } else { keyed };
         Guards {
             rate: RateLimiter::new(limits.rate_limit_per_sec, limits.rate_limit_burst),
+            auth_failures: AuthFailures::new(
+                limits.auth_failures_per_sec,
+                limits.auth_failure_burst,
+            ),
             expensive: Arc::new(Semaphore::new(limits.max_expensive_requests)),
             expensive_wait: limits.expensive_wait,
-            // Open mode has one tenant: its share is the whole pool.
-            tenant_share: if auth.is_open() {
-                limits.max_expensive_requests
-            } else {
-                limits.max_expensive_per_tenant
-            },
-            tenant_slots: Mutex::new(HashMap::new()),
+            expensive_shares: TenantShares::new(share(
+                limits.max_expensive_per_tenant,
+                limits.max_expensive_requests,
+            )),
+            in_flight: TenantShares::new(share(
+                limits.max_requests_per_tenant,
+                limits.max_connections,
+            )),
+            imports: TenantShares::new(limits.max_imports_per_tenant),
+            body_budget: Arc::new(Semaphore::new(
+                kib(limits.max_inflight_body_bytes).min(Semaphore::MAX_PERMITS),
+            )),
+            allowed_hosts: limits
+                .allowed_hosts
+                .iter()
+                .map(|host| host.to_ascii_lowercase())
+                .collect(),
             auth,
         }
     }
 
-    /// The semaphore of `tenant`'s share, created on first use. Shares nobody holds are dropped
-    /// once the map grows, so it stays as small as the set of busy tenants.
-    fn tenant_semaphore(&self, tenant: &str) -> Arc<Semaphore> {
+    /// One of `tenant`'s import slots, or 429 `too-many-in-flight` when it runs its share.
+    pub fn import_slot(&self, tenant: &TenantId) -> Result<OwnedSemaphorePermit, ApiError> {
+        self.imports
+            .semaphore(&tenant.0)
+            .try_acquire_owned()
+            .map_err(|_| {
+                ApiError::retry_after(
+                    ProblemKind::TooManyInFlight,
+                    "this tenant runs as many imports as it may at once; retry when one ends",
+                    1,
+                )
+            })
+    }
+
+    /// Whether open mode answers a request for `host` (the `Host` header, with or without its
+    /// port): loopback's names, and the allowed ones. A request naming no host at all (HTTP/1.0)
+    /// is answered: a browser, the only client DNS rebinding can drive, always names one.
+    fn host_allowed(&self, host: Option<&str>) -> bool {
+        let Some(name) = host.map(host_name) else {
+            return true;
+        };
+        let name = name.to_ascii_lowercase();
+        matches!(name.as_str(), "localhost" | "127.0.0.1" | "[::1]")
+            || self.allowed_hosts.contains(&name)
+    }
+}
+
+/// Whole KiB, rounded up: the body budget's unit.
+fn kib(bytes: usize) -> usize {
+    bytes.div_ceil(1024)
+}
+
+/// The name of a `Host` value, without its port (`[::1]:8080` → `[::1]`).
+fn host_name(host: &str) -> &str {
+    let host = host.trim();
+    if let Some(end) = host.strip_prefix('[').and_then(|rest| rest.find(']')) {
+        return &host[..end + 2];
+    }
+    match host.rsplit_once(':') {
+        Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
+        _ => host,
+    }
+}
+
+/// A per-tenant share of some pool: a semaphore per busy tenant, created on first use. Shares
+/// nobody holds are dropped once the map grows, so it stays as small as the set of busy tenants.
+#[derive(Debug)]
+struct TenantShares {
+    share: usize,
+    slots: Mutex<HashMap<String, Arc<Semaphore>>>,
+}
+
+impl TenantShares {
+    fn new(share: usize) -> Self {
+        TenantShares {
+            share: share.max(1),
+            slots: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn semaphore(&self, tenant: &str) -> Arc<Semaphore> {
         let mut slots = self
-            .tenant_slots
+            .slots
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         if slots.len() >= 1_024 && !slots.contains_key(tenant) {
@@ -109,7 +200,7 @@ impl Guards {
         }
         slots
             .entry(tenant.to_owned())
-            .or_insert_with(|| Arc::new(Semaphore::new(self.tenant_share)))
+            .or_insert_with(|| Arc::new(Semaphore::new(self.share)))
             .clone()
     }
 }
@@ -141,52 +232,139 @@ enum Caller {
     Tenant(TenantId),
 }
 
+/// What the guard knows of a request before it runs.
+struct Presented<'a> {
+    path: &'a str,
+    authorization: Option<&'a str>,
+    /// The `Host` the request names (its URI's authority, else the header).
+    host: Option<&'a str>,
+    /// The peer's address, when the connection told it (tests calling the router do not).
+    peer: Option<String>,
+}
+
 /// Resolves the bearer token of a request; 401 when it is missing, malformed, unknown or revoked.
-async fn identify(state: &AppState, authorization: Option<&str>) -> Result<Caller, ApiError> {
-    let Some(header) = authorization else {
-        return Err(ApiError::unauthorized(
+/// A peer that failed too often is answered 429 before anything is looked up, and a key found not
+/// valid moments ago is refused without a lookup.
+async fn identify(state: &AppState, presented: &Presented<'_>) -> Result<Caller, ApiError> {
+    let failures = &state.guards.auth_failures;
+    let now = Instant::now();
+    if let Some(peer) = &presented.peer {
+        if let Err(wait) = failures.check_peer(peer, now) {
+            crate::metrics::rate_limited();
+            return Err(ApiError::retry_after(
+                ProblemKind::RateLimited,
+                "too many failed authentications from this address",
+                retry_after_secs(wait),
+            ));
+        }
+    }
+    let refuse = |key_hash: Option<&str>, detail: &str| {
+        failures.record(presented.peer.as_deref(), key_hash, now);
+        ApiError::unauthorized(detail)
+    };
+    let Some(header) = presented.authorization else {
+        return Err(refuse(
+            None,
             "send an API key as `Authorization: Bearer <key>`",
         ));
     };
-    let token = bearer_token(header)
-        .ok_or_else(|| ApiError::unauthorized("the Authorization header must be `Bearer <key>`"))?;
+    let Some(token) = bearer_token(header) else {
+        return Err(refuse(
+            None,
+            "the Authorization header must be `Bearer <key>`",
+        ));
+    };
     if let Some(admin_key) = state.guards.auth.admin_key() {
         if secrets_match(token, admin_key) {
             return Ok(Caller::Admin);
         }
     }
+    let key_hash = hash_key(token);
+    const NOT_VALID: &str = "the API key is not valid or was revoked";
+    if failures.known_unknown(&key_hash, now) {
+        return Err(refuse(Some(&key_hash), NOT_VALID));
+    }
     match state.store.authenticate_api_key(token).await? {
         Some(identity) => Ok(Caller::Tenant(identity.tenant)),
-        None => Err(ApiError::unauthorized(
-            "the API key is not valid or was revoked",
-        )),
+        None => Err(refuse(Some(&key_hash), NOT_VALID)),
     }
 }
 
-/// Authenticates and rate-limits every request, by the path's [`Access`].
+/// Authenticates and rate-limits every request, by the path's [`Access`], and holds one of the
+/// tenant's in-flight slots until the answer's last byte is sent.
 pub async fn guard(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
     // Only owned copies cross the awaits below (a request body is not `Sync`).
     let path = request.uri().path().to_owned();
-    let authorization = request
+    let authorization = header_text(&request, header::AUTHORIZATION);
+    let host = request
+        .uri()
+        .authority()
+        .map(|authority| authority.as_str().to_owned())
+        .or_else(|| header_text(&request, header::HOST));
+    let peer = request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|ConnectInfo(addr)| addr.ip().to_string());
+    let presented = Presented {
+        path: &path,
+        authorization: authorization.as_deref(),
+        host: host.as_deref(),
+        peer,
+    };
+    let tenant = match authorize(&state, &presented).await {
+        Ok(tenant) => tenant,
+        Err(error) => return error.into_response(),
+    };
+    let Some(tenant) = tenant else {
+        return next.run(request).await;
+    };
+    let Ok(in_flight) = state
+        .guards
+        .in_flight
+        .semaphore(&tenant.0)
+        .try_acquire_owned()
+    else {
+        return ApiError::retry_after(
+            ProblemKind::TooManyInFlight,
+            "this tenant has as many requests in flight as its share of the connections allows",
+            1,
+        )
+        .into_response();
+    };
+    request.extensions_mut().insert(tenant);
+    let response = next.run(request).await;
+    response.map(|body| Body::new(Holding::new(body, in_flight)))
+}
+
+/// A header's value as text (empty when it is not text).
+fn header_text(request: &Request, name: header::HeaderName) -> Option<String> {
+    request
         .headers()
-        .get(header::AUTHORIZATION)
-        .map(|value| value.to_str().unwrap_or_default().to_owned());
-    match authorize(&state, &path, authorization.as_deref()).await {
-        Ok(tenant) => {
-            if let Some(tenant) = tenant {
-                request.extensions_mut().insert(tenant);
-            }
-            next.run(request).await
-        }
-        Err(error) => error.into_response(),
+        .get(name)
+        .map(|value| value.to_str().unwrap_or_default().to_owned())
+}
+
+/// Whether the request may reach a route of `access` by the `Host` it names: in open mode, `/v1`
+/// and `/metrics` answer only loopback's names and the allowed ones, so a web page that rebinds
+/// its own name to this address cannot read or delete the threads.
+fn check_host(state: &AppState, access: Access, host: Option<&str>) -> Result<(), ApiError> {
+    let guarded = matches!(access, Access::Tenant | Access::Admin | Access::Metrics);
+    if !state.guards.auth.is_open() || !guarded || state.guards.host_allowed(host) {
+        return Ok(());
     }
+    Err(ApiError::new(
+        ProblemKind::HostNotAllowed,
+        format!(
+            "open mode answers only localhost, 127.0.0.1 and [::1] (and --allowed-hosts), not {:?}",
+            host.unwrap_or_default()
+        ),
+    ))
 }
 
 /// The tenant a request acts for (`None` off the tenant API), or why it is refused.
 async fn authorize(
     state: &AppState,
-    path: &str,
-    authorization: Option<&str>,
+    presented: &Presented<'_>,
 ) -> Result<Option<TenantId>, ApiError> {
     let admin_off = || {
         ApiError::new(
@@ -194,13 +372,15 @@ async fn authorize(
             "the admin API is off: set LOUPE_ADMIN_KEY, or use the `loupe keys` command",
         )
     };
-    match access_of(path) {
+    let access = access_of(presented.path);
+    check_host(state, access, presented.host)?;
+    match access {
         Access::Public => Ok(None),
         Access::Metrics => {
             if state.guards.auth.admin_key().is_none() {
                 return Ok(None);
             }
-            match identify(state, authorization).await? {
+            match identify(state, presented).await? {
                 Caller::Admin => Ok(None),
                 Caller::Tenant(_) => Err(ApiError::new(
                     ProblemKind::Forbidden,
@@ -212,7 +392,7 @@ async fn authorize(
             if state.guards.auth.admin_key().is_none() {
                 return Err(admin_off());
             }
-            match identify(state, authorization).await? {
+            match identify(state, presented).await? {
                 Caller::Admin => Ok(None),
                 Caller::Tenant(_) => Err(ApiError::new(
                     ProblemKind::Forbidden,
@@ -224,7 +404,7 @@ async fn authorize(
             let tenant = if state.guards.auth.is_open() {
                 TenantId::default_tenant()
             } else {
-                match identify(state, authorization).await? {
+                match identify(state, presented).await? {
                     Caller::Tenant(tenant) => tenant,
                     Caller::Admin => {
                         return Err(ApiError::new(
@@ -247,24 +427,67 @@ async fn authorize(
     }
 }
 
+/// An answer's body with something held until the body is sent whole or dropped (a slot, a
+/// budget): the body streams as it did, its size hint and so its `Content-Length` unchanged.
+pub struct Holding<T> {
+    body: Body,
+    _held: T,
+}
+
+impl<T> Holding<T> {
+    pub fn new(body: Body, held: T) -> Self {
+        Holding { body, _held: held }
+    }
+}
+
+impl<T: Unpin> HttpBody for Holding<T> {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
 /// A slot for an expensive request (context reads, rounds, normalization), held until the
-/// handler returns: one of the tenant's share (`max_expensive_per_tenant`), then one of the
-/// process's (`max_expensive_requests`). When none frees up within the configured wait, the
-/// request is answered with 503 `overloaded` instead of queueing without bound. The body was read
-/// before (by [`read_body`]), so a slow upload never holds a slot.
+/// handler returns and until every piece of CPU work it started off the executor has ended: one of
+/// the tenant's share (`max_expensive_per_tenant`), then one of the process's
+/// (`max_expensive_requests`). When none frees up within the configured wait, the request is
+/// answered with 503 `overloaded` instead of queueing without bound. The body was read before (by
+/// [`read_body`]), so a slow upload never holds a slot.
+///
+/// Clones share the slot: [`off_the_executor`](super::context::off_the_executor) moves one into
+/// the blocking task, so a request answered by its timeout while that task still runs does not
+/// give the slot back before the CPU work ends.
+#[derive(Clone)]
 pub struct ExpensiveSlot {
-    _tenant: OwnedSemaphorePermit,
-    _global: OwnedSemaphorePermit,
+    /// The tenant's permit and the process's.
+    _permits: Arc<(OwnedSemaphorePermit, OwnedSemaphorePermit)>,
 }
 
 impl ExpensiveSlot {
     pub async fn acquire(guards: &Guards, tenant: &str) -> Result<Self, ApiError> {
         let acquire = async {
-            let tenant = guards.tenant_semaphore(tenant).acquire_owned().await.ok()?;
+            let tenant = guards
+                .expensive_shares
+                .semaphore(tenant)
+                .acquire_owned()
+                .await
+                .ok()?;
             let global = guards.expensive.clone().acquire_owned().await.ok()?;
             Some(ExpensiveSlot {
-                _tenant: tenant,
-                _global: global,
+                _permits: Arc::new((tenant, global)),
             })
         };
         match tokio::time::timeout(guards.expensive_wait, acquire).await {
@@ -278,6 +501,11 @@ impl ExpensiveSlot {
                 ))
             }
         }
+    }
+
+    /// Slots of the whole process free now (for tests and metrics).
+    pub fn available(guards: &Guards) -> usize {
+        guards.expensive.available_permits()
     }
 }
 
@@ -297,12 +525,14 @@ impl FromRequestParts<AppState> for ExpensiveSlot {
     }
 }
 
-/// Refuses a NUL in the path or query, then reads the whole request body before the handler runs, within `body_read_timeout` and the body
-/// limit: a client that sends its body slowly is cut off with 408 `body-timeout` and never holds
-/// an expensive slot or a database connection while it trickles in. The one exception is a
-/// transcript import, which streams its body in bounded pieces, each within the same timeout.
+/// Refuses a NUL in the path or query, then reads the whole request body before the handler
+/// runs, within `body_read_timeout`, the body limit and the process's body budget: a client that
+/// sends its body slowly is cut off with 408 `body-timeout` and never holds an expensive slot or a
+/// database connection while it trickles in, and when the bodies held across the process would
+/// pass `max_inflight_body_bytes` the request is answered 503 `overloaded`. Its share of the
+/// budget is held until the answer is sent. The one exception is a transcript import, which
+/// streams its body in bounded pieces (`http::transcripts`).
 pub async fn read_body(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    use http_body_util::BodyExt;
     // A NUL in a path or query value (a thread id, a job id, a cursor) can be neither stored nor
     // compared by PostgreSQL: refuse it here, for every route.
     let uri = request.uri();
@@ -312,22 +542,19 @@ pub async fn read_body(State(state): State<AppState>, request: Request, next: Ne
     }
     let (parts, body) = request.into_parts();
     let streamed = super::transcripts::is_streamed_import(&parts.method, parts.uri.path());
-    if streamed || axum::body::HttpBody::size_hint(&body).exact() == Some(0) {
+    if streamed || body.size_hint().exact() == Some(0) {
         return next.run(Request::from_parts(parts, body)).await;
     }
     let limits = &state.limits;
-    let limited = http_body_util::Limited::new(body, limits.body_bytes);
-    match tokio::time::timeout(limits.body_read_timeout, limited.collect()).await {
-        Ok(Ok(collected)) => {
-            let body = axum::body::Body::from(collected.to_bytes());
-            next.run(Request::from_parts(parts, body)).await
+    let read = read_within_budget(body, limits.body_bytes, &state.guards.body_budget);
+    match tokio::time::timeout(limits.body_read_timeout, read).await {
+        Ok(Ok((bytes, budget))) => {
+            let response = next
+                .run(Request::from_parts(parts, Body::from(bytes)))
+                .await;
+            response.map(|body| Body::new(Holding::new(body, budget)))
         }
-        Ok(Err(error)) if error.is::<http_body_util::LengthLimitError>() => ApiError::new(
-            ProblemKind::PayloadTooLarge,
-            format!("the body is larger than {} bytes", limits.body_bytes),
-        )
-        .into_response(),
-        Ok(Err(_)) => ApiError::bad_request("the request body could not be read").into_response(),
+        Ok(Err(error)) => error.into_response(),
         Err(_) => ApiError::new(
             ProblemKind::BodyTimeout,
             format!(
@@ -337,6 +564,57 @@ pub async fn read_body(State(state): State<AppState>, request: Request, next: Ne
         )
         .into_response(),
     }
+}
+
+/// Reads `body` whole, taking its size from `budget` (in KiB) as it arrives: all of it at once
+/// when it announces its length, piece by piece otherwise. 413 past `limit`; 503 `overloaded`
+/// when the budget has no room.
+async fn read_within_budget(
+    mut body: Body,
+    limit: usize,
+    budget: &Arc<Semaphore>,
+) -> Result<(Bytes, OwnedSemaphorePermit), ApiError> {
+    use http_body_util::BodyExt;
+    let too_large = || {
+        ApiError::new(
+            ProblemKind::PayloadTooLarge,
+            format!("the body is larger than {limit} bytes"),
+        )
+    };
+    let overloaded = || {
+        crate::metrics::overloaded();
+        ApiError::retry_after(
+            ProblemKind::Overloaded,
+            "the request bodies in memory fill the server's budget; retry shortly",
+            1,
+        )
+    };
+    let take = |bytes: usize| {
+        let permits = u32::try_from(kib(bytes)).unwrap_or(u32::MAX);
+        budget.clone().try_acquire_many_owned(permits)
+    };
+    let announced = body.size_hint().exact().map(|n| n as usize);
+    if announced.is_some_and(|n| n > limit) {
+        return Err(too_large());
+    }
+    let mut held = take(announced.unwrap_or(0)).map_err(|_| overloaded())?;
+    let mut data = Vec::with_capacity(announced.unwrap_or(0));
+    while let Some(frame) = body.frame().await {
+        let frame =
+            frame.map_err(|_| ApiError::bad_request("the request body could not be read"))?;
+        let Ok(chunk) = frame.into_data() else {
+            continue;
+        };
+        if data.len() + chunk.len() > limit {
+            return Err(too_large());
+        }
+        data.extend_from_slice(&chunk);
+        let owed = kib(data.len()).saturating_sub(held.num_permits());
+        if owed > 0 {
+            held.merge(take(owed * 1024).map_err(|_| overloaded())?);
+        }
+    }
+    Ok((Bytes::from(data), held))
 }
 
 #[cfg(test)]

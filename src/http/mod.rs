@@ -5,6 +5,7 @@ pub mod answers;
 pub mod context;
 pub mod context_cache;
 pub mod cursors;
+pub mod docs;
 pub mod document;
 pub mod guard;
 pub mod health;
@@ -33,7 +34,6 @@ use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetReques
 use tower_http::trace::{DefaultOnResponse, TraceLayer};
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
-use utoipa_scalar::{Scalar, Servable};
 
 use crate::store::{Store, TenantId};
 pub use guard::{AuthMode, ExpensiveSlot, Guards};
@@ -82,6 +82,29 @@ pub struct Limits {
     /// Entries a context read that finds no checkpoint fetches and normalizes at a time: what it
     /// holds parsed at once, whatever the length of the window.
     pub context_page_entries: usize,
+    /// Host names open mode answers on `/v1` and `/metrics` besides loopback's (`localhost`,
+    /// `127.0.0.1`, `[::1]`), lower case and without a port.
+    pub allowed_hosts: Vec<String>,
+    /// Slowest average rate, in bytes per second, at which an import's body may arrive once its
+    /// first `body_read_timeout` has passed; a slower import is cut off with 408 `body-timeout`.
+    pub import_min_bytes_per_sec: u64,
+    /// Longest an import may run, however fast its body arrives.
+    pub import_timeout: Duration,
+    /// Most imports one tenant may run at once.
+    pub max_imports_per_tenant: usize,
+    /// Most requests one tenant may have in flight at once, a streamed answer until its last
+    /// byte: its share of the connections (open mode has one tenant, which gets them all).
+    pub max_requests_per_tenant: usize,
+    /// Longest a connection's write may wait for the client to read before the connection is
+    /// closed: a client that stops reading an answer does not hold its connection.
+    pub write_timeout: Duration,
+    /// Bytes of request bodies held in memory at once across the process; past it a request is
+    /// answered 503 `overloaded` with `Retry-After`.
+    pub max_inflight_body_bytes: usize,
+    /// Failed authentications one peer address may make per second on average (0: no limit);
+    /// past the burst, its requests are answered 429 before any key is looked up.
+    pub auth_failures_per_sec: f64,
+    pub auth_failure_burst: u32,
 }
 
 impl Limits {
@@ -107,6 +130,15 @@ impl Limits {
         header_read_timeout: Duration::from_secs(10),
         context_cache_bytes: 256 * 1024 * 1024,
         context_page_entries: 1_024,
+        allowed_hosts: Vec::new(),
+        import_min_bytes_per_sec: 16 * 1024,
+        import_timeout: Duration::from_secs(3_600),
+        max_imports_per_tenant: 4,
+        max_requests_per_tenant: 256,
+        write_timeout: Duration::from_secs(30),
+        max_inflight_body_bytes: 256 * 1024 * 1024,
+        auth_failures_per_sec: 1.0,
+        auth_failure_burst: 20,
     };
 }
 
@@ -298,8 +330,12 @@ fn document_security(openapi: &mut utoipa::openapi::OpenApi) {
                     ),
                     ("403", "The admin key on a tenant endpoint (`forbidden`)"),
                     (
+                        "421",
+                        "Open mode only: the request names a `Host` that is neither loopback's nor in `--allowed-hosts` (`host-not-allowed`)",
+                    ),
+                    (
                         "429",
-                        "The tenant's rate limit is exhausted (`rate-limited`); see `Retry-After`",
+                        "The tenant's rate limit is exhausted or this address failed to authenticate too often (`rate-limited`), or the tenant has as many requests in flight as its share allows (`too-many-in-flight`); see `Retry-After`",
                     ),
                 ],
             ),
@@ -328,7 +364,8 @@ fn document_security(openapi: &mut utoipa::openapi::OpenApi) {
             let responses = &mut operation.responses.responses;
             // Every route reads its body within the body-read timeout, and every route that
             // reaches the database answers 503 `unavailable` when it cannot.
-            if operation.request_body.is_some() {
+            let has_body = operation.request_body.is_some();
+            if has_body {
                 responses.entry("408".to_owned()).or_insert_with(|| {
                     problem("The body did not arrive within the body-read timeout (`body-timeout`)")
                 });
@@ -344,6 +381,14 @@ fn document_security(openapi: &mut utoipa::openapi::OpenApi) {
                     responses.insert(
                         "503".to_owned(),
                         problem("The database is unavailable (`unavailable`); see `Retry-After`"),
+                    );
+                }
+            }
+            // An import streams its body in pieces instead (`transcripts`).
+            if has_body && !path.ends_with("/import") {
+                if let Some(RefOr::T(response)) = responses.get_mut("503") {
+                    response.description.push_str(
+                        "; or the request bodies held in memory fill the server's budget (`overloaded`)",
                     );
                 }
             }
@@ -368,7 +413,7 @@ pub fn router(state: AppState) -> Router {
     let request_id = HeaderName::from_static("x-request-id");
     let limits = state.limits.clone();
     api.route("/openapi.json", get(move || async move { Json(spec.as_ref().clone()) }))
-        .merge(Scalar::with_url("/docs", openapi.as_ref().clone()))
+        .merge(docs::router())
         .merge(ui::router())
         .fallback(|| async { ApiError::new(ProblemKind::NotFound, "no such route") })
         .method_not_allowed_fallback(|| async {

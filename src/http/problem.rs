@@ -75,6 +75,11 @@ problem_kinds! {
     RateLimited => ("rate-limited", TOO_MANY_REQUESTS, "Rate limit exceeded"),
     /// Too many expensive requests at once; retry shortly.
     Overloaded => ("overloaded", SERVICE_UNAVAILABLE, "Service overloaded"),
+    /// The tenant has as many requests (or imports) in flight as its share allows; retry shortly.
+    TooManyInFlight => ("too-many-in-flight", TOO_MANY_REQUESTS, "Too many requests in flight"),
+    /// Open mode answers only loopback host names (and `--allowed-hosts`): a page on another
+    /// origin that rebinds its name to this address cannot reach the API.
+    HostNotAllowed => ("host-not-allowed", MISDIRECTED_REQUEST, "Host not allowed"),
     TenantExists => ("tenant-exists", CONFLICT, "Tenant already exists"),
     OutlineDisabled => ("outline-disabled", CONFLICT, "The thread is not in outline mode"),
 }
@@ -348,6 +353,10 @@ impl From<StoreError> for ApiError {
             } => ApiError::new(ProblemKind::CursorBackward, error.to_string())
                 .with("current_seq", current_seq)
                 .with("target_seq", target_seq),
+            // The request's content, not a fault: 422, so no client retries it forever.
+            error if error.refuses_content() => {
+                ApiError::new(ProblemKind::Validation, error.to_string())
+            }
             // A fault of the database, not of the request: the same request can succeed later.
             error if error.is_transient() => ApiError::retry_after(
                 ProblemKind::Unavailable,

@@ -1,6 +1,8 @@
 //! `/v1/threads/{thread_id}/import` and `/export`: a thread as JSON Lines, one entry per line,
 //! in and out.
 
+use std::time::Duration;
+
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue};
@@ -20,8 +22,11 @@ use crate::store::{Store, TenantId};
 
 /// The media type of both directions.
 pub const NDJSON: &str = "application/x-ndjson";
-/// Entries per database read while exporting.
-const EXPORT_PAGE: i64 = 1000;
+/// Most entries per database read while exporting.
+pub const EXPORT_PAGE_ENTRIES: i64 = 1000;
+/// Most bytes of stored bodies per database read while exporting (a page always holds one
+/// entry, however large): what an export holds at once, whatever the thread's size.
+pub const EXPORT_PAGE_BYTES: i64 = 4 * 1024 * 1024;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -50,11 +55,15 @@ pub struct ImportQuery {
 /// (`isSidechain: true`) go to the thread `<thread_id>.agent-<agentId>`, created when missing with
 /// `parent_thread`, `agent_id` and `sidechain: true` in its metadata.
 ///
-/// The body streams: it has no size limit and no overall time limit (only each line is bounded
-/// by the body limit), but the server waits at most the body-read timeout (`--body-read-timeout`)
-/// for each next piece of it; a body that stalls longer is answered 408 `body-timeout`, and the
-/// batches committed before stay. A file may also be sent in parts, each passing the previous
-/// part's `last_uuid` as `previous_uuid`.
+/// The body streams: it has no size limit (only each line is bounded by the body limit), and the
+/// import holds at most a few MiB of it plus its largest line, whatever the file's size. Its time
+/// is bounded three ways, each answered 408 `body-timeout` with the batches committed before
+/// kept: each next piece must come within the body-read timeout (`--body-read-timeout-secs`),
+/// past that timeout the body must keep an average of `--import-min-bytes-per-sec` (16 KiB/s by
+/// default), and the whole import must end within `--import-timeout-secs` (an hour). A tenant
+/// runs at most `--max-imports-per-tenant` imports at once (429 `too-many-in-flight` past it). A
+/// file may also be sent in parts, each passing the previous part's `last_uuid` as
+/// `previous_uuid`.
 #[utoipa::path(
     post, path = "/v1/threads/{thread_id}/import", tag = "transcripts", operation_id = "importTranscript",
     params(ThreadPath, ImportQuery),
@@ -65,9 +74,10 @@ pub struct ImportQuery {
     responses(
         (status = 200, description = "The body was read to its end; the counts say what was stored, skipped and refused", body = ImportReport),
         (status = 400, description = "A bad query parameter, or the body could not be read (`bad-request`); batches committed before stay", body = Problem, content_type = "application/problem+json"),
-        (status = 408, description = "The next piece of the body did not arrive within the body-read timeout (`body-timeout`); batches committed before stay", body = Problem, content_type = "application/problem+json"),
+        (status = 408, description = "The body stalled past the body-read timeout, arrived slower than the minimum import rate, or ran past the import timeout (`body-timeout`); batches committed before stay", body = Problem, content_type = "application/problem+json"),
         ThreadNotFound,
         (status = 415, description = "The body is not `application/x-ndjson` (`unsupported-media-type`)", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "The tenant runs as many imports as it may at once (`too-many-in-flight`); see `Retry-After`", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn import_transcript(
@@ -89,6 +99,7 @@ pub async fn import_transcript(
             format!("the body must be {NDJSON}"),
         ));
     }
+    let _import_slot = state.guards.import_slot(&tenant)?;
     state.store.get_thread(&tenant, &path.thread_id).await?;
     let mut importer = Importer::new(
         state.store.clone(),
@@ -98,21 +109,8 @@ pub async fn import_transcript(
     );
     let mut splitter = LineSplitter::new(state.limits.body_bytes);
     let mut stream = body.into_data_stream();
-    let idle = state.limits.body_read_timeout;
-    // No overall deadline (a 1 GB file may take minutes), but a stalled client is cut off.
-    while let Some(chunk) = tokio::time::timeout(idle, stream.next())
-        .await
-        .map_err(|_| {
-            ApiError::new(
-                ProblemKind::BodyTimeout,
-                format!(
-                    "no part of the body arrived for {} s; the batches before it are stored",
-                    idle.as_secs_f64()
-                ),
-            )
-        })?
-    {
-        let chunk = chunk.map_err(|e| ApiError::bad_request(format!("reading the body: {e}")))?;
+    let mut pace = ImportPace::new(&state.limits);
+    while let Some(chunk) = pace.next(&mut stream).await? {
         for piece in splitter.feed(&chunk) {
             importer.push_piece(piece).await?;
         }
@@ -121,6 +119,78 @@ pub async fn import_transcript(
         importer.push_piece(piece).await?;
     }
     Ok(Json(importer.finish().await?))
+}
+
+/// The bounds on how an import's body arrives: each piece within the body-read timeout, an
+/// average rate of at least `import_min_bytes_per_sec` once the first body-read timeout has
+/// passed, and the whole import within `import_timeout`. The rate counts only the time spent
+/// waiting for the client, so a slow database never cuts an import off.
+struct ImportPace {
+    started: tokio::time::Instant,
+    /// Time spent waiting for the body's pieces.
+    waited: Duration,
+    received: u64,
+    idle: Duration,
+    min_rate: u64,
+    deadline: Duration,
+}
+
+impl ImportPace {
+    fn new(limits: &super::Limits) -> Self {
+        ImportPace {
+            started: tokio::time::Instant::now(),
+            waited: Duration::ZERO,
+            received: 0,
+            idle: limits.body_read_timeout,
+            min_rate: limits.import_min_bytes_per_sec,
+            deadline: limits.import_timeout,
+        }
+    }
+
+    /// The body's next piece (`None` at its end), or 408 `body-timeout` when the body breaks one
+    /// of the bounds.
+    async fn next(
+        &mut self,
+        stream: &mut axum::body::BodyDataStream,
+    ) -> Result<Option<Bytes>, ApiError> {
+        let left = self.deadline.saturating_sub(self.started.elapsed());
+        let wait = self.idle.min(left);
+        let asked = tokio::time::Instant::now();
+        let next = tokio::time::timeout(wait, stream.next()).await;
+        self.waited += asked.elapsed();
+        let Ok(next) = next else {
+            let detail = if wait < self.idle {
+                format!(
+                    "the import ran longer than {} s (`--import-timeout-secs`); the batches before it are stored",
+                    self.deadline.as_secs()
+                )
+            } else {
+                format!(
+                    "no part of the body arrived for {} s; the batches before it are stored",
+                    self.idle.as_secs_f64()
+                )
+            };
+            return Err(ApiError::new(ProblemKind::BodyTimeout, detail));
+        };
+        let Some(chunk) = next else {
+            return Ok(None);
+        };
+        let chunk = chunk.map_err(|e| ApiError::bad_request(format!("reading the body: {e}")))?;
+        self.received += chunk.len() as u64;
+        if self.waited > self.idle {
+            let rate = self.received as f64 / self.waited.as_secs_f64();
+            if rate < self.min_rate as f64 {
+                return Err(ApiError::new(
+                    ProblemKind::BodyTimeout,
+                    format!(
+                        "the body arrives at {rate:.0} bytes/s, slower than the {} bytes/s an import needs (`--import-min-bytes-per-sec`); the batches before it are stored",
+                        self.min_rate
+                    ),
+                ));
+            }
+        }
+        Ok(Some(chunk))
+    }
 }
 
 /// Export a thread as JSON Lines: one entry per line, in seq order, each exactly the JSON that
@@ -141,7 +211,13 @@ pub async fn export_transcript(
 ) -> Result<Response, ApiError> {
     let first = state
         .store
-        .export_page(&tenant, &path.thread_id, -1, EXPORT_PAGE)
+        .export_page(
+            &tenant,
+            &path.thread_id,
+            -1,
+            EXPORT_PAGE_ENTRIES,
+            EXPORT_PAGE_BYTES,
+        )
         .await?;
     let body = Body::from_stream(export_stream(
         state.store.clone(),
@@ -156,38 +232,40 @@ pub async fn export_transcript(
     Ok(response)
 }
 
-/// The pages of an export, read one at a time as the client consumes them.
+/// The pages of an export, each read when the client has taken the one before: the export holds
+/// one page at a time. An empty page ends it.
 fn export_stream(
     store: Store,
     tenant: TenantId,
     thread_id: String,
     first: Vec<(i64, String)>,
 ) -> impl futures_util::Stream<Item = Result<Bytes, crate::store::StoreError>> {
-    futures_util::stream::unfold(Some(first), move |page| {
+    enum Next {
+        Read(Vec<(i64, String)>),
+        After(i64),
+    }
+    futures_util::stream::unfold(Some(Next::Read(first)), move |next| {
         let (store, tenant, thread_id) = (store.clone(), tenant.clone(), thread_id.clone());
         async move {
-            let page = match page {
-                Some(page) => page,
-                None => return None,
-            };
-            if page.is_empty() {
-                return None;
-            }
-            let full = page.len() as i64 == EXPORT_PAGE;
-            let last_seq = page.last().map_or(-1, |(seq, _)| *seq);
-            let bytes = jsonl(&page);
-            let next = if full {
-                match store
-                    .export_page(&tenant, &thread_id, last_seq, EXPORT_PAGE)
+            let page = match next? {
+                Next::Read(page) => page,
+                Next::After(seq) => match store
+                    .export_page(
+                        &tenant,
+                        &thread_id,
+                        seq,
+                        EXPORT_PAGE_ENTRIES,
+                        EXPORT_PAGE_BYTES,
+                    )
                     .await
                 {
-                    Ok(next) => Some(next),
+                    Ok(page) => page,
                     Err(error) => return Some((Err(error), None)),
-                }
-            } else {
-                None
+                },
             };
-            Some((Ok(bytes), next))
+            let (last_seq, _) = page.last()?;
+            let after = *last_seq;
+            Some((Ok(jsonl(&page)), Some(Next::After(after))))
         }
     })
 }

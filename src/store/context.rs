@@ -195,6 +195,45 @@ impl Store {
         Ok(entries)
     }
 
+    /// Every entry of the window `bounds` describe, in seq order, each passed through `reduce` as
+    /// it is read: the window is read in pages cut at `max_bytes` bytes of bodies (a page
+    /// always holds one entry), so what is held at once is one page and the reduced entries,
+    /// whatever the window's size.
+    pub async fn window_reduced<T>(
+        &self,
+        bounds: &WindowBounds,
+        max_bytes: i64,
+        mut reduce: impl FnMut(Entry) -> T,
+    ) -> Result<Vec<T>, StoreError> {
+        const PAGE_ENTRIES: i64 = 1_000;
+        let sql = super::messages::page_within_bytes("m.seq, m.uuid, m.created_at, m.body");
+        let mut reduced = Vec::new();
+        let mut after = bounds.start_seq.max(0) - 1;
+        while after + 1 < bounds.next_seq {
+            let rows = sqlx::query(&sql)
+                .bind(&bounds.thread_key)
+                .bind(after)
+                .bind(PAGE_ENTRIES.min(bounds.next_seq - after - 1))
+                .bind(max_bytes)
+                .fetch_all(&self.pool)
+                .await?;
+            if rows.is_empty() {
+                break;
+            }
+            for row in rows {
+                let mut entry = entry_from_row(&row)?;
+                after = entry.seq.unwrap_or(after + 1);
+                if let (Some(boundary), Some(seq)) = (&bounds.boundary, bounds.boundary_seq()) {
+                    if Some(seq) == entry.seq {
+                        entry = boundary.clone();
+                    }
+                }
+                reduced.push(reduce(entry));
+            }
+        }
+        Ok(reduced)
+    }
+
     /// The uuids the snip entries of the window `bounds` describe remove (see
     /// [`view::hide_snipped`]), read through the subtype index without the rest of the window.
     pub async fn window_snipped_uuids(

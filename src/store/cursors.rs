@@ -244,20 +244,22 @@ impl Store {
             .collect()
     }
 
-    /// The entries after the bookmark (at most `limit`), without taking a lease.
+    /// The entries after the bookmark (within `limit`), without taking a lease.
     pub async fn cursor_pending(
         &self,
         tenant: &TenantId,
         thread_id: &str,
         name: &str,
-        limit: u32,
+        limit: impl Into<BatchLimit>,
         now_ms: i64,
     ) -> Result<PendingBatch, StoreError> {
+        let limit = limit.into();
         let (thread_key, counts) = self.cursor_thread(tenant, thread_id).await?;
         let row = self.cursor_row(&thread_key, name).await?;
+        let next_seq = counts.next_seq;
         let state = row.state(name, counts, now_ms);
         let entries = read_after(&self.pool, &thread_key, &row, limit).await?;
-        Ok(batch(state, entries, limit))
+        Ok(batch(state, entries, limit, next_seq))
     }
 
     /// Takes a lease on the pending batch for `lease_ms`. While it lives, other claims fail with
@@ -267,10 +269,11 @@ impl Store {
         tenant: &TenantId,
         thread_id: &str,
         name: &str,
-        limit: u32,
+        limit: impl Into<BatchLimit>,
         lease_ms: i64,
         now_ms: i64,
     ) -> Result<Claim, StoreError> {
+        let limit = limit.into();
         let (thread_key, _) = self.cursor_thread(tenant, thread_id).await?;
         let mut tx = self.writer.begin().await?;
         let row = lock_cursor(&mut tx, &thread_key, name, now_ms).await?;
@@ -299,10 +302,11 @@ impl Store {
             Some(lease)
         };
         tx.commit().await?;
+        let next_seq = counts.next_seq;
         let mut state = row.state(name, counts, now_ms);
         state.lease_expires_at = lease.as_ref().map(|l| l.expires_at);
         Ok(Claim {
-            batch: batch(state, entries, limit),
+            batch: batch(state, entries, limit, next_seq),
             lease,
         })
     }
@@ -412,31 +416,60 @@ async fn locked_counts(
     counts_from_row(&row)
 }
 
-/// Up to `limit` entries after the bookmark, plus one to learn whether more follow.
+/// How much one batch may hold: at most `entries` entries, cut once their bodies reach `chars`
+/// bytes (a batch always holds its first entry, so a consumer always moves forward).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchLimit {
+    pub entries: u32,
+    pub bytes: i64,
+}
+
+impl From<u32> for BatchLimit {
+    /// A count alone: no bound on bytes.
+    fn from(entries: u32) -> Self {
+        BatchLimit {
+            entries,
+            bytes: i64::MAX,
+        }
+    }
+}
+
+/// The entries after the bookmark within `limit`, plus one to learn whether more follow.
 async fn read_after<'e, E>(
     executor: E,
     thread_key: &str,
     row: &CursorRow,
-    limit: u32,
+    limit: BatchLimit,
 ) -> Result<Vec<Entry>, StoreError>
 where
     E: sqlx::Executor<'e, Database = Any>,
 {
     let after_seq = row.bookmark.as_ref().map_or(-1, |b| b.seq);
-    let rows = sqlx::query(
-        "SELECT seq, uuid, created_at, body FROM messages WHERE thread_key = $1 AND seq > $2 ORDER BY seq LIMIT $3",
-    )
+    let rows = sqlx::query(&super::messages::page_within_bytes(
+        "m.seq, m.uuid, m.created_at, m.body",
+    ))
     .bind(thread_key)
     .bind(after_seq)
-    .bind(i64::from(limit) + 1)
+    .bind(i64::from(limit.entries) + 1)
+    .bind(limit.bytes)
     .fetch_all(executor)
     .await?;
     rows.iter().map(entry_from_row).collect()
 }
 
-fn batch(cursor: CursorState, mut entries: Vec<Entry>, limit: u32) -> PendingBatch {
-    let has_more = entries.len() > limit as usize;
-    entries.truncate(limit as usize);
+/// The batch of `entries` (read with one entry past `limit`), and whether more follow: the entry
+/// past the count, or entries a cut by bytes left out (seqs are dense up to `next_seq`).
+fn batch(
+    cursor: CursorState,
+    mut entries: Vec<Entry>,
+    limit: BatchLimit,
+    next_seq: i64,
+) -> PendingBatch {
+    let mut has_more = entries.len() > limit.entries as usize;
+    entries.truncate(limit.entries as usize);
+    if let Some(last) = entries.last().and_then(|e| e.seq) {
+        has_more |= last + 1 < next_seq;
+    }
     PendingBatch {
         cursor,
         entries,

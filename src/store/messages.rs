@@ -455,7 +455,7 @@ impl Store {
             .await
     }
 
-    /// [`Store::list_messages`], also cut once the stored bodies reach `max_chars` characters
+    /// [`Store::list_messages`], also cut once the stored bodies reach `max_bytes` bytes
     /// of JSON (counted in the database, so what is cut off is never loaded). The first message
     /// is always returned, so a page always moves forward.
     pub async fn list_messages_within(
@@ -464,26 +464,17 @@ impl Store {
         thread_id: &str,
         after_seq: Option<i64>,
         limit: u32,
-        max_chars: i64,
+        max_bytes: i64,
     ) -> Result<MessagePage, StoreError> {
         let head = self.thread_head(tenant, thread_id).await?;
         let (thread_key, next_seq) = (head.thread_key, head.next_seq);
-        let rows = sqlx::query(
-            // The sizes of the page's rows only (the LIMIT applies before the running sum),
-            // then the bodies of those that fit.
-            "SELECT m.seq, m.uuid, m.created_at, m.body FROM \
-             (SELECT seq, SUM(size) OVER (ORDER BY seq) - size AS before_size FROM \
-              (SELECT seq, LENGTH(body) AS size FROM messages \
-               WHERE thread_key = $1 AND seq > $2 ORDER BY seq LIMIT $3) sizes) page \
-             JOIN messages m ON m.thread_key = $1 AND m.seq = page.seq \
-             WHERE page.before_size < $4 ORDER BY m.seq",
-        )
-        .bind(&thread_key)
-        .bind(after_seq.unwrap_or(-1))
-        .bind(i64::from(limit))
-        .bind(max_chars)
-        .fetch_all(&self.pool)
-        .await?;
+        let rows = sqlx::query(&page_within_bytes("m.seq, m.uuid, m.created_at, m.body"))
+            .bind(&thread_key)
+            .bind(after_seq.unwrap_or(-1))
+            .bind(i64::from(limit))
+            .bind(max_bytes)
+            .fetch_all(&self.pool)
+            .await?;
         Ok(MessagePage {
             messages: rows.iter().map(entry_from_row).collect::<Result<_, _>>()?,
             next_seq,
@@ -506,6 +497,24 @@ impl Store {
         let rows = query.fetch_all(&self.pool).await?;
         rows.iter().map(entry_from_row).collect()
     }
+}
+
+/// The rows with `seq > $2` of the thread `$1`, in seq order, at most `$3` of them, cut once
+/// their bodies reach `$4` bytes: the sizes of the page's rows are summed first (the LIMIT
+/// applies before the running sum), then only the bodies that fit are read, so what is cut off
+/// is never loaded. The first row is always in, so a page always moves forward. `columns` are of
+/// the messages row `m`. The sizes are `octet_length`s, which both engines read without loading
+/// the value (SQLite from the record header, PostgreSQL from the TOAST pointer); `LENGTH` counts
+/// characters and so loads every body it sizes.
+pub(super) fn page_within_bytes(columns: &str) -> String {
+    format!(
+        "SELECT {columns} FROM \
+         (SELECT seq, SUM(size) OVER (ORDER BY seq) - size AS before_size FROM \
+          (SELECT seq, octet_length(body) AS size FROM messages \
+           WHERE thread_key = $1 AND seq > $2 ORDER BY seq LIMIT $3) sizes) page \
+         JOIN messages m ON m.thread_key = $1 AND m.seq = page.seq \
+         WHERE page.before_size < $4 ORDER BY m.seq"
+    )
 }
 
 /// How a batch changes the running context-token estimate of its thread.
@@ -532,9 +541,12 @@ fn context_tokens_of<'a>(entries: impl Iterator<Item = &'a Entry>) -> BatchToken
         match usage_tokens(entry) {
             Some(reported) => {
                 anchored = true;
-                tokens = reported as i64;
+                tokens = i64::try_from(reported).unwrap_or(i64::MAX);
             }
-            None => tokens += context_entry_tokens(entry) as i64,
+            None => {
+                let added = i64::try_from(context_entry_tokens(entry)).unwrap_or(i64::MAX);
+                tokens = tokens.saturating_add(added);
+            }
         }
     }
     if reset {
@@ -651,7 +663,7 @@ fn crosses_threshold(before: i64, after: i64, threshold: i64) -> bool {
 /// The estimate after a batch, from the one before it.
 fn append_tokens(before: i64, tokens: BatchTokens) -> i64 {
     match tokens {
-        BatchTokens::Add(added) => before + added,
+        BatchTokens::Add(added) => before.saturating_add(added),
         BatchTokens::Reset(tokens) | BatchTokens::Anchor(tokens) => tokens,
     }
 }

@@ -32,7 +32,7 @@ use sqlx::{AnyPool, ConnectOptions, Executor};
 pub use admin::database_url;
 pub use context::{ContextHead, ContextTail, ContextWindow, WindowBounds, MAX_WINDOW_ENTRIES};
 pub use cursors::{
-    AdvanceOutcome, AdvanceRequest, Bookmark, Claim, CursorState, Lease, PendingBatch,
+    AdvanceOutcome, AdvanceRequest, BatchLimit, Bookmark, Claim, CursorState, Lease, PendingBatch,
 };
 pub use group_commit::GroupCommitStats;
 pub use jobs::{
@@ -159,6 +159,10 @@ pub enum StoreError {
     Corrupt(String),
     #[error(transparent)]
     Database(#[from] sqlx::Error),
+    /// The database cannot hold what the request sent (a value too large for it, a character
+    /// its text type refuses): the caller's to change, never worth a retry.
+    #[error("the database cannot store the request's content: {0}")]
+    ContentRefused(String),
     /// The transaction of a group of appends failed: none of them was stored.
     #[error("the commit failed: {message}")]
     CommitFailed { message: String, transient: bool },
@@ -171,6 +175,20 @@ impl StoreError {
     /// reset or closed, the server shutting down or restarting, no connection free in time, a
     /// lock held too long ("database is locked"), a serialization failure or deadlock. Retrying
     /// the same request later can succeed.
+    /// Whether the database refused the request's own content (PostgreSQL class 22, data
+    /// exception, and 54, program limit exceeded; SQLite's SQLITE_TOOBIG), which no retry fixes.
+    pub fn refuses_content(&self) -> bool {
+        match self {
+            StoreError::ContentRefused(_) => true,
+            StoreError::Database(sqlx::Error::Database(db)) => {
+                let code = db.code().unwrap_or_default();
+                let sqlite_too_big = code.parse::<i64>().is_ok_and(|code| code & 0xff == 18);
+                code.starts_with("22") || code.starts_with("54") || sqlite_too_big
+            }
+            _ => false,
+        }
+    }
+
     pub fn is_transient(&self) -> bool {
         if let StoreError::CommitFailed { transient, .. } = self {
             return *transient;
@@ -597,6 +615,38 @@ pub fn millis_to_datetime(millis: i64) -> chrono::DateTime<chrono::Utc> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What a real database refuses in a request's content is told apart from its faults: the
+    /// caller's to fix (a 4xx), never a 503 a client would retry for ever.
+    #[tokio::test]
+    async fn content_a_database_refuses_is_not_a_fault() {
+        let path = std::env::temp_dir().join(format!("loupe-refuse-{}.db", uuid::Uuid::new_v4()));
+        let mut urls = vec![(
+            format!("sqlite://{}", path.display()),
+            "SELECT zeroblob(2000000000)",
+        )];
+        if let Ok(url) = std::env::var("TEST_DATABASE_URL") {
+            urls.push((url, "SELECT 'not a number'::int"));
+        }
+        for (url, refused) in urls {
+            let store = Store::connect(&StoreOptions::new(&url)).await.unwrap();
+            let error: StoreError = sqlx::query(refused)
+                .execute(&store.pool)
+                .await
+                .unwrap_err()
+                .into();
+            assert!(error.refuses_content(), "{url}: {error:?}");
+            assert!(!error.is_transient(), "{url}: {error:?}");
+            let fine: StoreError = sqlx::query("SELECT * FROM no_such_table")
+                .execute(&store.pool)
+                .await
+                .unwrap_err()
+                .into();
+            assert!(!fine.refuses_content(), "{url}: {fine:?}");
+            store.close().await;
+        }
+        let _ = std::fs::remove_file(&path);
+    }
 
     #[test]
     fn sqlite_urls_open_in_create_mode() {

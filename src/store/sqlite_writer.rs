@@ -189,6 +189,9 @@ fn open_failed(error: &rusqlite::Error) -> StoreError {
 /// A statement's failure, transient when the database is busy, locked or failing to do I/O.
 fn failed(error: rusqlite::Error) -> StoreError {
     use rusqlite::ErrorCode;
+    if error.sqlite_error_code() == Some(ErrorCode::TooBig) {
+        return StoreError::ContentRefused(error.to_string());
+    }
     let transient = matches!(
         error.sqlite_error_code(),
         Some(

@@ -21,24 +21,26 @@ impl Store {
         super::messages::stored_hashes(&mut conn, &thread_key, &uuids).await
     }
 
-    /// `(seq, body)` of the messages with `seq > after_seq`, in seq order, at most `limit`: each
-    /// body is the JSON text that was sent (or, for an entry Loupe wrote itself, its JSON).
+    /// `(seq, body)` of the messages with `seq > after_seq`, in seq order, at most `limit`, cut
+    /// once the bodies reach `max_bytes` bytes (the first is always in): each body is the
+    /// JSON text that was sent (or, for an entry Loupe wrote itself, its JSON). An empty page is
+    /// the end of the thread.
     pub async fn export_page(
         &self,
         tenant: &TenantId,
         thread_id: &str,
         after_seq: i64,
         limit: i64,
+        max_bytes: i64,
     ) -> Result<Vec<(i64, String)>, StoreError> {
         let thread_key = self.thread_head(tenant, thread_id).await?.thread_key;
-        let rows = sqlx::query(
-            "SELECT seq, body FROM messages WHERE thread_key = $1 AND seq > $2 ORDER BY seq LIMIT $3",
-        )
-        .bind(thread_key)
-        .bind(after_seq)
-        .bind(limit)
-        .fetch_all(&self.pool)
-        .await?;
+        let rows = sqlx::query(&super::messages::page_within_bytes("m.seq, m.body"))
+            .bind(thread_key)
+            .bind(after_seq)
+            .bind(limit)
+            .bind(max_bytes)
+            .fetch_all(&self.pool)
+            .await?;
         rows.iter()
             .map(|row| Ok((row.try_get("seq")?, row.try_get("body")?)))
             .collect()

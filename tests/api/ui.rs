@@ -19,7 +19,7 @@ const PATIENCE: Duration = Duration::from_secs(30);
 const ADMIN_KEY: &str = "ui-test-admin-key-0123456789";
 
 /// A child process killed when the test ends, whatever happens.
-struct Process(Child);
+pub(crate) struct Process(Child);
 
 impl Drop for Process {
     fn drop(&mut self) {
@@ -36,7 +36,7 @@ fn free_port() -> u16 {
         .port()
 }
 
-fn chromedriver() -> Option<PathBuf> {
+pub(crate) fn chromedriver() -> Option<PathBuf> {
     if let Some(path) = std::env::var_os("CHROMEDRIVER") {
         return Some(PathBuf::from(path));
     }
@@ -46,7 +46,7 @@ fn chromedriver() -> Option<PathBuf> {
 }
 
 /// Retries `check` until it answers `Some`, for at most [`PATIENCE`].
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+pub(crate) async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
@@ -138,7 +138,7 @@ async fn start_server(binary: &str, dir: &Path) -> (Process, String) {
     (server, base)
 }
 
-async fn start_browser(chromedriver: &Path, profile: &Path) -> (Process, Client) {
+pub(crate) async fn start_browser(chromedriver: &Path, profile: &Path) -> (Process, Client) {
     let port = free_port();
     let child = Command::new(chromedriver)
         .arg(format!("--port={port}"))
@@ -181,7 +181,7 @@ async fn start_browser(chromedriver: &Path, profile: &Path) -> (Process, Client)
     (driver, client)
 }
 
-async fn screenshot(client: &Client, name: &str) {
+pub(crate) async fn screenshot(client: &Client, name: &str) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/ui-screenshots");
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join(format!("{name}.png"));

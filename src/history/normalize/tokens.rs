@@ -242,7 +242,9 @@ fn rated_block_tokens(b: &Value) -> u64 {
 /// The tokens an assistant entry's `message.usage` reports for its request and response:
 /// `input_tokens + cache_creation_input_tokens + cache_read_input_tokens + output_tokens`. None
 /// without usage, for a synthetic message (`model: "<synthetic>"`), an API error or a virtual
-/// entry, and when every figure is 0.
+/// entry, and when every figure is 0. Each figure is clamped to [`MAX_USAGE_TOKENS`], so a
+/// figure no provider could report (`2^64-1`) neither wraps the sum nor drives a thread's stored
+/// count negative.
 pub fn usage_tokens(entry: &crate::history::model::Entry) -> Option<u64> {
     use crate::history::model::EntryKind;
     if entry.kind != EntryKind::Assistant || entry.is_api_error || entry.is_virtual {
@@ -253,13 +255,23 @@ pub fn usage_tokens(entry: &crate::history::model::Entry) -> Option<u64> {
         return None;
     }
     let usage = message.usage.as_ref()?;
-    let field = |name: &str| usage.get(name).and_then(Value::as_u64).unwrap_or(0);
+    let field = |name: &str| {
+        usage
+            .get(name)
+            .and_then(Value::as_u64)
+            .unwrap_or(0)
+            .min(MAX_USAGE_TOKENS)
+    };
     let total = field("input_tokens")
         + field("cache_creation_input_tokens")
         + field("cache_read_input_tokens")
         + field("output_tokens");
     (total > 0).then_some(total)
 }
+
+/// The largest figure one `usage` field counts for: far above any provider's context window
+/// (a few million tokens), far below where four of them could overflow an `i64`.
+pub const MAX_USAGE_TOKENS: u64 = 1_000_000_000;
 
 /// What a context-token estimate is based on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
@@ -297,16 +309,18 @@ pub fn estimate_context(entries: &[crate::history::model::Entry]) -> ContextEsti
         .find_map(|(offset, e)| usage_tokens(e).map(|tokens| (since_boundary + offset, tokens)));
     match anchor {
         Some((index, tokens)) => ContextEstimate {
-            tokens: tokens
-                + entries[index + 1..]
-                    .iter()
-                    .map(context_entry_tokens)
-                    .sum::<u64>(),
+            tokens: entries[index + 1..]
+                .iter()
+                .map(context_entry_tokens)
+                .fold(tokens, u64::saturating_add),
             basis: EstimateBasis::Usage,
             anchor_seq: Some(entries[index].seq_or(index)),
         },
         None => ContextEstimate {
-            tokens: entries.iter().map(context_entry_tokens).sum(),
+            tokens: entries
+                .iter()
+                .map(context_entry_tokens)
+                .fold(0, u64::saturating_add),
             basis: EstimateBasis::Content,
             anchor_seq: None,
         },

@@ -1,0 +1,497 @@
+//! What one request may hold: input the database cannot take, token figures no provider could
+//! report, foreign `Host`s in open mode, failed authentications per peer, a tenant's share of the
+//! requests and imports in flight, the process's budget of request bodies, slow and endless
+//! imports, and whole-thread reads cut by bytes. The memory these bounds keep is measured on the
+//! release binary in `memory_bounds`.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::connect_info::ConnectInfo;
+use axum::http::{header, Method, Request, StatusCode};
+use http_body_util::BodyExt;
+use loupe::http::{AuthMode, Limits};
+use serde_json::{json, Value};
+use tower::ServiceExt;
+
+use crate::common::{assistant, user, TestApp};
+
+fn no_rate_limit() -> Limits {
+    Limits {
+        rate_limit_per_sec: 0.0,
+        ..Limits::default()
+    }
+}
+
+async fn a_nul_in_a_type_is_the_callers_mistake(app: TestApp) {
+    let thread = app.thread("t").await;
+    let response = app
+        .post(
+            &format!("/v1/threads/{thread}/messages"),
+            json!({"messages": [{"type": "snap\u{0}shot", "data": 1}]}),
+        )
+        .await;
+    let problem = response.assert_problem(StatusCode::UNPROCESSABLE_ENTITY, "validation");
+    assert_eq!(
+        problem["errors"][0]["field"], "messages[0].type",
+        "{problem}"
+    );
+    let page = app.get(&format!("/v1/threads/{thread}/messages")).await;
+    assert_eq!(page.body["messages"], json!([]));
+    app.finish().await;
+}
+
+async fn usage_past_what_a_provider_reports_saturates(app: TestApp) {
+    let thread = app.thread("t").await;
+    let settings = app
+        .request(
+            Method::PUT,
+            &format!("/v1/threads/{thread}/settings"),
+            Some(json!({"auto_compact_tokens": 100_000})),
+        )
+        .await;
+    assert_eq!(settings.status, StatusCode::OK, "{}", settings.body);
+    let mut answer = assistant("a", "msg_1", "hi");
+    answer["message"]["usage"] =
+        json!({"input_tokens": u64::MAX, "output_tokens": u64::MAX, "cache_read_input_tokens": 7});
+    let appended = app
+        .post(
+            &format!("/v1/threads/{thread}/messages"),
+            json!({"messages": [user("u", "hello"), answer]}),
+        )
+        .await;
+    assert_eq!(appended.status, StatusCode::CREATED, "{}", appended.body);
+    // The stored count crosses the threshold: the figures do not wrap to a small one (the sum
+    // was 5 before, and the stored count went negative, so auto-compaction never fired).
+    assert!(
+        appended.body["compaction_job_id"].is_string(),
+        "the saturated count is past the threshold: {}",
+        appended.body
+    );
+    let context = app.get(&format!("/v1/threads/{thread}/context")).await;
+    assert_eq!(context.status, StatusCode::OK, "{}", context.body);
+    let tokens = context.body["context_tokens"]["tokens"].as_u64().unwrap();
+    assert_eq!(context.body["context_tokens"]["basis"], "usage");
+    assert!(tokens >= 2_000_000_000, "{tokens}");
+    assert!(tokens < i64::MAX as u64, "{tokens}");
+    app.finish().await;
+}
+
+async fn open_mode_answers_only_loopback_host_names(app: TestApp) {
+    let get = |host: Option<&'static str>, path: &'static str| {
+        let mut request = Request::builder().uri(path);
+        if let Some(host) = host {
+            request = request.header(header::HOST, host);
+        }
+        request.body(Body::empty()).unwrap()
+    };
+    for host in [
+        "localhost:8080",
+        "127.0.0.1:1",
+        "[::1]:8080",
+        "LOCALHOST",
+        "[::1]",
+    ] {
+        let response = app.send(get(Some(host), "/v1/threads")).await;
+        assert_eq!(response.status, StatusCode::OK, "{host}: {}", response.body);
+    }
+    assert_eq!(
+        app.send(get(None, "/v1/threads")).await.status,
+        StatusCode::OK
+    );
+    for host in [
+        "attacker.example:8080",
+        "attacker.example",
+        "127.0.0.1.attacker.example",
+        "localhost.attacker.example:80",
+    ] {
+        app.send(get(Some(host), "/v1/threads"))
+            .await
+            .assert_problem(StatusCode::MISDIRECTED_REQUEST, "host-not-allowed");
+    }
+    // Public pages carry nothing a rebinding page could steal.
+    let health = app.send(get(Some("attacker.example"), "/healthz")).await;
+    assert_eq!(health.status, StatusCode::OK);
+    // Names an operator allows.
+    let limits = Limits {
+        allowed_hosts: vec!["loupe.internal".to_owned()],
+        ..no_rate_limit()
+    };
+    let app = app.reconfigure(limits, AuthMode::Open);
+    let allowed = app
+        .send(get(Some("LOUPE.internal:80"), "/v1/threads"))
+        .await;
+    assert_eq!(allowed.status, StatusCode::OK, "{}", allowed.body);
+    app.send(get(Some("attacker.example"), "/v1/threads"))
+        .await
+        .assert_problem(StatusCode::MISDIRECTED_REQUEST, "host-not-allowed");
+    // Keyed mode: the key is what protects the API, whatever the host.
+    let app = app.keyed_with(no_rate_limit());
+    let key = app.create_key("acme").await;
+    let mut keyed = get(Some("attacker.example"), "/v1/threads");
+    keyed.headers_mut().insert(
+        header::AUTHORIZATION,
+        format!("Bearer {key}").parse().unwrap(),
+    );
+    assert_eq!(app.send(keyed).await.status, StatusCode::OK);
+    app.finish().await;
+}
+
+/// A request from `peer` with `key`.
+fn from_peer(peer: &str, key: &str, path: &str) -> Request<Body> {
+    let mut request = Request::builder()
+        .uri(path)
+        .header(header::AUTHORIZATION, format!("Bearer {key}"))
+        .body(Body::empty())
+        .unwrap();
+    let addr: SocketAddr = format!("{peer}:40000").parse().unwrap();
+    request.extensions_mut().insert(ConnectInfo(addr));
+    request
+}
+
+async fn failed_authentications_are_limited_per_peer(app: TestApp) {
+    let limits = Limits {
+        auth_failures_per_sec: 0.01,
+        auth_failure_burst: 3,
+        ..no_rate_limit()
+    };
+    let app = app.keyed_with(limits);
+    let key = app.create_key("acme").await;
+    let bogus = format!("lp_abcd1234_{}", "A".repeat(32));
+    for _ in 0..3 {
+        app.send(from_peer("10.0.0.1", &bogus, "/v1/threads"))
+            .await
+            .assert_problem(StatusCode::UNAUTHORIZED, "unauthorized");
+    }
+    let refused = app.send(from_peer("10.0.0.1", &bogus, "/v1/threads")).await;
+    refused.assert_problem(StatusCode::TOO_MANY_REQUESTS, "rate-limited");
+    assert!(refused.headers.contains_key(header::RETRY_AFTER));
+    // Refused before any key is looked up, a valid one too: the peer waits.
+    app.send(from_peer("10.0.0.1", &key, "/v1/threads"))
+        .await
+        .assert_problem(StatusCode::TOO_MANY_REQUESTS, "rate-limited");
+    // Another peer is not affected, and a key found not valid moments ago stays not valid.
+    let other = app.send(from_peer("10.0.0.2", &key, "/v1/threads")).await;
+    assert_eq!(other.status, StatusCode::OK, "{}", other.body);
+    app.send(from_peer("10.0.0.2", &bogus, "/v1/threads"))
+        .await
+        .assert_problem(StatusCode::UNAUTHORIZED, "unauthorized");
+    app.finish().await;
+}
+
+/// Sends `request` and keeps the answer's body unread: the request is still in flight.
+async fn hold(app: &TestApp, request: Request<Body>) -> axum::response::Response {
+    app.router.clone().oneshot(request).await.unwrap()
+}
+
+async fn a_tenants_share_of_requests_in_flight_lasts_until_the_answer_is_sent(app: TestApp) {
+    let limits = Limits {
+        max_requests_per_tenant: 1,
+        ..no_rate_limit()
+    };
+    let app = app.keyed_with(limits);
+    let (acme, other) = (app.create_key("acme").await, app.create_key("other").await);
+    let created = app.post_as(&acme, "/v1/threads", json!({"id": "t"})).await;
+    assert_eq!(created.status, StatusCode::CREATED);
+    let export = hold(&app, from_peer("127.0.0.1", &acme, "/v1/threads/t/export")).await;
+    assert_eq!(export.status(), StatusCode::OK);
+    let busy = app.get_as(&acme, "/v1/threads").await;
+    busy.assert_problem(StatusCode::TOO_MANY_REQUESTS, "too-many-in-flight");
+    assert!(busy.headers.contains_key(header::RETRY_AFTER));
+    assert_eq!(
+        app.get_as(&other, "/v1/threads").await.status,
+        StatusCode::OK
+    );
+    // The export's last byte is sent: the slot is free again.
+    export.into_body().collect().await.unwrap();
+    assert_eq!(
+        app.get_as(&acme, "/v1/threads").await.status,
+        StatusCode::OK
+    );
+    app.finish().await;
+}
+
+/// A streamed body fed through a channel, and its sender.
+fn channel_body() -> (
+    tokio::sync::mpsc::Sender<Result<axum::body::Bytes, std::io::Error>>,
+    Body,
+) {
+    let (sender, receiver) = tokio::sync::mpsc::channel(16);
+    let stream = tokio_stream_of(receiver);
+    (sender, Body::from_stream(stream))
+}
+
+fn tokio_stream_of<T: Send + 'static>(
+    mut receiver: tokio::sync::mpsc::Receiver<T>,
+) -> impl futures_util::Stream<Item = T> {
+    futures_util::stream::poll_fn(move |cx| receiver.poll_recv(cx))
+}
+
+fn import_request(thread: &str, body: Body) -> Request<Body> {
+    Request::builder()
+        .method(Method::POST)
+        .uri(format!("/v1/threads/{thread}/import"))
+        .header(header::CONTENT_TYPE, "application/x-ndjson")
+        .body(body)
+        .unwrap()
+}
+
+async fn imports_of_one_tenant_run_within_its_share(app: TestApp) {
+    let limits = Limits {
+        max_imports_per_tenant: 1,
+        ..no_rate_limit()
+    };
+    let app = app.reconfigure(limits, AuthMode::Open);
+    let thread = app.thread("t").await;
+    let (sender, body) = channel_body();
+    let first = tokio::spawn({
+        let router = app.router.clone();
+        let request = import_request(&thread, body);
+        async move { router.oneshot(request).await.unwrap() }
+    });
+    // The first import holds the tenant's one slot as long as its body is open: once its first
+    // batch is stored, it is under way.
+    let batch: String = (0..loupe::import::BATCH_ENTRIES)
+        .map(|i| serde_json::to_string(&user(&format!("u{i}"), "hello")).unwrap() + "\n")
+        .collect();
+    sender.send(Ok(batch.into())).await.unwrap();
+    let mut stored = 0;
+    for _ in 0..600 {
+        let page = app
+            .get(&format!("/v1/threads/{thread}/messages?limit=1"))
+            .await;
+        stored = page.body["messages"].as_array().map_or(0, Vec::len);
+        if stored > 0 {
+            break;
+        }
+        assert!(!first.is_finished(), "the first import ended early");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(stored > 0, "the first import's batch was not stored");
+    let refused = app.send(import_request(&thread, Body::from(""))).await;
+    refused.assert_problem(StatusCode::TOO_MANY_REQUESTS, "too-many-in-flight");
+    drop(sender);
+    let first = first.await.unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    let report: Value =
+        serde_json::from_slice(&first.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    assert_eq!(report["stored"], loupe::import::BATCH_ENTRIES, "{report}");
+    let after = app.send(import_request(&thread, Body::from(""))).await;
+    assert_eq!(after.status, StatusCode::OK, "{}", after.body);
+    app.finish().await;
+}
+
+async fn a_trickling_import_is_cut_off(app: TestApp) {
+    let limits = Limits {
+        body_read_timeout: Duration::from_secs(1),
+        import_min_bytes_per_sec: 1_000,
+        ..no_rate_limit()
+    };
+    let app = app.reconfigure(limits, AuthMode::Open);
+    let thread = app.thread("t").await;
+    let (sender, body) = channel_body();
+    // One byte every 200 ms: never idle for the body-read timeout, far below the rate.
+    let feeder = tokio::spawn(async move {
+        for _ in 0..200 {
+            if sender.send(Ok(" ".into())).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+    let response = app.send(import_request(&thread, body)).await;
+    let problem = response.assert_problem(StatusCode::REQUEST_TIMEOUT, "body-timeout");
+    assert!(
+        problem["detail"].as_str().unwrap().contains("bytes/s"),
+        "{problem}"
+    );
+    assert!(!feeder.is_finished(), "cut off before the client gave up");
+    feeder.abort();
+    app.finish().await;
+}
+
+async fn an_import_past_its_deadline_is_cut_off_and_keeps_its_batches(app: TestApp) {
+    let limits = Limits {
+        body_read_timeout: Duration::from_secs(1),
+        import_min_bytes_per_sec: 100,
+        import_timeout: Duration::from_secs(2),
+        ..no_rate_limit()
+    };
+    let app = app.reconfigure(limits, AuthMode::Open);
+    let thread = app.thread("t").await;
+    let (sender, body) = channel_body();
+    // A whole batch first, then a line every 50 ms, fast enough, for ever.
+    let feeder = tokio::spawn(async move {
+        let batch: String = (0..loupe::import::BATCH_ENTRIES)
+            .map(|i| serde_json::to_string(&user(&format!("u{i}"), "x")).unwrap() + "\n")
+            .collect();
+        sender.send(Ok(batch.into())).await.unwrap();
+        for i in 0.. {
+            let line = serde_json::to_string(&user(&format!("late{i}"), "y")).unwrap() + "\n";
+            if sender.send(Ok(line.into())).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+    let response = app.send(import_request(&thread, body)).await;
+    let problem = response.assert_problem(StatusCode::REQUEST_TIMEOUT, "body-timeout");
+    assert!(
+        problem["detail"].as_str().unwrap().contains("ran longer"),
+        "{problem}"
+    );
+    feeder.abort();
+    let page = app
+        .get(&format!("/v1/threads/{thread}/messages?limit=1000"))
+        .await;
+    let stored = page.body["messages"].as_array().unwrap().len();
+    assert!(stored >= loupe::import::BATCH_ENTRIES, "{stored}");
+    app.finish().await;
+}
+
+/// An append of one user entry whose text is `bytes` long.
+fn append_of(thread: &str, uuid: &str, bytes: usize, announced: bool) -> Request<Body> {
+    let body = serde_json::to_vec(&json!({"messages": [user(uuid, &"x".repeat(bytes))]})).unwrap();
+    let body = if announced {
+        Body::from(body)
+    } else {
+        // No length announced: the budget is taken as the pieces arrive.
+        let pieces: Vec<Result<axum::body::Bytes, std::io::Error>> = body
+            .chunks(8 * 1024)
+            .map(|c| Ok(axum::body::Bytes::copy_from_slice(c)))
+            .collect();
+        Body::from_stream(futures_util::stream::iter(pieces))
+    };
+    Request::builder()
+        .method(Method::POST)
+        .uri(format!("/v1/threads/{thread}/messages"))
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(body)
+        .unwrap()
+}
+
+async fn request_bodies_held_at_once_stay_within_the_budget(app: TestApp) {
+    let limits = Limits {
+        body_bytes: 1024 * 1024,
+        max_inflight_body_bytes: 64 * 1024,
+        ..no_rate_limit()
+    };
+    let app = app.reconfigure(limits, AuthMode::Open);
+    let thread = app.thread("t").await;
+    for announced in [true, false] {
+        let refused = app
+            .send(append_of(&thread, "big", 100 * 1024, announced))
+            .await;
+        refused.assert_problem(StatusCode::SERVICE_UNAVAILABLE, "overloaded");
+        assert!(refused.headers.contains_key(header::RETRY_AFTER));
+    }
+    let held = hold(&app, append_of(&thread, "a", 40 * 1024, true)).await;
+    assert_eq!(held.status(), StatusCode::CREATED);
+    for announced in [true, false] {
+        app.send(append_of(&thread, "b", 40 * 1024, announced))
+            .await
+            .assert_problem(StatusCode::SERVICE_UNAVAILABLE, "overloaded");
+    }
+    // The first answer is sent: its body's share goes back.
+    held.into_body().collect().await.unwrap();
+    let second = app.send(append_of(&thread, "b", 40 * 1024, false)).await;
+    assert_eq!(second.status, StatusCode::CREATED, "{}", second.body);
+    let page = app.get(&format!("/v1/threads/{thread}/messages")).await;
+    assert_eq!(page.body["messages"].as_array().unwrap().len(), 2);
+    app.finish().await;
+}
+
+/// Every line of an export, as JSON.
+async fn export_lines(app: &TestApp, thread: &str) -> Vec<Value> {
+    let export = app.get(&format!("/v1/threads/{thread}/export")).await;
+    assert_eq!(export.status, StatusCode::OK);
+    export
+        .body
+        .as_str()
+        .map(|text| {
+            text.lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect()
+        })
+        .unwrap_or_else(|| vec![export.body.clone()])
+}
+
+async fn whole_thread_reads_are_cut_by_bytes_and_lose_nothing(app: TestApp) {
+    let limits = Limits {
+        max_page_bytes: 10_000,
+        ..no_rate_limit()
+    };
+    let app = app.reconfigure(limits, AuthMode::Open);
+    let thread = app.thread("t").await;
+    let entries: Vec<Value> = (0..30)
+        .map(|i| user(&format!("u{i}"), &format!("{i} {}", "w".repeat(3_000))))
+        .collect();
+    app.append(&thread, &entries).await;
+    // Pending batches: at most 10,000 characters each (and always one entry), all in order.
+    let mut seen = Vec::new();
+    loop {
+        let pending = app
+            .get(&format!(
+                "/v1/threads/{thread}/cursors/c/pending?limit=1000&format=normalized"
+            ))
+            .await;
+        assert_eq!(pending.status, StatusCode::OK, "{}", pending.body);
+        let count = pending.body["entry_count"].as_u64().unwrap();
+        assert!((1..=4).contains(&count), "{}", pending.body);
+        assert!(pending.body["normalized"]["messages"].is_array());
+        let raw = app
+            .get(&format!(
+                "/v1/threads/{thread}/cursors/c/pending?limit=1000"
+            ))
+            .await;
+        let messages = raw.body["messages"].as_array().unwrap();
+        assert_eq!(messages.len() as u64, count);
+        seen.extend(messages.iter().map(|m| m["uuid"].clone()));
+        let advanced = app
+            .post(
+                &format!("/v1/threads/{thread}/cursors/c/advance"),
+                json!({"to": raw.body["advance_to"]}),
+            )
+            .await;
+        assert_eq!(advanced.status, StatusCode::OK, "{}", advanced.body);
+        if !raw.body["has_more"].as_bool().unwrap() {
+            break;
+        }
+    }
+    let uuids: Vec<Value> = entries.iter().map(|e| e["uuid"].clone()).collect();
+    assert_eq!(seen, uuids);
+    // The export, read in pages of 4 MiB: large entries span pages, nothing is lost.
+    let big: Vec<Value> = (0..3)
+        .map(|i| user(&format!("big{i}"), &"b".repeat(3 * 1024 * 1024)))
+        .collect();
+    for entry in &big {
+        app.append(&thread, [entry]).await;
+    }
+    let lines = export_lines(&app, &thread).await;
+    let exported: Vec<Value> = lines.iter().map(|l| l["uuid"].clone()).collect();
+    let all: Vec<Value> = entries
+        .iter()
+        .chain(&big)
+        .map(|e| e["uuid"].clone())
+        .collect();
+    assert_eq!(exported, all);
+    // Rounds, grouped from what each entry is cut to, over entries far larger than a page.
+    let rounds = app.get(&format!("/v1/threads/{thread}/rounds")).await;
+    assert_eq!(rounds.status, StatusCode::OK, "{}", rounds.body);
+    assert_eq!(rounds.body["rounds"][0]["last_seq"], 32, "{}", rounds.body);
+    app.finish().await;
+}
+
+on_both_backends!(
+    a_nul_in_a_type_is_the_callers_mistake,
+    usage_past_what_a_provider_reports_saturates,
+    open_mode_answers_only_loopback_host_names,
+    failed_authentications_are_limited_per_peer,
+    a_tenants_share_of_requests_in_flight_lasts_until_the_answer_is_sent,
+    imports_of_one_tenant_run_within_its_share,
+    a_trickling_import_is_cut_off,
+    an_import_past_its_deadline_is_cut_off_and_keeps_its_batches,
+    request_bodies_held_at_once_stay_within_the_budget,
+    whole_thread_reads_are_cut_by_bytes_and_lose_nothing,
+);

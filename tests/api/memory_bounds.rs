@@ -1,0 +1,282 @@
+//! The memory one request may take, measured on the real binary as an operator would see it: a
+//! 192 MiB thread (24 lines of 8 MiB) is imported, exported, grouped into rounds and read as two
+//! normalized cursor batches at once, and each operation's peak resident memory is read from
+//! `/proc/<pid>/status` (`VmHWM`, reset through `clear_refs` before each). Each peak must stay
+//! within a constant plus a small multiple of the largest entry, whatever the thread's size.
+//!
+//! The binary is `LOUPE_DRILL_BIN` when set (`.ci/run` points it at the release build), else the
+//! debug build of this test run. Nothing here asserts a time.
+
+use std::io::{Read, Write};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use tokio::process::{Child, Command};
+
+use crate::common::{Backend, TestApp};
+
+/// Lines of the thread, and each line's size: the issue's 192 MiB.
+const LINES: usize = 24;
+const LINE_BYTES: usize = 8 * 1024 * 1024;
+
+fn binary() -> std::path::PathBuf {
+    std::env::var_os("LOUPE_DRILL_BIN")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_BIN_EXE_loupe")))
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Resident memory of `pid` in MiB: (now, peak since the last reset).
+fn memory(pid: u32) -> (f64, f64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix(name))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|kb| kb.parse::<f64>().ok())
+            .map(|kb| kb / 1024.0)
+            .unwrap()
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// Starts the next peak from the resident memory as it is now.
+fn reset_peak(pid: u32) {
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").unwrap();
+}
+
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Server {
+    async fn start(database_url: &str) -> Server {
+        let port = free_port();
+        let child = Command::new(binary())
+            .args(["serve", "--addr", &format!("127.0.0.1:{port}")])
+            .args(["--database-url", database_url])
+            .args(["--workers", "0", "--rate-limit-per-sec", "0"])
+            // Every request runs as long as it needs: what is measured is memory.
+            .args(["--request-timeout-secs", "600"])
+            .env_remove("LOUPE_ADMIN_KEY")
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start the loupe binary");
+        let server = Server { child, port };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while get(port, "/healthz").await.0 != 200 {
+            assert!(Instant::now() < deadline, "the server did not start");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        server
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id().unwrap()
+    }
+}
+
+/// A GET, its body read and dropped piece by piece; answers the status and the body's length.
+async fn get(port: u16, path: &str) -> (u16, usize) {
+    tokio::task::spawn_blocking({
+        let path = path.to_owned();
+        move || {
+            let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+                return (0, 0);
+            };
+            write!(
+                stream,
+                "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+            )
+            .unwrap();
+            read_response(stream)
+        }
+    })
+    .await
+    .unwrap()
+}
+
+/// Reads a whole HTTP/1.1 answer a piece at a time (never held whole); (status, bytes read).
+fn read_response(mut stream: std::net::TcpStream) -> (u16, usize) {
+    let mut head = Vec::new();
+    let mut total = 0;
+    let mut buffer = vec![0; 64 * 1024];
+    loop {
+        let n = stream.read(&mut buffer).unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        if head.len() < 16 {
+            head.extend_from_slice(&buffer[..n.min(16)]);
+        }
+        total += n;
+    }
+    let status = String::from_utf8_lossy(&head)
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    (status, total)
+}
+
+/// One line of the thread: a user entry whose text makes the line `LINE_BYTES` long.
+fn line(i: usize) -> Vec<u8> {
+    let head = json!({"uuid": format!("big-{i}"), "type": "user",
+        "message": {"role": "user", "content": ""}})
+    .to_string();
+    let text = "x".repeat(LINE_BYTES - head.len() - 1);
+    let mut bytes = head.replacen("\"content\":\"\"", &format!("\"content\":\"{text}\""), 1);
+    bytes.push('\n');
+    bytes.into_bytes()
+}
+
+/// Streams `lines` lines to the import, one line generated at a time.
+async fn import(port: u16, thread: &str, lines: usize) -> Value {
+    let thread = thread.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let length = lines * LINE_BYTES;
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        write!(
+            stream,
+            "POST /v1/threads/{thread}/import HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\
+             Content-Type: application/x-ndjson\r\nContent-Length: {length}\r\n\r\n"
+        )
+        .unwrap();
+        for i in 0..lines {
+            stream.write_all(&line(i)).unwrap();
+        }
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).unwrap();
+        let body = answer
+            .split("\r\n\r\n")
+            .nth(1)
+            .unwrap_or_default()
+            .to_owned();
+        // A chunked answer: the JSON is on the chunk's line.
+        let json = body
+            .lines()
+            .find(|l| l.starts_with('{'))
+            .unwrap_or_default()
+            .to_owned();
+        serde_json::from_str(&json).unwrap_or_else(|_| panic!("the import's answer: {answer}"))
+    })
+    .await
+    .unwrap()
+}
+
+/// Peak resident memory above the start, in MiB, of each operation on the 192 MiB thread, and
+/// of the import of its first four lines (32 MiB).
+#[derive(Debug)]
+struct Peaks {
+    import_32_mib: f64,
+    import: f64,
+    export: f64,
+    rounds: f64,
+    pending: f64,
+}
+
+/// The rise of a fresh server's resident memory over `operation`: a fresh process for each, so
+/// one operation's memory that the allocator keeps does not hide the next one's.
+async fn rise<F, Fut>(database_url: &str, operation: F) -> f64
+where
+    F: FnOnce(u16) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let server = Server::start(database_url).await;
+    let pid = server.pid();
+    let (before, _) = memory(pid);
+    reset_peak(pid);
+    operation(server.port).await;
+    memory(pid).1 - before
+}
+
+async fn measure(backend: Backend) -> Peaks {
+    let app = TestApp::new(backend).await;
+    let url = app.url.clone();
+    let small = app.thread("small").await;
+    let thread = app.thread("big").await;
+    let import_32_mib = rise(&url, |port| async move {
+        let report = import(port, "small", LINES / 6).await;
+        assert_eq!(report["stored"], LINES / 6, "{report}");
+    })
+    .await;
+    let import = rise(&url, |port| async move {
+        let report = import(port, "big", LINES).await;
+        assert_eq!(report["stored"], LINES, "{report}");
+    })
+    .await;
+    let export = rise(&url, |port| async move {
+        let (status, bytes) = get(port, "/v1/threads/big/export").await;
+        assert_eq!(status, 200);
+        assert!(bytes > LINES * LINE_BYTES, "{bytes}");
+    })
+    .await;
+    let rounds = rise(&url, |port| async move {
+        assert_eq!(get(port, "/v1/threads/big/rounds").await.0, 200);
+    })
+    .await;
+    let pending = rise(&url, |port| async move {
+        let path = "/v1/threads/big/cursors/c/pending?format=normalized&limit=1000";
+        let (a, b) = tokio::join!(get(port, path), get(port, path));
+        assert_eq!((a.0, b.0), (200, 200));
+    })
+    .await;
+    let _ = (small, thread);
+    app.finish().await;
+    let peaks = Peaks {
+        import_32_mib,
+        import,
+        export,
+        rounds,
+        pending,
+    };
+    eprintln!("memory_bounds {backend:?} (MiB above the start): {peaks:?}");
+    peaks
+}
+
+/// Each peak within a constant plus a multiple of the largest line (8 MiB), whatever the thread's
+/// size, and the import's no more for a file six times the size (the allocators' noise aside):
+/// before these bounds the import took 829 MB, the export 536 MB, rounds 294 MB and two pending
+/// batches 1.78 GB on this thread.
+fn assert_bounded(peaks: &Peaks) {
+    let line_mib = (LINE_BYTES / (1024 * 1024)) as f64;
+    let bound = 32.0 + 20.0 * line_mib;
+    assert!(
+        peaks.import < 2.0 * peaks.import_32_mib + 32.0,
+        "the import's memory grows with the file: {peaks:?}"
+    );
+    for (operation, peak) in [
+        ("import", peaks.import),
+        ("export", peaks.export),
+        ("rounds", peaks.rounds),
+        ("two pending batches", peaks.pending),
+    ] {
+        assert!(
+            peak < bound,
+            "{operation} rose {peak:.0} MiB, more than {bound:.0} MiB: {peaks:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whole_thread_operations_stay_bounded_on_sqlite() {
+    assert_bounded(&measure(Backend::Sqlite).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whole_thread_operations_stay_bounded_on_postgres() {
+    assert_bounded(&measure(Backend::Postgres).await);
+}
