@@ -223,11 +223,7 @@ impl Store {
             for row in rows {
                 let mut entry = entry_from_row(&row)?;
                 after = entry.seq.unwrap_or(after + 1);
-                if let (Some(boundary), Some(seq)) = (&bounds.boundary, bounds.boundary_seq()) {
-                    if Some(seq) == entry.seq {
-                        entry = boundary.clone();
-                    }
-                }
+                bounds.resolve(std::slice::from_mut(&mut entry));
                 reduced.push(reduce(entry));
             }
         }

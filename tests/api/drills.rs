@@ -14,13 +14,13 @@ use crate::fake_provider::{Fake, Step};
 use serde_json::{json, Value};
 use tokio::process::{Child, Command};
 
-fn binary() -> PathBuf {
+pub(crate) fn binary() -> PathBuf {
     std::env::var_os("LOUPE_DRILL_BIN")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_loupe")))
 }
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()

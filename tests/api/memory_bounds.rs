@@ -4,8 +4,8 @@
 //! `/proc/<pid>/status` (`VmHWM`, reset through `clear_refs` before each). Each peak must stay
 //! within a constant plus a small multiple of the largest entry, whatever the thread's size.
 //!
-//! The binary is `LOUPE_DRILL_BIN` when set (`.ci/run` points it at the release build), else the
-//! debug build of this test run. Nothing here asserts a time.
+//! The binary is the drills' (`LOUPE_DRILL_BIN`: `.ci/run` points it at the release build). Nothing
+//! here asserts a time.
 
 use std::io::{Read, Write};
 use std::process::Stdio;
@@ -15,24 +15,11 @@ use serde_json::{json, Value};
 use tokio::process::{Child, Command};
 
 use crate::common::{Backend, TestApp};
+use crate::drills::{binary, free_port};
 
 /// Lines of the thread, and each line's size: the 192 MiB.
 const LINES: usize = 24;
 const LINE_BYTES: usize = 8 * 1024 * 1024;
-
-fn binary() -> std::path::PathBuf {
-    std::env::var_os("LOUPE_DRILL_BIN")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_BIN_EXE_loupe")))
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// Resident memory of `pid` in MiB: (now, peak since the last reset).
 fn memory(pid: u32) -> (f64, f64) {
