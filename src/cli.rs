@@ -234,6 +234,14 @@ pub struct ServeArgs {
     /// --body-limit); past it requests get 503 `overloaded`.
     #[arg(long, env = "LOUPE_MAX_INFLIGHT_BODY_BYTES", default_value_t = Limits::DEFAULT.max_inflight_body_bytes)]
     pub max_inflight_body_bytes: usize,
+    /// Bytes of stored thread windows that context reads hold at once across the process (a
+    /// read holds about three times its window); a read of a window past 8 MiB waits for room.
+    #[arg(long, env = "LOUPE_MAX_INFLIGHT_WINDOW_BYTES", default_value_t = Limits::DEFAULT.max_inflight_window_bytes)]
+    pub max_inflight_window_bytes: usize,
+    /// Most bytes of message bodies one thread may store (0: no limit); an append past it gets
+    /// 413 `thread-too-large`.
+    #[arg(long, env = "LOUPE_MAX_THREAD_BYTES", default_value_t = crate::store::DEFAULT_MAX_THREAD_BYTES)]
+    pub max_thread_bytes: i64,
     /// Failed authentications one peer address may make per second on average (0: no limit).
     #[arg(long, env = "LOUPE_AUTH_FAILURES_PER_SEC", default_value_t = Limits::DEFAULT.auth_failures_per_sec)]
     pub auth_failures_per_sec: f64,
@@ -453,6 +461,7 @@ impl ServeArgs {
                 .max(1),
             write_timeout: Duration::from_secs(self.write_timeout_secs.max(1)),
             max_inflight_body_bytes: self.max_inflight_body_bytes.max(self.body_limit),
+            max_inflight_window_bytes: self.max_inflight_window_bytes,
             auth_failures_per_sec: self.auth_failures_per_sec,
             auth_failure_burst: self.auth_failure_burst,
             ..Limits::default()
@@ -642,6 +651,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let mut options = args.database.options();
     options.auto_compact_tokens = args.jobs.auto_compact_tokens;
     options.job_max_attempts = args.jobs.job_max_attempts;
+    options.max_thread_bytes = args.max_thread_bytes;
     let store = args.database.open_with(options).await?;
     tracing::info!(backend = store.backend().name(), role = ?args.role, "database ready");
     let has_keys = store

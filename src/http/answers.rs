@@ -36,6 +36,15 @@ pub struct MalformedJson(pub Problem);
 )]
 pub struct PayloadTooLarge(pub Problem);
 
+/// 413 on an operation that stores what its body holds.
+#[derive(IntoResponses)]
+#[response(
+    status = 413,
+    description = "Body over the size limit (`payload-too-large`), or the thread would pass the server's limit on its stored bytes (`thread-too-large`, with `stored_bytes` and `limit_bytes`)",
+    content_type = "application/problem+json"
+)]
+pub struct TooLargeToStore(pub Problem);
+
 /// 422 on an operation whose fields are checked one by one; `errors[].field` names the field.
 #[derive(IntoResponses)]
 #[response(

@@ -16,6 +16,7 @@ use utoipa_axum::{router::OpenApiRouter, routes};
 use super::answers::{MalformedJson, Overloaded, PayloadTooLarge, ThreadNotFound, WindowTooLarge};
 use super::context_cache::ContextCache;
 use super::context_cache::{CachedContext, ContextKey};
+use super::guard::{Holding, WINDOW_FLOOR_BYTES};
 use super::problem::{ApiError, ApiJson, ApiPath, ApiQuery, Problem, ProblemKind};
 use super::threads::ThreadPath;
 use super::{AppState, ExpensiveSlot, Tenant};
@@ -262,7 +263,6 @@ pub struct OutlineRef {
 )]
 pub async fn get_context(
     State(state): State<AppState>,
-    slot: ExpensiveSlot,
     Tenant(tenant): Tenant,
     ApiPath(path): ApiPath<ThreadPath>,
     ApiQuery(options): ApiQuery<ContextOptions>,
@@ -272,9 +272,37 @@ pub async fn get_context(
     let head = state.store.context_head(&tenant, &path.thread_id).await?;
     options.microcompact = head.settings.microcompact_options();
     options.clearing = head.settings.clearing_options();
+    // A large window waits for room in the process's window budget, held until the answer is
+    // sent: concurrent reads of large threads take turns instead of holding them all at once.
+    // The room comes before the slot, so reads waiting their turn hold no slot other requests
+    // need.
+    let window_bytes = state
+        .store
+        .window_bytes(&head, WINDOW_FLOOR_BYTES as i64)
+        .await?;
+    let room = state.guards.window_room(window_bytes).await;
+    let slot = ExpensiveSlot::acquire(&state.guards, &tenant.0).await?;
+    let answer =
+        answer_context(&state, &slot, &tenant, &path.thread_id, head, view, options).await?;
+    Ok(match room {
+        Some(room) => answer.map(|body| Body::new(Holding::new(body, room))),
+        None => answer,
+    })
+}
+
+/// [`get_context`]'s answer, by view and by the cache's strategies.
+async fn answer_context(
+    state: &AppState,
+    slot: &ExpensiveSlot,
+    tenant: &TenantId,
+    thread_id: &str,
+    head: ContextHead,
+    view: ContextView,
+    options: NormalizeOptions,
+) -> Result<Response, ApiError> {
     if view == ContextView::Outline {
         let outline = head.settings.outline.unwrap_or_default();
-        return outline_context(&state, &slot, &tenant, &path.thread_id, &outline, &options)
+        return outline_context(state, slot, tenant, thread_id, &outline, &options)
             .await
             .map(IntoResponse::into_response);
     }
@@ -287,7 +315,7 @@ pub async fn get_context(
         let context_tokens = crate::history::normalize::estimate_context(&window.entries);
         let entries = window.entries;
         let tools = offered_tools(&options, 0);
-        let normalized = off_the_executor(&slot, move || normalize(&entries, &options)).await?;
+        let normalized = off_the_executor(slot, move || normalize(&entries, &options)).await?;
         return Ok(Json(ContextResponse {
             normalized,
             next_seq: window.next_seq,
@@ -297,8 +325,8 @@ pub async fn get_context(
         })
         .into_response());
     }
-    let key = ContextKey::new(&tenant, &path.thread_id, &options);
-    if let Some(answer) = cached_read(&state, &slot, &head, &cache, &key, &options).await? {
+    let key = ContextKey::new(tenant, thread_id, &options);
+    if let Some(answer) = cached_read(state, slot, &head, &cache, &key, &options).await? {
         return Ok(answer);
     }
     // No checkpoint. Of concurrent reads of one key, one reads the window; the others wait for
@@ -309,24 +337,14 @@ pub async fn get_context(
     let head = match turn {
         Some(_) => head,
         None => {
-            let head = state.store.context_head(&tenant, &path.thread_id).await?;
-            if let Some(answer) = cached_read(&state, &slot, &head, &cache, &key, &options).await? {
+            let head = state.store.context_head(tenant, thread_id).await?;
+            if let Some(answer) = cached_read(state, slot, &head, &cache, &key, &options).await? {
                 return Ok(answer);
             }
             head
         }
     };
-    let answer = paged_read(
-        &state,
-        &slot,
-        &tenant,
-        &path.thread_id,
-        &head,
-        options,
-        cache,
-        key,
-    )
-    .await;
+    let answer = paged_read(state, slot, tenant, thread_id, &head, options, cache, key).await;
     drop(turn);
     answer
 }

@@ -93,6 +93,9 @@ pub struct Guards {
     imports: TenantShares,
     /// Request bodies held in memory across the process, in KiB.
     body_budget: Arc<Semaphore>,
+    /// Thread windows context reads hold across the process, in KiB, and its size.
+    window_budget: Arc<Semaphore>,
+    window_budget_kib: u32,
     /// Host names open mode answers besides loopback's.
     allowed_hosts: Vec<String>,
 }
@@ -101,6 +104,9 @@ impl Guards {
     pub fn new(auth: AuthMode, limits: &Limits) -> Self {
         // Open mode has one tenant: its share of the slots and connections is the whole pool.
         let share = |keyed: usize, whole: usize| if auth.is_open() { whole } else { keyed };
+        let window_budget_kib =
+            u32::try_from(kib(limits.max_inflight_window_bytes).clamp(1, Semaphore::MAX_PERMITS))
+                .unwrap_or(u32::MAX);
         Guards {
             rate: RateLimiter::new(limits.rate_limit_per_sec, limits.rate_limit_burst),
             auth_failures: AuthFailures::new(
@@ -121,6 +127,8 @@ impl Guards {
             body_budget: Arc::new(Semaphore::new(
                 kib(limits.max_inflight_body_bytes).min(Semaphore::MAX_PERMITS),
             )),
+            window_budget: Arc::new(Semaphore::new(window_budget_kib as usize)),
+            window_budget_kib,
             allowed_hosts: limits
                 .allowed_hosts
                 .iter()
@@ -128,6 +136,30 @@ impl Guards {
                 .collect(),
             auth,
         }
+    }
+
+    /// Room for a context read's window of `bytes` stored bytes in the process's window budget,
+    /// waited for (the request's timeout bounds the wait), held until the answer is sent. A
+    /// window under [`WINDOW_FLOOR_BYTES`] takes none: what it holds is bounded already. One
+    /// larger than the whole budget takes all of it, so it runs alone.
+    pub async fn window_room(&self, bytes: i64) -> Option<OwnedSemaphorePermit> {
+        let bytes = usize::try_from(bytes).ok()?;
+        if bytes < WINDOW_FLOOR_BYTES {
+            return None;
+        }
+        let permits = u32::try_from(kib(bytes))
+            .unwrap_or(u32::MAX)
+            .min(self.window_budget_kib);
+        self.window_budget
+            .clone()
+            .acquire_many_owned(permits)
+            .await
+            .ok()
+    }
+
+    /// The window budget's room free now, in KiB (for tests).
+    pub fn window_room_free(&self) -> usize {
+        self.window_budget.available_permits()
     }
 
     /// One of `tenant`'s import slots, or 429 `too-many-in-flight` when it runs its share.
@@ -158,6 +190,11 @@ impl Guards {
 }
 
 /// Whole KiB, rounded up: the body budget's unit.
+/// Windows smaller than this are read without counting against the window budget: with at most
+/// `max_expensive_requests` reads at once, what they hold is bounded already, and the most common
+/// reads pay nothing for the budget.
+pub const WINDOW_FLOOR_BYTES: usize = 8 * 1024 * 1024;
+
 fn kib(bytes: usize) -> usize {
     bytes.div_ceil(1024)
 }
@@ -620,6 +657,35 @@ async fn read_within_budget(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Windows past the floor take room for their size, a window past the whole budget takes all
+    /// of it, and a read that finds no room waits until an earlier one's answer is sent.
+    #[tokio::test]
+    async fn large_windows_take_turns_in_the_window_budget() {
+        use futures_util::FutureExt;
+        const MIB: i64 = 1024 * 1024;
+        let limits = Limits {
+            max_inflight_window_bytes: 24 * MIB as usize,
+            ..Limits::default()
+        };
+        let guards = Guards::new(AuthMode::Open, &limits);
+        let all = guards.window_room_free();
+        assert_eq!(all, 24 * 1024);
+        assert!(guards.window_room(8 * MIB - 1).await.is_none());
+        let first = guards.window_room(10 * MIB).await.expect("room");
+        let second = guards.window_room(10 * MIB).await.expect("room");
+        assert_eq!(guards.window_room_free(), 4 * 1024);
+        let whole = guards.window_room(500 * MIB);
+        tokio::pin!(whole);
+        assert!(whole.as_mut().now_or_never().is_none(), "no room: it waits");
+        drop(first);
+        assert!(whole.as_mut().now_or_never().is_none());
+        drop(second);
+        let whole = whole.await.expect("the whole budget");
+        assert_eq!(guards.window_room_free(), 0);
+        drop(whole);
+        assert_eq!(guards.window_room_free(), all);
+    }
 
     #[test]
     fn paths_map_to_their_access() {

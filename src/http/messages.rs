@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::{router::OpenApiRouter, routes};
 
-use super::answers::{MalformedJson, PayloadTooLarge, ThreadNotFound};
+use super::answers::{MalformedJson, ThreadNotFound, TooLargeToStore};
 use super::problem::{ApiError, ApiJson, ApiPath, ApiQuery, Problem};
 use super::threads::ThreadPath;
 use super::{AppState, Tenant};
@@ -90,7 +90,7 @@ pub struct ListMessagesQuery {
         MalformedJson,
         ThreadNotFound,
         (status = 409, description = "`seq-conflict` (another writer appended first; `next_seq` says where the thread is), `uuid-conflict` (a uuid stored with other content) or `partial-replay`", body = Problem, content_type = "application/problem+json"),
-        PayloadTooLarge,
+        TooLargeToStore,
         (status = 422, description = "An invalid message; `errors[].field` names it (`validation`)", body = Problem, content_type = "application/problem+json"),
     )
 )]

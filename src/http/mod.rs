@@ -101,6 +101,11 @@ pub struct Limits {
     /// Bytes of request bodies held in memory at once across the process; past it a request is
     /// answered 503 `overloaded` with `Retry-After`.
     pub max_inflight_body_bytes: usize,
+    /// Bytes of stored thread windows that context reads hold at once across the process. A
+    /// read of a window past [`guard::WINDOW_FLOOR_BYTES`] waits for room first (it holds about
+    /// three times its window while it normalizes and answers); one larger than the whole budget
+    /// runs alone.
+    pub max_inflight_window_bytes: usize,
     /// Failed authentications one peer address may make per second on average (0: no limit);
     /// past the burst, its requests are answered 429 before any key is looked up.
     pub auth_failures_per_sec: f64,
@@ -137,6 +142,7 @@ impl Limits {
         max_requests_per_tenant: 256,
         write_timeout: Duration::from_secs(30),
         max_inflight_body_bytes: 256 * 1024 * 1024,
+        max_inflight_window_bytes: 256 * 1024 * 1024,
         auth_failures_per_sec: 1.0,
         auth_failure_burst: 20,
     };

@@ -60,6 +60,8 @@ problem_kinds! {
     /// A cursor cannot move back.
     CursorBackward => ("cursor-backward", UNPROCESSABLE_ENTITY, "A cursor moves forward only"),
     PayloadTooLarge => ("payload-too-large", PAYLOAD_TOO_LARGE, "Request body too large"),
+    /// The append would take the thread past the server's `--max-thread-bytes`.
+    ThreadTooLarge => ("thread-too-large", PAYLOAD_TOO_LARGE, "Thread too large"),
     UnsupportedMediaType => ("unsupported-media-type", UNSUPPORTED_MEDIA_TYPE, "Unsupported media type"),
     MethodNotAllowed => ("method-not-allowed", METHOD_NOT_ALLOWED, "Method not allowed"),
     Timeout => ("timeout", SERVICE_UNAVAILABLE, "Request timed out"),
@@ -330,6 +332,11 @@ impl From<StoreError> for ApiError {
             }
             StoreError::WindowTooLarge { .. } => {
                 ApiError::new(ProblemKind::WindowTooLarge, error.to_string())
+            }
+            StoreError::ThreadTooLarge { stored, limit, .. } => {
+                ApiError::new(ProblemKind::ThreadTooLarge, error.to_string())
+                    .with("stored_bytes", stored)
+                    .with("limit_bytes", limit)
             }
             StoreError::CursorConflict { ref current, .. } => {
                 let current = current

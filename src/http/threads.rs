@@ -38,13 +38,15 @@ pub struct CreateThreadRequest {
 
 #[derive(Debug, Serialize, ToSchema)]
 #[schema(example = json!({"id": "support-4711", "metadata": {"user": "ana"}, "message_count": 0,
-    "created_at": "2026-11-29T17:00:00Z", "updated_at": "2026-11-29T17:00:00Z"}))]
+    "stored_bytes": 0, "created_at": "2026-11-29T17:00:00Z", "updated_at": "2026-11-29T17:00:00Z"}))]
 pub struct ThreadResponse {
     pub id: String,
     #[schema(value_type = Object)]
     pub metadata: Map<String, Value>,
     /// Number of stored messages; also the `seq` the next message will get.
     pub message_count: i64,
+    /// Bytes of the stored messages, as the server's `--max-thread-bytes` counts them.
+    pub stored_bytes: i64,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -55,6 +57,7 @@ impl From<Thread> for ThreadResponse {
             id: thread.id,
             metadata: thread.metadata,
             message_count: thread.next_seq,
+            stored_bytes: thread.stored_bytes,
             created_at: thread.created_at,
             updated_at: thread.updated_at,
         }

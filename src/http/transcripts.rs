@@ -76,6 +76,7 @@ pub struct ImportQuery {
         (status = 400, description = "A bad query parameter, or the body could not be read (`bad-request`); batches committed before stay", body = Problem, content_type = "application/problem+json"),
         (status = 408, description = "The body stalled past the body-read timeout, arrived slower than the minimum import rate, or ran past the import timeout (`body-timeout`); batches committed before stay", body = Problem, content_type = "application/problem+json"),
         ThreadNotFound,
+        (status = 413, description = "A batch would take the thread past the server's limit on its stored bytes (`thread-too-large`, with `stored_bytes` and `limit_bytes`); batches committed before stay", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "The body is not `application/x-ndjson` (`unsupported-media-type`)", body = Problem, content_type = "application/problem+json"),
         (status = 429, description = "The tenant runs as many imports as it may at once (`too-many-in-flight`); see `Retry-After`", body = Problem, content_type = "application/problem+json"),
     )

@@ -47,6 +47,8 @@ pub struct ContextHead {
     /// See [`ContextWindow::thread_key`].
     pub thread_key: String,
     pub next_seq: i64,
+    /// The bytes of the thread's stored bodies: a bound on its window's.
+    pub stored_bytes: i64,
 }
 
 /// Most entries one window read returns; a larger window is refused rather than loaded whole.
@@ -263,8 +265,8 @@ impl Store {
     ) -> Result<ContextHead, StoreError> {
         // No settings row reads as NULLs, which are the defaults.
         let row = sqlx::query(
-            "SELECT t.thread_key, t.next_seq, s.auto_compact_tokens, s.microcompact, s.outline, \
-             s.clearing \
+            "SELECT t.thread_key, t.next_seq, t.stored_bytes, s.auto_compact_tokens, \
+             s.microcompact, s.outline, s.clearing \
              FROM threads t LEFT JOIN thread_settings s ON s.thread_key = t.thread_key \
              WHERE t.tenant_id = $1 AND t.thread_id = $2",
         )
@@ -277,7 +279,28 @@ impl Store {
             settings: settings_from_row(&row)?,
             thread_key: row.try_get("thread_key")?,
             next_seq: row.try_get("next_seq")?,
+            stored_bytes: row.try_get("stored_bytes")?,
         })
+    }
+
+    /// The bytes of the stored bodies in the window `head` leads to, without reading them (the
+    /// lengths are kept beside the values on both backends). The thread's `stored_bytes` when
+    /// that is below `floor`, without a query: the window is no larger.
+    pub async fn window_bytes(&self, head: &ContextHead, floor: i64) -> Result<i64, StoreError> {
+        if head.stored_bytes < floor {
+            return Ok(head.stored_bytes);
+        }
+        let bounds = self.context_bounds(head).await?;
+        let bytes: i64 = sqlx::query_scalar(
+            "SELECT COALESCE(SUM(octet_length(body)), 0) FROM messages \
+             WHERE thread_key = $1 AND seq >= $2 AND seq < $3",
+        )
+        .bind(&bounds.thread_key)
+        .bind(bounds.start_seq)
+        .bind(bounds.next_seq)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(bytes)
     }
 
     /// The entries from `from_seq` up to the end `head` saw, for a read that goes on from a

@@ -332,7 +332,7 @@ impl Store {
         let outcome = match sqlite {
             // The writer pool's connection, held, keeps every other writer of this process off
             // the file while the group writer's connection writes.
-            Some(sqlite) => match sqlite.write_group(&group, self.auto_compact_tokens) {
+            Some(sqlite) => match sqlite.write_group(&group, self.append_defaults()) {
                 Ok(GroupWrite::Done(plans)) => Ok(Ok(plans)),
                 Err(error) => Ok(Err(error)),
                 Ok(GroupWrite::Declined) => {

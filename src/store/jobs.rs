@@ -715,14 +715,19 @@ impl Store {
             chrono::Utc::now(),
         )
         .await?;
+        // The summary's bytes count toward the thread's like any append's (never refused: a
+        // compaction is what a thread at its limit needs).
         sqlx::query(
-            "UPDATE threads SET next_seq = $1, visible_count = $2, context_tokens = $3 \
+            "UPDATE threads SET next_seq = $1, visible_count = $2, context_tokens = $3, \
+             stored_bytes = stored_bytes + (SELECT COALESCE(SUM(octet_length(body)), 0) \
+             FROM messages WHERE thread_key = $4 AND seq >= $5) \
              WHERE thread_key = $4",
         )
         .bind(next_seq + stored.len() as i64)
         .bind(visible)
         .bind(tokens)
         .bind(&thread_key)
+        .bind(next_seq)
         .execute(&mut *tx)
         .await?;
         complete_in(&mut tx, claimed, &result, now_ms).await?;

@@ -86,6 +86,8 @@ fn prepare(mut entry: Entry, now: chrono::DateTime<chrono::Utc>) -> Result<Prepa
 pub(super) struct PreparedBatch {
     pub(super) entries: Vec<Prepared>,
     tokens: BatchTokens,
+    /// The bytes of its bodies, as the thread's `stored_bytes` counts them.
+    bytes: i64,
     now: chrono::DateTime<chrono::Utc>,
 }
 
@@ -103,15 +105,24 @@ impl PreparedBatch {
             return Err(StoreError::DuplicateUuid(duplicate.uuid.clone()));
         }
         let tokens = context_tokens_of(entries.iter().map(|p| &p.entry));
+        let bytes = entries.iter().map(|p| p.body.len() as i64).sum();
         Ok(PreparedBatch {
             entries,
             tokens,
+            bytes,
             now,
         })
     }
 
     fn len(&self) -> i64 {
         self.entries.len() as i64
+    }
+
+    /// Snips alone, and small: what a thread at its byte limit may still take, so that a
+    /// message can always be hidden (a bound on the size, else a snip could carry anything).
+    fn is_small_snips(&self) -> bool {
+        const MAX_SNIPS_BYTES: i64 = 64 * 1024;
+        self.bytes <= MAX_SNIPS_BYTES && self.entries.iter().all(|p| p.entry.is_snip())
     }
 }
 
@@ -186,6 +197,7 @@ pub(super) struct GroupThread {
     pub(super) next_seq: i64,
     pub(super) visible_count: i64,
     pub(super) context_tokens: i64,
+    pub(super) stored_bytes: i64,
     pub(super) triggers: AppendTriggers,
     /// When an append of the group last wrote to it; `None` leaves the row as it was.
     pub(super) updated_at: Option<i64>,
@@ -195,15 +207,17 @@ pub(super) struct GroupThread {
 }
 
 impl GroupThread {
-    /// The thread as its row was read: `[next_seq, visible_count, context_tokens]`.
-    pub(super) fn new(thread_key: String, counters: [i64; 3], triggers: AppendTriggers) -> Self {
-        let [next_seq, visible_count, context_tokens] = counters;
+    /// The thread as its row was read: `[next_seq, visible_count, context_tokens,
+    /// stored_bytes]`.
+    pub(super) fn new(thread_key: String, counters: [i64; 4], triggers: AppendTriggers) -> Self {
+        let [next_seq, visible_count, context_tokens, stored_bytes] = counters;
         GroupThread {
             thread_key,
             read_next_seq: next_seq,
             next_seq,
             visible_count,
             context_tokens,
+            stored_bytes,
             triggers,
             updated_at: None,
             known: HashMap::new(),
@@ -356,7 +370,7 @@ impl Store {
             conn,
             self.backend,
             group,
-            self.auto_compact_tokens,
+            self.append_defaults(),
             bracket,
             check,
             RowLock::ForUpdate,
@@ -558,12 +572,23 @@ fn context_tokens_of<'a>(entries: impl Iterator<Item = &'a Entry>) -> BatchToken
     }
 }
 
+/// What the server holds every thread's appends to, where the thread's settings say nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct AppendDefaults {
+    /// The auto-compaction threshold, in estimated tokens; 0 disables it.
+    pub(super) auto_compact_tokens: i64,
+    /// Most bytes of bodies a thread may store (`--max-thread-bytes`); 0 for no limit.
+    pub(super) max_thread_bytes: i64,
+}
+
 /// What an append may trigger, from the thread's settings: its auto-compaction threshold (its
-/// own, else the server default) and whether it is outlined.
+/// own, else the server default) and whether it is outlined; and what it may not pass.
 #[derive(Debug, Clone)]
 pub(super) struct AppendTriggers {
     auto_compact_tokens: i64,
     outlined: bool,
+    /// Most bytes of bodies the thread may store; 0 for no limit.
+    max_stored_bytes: i64,
     /// The columns they were read from, for a write that checks they did not change.
     pub(super) columns: SettingsColumns,
 }
@@ -581,12 +606,13 @@ impl AppendTriggers {
     pub(super) fn from_settings(
         own_threshold: Option<i64>,
         outline: Option<String>,
-        default_threshold: i64,
+        defaults: AppendDefaults,
     ) -> Result<Self, StoreError> {
         Ok(AppendTriggers {
-            auto_compact_tokens: own_threshold.unwrap_or(default_threshold),
+            auto_compact_tokens: own_threshold.unwrap_or(defaults.auto_compact_tokens),
             outlined: super::settings::outline_column(outline.clone())?
                 .is_some_and(|options| options.enabled),
+            max_stored_bytes: defaults.max_thread_bytes,
             columns: SettingsColumns {
                 auto_compact_tokens: own_threshold,
                 outline,
@@ -758,7 +784,8 @@ pub(super) fn read_group_sql(
     let locked = format!(
         "{begin}WITH locked AS {materialized} (\
          SELECT threads.thread_key, threads.tenant_id, threads.thread_id, threads.next_seq, \
-         threads.visible_count, threads.context_tokens, s.auto_compact_tokens, s.outline \
+         threads.visible_count, threads.context_tokens, threads.stored_bytes, \
+         s.auto_compact_tokens, s.outline \
          FROM {from} LEFT JOIN thread_settings s ON s.thread_key = threads.thread_key \
          WHERE {terms} ORDER BY threads.tenant_id, threads.thread_id {lock})"
     );
@@ -797,7 +824,7 @@ pub(super) async fn read_group<'g>(
     conn: &mut AnyConnection,
     backend: super::Backend,
     group: &'g [QueuedAppend],
-    default_threshold: i64,
+    defaults: AppendDefaults,
     bracket: Bracket,
     check: UuidCheck,
     lock: RowLock,
@@ -843,11 +870,12 @@ pub(super) async fn read_group<'g>(
                     row.try_get("next_seq")?,
                     row.try_get("visible_count")?,
                     row.try_get("context_tokens")?,
+                    row.try_get("stored_bytes")?,
                 ],
                 AppendTriggers::from_settings(
                     row.try_get("auto_compact_tokens")?,
                     row.try_get("outline")?,
-                    default_threshold,
+                    defaults,
                 )?,
             )),
         };
@@ -943,6 +971,16 @@ pub(super) fn plan_append<'g>(
             });
         }
     }
+    let stored_bytes = thread.stored_bytes.saturating_add(batch.bytes);
+    let limit = thread.triggers.max_stored_bytes;
+    if limit > 0 && stored_bytes > limit && !batch.is_small_snips() {
+        return Err(StoreError::ThreadTooLarge {
+            stored: thread.stored_bytes,
+            adding: batch.bytes,
+            limit,
+        });
+    }
+    thread.stored_bytes = stored_bytes;
     let first_seq = thread.next_seq;
     let created_at = batch.now.timestamp_millis();
     for (p, seq) in batch.entries.iter().zip(first_seq..) {
@@ -1025,13 +1063,17 @@ async fn write_rows<'a>(
     Ok(Some(usize::try_from(inserted).unwrap_or(0)))
 }
 
+/// Values each thread's counters bind: its key, `updated_at`, `next_seq`, `visible_count`,
+/// `context_tokens` and `stored_bytes`.
+pub(super) const THREAD_COUNTERS_WIDTH: usize = 6;
+
 /// The update of `count` threads' counters, its placeholders numbered from `$start`.
 pub(super) fn update_threads_sql(start: usize, count: usize) -> String {
     format!(
         "UPDATE threads SET updated_at = v.column2, next_seq = v.column3, \
-         visible_count = v.column4, context_tokens = v.column5 \
+         visible_count = v.column4, context_tokens = v.column5, stored_bytes = v.column6 \
          FROM (VALUES {}) AS v WHERE threads.thread_key = v.column1",
-        super::values_placeholders_from(start, count, 5)
+        super::values_placeholders_from(start, count, THREAD_COUNTERS_WIDTH)
     )
 }
 
@@ -1042,7 +1084,8 @@ fn bind_thread_counters<'q>(mut query: AnyQuery<'q>, threads: &[&GroupThread]) -
             .bind(thread.updated_at.unwrap_or_default())
             .bind(thread.next_seq)
             .bind(thread.visible_count)
-            .bind(thread.context_tokens);
+            .bind(thread.context_tokens)
+            .bind(thread.stored_bytes);
     }
     query
 }

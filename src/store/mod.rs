@@ -129,6 +129,14 @@ pub enum StoreError {
     NoSuchMessage(MessageRef),
     #[error("the window holds {entries} entries, more than {max}; start it later")]
     WindowTooLarge { entries: i64, max: i64 },
+    #[error(
+        "the thread stores {stored} bytes; {adding} more would pass its limit of {limit} bytes"
+    )]
+    ThreadTooLarge {
+        stored: i64,
+        adding: i64,
+        limit: i64,
+    },
     #[error("{reason}")]
     CursorConflict {
         /// The bookmark's (seq, uuid) now; `None` when it has none yet.
@@ -258,6 +266,8 @@ pub struct Store {
     job_signal: Arc<tokio::sync::Notify>,
     /// Server default of the auto-compaction threshold, in estimated tokens; 0 disables it.
     auto_compact_tokens: i64,
+    /// Most bytes of bodies one thread may store; 0 for no limit.
+    max_thread_bytes: i64,
     /// Attempts a job enqueued by a write (auto-compaction) gets.
     job_max_attempts: i64,
     /// Appends waiting to be committed together.
@@ -279,6 +289,9 @@ pub struct StoreOptions {
     pub auto_compact_tokens: i64,
     /// Attempts of jobs the store enqueues itself (auto-compaction).
     pub job_max_attempts: i64,
+    /// Most bytes of bodies one thread may store; an append past it is refused
+    /// ([`StoreError::ThreadTooLarge`]). 0 for no limit.
+    pub max_thread_bytes: i64,
     /// How SQLite makes a commit durable (ignored by PostgreSQL).
     pub sqlite_synchronous: SqliteSynchronous,
     /// PostgreSQL: the longest a group of appends waits to be as full as the last groups were
@@ -335,6 +348,11 @@ pub const DEFAULT_MAX_CONNECTIONS: u32 = 10;
 /// Attempts of a job before it ends `failed`.
 pub const DEFAULT_JOB_MAX_ATTEMPTS: i64 = 5;
 
+/// [`StoreOptions::max_thread_bytes`]'s default, 1 GiB: far past any context window (a thread
+/// that long is mostly history behind its compactions), and a bound on what one thread's reads
+/// can make the process hold.
+pub const DEFAULT_MAX_THREAD_BYTES: i64 = 1 << 30;
+
 impl StoreOptions {
     pub fn new(url: impl Into<String>) -> Self {
         StoreOptions {
@@ -343,6 +361,7 @@ impl StoreOptions {
             acquire_timeout: Duration::from_secs(10),
             auto_compact_tokens: DEFAULT_AUTO_COMPACT_TOKENS,
             job_max_attempts: DEFAULT_JOB_MAX_ATTEMPTS,
+            max_thread_bytes: DEFAULT_MAX_THREAD_BYTES,
             sqlite_synchronous: SqliteSynchronous::default(),
             append_gather: DEFAULT_APPEND_GATHER,
         }
@@ -397,6 +416,7 @@ impl Store {
             url: options.url.as_str().into(),
             job_signal: Arc::new(tokio::sync::Notify::new()),
             auto_compact_tokens: options.auto_compact_tokens.max(0),
+            max_thread_bytes: options.max_thread_bytes.max(0),
             job_max_attempts: options.job_max_attempts.max(1),
             // SQLite has one writer, whose groups fill while it writes. On PostgreSQL a few
             // runners, each waiting a moment for a fuller group, write most appends per commit.
@@ -445,6 +465,14 @@ impl Store {
     /// The server's default auto-compaction threshold (0 = off).
     pub fn default_auto_compact_tokens(&self) -> i64 {
         self.auto_compact_tokens
+    }
+
+    /// What every thread's appends are held to where its settings say nothing.
+    fn append_defaults(&self) -> messages::AppendDefaults {
+        messages::AppendDefaults {
+            auto_compact_tokens: self.auto_compact_tokens,
+            max_thread_bytes: self.max_thread_bytes,
+        }
     }
 
     /// Checks that the database answers.

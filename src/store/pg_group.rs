@@ -55,7 +55,7 @@ pub(super) struct ThreadCache {
 #[derive(Clone)]
 struct CachedThread {
     thread_key: String,
-    counters: [i64; 3],
+    counters: [i64; 4],
     triggers: AppendTriggers,
 }
 
@@ -96,7 +96,12 @@ impl ThreadCache {
                 ((*tenant).to_owned(), (*thread_id).to_owned()),
                 CachedThread {
                     thread_key: thread.thread_key.clone(),
-                    counters: [thread.next_seq, thread.visible_count, thread.context_tokens],
+                    counters: [
+                        thread.next_seq,
+                        thread.visible_count,
+                        thread.context_tokens,
+                        thread.stored_bytes,
+                    ],
                     triggers: thread.triggers.clone(),
                 },
             );
@@ -123,7 +128,7 @@ pub(super) enum Unlocked {
 
 /// Values each moved thread binds: its key, its new `updated_at` and counters, then what the
 /// write checks is unchanged (`next_seq` as read, the settings columns).
-const THREAD_WIDTH: usize = 8;
+const THREAD_WIDTH: usize = 9;
 
 /// The group's one statement for `threads` moved and `rows` inserted. The threads' rows are
 /// locked first, in (tenant, thread) order as the locked group takes them: the update alone
@@ -138,12 +143,12 @@ pub(super) fn unlocked_write_sql(threads: usize, rows: usize) -> String {
         "WITH locked AS MATERIALIZED (SELECT thread_key FROM threads WHERE thread_key IN ({keys}) \
          ORDER BY tenant_id, thread_id FOR UPDATE), \
          moved AS (UPDATE threads SET updated_at = v.column2, next_seq = v.column3, \
-         visible_count = v.column4, context_tokens = v.column5 \
+         visible_count = v.column4, context_tokens = v.column5, stored_bytes = v.column6 \
          FROM (VALUES {}) AS v LEFT JOIN thread_settings s ON s.thread_key = v.column1 \
-         WHERE threads.thread_key = v.column1 AND threads.next_seq = v.column6 \
+         WHERE threads.thread_key = v.column1 AND threads.next_seq = v.column7 \
          AND threads.thread_key IN (SELECT thread_key FROM locked) \
-         AND s.auto_compact_tokens IS NOT DISTINCT FROM v.column7 \
-         AND s.outline IS NOT DISTINCT FROM v.column8 \
+         AND s.auto_compact_tokens IS NOT DISTINCT FROM v.column8 \
+         AND s.outline IS NOT DISTINCT FROM v.column9 \
          RETURNING threads.thread_key), \
          inserted AS (INSERT INTO messages (thread_key, seq, uuid, kind, subtype, visible_rank, \
          body, content_hash, created_at) SELECT r.* FROM (VALUES {}) AS r(thread_key, seq, \
@@ -177,7 +182,7 @@ impl Store {
                 conn,
                 self.backend,
                 group,
-                self.auto_compact_tokens,
+                self.append_defaults(),
                 Bracket::Caller,
                 UuidCheck::OnInsert,
                 RowLock::None,
@@ -222,6 +227,7 @@ impl Store {
                 .bind(thread.next_seq)
                 .bind(thread.visible_count)
                 .bind(thread.context_tokens)
+                .bind(thread.stored_bytes)
                 .bind(thread.read_next_seq)
                 .bind(columns.auto_compact_tokens)
                 .bind(columns.outline.clone());

@@ -23,8 +23,8 @@ use rusqlite::{Connection, OpenFlags, ToSql};
 use super::group_commit::QueuedAppend;
 use super::messages::{
     group_needs_jobs, insert_rows_sql, plan_group, read_group_sql, update_threads_sql,
-    AppendTriggers, Bracket, GroupRead, GroupThread, NewRow, Planned, RowLock, UuidCheck,
-    INSERT_CHUNK, INSERT_WIDTH,
+    AppendDefaults, AppendTriggers, Bracket, GroupRead, GroupThread, NewRow, Planned, RowLock,
+    UuidCheck, INSERT_CHUNK, INSERT_WIDTH, THREAD_COUNTERS_WIDTH,
 };
 use super::{SqliteSynchronous, Store, StoreError};
 
@@ -116,12 +116,12 @@ impl WriterConnection {
     pub(super) fn write_group(
         &mut self,
         group: &[QueuedAppend],
-        default_threshold: i64,
+        defaults: AppendDefaults,
     ) -> Result<GroupWrite, StoreError> {
         self.leave_transaction()?;
         let conn = &mut self.conn;
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            try_write_group(conn, group, default_threshold)
+            try_write_group(conn, group, defaults)
         }))
         .unwrap_or_else(|_| {
             Err(StoreError::CommitFailed {
@@ -212,7 +212,7 @@ fn failed(error: rusqlite::Error) -> StoreError {
 fn try_write_group(
     conn: &mut Connection,
     group: &[QueuedAppend],
-    default_threshold: i64,
+    defaults: AppendDefaults,
 ) -> Result<GroupWrite, StoreError> {
     let read = read_group_sql(
         super::Backend::Sqlite,
@@ -227,7 +227,7 @@ fn try_write_group(
     conn.execute_batch("BEGIN IMMEDIATE").map_err(failed)?;
     #[cfg(test)]
     tests::panic_if_asked();
-    let mut threads = read_group(conn, &read, default_threshold)?;
+    let mut threads = read_group(conn, &read, defaults)?;
     let mut rows = Vec::new();
     let plans = plan_group(group, &mut threads, &mut rows);
     if group_needs_jobs(group, &plans, &threads) {
@@ -252,7 +252,7 @@ fn try_write_group(
 fn read_group<'g>(
     conn: &Connection,
     read: &GroupRead<'g>,
-    default_threshold: i64,
+    defaults: AppendDefaults,
 ) -> Result<HashMap<(&'g str, &'g str), GroupThread>, StoreError> {
     let mut statement = conn.prepare_cached(&read.sql).map_err(failed)?;
     let mut binds: Vec<&str> = Vec::with_capacity(read.keys.len() * 2 + read.uuids.len());
@@ -279,11 +279,12 @@ fn read_group<'g>(
                     row.get("next_seq").map_err(failed)?,
                     row.get("visible_count").map_err(failed)?,
                     row.get("context_tokens").map_err(failed)?,
+                    row.get("stored_bytes").map_err(failed)?,
                 ],
                 AppendTriggers::from_settings(
                     row.get("auto_compact_tokens").map_err(failed)?,
                     row.get("outline").map_err(failed)?,
-                    default_threshold,
+                    defaults,
                 )?,
             )),
         };
@@ -333,7 +334,7 @@ fn update_threads<'a>(
     if written.is_empty() {
         return Ok(());
     }
-    let mut values: Vec<&dyn ToSql> = Vec::with_capacity(written.len() * 5);
+    let mut values: Vec<&dyn ToSql> = Vec::with_capacity(written.len() * THREAD_COUNTERS_WIDTH);
     for (thread, updated_at) in &written {
         values.extend([
             &thread.thread_key as &dyn ToSql,
@@ -341,6 +342,7 @@ fn update_threads<'a>(
             &thread.next_seq,
             &thread.visible_count,
             &thread.context_tokens,
+            &thread.stored_bytes,
         ]);
     }
     execute(conn, &update_threads_sql(1, written.len()), &values)
@@ -445,10 +447,11 @@ mod tests {
             .collect()
     }
 
-    async fn open(path: &std::path::Path, auto_compact_tokens: i64) -> Store {
+    async fn open(path: &std::path::Path, defaults: AppendDefaults) -> Store {
         let _ = std::fs::remove_file(path);
         let store = Store::connect(&StoreOptions {
-            auto_compact_tokens,
+            auto_compact_tokens: defaults.auto_compact_tokens,
+            max_thread_bytes: defaults.max_thread_bytes,
             ..StoreOptions::new(format!("sqlite://{}", path.display()))
         })
         .await
@@ -493,8 +496,8 @@ mod tests {
         })
         .collect();
         let threads = sqlx::query(
-            "SELECT thread_id, next_seq, visible_count, context_tokens, updated_at FROM threads \
-             ORDER BY thread_id",
+            "SELECT thread_id, next_seq, visible_count, context_tokens, updated_at, stored_bytes \
+             FROM threads ORDER BY thread_id",
         )
         .fetch_all(&store.pool)
         .await
@@ -504,12 +507,13 @@ mod tests {
             // An untouched thread's `updated_at` is its creation's, which differs.
             let written = r.get::<i64, _>(1) > 0;
             format!(
-                "{} {} {} {} {:?}",
+                "{} {} {} {} {:?} {}",
                 r.get::<String, _>(0),
                 r.get::<i64, _>(1),
                 r.get::<i64, _>(2),
                 r.get::<i64, _>(3),
-                written.then(|| r.get::<i64, _>(4))
+                written.then(|| r.get::<i64, _>(4)),
+                r.get::<i64, _>(5)
             )
         })
         .collect();
@@ -535,11 +539,11 @@ mod tests {
 
     /// Writes the groups into two databases, through the writer's thread and through sqlx, and
     /// compares every decision and the stored result.
-    async fn both_paths_agree(groups: Vec<Vec<AppendSpec>>, auto_compact_tokens: i64) {
+    async fn both_paths_agree(groups: Vec<Vec<AppendSpec>>, defaults: AppendDefaults) {
         let dir = std::env::temp_dir().join(format!("loupe-writer-{}", uuid::Uuid::new_v4()));
         std::fs::create_dir_all(&dir).unwrap();
-        let fast = open(&dir.join("fast.db"), auto_compact_tokens).await;
-        let mut plain = open(&dir.join("plain.db"), auto_compact_tokens).await;
+        let fast = open(&dir.join("fast.db"), defaults).await;
+        let mut plain = open(&dir.join("plain.db"), defaults).await;
         plain.sqlite_writer = None;
         let mut sqlite =
             WriterConnection::open(&dir.join("fast.db"), SqliteSynchronous::default()).unwrap();
@@ -549,7 +553,7 @@ mod tests {
                 continue;
             }
             let group = self::group(specs, &next_seqs(&fast).await);
-            let outcome = sqlite.write_group(&group, auto_compact_tokens);
+            let outcome = sqlite.write_group(&group, defaults);
             let fast_plans = match outcome.expect("no statement fails") {
                 GroupWrite::Done(plans) => plans,
                 GroupWrite::Declined => {
@@ -587,13 +591,16 @@ mod tests {
         fn the_writer_thread_writes_what_the_sqlx_path_writes(
             groups in groups(),
             auto_compact_tokens in prop_oneof![Just(0_i64), 20..200_i64],
+            // Each entry's body is some tens of bytes: a limit that some appends pass.
+            max_thread_bytes in prop_oneof![Just(0_i64), 100..2_000_i64],
         ) {
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
                 .enable_all()
                 .build()
                 .unwrap();
-            runtime.block_on(both_paths_agree(groups, auto_compact_tokens));
+            let defaults = AppendDefaults { auto_compact_tokens, max_thread_bytes };
+            runtime.block_on(both_paths_agree(groups, defaults));
         }
     }
 
@@ -605,11 +612,18 @@ mod tests {
     }
 
     impl Fixture {
+        fn defaults(auto_compact_tokens: i64) -> AppendDefaults {
+            AppendDefaults {
+                auto_compact_tokens,
+                max_thread_bytes: 0,
+            }
+        }
+
         async fn new(auto_compact_tokens: i64) -> Self {
             let dir = std::env::temp_dir().join(format!("loupe-writer-{}", uuid::Uuid::new_v4()));
             std::fs::create_dir_all(&dir).unwrap();
             let path = dir.join("loupe.db");
-            let store = open(&path, auto_compact_tokens).await;
+            let store = open(&path, Self::defaults(auto_compact_tokens)).await;
             let sqlite = WriterConnection::open(&path, SqliteSynchronous::default()).unwrap();
             Fixture { dir, store, sqlite }
         }
@@ -628,7 +642,7 @@ mod tests {
             }];
             let next_seqs = [0; THREADS];
             self.sqlite
-                .write_group(&group(&specs, &next_seqs), threshold)
+                .write_group(&group(&specs, &next_seqs), Self::defaults(threshold))
         }
 
         async fn finish(self) {

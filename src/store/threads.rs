@@ -15,6 +15,8 @@ pub struct Thread {
     pub metadata: Map<String, Value>,
     /// The seq the next appended message will get (= number of messages).
     pub next_seq: i64,
+    /// The bytes of its stored bodies, which `--max-thread-bytes` limits.
+    pub stored_bytes: i64,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -43,7 +45,8 @@ pub(crate) struct ThreadHead {
     pub visible_count: i64,
 }
 
-const THREAD_COLUMNS: &str = "thread_key, thread_id, metadata, next_seq, created_at, updated_at";
+const THREAD_COLUMNS: &str =
+    "thread_key, thread_id, metadata, next_seq, stored_bytes, created_at, updated_at";
 
 fn thread_from_row(row: &AnyRow) -> Result<Thread, StoreError> {
     let metadata: String = row.try_get("metadata")?;
@@ -53,6 +56,7 @@ fn thread_from_row(row: &AnyRow) -> Result<Thread, StoreError> {
         id: row.try_get("thread_id")?,
         metadata,
         next_seq: row.try_get("next_seq")?,
+        stored_bytes: row.try_get("stored_bytes")?,
         created_at: millis_to_datetime(row.try_get("created_at")?),
         updated_at: millis_to_datetime(row.try_get("updated_at")?),
     })
@@ -102,6 +106,7 @@ impl Store {
             id,
             metadata: new.metadata,
             next_seq: 0,
+            stored_bytes: 0,
             created_at: millis_to_datetime(now),
             updated_at: millis_to_datetime(now),
         })

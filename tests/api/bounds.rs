@@ -483,7 +483,118 @@ async fn whole_thread_reads_are_cut_by_bytes_and_lose_nothing(app: TestApp) {
     app.finish().await;
 }
 
+async fn a_thread_at_its_byte_limit_refuses_appends_but_never_a_snip(app: TestApp) {
+    const LIMIT: i64 = 5_000;
+    let app = app
+        .with_store_options(|options| options.max_thread_bytes = LIMIT)
+        .await;
+    let thread = app.thread("t").await;
+    let text = "w".repeat(900);
+    let mut written = 0;
+    let refused = loop {
+        let response = app
+            .post(
+                &format!("/v1/threads/{thread}/messages"),
+                json!({"messages": [user(&format!("u{written}"), &text)]}),
+            )
+            .await;
+        if response.status != StatusCode::CREATED {
+            break response;
+        }
+        written += 1;
+        assert!(written < 10, "no append was refused");
+    };
+    assert!(written >= 3, "refused too early, after {written}");
+    let problem = refused.assert_problem(StatusCode::PAYLOAD_TOO_LARGE, "thread-too-large");
+    assert_eq!(problem["limit_bytes"], LIMIT, "{problem}");
+    // The thread's count is its stored bodies' bytes, and what it holds stays whole.
+    let lines = app.export_line_bytes(&thread).await;
+    assert_eq!(lines.len(), written);
+    let stored: usize = lines.iter().sum();
+    let info = app.get(&format!("/v1/threads/{thread}")).await;
+    assert_eq!(info.body["stored_bytes"], stored, "{}", info.body);
+    assert_eq!(problem["stored_bytes"], stored, "{problem}");
+    assert!(stored as i64 <= LIMIT);
+    // Filled to the brim with small messages, it still takes a snip: a thread at its limit can
+    // always hide what it holds.
+    for i in 0.. {
+        let response = app
+            .post(
+                &format!("/v1/threads/{thread}/messages"),
+                json!({"messages": [user(&format!("s{i}"), "x")]}),
+            )
+            .await;
+        if response.status != StatusCode::CREATED {
+            response.assert_problem(StatusCode::PAYLOAD_TOO_LARGE, "thread-too-large");
+            break;
+        }
+    }
+    let snip = app
+        .post(
+            &format!("/v1/threads/{thread}/snip"),
+            json!({"seqs": [0, 1, 2], "uuid": "snip-0"}),
+        )
+        .await;
+    assert_eq!(snip.status, StatusCode::CREATED, "{}", snip.body);
+    app.assert_stored_bytes_counted(&thread).await;
+    let with_snip: usize = app.export_line_bytes(&thread).await.iter().sum();
+    assert!(
+        with_snip as i64 > LIMIT,
+        "the snip was counted: {with_snip}"
+    );
+    // An import stops at the batch that would pass it, keeping the batches before.
+    let other = app.thread("imported").await;
+    let ndjson: String = (0..2)
+        .map(|i| format!("{}\n", user(&format!("i{i}"), &"v".repeat(1_500))))
+        .collect();
+    let imported = app
+        .send(import_request(&other, Body::from(ndjson.clone())))
+        .await;
+    assert_eq!(imported.status, StatusCode::OK, "{}", imported.body);
+    let over = app
+        .send(import_request(
+            &other,
+            Body::from(ndjson.replace("\"i", "\"j")),
+        ))
+        .await;
+    over.assert_problem(StatusCode::PAYLOAD_TOO_LARGE, "thread-too-large");
+    assert_eq!(app.export_line_bytes(&other).await.len(), 2);
+    app.finish().await;
+}
+
+/// Migration 0008 counts the bytes of threads stored before it, as appends count them after.
+async fn the_migration_counts_what_threads_stored_before_it(app: TestApp) {
+    use sqlx::Connection;
+    let thread = app.thread("t").await;
+    let entries: Vec<Value> = (0..5)
+        .map(|i| user(&format!("u{i}"), &format!("héllo {}", "ü".repeat(i * 100))))
+        .collect();
+    app.append(&thread, &entries).await;
+    let migration = match app.backend {
+        crate::common::Backend::Sqlite => {
+            include_str!("../../migrations/sqlite/0008_thread_stored_bytes.sql")
+        }
+        crate::common::Backend::Postgres => {
+            include_str!("../../migrations/postgres/0008_thread_stored_bytes.sql")
+        }
+    };
+    let backfill = &migration[migration.find("UPDATE threads").expect("a backfill")..];
+    sqlx::any::install_default_drivers();
+    let mut conn = sqlx::AnyConnection::connect(&app.url).await.unwrap();
+    sqlx::query("UPDATE threads SET stored_bytes = 0")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    sqlx::query(backfill).execute(&mut conn).await.unwrap();
+    conn.close().await.unwrap();
+    // Bytes, not characters: the text holds two-byte characters.
+    app.assert_stored_bytes_counted(&thread).await;
+    app.finish().await;
+}
+
 on_both_backends!(
+    the_migration_counts_what_threads_stored_before_it,
+    a_thread_at_its_byte_limit_refuses_appends_but_never_a_snip,
     a_nul_in_a_type_is_the_callers_mistake,
     usage_past_what_a_provider_reports_saturates,
     open_mode_answers_only_loopback_host_names,

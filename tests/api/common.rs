@@ -109,6 +109,20 @@ impl TestApp {
         self
     }
 
+    /// The same database behind a store opened with other options, as after a restart with
+    /// other settings (open mode, the same limits).
+    pub async fn with_store_options(
+        mut self,
+        configure: impl FnOnce(&mut StoreOptions),
+    ) -> TestApp {
+        let mut options = StoreOptions::new(&self.url);
+        configure(&mut options);
+        self.store.close().await;
+        self.store = Store::connect(&options).await.expect("connect again");
+        let limits = self.limits.clone();
+        self.reconfigure(limits, AuthMode::Open)
+    }
+
     /// Keyed mode: tenant requests need an API key, the admin API takes [`ADMIN_KEY`].
     pub fn keyed(self) -> TestApp {
         let limits = self.limits.clone();
@@ -252,6 +266,29 @@ impl TestApp {
             .await;
         assert_eq!(response.status, StatusCode::CREATED, "{:?}", response.body);
         id.to_owned()
+    }
+
+    /// The bytes of each line of the thread's export: its stored bodies, byte for byte.
+    pub async fn export_line_bytes(&self, thread: &str) -> Vec<usize> {
+        let request = Request::builder()
+            .uri(format!("/v1/threads/{thread}/export"))
+            .body(Body::empty())
+            .unwrap();
+        let response = self.router.clone().oneshot(request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        bytes
+            .split(|&b| b == b'\n')
+            .filter(|line| !line.is_empty())
+            .map(<[u8]>::len)
+            .collect()
+    }
+
+    /// Checks the thread's `stored_bytes` against its stored bodies.
+    pub async fn assert_stored_bytes_counted(&self, thread: &str) {
+        let stored: usize = self.export_line_bytes(thread).await.iter().sum();
+        let info = self.get(&format!("/v1/threads/{thread}")).await;
+        assert_eq!(info.body["stored_bytes"], stored, "{}", info.body);
     }
 
     /// A router over a new connection to the same database, as after a restart (open mode).

@@ -350,6 +350,8 @@ async fn an_append_during_a_running_compaction_survives(app: TestApp) {
     let segment = &boundary["compact_metadata"]["preserved_segment"];
     assert_eq!(segment["last_seq"], 21, "{boundary}");
     assert_eq!(messages[23]["is_compact_summary"], true);
+    // The summary counts toward the thread's bytes like any append.
+    app.assert_stored_bytes_counted(&thread).await;
     let context = app.get(&format!("/v1/threads/{thread}/context")).await;
     let list = context.body["messages"].as_array().unwrap();
     let all = texts(list);

@@ -173,6 +173,8 @@ struct Peaks {
     export: f64,
     rounds: f64,
     pending: f64,
+    context: f64,
+    four_contexts: f64,
 }
 
 /// The rise of a fresh server's resident memory over `operation`: a fresh process for each, so
@@ -221,6 +223,24 @@ async fn measure(backend: Backend) -> Peaks {
         assert_eq!((a.0, b.0), (200, 200));
     })
     .await;
+    let context = rise(&url, |port| async move {
+        let (status, bytes) = get(port, "/v1/threads/big/context").await;
+        assert_eq!(status, 200);
+        // Every line's text is in it (the entries' own fields are not).
+        assert!(bytes > LINES * (LINE_BYTES - 1024), "{bytes}");
+    })
+    .await;
+    let four_contexts = rise(&url, |port| async move {
+        let path = "/v1/threads/big/context";
+        let (a, b, c, d) = tokio::join!(
+            get(port, path),
+            get(port, path),
+            get(port, path),
+            get(port, path)
+        );
+        assert_eq!((a.0, b.0, c.0, d.0), (200, 200, 200, 200));
+    })
+    .await;
     let _ = (small, thread);
     app.finish().await;
     let peaks = Peaks {
@@ -229,6 +249,8 @@ async fn measure(backend: Backend) -> Peaks {
         export,
         rounds,
         pending,
+        context,
+        four_contexts,
     };
     eprintln!("memory_bounds {backend:?} (MiB above the start): {peaks:?}");
     peaks
@@ -244,6 +266,12 @@ fn assert_bounded(peaks: &Peaks) {
     assert!(
         peaks.import < 2.0 * peaks.import_32_mib + 32.0,
         "the import's memory grows with the file: {peaks:?}"
+    );
+    // A context read holds its window a few times over (it normalizes and answers it whole);
+    // reads of large windows take turns, so four at once hold about what one does.
+    assert!(
+        peaks.four_contexts < 1.5 * peaks.context + 64.0,
+        "four context reads at once hold each their window: {peaks:?}"
     );
     for (operation, peak) in [
         ("import", peaks.import),
