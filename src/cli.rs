@@ -238,6 +238,11 @@ pub struct ServeArgs {
     /// read holds about three times its window); a read of a window past 8 MiB waits for room.
     #[arg(long, env = "LOUPE_MAX_INFLIGHT_WINDOW_BYTES", default_value_t = Limits::DEFAULT.max_inflight_window_bytes)]
     pub max_inflight_window_bytes: usize,
+    /// Most connections one peer address (an IPv6 /64) may hold open at once (default: a
+    /// quarter of --max-connections; 0: no limit, for a reverse proxy that is every client's
+    /// address); past it its new connections are closed.
+    #[arg(long, env = "LOUPE_MAX_CONNECTIONS_PER_ADDRESS")]
+    pub max_connections_per_address: Option<usize>,
     /// Most bytes of message bodies one thread may store (0: no limit); an append past it gets
     /// 413 `thread-too-large`.
     #[arg(long, env = "LOUPE_MAX_THREAD_BYTES", default_value_t = crate::store::DEFAULT_MAX_THREAD_BYTES)]
@@ -462,6 +467,9 @@ impl ServeArgs {
             write_timeout: Duration::from_secs(self.write_timeout_secs.max(1)),
             max_inflight_body_bytes: self.max_inflight_body_bytes.max(self.body_limit),
             max_inflight_window_bytes: self.max_inflight_window_bytes,
+            max_connections_per_address: self
+                .max_connections_per_address
+                .unwrap_or((self.max_connections / 4).max(1)),
             auth_failures_per_sec: self.auth_failures_per_sec,
             auth_failure_burst: self.auth_failure_burst,
             ..Limits::default()
@@ -783,6 +791,32 @@ mod tests {
             page(&["loupe", "serve", "--compaction-page-tokens", "5"]),
             1_000
         );
+    }
+
+    /// A tenant's share of requests in flight and an address's share of connections follow
+    /// `--max-connections` unless set; the window and thread bounds have their defaults.
+    #[test]
+    fn shares_follow_the_connections_unless_set() {
+        let cli = Cli::try_parse_from(["loupe", "--max-connections", "100"]).unwrap();
+        let limits = cli.serve.limits();
+        assert_eq!(limits.max_requests_per_tenant, 25);
+        assert_eq!(limits.max_connections_per_address, 25);
+        assert_eq!(limits.max_inflight_window_bytes, 256 * 1024 * 1024);
+        assert_eq!(cli.serve.max_thread_bytes, 1 << 30);
+        let cli = Cli::try_parse_from([
+            "loupe",
+            "--max-requests-per-tenant",
+            "7",
+            "--max-connections-per-address",
+            "0",
+            "--max-thread-bytes",
+            "0",
+        ])
+        .unwrap();
+        let limits = cli.serve.limits();
+        assert_eq!(limits.max_requests_per_tenant, 7);
+        assert_eq!(limits.max_connections_per_address, 0);
+        assert_eq!(cli.serve.max_thread_bytes, 0);
     }
 
     #[test]

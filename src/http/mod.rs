@@ -106,6 +106,10 @@ pub struct Limits {
     /// three times its window while it normalizes and answers); one larger than the whole budget
     /// runs alone.
     pub max_inflight_window_bytes: usize,
+    /// Of `max_connections`, how many one peer address (an IPv6 /64) may hold at once; past it
+    /// its new connections are closed as they come. 0 for no limit (behind a reverse proxy,
+    /// which is one address for every client).
+    pub max_connections_per_address: usize,
     /// Failed authentications one peer address may make per second on average (0: no limit);
     /// past the burst, its requests are answered 429 before any key is looked up.
     pub auth_failures_per_sec: f64,
@@ -143,6 +147,7 @@ impl Limits {
         write_timeout: Duration::from_secs(30),
         max_inflight_body_bytes: 256 * 1024 * 1024,
         max_inflight_window_bytes: 256 * 1024 * 1024,
+        max_connections_per_address: 256,
         auth_failures_per_sec: 1.0,
         auth_failure_burst: 20,
     };
