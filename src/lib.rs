@@ -5,6 +5,7 @@
 pub mod app;
 pub mod auth;
 pub mod cli;
+pub mod context;
 pub mod history;
 pub mod http;
 pub mod import;

@@ -3,7 +3,6 @@
 pub mod admin;
 pub mod answers;
 pub mod context;
-pub mod context_cache;
 pub mod cursors;
 pub mod docs;
 pub mod document;
@@ -168,8 +167,8 @@ pub struct SharedState {
     pub store: Store,
     pub limits: Arc<Limits>,
     pub guards: Arc<Guards>,
-    /// The threads' normalized context prefixes (`context_cache`), shared by every request.
-    pub context_cache: Arc<context_cache::ContextCache>,
+    /// The threads' normalized context prefixes (`context::cache`), shared by every request.
+    pub context_cache: Arc<crate::context::cache::ContextCache>,
 }
 
 impl std::ops::Deref for AppState {
@@ -184,7 +183,9 @@ impl AppState {
     /// The state of a service authenticating callers by `auth`.
     pub fn new(store: Store, limits: Limits, auth: AuthMode) -> Self {
         let guards = Arc::new(Guards::new(auth, &limits));
-        let context_cache = Arc::new(context_cache::ContextCache::new(limits.context_cache_bytes));
+        let context_cache = Arc::new(crate::context::cache::ContextCache::new(
+            limits.context_cache_bytes,
+        ));
         AppState(Arc::new(SharedState {
             store,
             limits: Arc::new(limits),

@@ -10,7 +10,7 @@ use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use axum::Router;
 use http_body_util::BodyExt;
-use loupe::http::context_cache::ContextCache;
+use loupe::context::cache::ContextCache;
 use loupe::http::{AppState, AuthMode, Limits};
 use loupe::jobs::{Clock, JobsConfig, Runner};
 use loupe::summarize::ExtractiveSummarizer;

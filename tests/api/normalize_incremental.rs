@@ -15,7 +15,9 @@
 //! checkpoint, every later read goes on from it, so the incremental path is known to be taken.
 
 use crate::chaos::{self, MODELS};
-use loupe::history::normalize::incremental::{Checkpoint, PagedRead, TailRun, NOT_REPRODUCED};
+use loupe::history::normalize::incremental::{
+    Advance, Checkpoint, PagedRead, TailRun, NOT_REPRODUCED,
+};
 use loupe::history::normalize::{estimate_context, ClearingOptions, Fallback};
 use loupe::history::{
     normalize, Entry, MicrocompactOptions, NormalizeOptions, Provider, ThinkingMode,
@@ -193,7 +195,7 @@ fn read_at(
         // run gives another tail means the split is wrong.
         let (moved, advanced) = run.advance(&mut cp, &window[at..]);
         prop_assert!(
-            advanced != Err(NOT_REPRODUCED),
+            advanced != Advance::NotReproduced,
             "not reproduced at {} entries (options {:?})\nhistory:\n{}",
             end,
             opts,
@@ -277,7 +279,7 @@ fn read_in_pages(
         Err(fallback) => return Ok(Some(fallback)),
     };
     prop_assert!(
-        moved != Err(NOT_REPRODUCED),
+        moved != Advance::NotReproduced,
         "not reproduced (options {:?})",
         opts
     );

@@ -58,6 +58,20 @@ use crate::history::model::{Entry, EntryKind};
 /// is wrong somewhere, so the caller drops the checkpoint (the property tests look for this).
 pub const NOT_REPRODUCED: Fallback = Fallback("a run from the new cut does not reproduce the tail");
 
+/// What [`TailRun::advance`] did with the checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Advance {
+    /// It moved to the run's cut.
+    Moved,
+    /// The tail holds no cut: it stays.
+    NoCut,
+    /// A run from the cut fell back: it stays, still usable.
+    FellBack(Fallback),
+    /// A run from the cut gave another tail ([`NOT_REPRODUCED`]): the split is wrong somewhere,
+    /// so the caller drops the checkpoint.
+    NotReproduced,
+}
+
 /// Ids are remembered by a 64-bit hash: a collision only makes a read fall back.
 fn hash(s: &str) -> u64 {
     fnv1a(s.as_bytes())
@@ -627,19 +641,14 @@ impl TailRun {
     /// Moves `checkpoint` (the one this run continued) to the run's cut, once a run from the cut
     /// reproduces this run's tail, and returns the run to answer the read with (the same context
     /// either way): after a move, that run from the cut, whose stable part the checkpoint now
-    /// holds serialized, so nothing is serialized twice; else this run. `Ok(false)`: the tail
-    /// holds no cut. An error leaves the checkpoint as it was: the run from the cut fell back
-    /// (the checkpoint stays usable), or it gave another tail ([`NOT_REPRODUCED`]: drop the
-    /// checkpoint).
-    pub fn advance(
-        mut self,
-        checkpoint: &mut Checkpoint,
-        tail: &[Entry],
-    ) -> (TailRun, Result<bool, Fallback>) {
+    /// holds serialized, so nothing is serialized twice; else this run, the checkpoint as it was
+    /// ([`Advance`] says why).
+    pub fn advance(mut self, checkpoint: &mut Checkpoint, tail: &[Entry]) -> (TailRun, Advance) {
         match self.move_to_cut(checkpoint, tail) {
-            Ok(Some(again)) => (again, Ok(true)),
-            Ok(None) => (self, Ok(false)),
-            Err(fallback) => (self, Err(fallback)),
+            Ok(Some(again)) => (again, Advance::Moved),
+            Ok(None) => (self, Advance::NoCut),
+            Err(NOT_REPRODUCED) => (self, Advance::NotReproduced),
+            Err(fallback) => (self, Advance::FellBack(fallback)),
         }
     }
 
@@ -767,10 +776,10 @@ impl PagedRead {
     pub fn feed(&mut self, page: Vec<Entry>) -> Result<(), Fallback> {
         let moved = self.run(page)?.1;
         match moved {
-            Err(NOT_REPRODUCED) => return Err(NOT_REPRODUCED),
+            Advance::NotReproduced => return Err(NOT_REPRODUCED),
             // No cut, or none a run could go on from: the entries wait for the next page.
-            Ok(false) | Err(_) => {}
-            Ok(true) => {
+            Advance::NoCut | Advance::FellBack(_) => {}
+            Advance::Moved => {
                 let resume = self.checkpoint.resume_seq();
                 let at = self
                     .pending
@@ -791,12 +800,12 @@ impl PagedRead {
     pub fn finish(
         mut self,
         last: Vec<Entry>,
-    ) -> Result<(Checkpoint, TailRun, Result<bool, Fallback>), Fallback> {
+    ) -> Result<(Checkpoint, TailRun, Advance), Fallback> {
         let (run, moved) = self.run(last)?;
         Ok((self.checkpoint, run, moved))
     }
 
-    fn run(&mut self, page: Vec<Entry>) -> Result<(TailRun, Result<bool, Fallback>), Fallback> {
+    fn run(&mut self, page: Vec<Entry>) -> Result<(TailRun, Advance), Fallback> {
         self.pending.extend(page);
         let run = self.checkpoint.continue_with(&self.pending, &self.opts)?;
         Ok(run.advance(&mut self.checkpoint, &self.pending))
@@ -1190,7 +1199,7 @@ mod tests {
     fn read_after(entries: &[Entry], first: usize, opts: &NormalizeOptions) -> Option<Value> {
         let mut cp = Checkpoint::start();
         let run = cp.continue_with(&entries[..first], opts).unwrap();
-        assert!(run.advance(&mut cp, &entries[..first]).1.unwrap(), "a cut");
+        assert_eq!(run.advance(&mut cp, &entries[..first]).1, Advance::Moved, "a cut");
         let resume = cp.resume_seq().unwrap();
         let at = entries.iter().position(|e| e.seq == Some(resume)).unwrap();
         let got = cp
