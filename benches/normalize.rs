@@ -164,7 +164,11 @@ fn checkpoint_after(rows: &[String], opts: &NormalizeOptions) -> (Checkpoint, us
     let entries = parse(rows);
     let mut checkpoint = Checkpoint::start();
     let run = checkpoint.continue_with(&entries, opts).unwrap();
-    assert_eq!(run.advance(&mut checkpoint, &entries).1, Advance::Moved, "a cut");
+    assert_eq!(
+        run.advance(&mut checkpoint, &entries).1,
+        Advance::Moved,
+        "a cut"
+    );
     let resume = checkpoint.resume_seq().unwrap();
     let at = entries.iter().position(|e| e.seq == Some(resume)).unwrap();
     (checkpoint, at)

@@ -235,7 +235,8 @@ pub struct ServeArgs {
     #[arg(long, env = "LOUPE_MAX_INFLIGHT_BODY_BYTES", default_value_t = Limits::DEFAULT.max_inflight_body_bytes)]
     pub max_inflight_body_bytes: usize,
     /// Bytes of stored thread windows that context reads hold at once across the process (a
-    /// read holds about three times its window); a read of a window past 8 MiB waits for room.
+    /// read holds three to four times its window); a read of a window past 1 MiB waits for room
+    /// (0: no budget).
     #[arg(long, env = "LOUPE_MAX_INFLIGHT_WINDOW_BYTES", default_value_t = Limits::DEFAULT.max_inflight_window_bytes)]
     pub max_inflight_window_bytes: usize,
     /// Most connections one peer address (an IPv6 /64) may hold open at once (default: a

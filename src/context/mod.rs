@@ -29,7 +29,9 @@ use crate::history::model::Entry;
 use crate::history::normalize::incremental::{Advance, Checkpoint, PagedRead};
 use crate::history::normalize::Fallback;
 use crate::history::{normalize, NormalizeOptions};
-use crate::store::{ContextHead, ContextTail, ContextWindow, Store, StoreError, TenantId, WindowBounds};
+use crate::store::{
+    ContextHead, ContextTail, ContextWindow, Store, StoreError, TenantId, WindowBounds,
+};
 
 /// Most pages' worth of entries a paged read keeps waiting for a cut before it reads the whole
 /// window instead: each page normalizes the waiting entries again, so a window without cuts
@@ -112,7 +114,10 @@ impl<O: Offload> ContextReader<'_, O> {
         // With the cache off, the plain pipeline, kept apart from the checkpoint's path on
         // purpose: it is the reference the cached answers are tested against.
         if !cache.is_enabled() {
-            return self.plain_read(&head, options).await.map(ContextRead::Whole);
+            return self
+                .plain_read(&head, options)
+                .await
+                .map(ContextRead::Whole);
         }
         let key = ContextKey::new(tenant, thread_id, &options);
         if let Some(answer) = self.cached_read(&head, &key, &options).await? {
@@ -133,7 +138,9 @@ impl<O: Offload> ContextReader<'_, O> {
                 head
             }
         };
-        let answer = self.paged_read(tenant, thread_id, &head, options, key).await;
+        let answer = self
+            .paged_read(tenant, thread_id, &head, options, key)
+            .await;
         drop(turn);
         answer.map(ContextRead::Streamed)
     }
@@ -457,4 +464,3 @@ fn offered_tools(options: &NormalizeOptions, outline_lines: usize) -> Vec<Value>
         Vec::new()
     }
 }
-

@@ -11,7 +11,7 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::{router::OpenApiRouter, routes};
 
 use super::answers::{MalformedJson, Overloaded, PayloadTooLarge, ThreadNotFound, WindowTooLarge};
-use super::guard::{Holding, WINDOW_FLOOR_BYTES};
+use super::guard::{send_deadline, Holding, WINDOW_FLOOR_BYTES};
 use super::problem::{ApiError, ApiJson, ApiPath, ApiQuery, Problem, ProblemKind};
 use super::threads::ThreadPath;
 use super::{AppState, ExpensiveSlot, Tenant};
@@ -261,7 +261,17 @@ pub async fn get_context(
         ContextRead::Whole(response) => Json(response).into_response(),
     };
     Ok(match room {
-        Some(room) => answer.map(|body| Body::new(Holding::new(body, room))),
+        Some(room) => {
+            // The answer's length (a streamed one announces it), else its window's, with room.
+            let bytes = answer
+                .headers()
+                .get(header::CONTENT_LENGTH)
+                .and_then(|length| length.to_str().ok()?.parse().ok())
+                .or_else(|| hyper::body::Body::size_hint(answer.body()).exact())
+                .unwrap_or(window_bytes.max(0) as u64 * 4);
+            let deadline = send_deadline(state.limits.write_timeout, bytes);
+            answer.map(|body| Body::new(Holding::until(body, room, deadline)))
+        }
         None => answer,
     })
 }

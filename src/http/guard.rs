@@ -104,8 +104,9 @@ impl Guards {
     pub fn new(auth: AuthMode, limits: &Limits) -> Self {
         // Open mode has one tenant: its share of the slots and connections is the whole pool.
         let share = |keyed: usize, whole: usize| if auth.is_open() { whole } else { keyed };
+        // 0 turns the budget off.
         let window_budget_kib =
-            u32::try_from(kib(limits.max_inflight_window_bytes).clamp(1, Semaphore::MAX_PERMITS))
+            u32::try_from(kib(limits.max_inflight_window_bytes).min(Semaphore::MAX_PERMITS))
                 .unwrap_or(u32::MAX);
         Guards {
             rate: RateLimiter::new(limits.rate_limit_per_sec, limits.rate_limit_burst),
@@ -144,7 +145,7 @@ impl Guards {
     /// larger than the whole budget takes all of it, so it runs alone.
     pub async fn window_room(&self, bytes: i64) -> Option<OwnedSemaphorePermit> {
         let bytes = usize::try_from(bytes).ok()?;
-        if bytes < WINDOW_FLOOR_BYTES {
+        if bytes < WINDOW_FLOOR_BYTES || self.window_budget_kib == 0 {
             return None;
         }
         let permits = u32::try_from(kib(bytes))
@@ -190,10 +191,10 @@ impl Guards {
 }
 
 /// Whole KiB, rounded up: the body budget's unit.
-/// Windows smaller than this are read without counting against the window budget: with at most
-/// `max_expensive_requests` reads at once, what they hold is bounded already, and the most common
-/// reads pay nothing for the budget.
-pub const WINDOW_FLOOR_BYTES: usize = 8 * 1024 * 1024;
+/// Windows smaller than this are read without counting against the window budget, so the most
+/// common reads (and every thread that stores less) pay nothing for it. What such reads hold at
+/// once is bounded by the requests in flight: a tenant's share times a few MiB.
+pub const WINDOW_FLOOR_BYTES: usize = 1024 * 1024;
 
 fn kib(bytes: usize) -> usize {
     bytes.div_ceil(1024)
@@ -469,13 +470,41 @@ async fn authorize(
 pub struct Holding<T> {
     body: Body,
     _held: T,
+    /// When the body must be sent whole: past it, the body fails and the connection is cut.
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl<T> Holding<T> {
     pub fn new(body: Body, held: T) -> Self {
-        Holding { body, _held: held }
+        Holding {
+            body,
+            _held: held,
+            deadline: None,
+        }
+    }
+
+    /// Holds `held` until the body is sent, at most until `deadline`: a client that reads slowly
+    /// (never stalling long enough for the write timeout) cannot keep what is held for longer.
+    pub fn until(body: Body, held: T, deadline: tokio::time::Instant) -> Self {
+        Holding {
+            body,
+            _held: held,
+            deadline: Some(Box::pin(tokio::time::sleep_until(deadline))),
+        }
     }
 }
+
+/// When an answer of `bytes` must be sent by: the write timeout, plus its size at
+/// [`MIN_SEND_BYTES_PER_SEC`].
+pub fn send_deadline(write_timeout: Duration, bytes: u64) -> tokio::time::Instant {
+    let now = tokio::time::Instant::now();
+    let allowed = write_timeout.saturating_add(Duration::from_secs(bytes / MIN_SEND_BYTES_PER_SEC));
+    now.checked_add(allowed)
+        .unwrap_or(now + Duration::from_secs(365 * 24 * 3600))
+}
+
+/// The slowest a client may read an answer that holds room in a budget.
+pub const MIN_SEND_BYTES_PER_SEC: u64 = 1024 * 1024;
 
 impl<T: Unpin> HttpBody for Holding<T> {
     type Data = Bytes;
@@ -485,6 +514,13 @@ impl<T: Unpin> HttpBody for Holding<T> {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+        if let Some(deadline) = self.deadline.as_mut() {
+            if std::future::Future::poll(deadline.as_mut(), cx).is_ready() {
+                return Poll::Ready(Some(Err(axum::Error::new(
+                    "the client did not read the answer in time",
+                ))));
+            }
+        }
         Pin::new(&mut self.body).poll_frame(cx)
     }
 
@@ -671,7 +707,10 @@ mod tests {
         let guards = Guards::new(AuthMode::Open, &limits);
         let all = guards.window_room_free();
         assert_eq!(all, 24 * 1024);
-        assert!(guards.window_room(8 * MIB - 1).await.is_none());
+        assert!(guards
+            .window_room(WINDOW_FLOOR_BYTES as i64 - 1)
+            .await
+            .is_none());
         let first = guards.window_room(10 * MIB).await.expect("room");
         let second = guards.window_room(10 * MIB).await.expect("room");
         assert_eq!(guards.window_room_free(), 4 * 1024);
@@ -685,6 +724,36 @@ mod tests {
         assert_eq!(guards.window_room_free(), 0);
         drop(whole);
         assert_eq!(guards.window_room_free(), all);
+        let off = Guards::new(
+            AuthMode::Open,
+            &Limits {
+                max_inflight_window_bytes: 0,
+                ..Limits::default()
+            },
+        );
+        assert!(off.window_room(500 * MIB).await.is_none(), "0 turns it off");
+    }
+
+    /// An answer holding room that its client does not take in time fails, and gives the room
+    /// back: a slow reader cannot keep it.
+    #[tokio::test]
+    async fn a_held_answer_not_taken_by_its_deadline_fails_and_lets_go() {
+        use http_body_util::BodyExt;
+        let budget = Arc::new(Semaphore::new(1));
+        let held = budget.clone().try_acquire_owned().unwrap();
+        let never =
+            Body::from_stream(futures_util::stream::pending::<Result<Bytes, std::io::Error>>());
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(30);
+        let mut body = Holding::until(never, held, deadline);
+        let frame = body.frame().await.expect("a frame");
+        assert!(frame.is_err(), "past its deadline the body fails");
+        drop(body);
+        assert_eq!(budget.available_permits(), 1);
+        assert!(
+            send_deadline(Duration::from_secs(30), 64 * 1024 * 1024)
+                > tokio::time::Instant::now() + Duration::from_secs(93),
+            "64 MiB at 1 MiB/s after the write timeout"
+        );
     }
 
     #[test]

@@ -470,9 +470,11 @@ async fn timeout(
     }
     match tokio::time::timeout(limits.request_timeout, next.run(request)).await {
         Ok(response) => response,
-        Err(_) => ApiError::new(
+        // A fault of the moment (the service too busy to answer in time): worth a retry.
+        Err(_) => ApiError::retry_after(
             ProblemKind::Timeout,
             format!("the request took longer than {:?}", limits.request_timeout),
+            1,
         )
         .into_response(),
     }

@@ -716,7 +716,7 @@ impl Store {
         )
         .await?;
         // The summary's bytes count toward the thread's like any append's (never refused: a
-        // compaction is what a thread at its limit needs).
+        // compaction is how a thread near its limit keeps a usable context, though it frees nothing).
         sqlx::query(
             "UPDATE threads SET next_seq = $1, visible_count = $2, context_tokens = $3, \
              stored_bytes = stored_bytes + (SELECT COALESCE(SUM(octet_length(body)), 0) \

@@ -118,13 +118,17 @@ impl PreparedBatch {
         self.entries.len() as i64
     }
 
-    /// Snips alone, and small: what a thread at its byte limit may still take, so that a
-    /// message can always be hidden (a bound on the size, else a snip could carry anything).
-    fn is_small_snips(&self) -> bool {
-        const MAX_SNIPS_BYTES: i64 = 64 * 1024;
-        self.bytes <= MAX_SNIPS_BYTES && self.entries.iter().all(|p| p.entry.is_snip())
+    /// Snips alone: what a thread at its byte limit may still take, within
+    /// [`SNIP_HEADROOM_BYTES`] past it.
+    fn is_snips(&self) -> bool {
+        self.entries.iter().all(|p| p.entry.is_snip())
     }
 }
+
+/// Bytes past `--max-thread-bytes` a thread may take in snips alone, so that a thread at its limit
+/// can still hide what it holds. A bound, not an exception: a snip can carry anything, so without
+/// it snips would be a way around the limit.
+pub const SNIP_HEADROOM_BYTES: i64 = 1024 * 1024;
 
 /// What one append did inside its group's transaction.
 pub(super) enum AppendStep {
@@ -904,12 +908,17 @@ pub(super) async fn read_group<'g>(
 /// Whether a refusal decided without the stored uuids may be wrong: an append refused for its
 /// `expected_next_seq` is a replay if its uuids are stored (a replay is decided before the seq,
 /// [`plan_append`]), and one that is partly a replay of the group's earlier members is a whole
-/// replay if its other uuids are stored. Either way its uuids must be read first.
+/// replay if its other uuids are stored, and one refused for the thread's byte limit is a replay
+/// (never refused) if they are. Either way its uuids must be read first.
 pub(super) fn may_be_replays(group: &[QueuedAppend], plans: &[Planned]) -> bool {
     group.iter().zip(plans).any(|(append, plan)| {
         matches!(
             plan,
-            Planned::Refused(StoreError::SeqConflict { .. } | StoreError::PartialReplay { .. })
+            Planned::Refused(
+                StoreError::SeqConflict { .. }
+                    | StoreError::PartialReplay { .. }
+                    | StoreError::ThreadTooLarge { .. }
+            )
         ) && append.batch.entries.iter().any(|p| p.uuid_sent)
     })
 }
@@ -973,7 +982,12 @@ pub(super) fn plan_append<'g>(
     }
     let stored_bytes = thread.stored_bytes.saturating_add(batch.bytes);
     let limit = thread.triggers.max_stored_bytes;
-    if limit > 0 && stored_bytes > limit && !batch.is_small_snips() {
+    let room = if batch.is_snips() {
+        limit.saturating_add(SNIP_HEADROOM_BYTES)
+    } else {
+        limit
+    };
+    if limit > 0 && stored_bytes > room {
         return Err(StoreError::ThreadTooLarge {
             stored: thread.stored_bytes,
             adding: batch.bytes,

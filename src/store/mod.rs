@@ -39,7 +39,7 @@ pub use jobs::{
     ClaimedJob, CompactionWrite, EnqueueOutcome, Job, JobState, NewJob, ThreadJobs, NOTIFY_CHANNEL,
 };
 pub use keys::{ApiKeyRecord, CreatedKey, KeyIdentity, TenantRecord};
-pub use messages::{fingerprint, AppendOutcome, AppendRequest, MessagePage};
+pub use messages::{fingerprint, AppendOutcome, AppendRequest, MessagePage, SNIP_HEADROOM_BYTES};
 pub use payloads::{
     CompactionPayload, DEFAULT_KEEP_RECENT_ROUNDS, KIND_COMPACTION, KIND_NOOP, KIND_TREE,
 };

@@ -542,6 +542,25 @@ async fn a_thread_at_its_byte_limit_refuses_appends_but_never_a_snip(app: TestAp
         with_snip as i64 > LIMIT,
         "the snip was counted: {with_snip}"
     );
+    // But snips are no way around the limit: a snip can carry anything, so they get a bounded
+    // headroom past it, not an exception.
+    let mut statuses = Vec::new();
+    for i in 0..25 {
+        let snip = json!({"type": "system", "subtype": "snip", "uuid": format!("fat-snip-{i}"),
+            "snip_metadata": {"removed_uuids": ["u0"]}, "pad": "p".repeat(60_000)});
+        let path = format!("/v1/threads/{thread}/messages");
+        statuses.push(app.post(&path, json!({"messages": [snip]})).await.status);
+    }
+    assert!(
+        statuses.contains(&StatusCode::PAYLOAD_TOO_LARGE),
+        "{statuses:?}"
+    );
+    app.assert_stored_bytes_counted(&thread).await;
+    let stored: usize = app.export_line_bytes(&thread).await.iter().sum();
+    assert!(
+        stored as i64 <= LIMIT + loupe::store::SNIP_HEADROOM_BYTES,
+        "{stored}"
+    );
     // An import stops at the batch that would pass it, keeping the batches before.
     let other = app.thread("imported").await;
     let ndjson: String = (0..2)

@@ -25,6 +25,7 @@ on_both_backends!(
     a_retry_racing_its_original_across_processes_is_a_replay,
     a_replay_completed_by_an_earlier_member_on_an_outlined_thread,
     a_thread_whose_settings_do_not_read_fails_only_its_own_appends,
+    a_retry_of_a_stored_batch_is_a_replay_even_past_the_byte_limit,
 );
 
 fn entries(values: Vec<serde_json::Value>) -> Vec<Entry> {
@@ -1023,5 +1024,38 @@ async fn a_thread_whose_settings_do_not_read_fails_only_its_own_appends(app: Tes
     store.close().await;
     assert_eq!(stored(&app, &good).await.len(), 12);
     assert!(stored(&app, &bad).await.is_empty());
+    app.finish().await;
+}
+
+/// A retry of a batch that was stored is a replay, answered 200, however full the thread is now,
+/// even when this process last saw the thread emptier than it is (another process wrote since):
+/// the limit applies to what would be written, and a replay writes nothing.
+async fn a_retry_of_a_stored_batch_is_a_replay_even_past_the_byte_limit(app: TestApp) {
+    let limited = |url: &str| StoreOptions {
+        max_thread_bytes: 60_000,
+        ..StoreOptions::new(url)
+    };
+    let here = Store::connect(&limited(&app.url)).await.unwrap();
+    let there = Store::connect(&limited(&app.url)).await.unwrap();
+    let thread = app.thread("full").await;
+    let batch = || entries(vec![user("retried", &"r".repeat(25_000))]);
+    let first = append_to(&here, &thread, batch(), None).await.unwrap();
+    assert!(!first.replayed);
+    let other = entries(vec![user("other", &"o".repeat(30_000))]);
+    append_to(&there, &thread, other, None).await.unwrap();
+    // Written again now, it would pass the limit; stored already, it is a replay.
+    let retry = append_to(&here, &thread, batch(), None).await;
+    match retry {
+        Ok(outcome) => assert!(outcome.replayed),
+        Err(error) => panic!("a replay, not {error}"),
+    }
+    let fresh = entries(vec![user("fresh", &"f".repeat(25_000))]);
+    let refused = append_to(&here, &thread, fresh, None).await;
+    assert!(
+        matches!(refused, Err(StoreError::ThreadTooLarge { .. })),
+        "{refused:?}"
+    );
+    here.close().await;
+    there.close().await;
     app.finish().await;
 }

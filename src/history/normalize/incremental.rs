@@ -797,10 +797,7 @@ impl PagedRead {
 
     /// Normalizes the last page: the run that answers the read, with the checkpoint it goes on
     /// from, moved to the run's cut when it could ([`TailRun::advance`]'s result).
-    pub fn finish(
-        mut self,
-        last: Vec<Entry>,
-    ) -> Result<(Checkpoint, TailRun, Advance), Fallback> {
+    pub fn finish(mut self, last: Vec<Entry>) -> Result<(Checkpoint, TailRun, Advance), Fallback> {
         let (run, moved) = self.run(last)?;
         Ok((self.checkpoint, run, moved))
     }
@@ -1199,7 +1196,11 @@ mod tests {
     fn read_after(entries: &[Entry], first: usize, opts: &NormalizeOptions) -> Option<Value> {
         let mut cp = Checkpoint::start();
         let run = cp.continue_with(&entries[..first], opts).unwrap();
-        assert_eq!(run.advance(&mut cp, &entries[..first]).1, Advance::Moved, "a cut");
+        assert_eq!(
+            run.advance(&mut cp, &entries[..first]).1,
+            Advance::Moved,
+            "a cut"
+        );
         let resume = cp.resume_seq().unwrap();
         let at = entries.iter().position(|e| e.seq == Some(resume)).unwrap();
         let got = cp
