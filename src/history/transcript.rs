@@ -60,9 +60,10 @@ pub fn sidechain_agent(entry: &Entry) -> Option<String> {
 }
 
 /// The thread a sub-agent's entries go to: `<thread>.agent-<agent>`, keeping only the characters
-/// a thread id may hold.
+/// a thread id may hold. An agent id that had to change (another character, or past 64) gets a
+/// hash of itself, so two agents never share a thread (`a/b` and `a-b` would).
 pub fn sidechain_thread_id(thread_id: &str, agent: &str) -> String {
-    let agent: String = agent
+    let kept: String = agent
         .chars()
         .map(|c| {
             if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
@@ -73,7 +74,12 @@ pub fn sidechain_thread_id(thread_id: &str, agent: &str) -> String {
         })
         .take(64)
         .collect();
-    format!("{thread_id}.agent-{agent}")
+    if kept == agent {
+        return format!("{thread_id}.agent-{kept}");
+    }
+    use sha2::Digest;
+    let digest = hex::encode(&sha2::Sha256::digest(agent.as_bytes())[..6]);
+    format!("{thread_id}.agent-{kept}-{digest}")
 }
 
 #[cfg(test)]
@@ -117,6 +123,19 @@ mod tests {
         let side =
             entry(serde_json::json!({"type": "progress", "isSidechain": true, "agentId": "a1b2"}));
         assert_eq!(sidechain_agent(&side).as_deref(), Some("a1b2"));
-        assert_eq!(sidechain_thread_id("t", "a/b"), "t.agent-a-b");
+        assert_eq!(sidechain_thread_id("t", "a1b2"), "t.agent-a1b2");
+        let folded = ["a/b", "a\0b", "a-b", "a b"].map(|agent| sidechain_thread_id("t", agent));
+        assert!(folded[0].starts_with("t.agent-a-b-"), "{}", folded[0]);
+        assert_eq!(folded[2], "t.agent-a-b");
+        for (i, a) in folded.iter().enumerate() {
+            for b in &folded[i + 1..] {
+                assert_ne!(a, b, "two agents share a thread");
+            }
+        }
+        let long = "x".repeat(80);
+        assert_ne!(
+            sidechain_thread_id("t", &long),
+            sidechain_thread_id("t", &"x".repeat(81))
+        );
     }
 }
