@@ -11,7 +11,7 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::{router::OpenApiRouter, routes};
 
 use super::answers::{MalformedJson, Overloaded, PayloadTooLarge, ThreadNotFound, WindowTooLarge};
-use super::guard::{send_deadline, Holding, WINDOW_FLOOR_BYTES};
+use super::guard::{send_deadline, Holding};
 use super::problem::{ApiError, ApiJson, ApiPath, ApiQuery, Problem, ProblemKind};
 use super::threads::ThreadPath;
 use super::{AppState, ExpensiveSlot, Tenant};
@@ -239,7 +239,7 @@ pub async fn get_context(
     // need.
     let window_bytes = state
         .store
-        .window_bytes(&head, WINDOW_FLOOR_BYTES as i64)
+        .window_bytes(&head, state.guards.window_exact_above())
         .await?;
     let room = state.guards.window_room(window_bytes).await;
     let slot = ExpensiveSlot::acquire(&state.guards, &tenant.0).await?;

@@ -158,6 +158,12 @@ impl Guards {
             .ok()
     }
 
+    /// Past this many stored bytes, a thread's window is summed rather than charged as the whole
+    /// thread: a quarter of the budget, where over-charging would start to make reads wait.
+    pub fn window_exact_above(&self) -> i64 {
+        i64::from(self.window_budget_kib) * 1024 / 4
+    }
+
     /// The window budget's room free now, in KiB (for tests).
     pub fn window_room_free(&self) -> usize {
         self.window_budget.available_permits()
