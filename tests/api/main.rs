@@ -8,6 +8,7 @@ mod chaos;
 mod compaction_props;
 mod fake_provider;
 
+mod architecture;
 mod bounds;
 mod conformance;
 mod context;
