@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use futures_util::TryStreamExt;
 use sqlx::Row;
 
-use super::messages::entry_from_row;
+use super::rows::{entry_from_row, BOUNDARY_ROWS};
 use super::settings::{settings_from_row, ThreadSettings};
 use super::{MessageRef, Store, StoreError, TenantId};
 use crate::history::model::{subtype, Entry};
@@ -82,11 +82,6 @@ impl WindowBounds {
         }
     }
 }
-
-/// The rows of compact boundaries, as [`Entry::is_compact_boundary`] tells them: the subtype on
-/// a system entry (any other entry may carry the subtype too). Every query for "the last
-/// boundary" filters with it, so the reads and the compaction's check agree.
-pub(super) const BOUNDARY_ROWS: &str = "subtype = 'compact_boundary' AND kind = 'system'";
 
 impl Store {
     /// The entries from the last compact boundary on (and the segment it preserved by reference,
@@ -208,7 +203,7 @@ impl Store {
         mut reduce: impl FnMut(Entry) -> T,
     ) -> Result<Vec<T>, StoreError> {
         const PAGE_ENTRIES: i64 = 1_000;
-        let sql = super::messages::page_within_bytes("m.seq, m.uuid, m.created_at, m.body");
+        let sql = super::rows::page_within_bytes("m.seq, m.uuid, m.created_at, m.body");
         let mut reduced = Vec::new();
         let mut after = bounds.start_seq.max(0) - 1;
         while after + 1 < bounds.next_seq {
@@ -443,7 +438,7 @@ impl Store {
         T: Clone + Send + for<'q> sqlx::Encode<'q, sqlx::Any> + sqlx::Type<sqlx::Any> + 'static,
     {
         let mut found = Vec::with_capacity(values.len());
-        for chunk in values.chunks(super::messages::INSERT_CHUNK) {
+        for chunk in values.chunks(super::rows::INSERT_CHUNK) {
             let sql = format!(
                 "SELECT seq, uuid FROM messages WHERE thread_key = $1 AND {column} IN ({})",
                 super::list_placeholders(2, chunk.len())
@@ -457,21 +452,5 @@ impl Store {
             }
         }
         Ok(found)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::history::model::EntryKind;
-
-    #[test]
-    fn boundary_rows_name_the_boundary_subtype_on_a_system_entry() {
-        let expected = format!(
-            "subtype = '{}' AND kind = '{}'",
-            subtype::COMPACT_BOUNDARY,
-            EntryKind::System.as_str()
-        );
-        assert_eq!(BOUNDARY_ROWS, expected);
     }
 }

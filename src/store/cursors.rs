@@ -7,7 +7,7 @@
 use sqlx::any::AnyRow;
 use sqlx::{Any, Row};
 
-use super::messages::entry_from_row;
+use super::rows::entry_from_row;
 use super::{MessageRef, Store, StoreError, TenantId};
 use crate::history::model::Entry;
 
@@ -445,7 +445,7 @@ where
     E: sqlx::Executor<'e, Database = Any>,
 {
     let after_seq = row.bookmark.as_ref().map_or(-1, |b| b.seq);
-    let rows = sqlx::query(&super::messages::page_within_bytes(
+    let rows = sqlx::query(&super::rows::page_within_bytes(
         "m.seq, m.uuid, m.created_at, m.body",
     ))
     .bind(thread_key)

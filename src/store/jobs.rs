@@ -15,8 +15,7 @@ use sqlx::any::AnyRow;
 use sqlx::{Any, AnyConnection, Row, Transaction};
 use utoipa::ToSchema;
 
-use super::context::BOUNDARY_ROWS;
-use super::messages::{entry_from_row, insert_entries};
+use super::rows::{entry_from_row, insert_entries, BOUNDARY_ROWS};
 use super::{Backend, Store, StoreError, TenantId};
 use crate::history::model::Entry;
 use crate::history::normalize::context_entry_tokens;

@@ -2,22 +2,33 @@
 //!
 //! One implementation serves both backends through sqlx's `Any` driver: the schema uses only
 //! types both share (TEXT, BIGINT), and the few statements whose dialects differ branch on
-//! [`Backend`]. Handlers never see which backend they talk to.
+//! [`Backend`]. The one exception is SQLite's group writer (`append/sqlite_writer`), which runs
+//! the same statements through rusqlite on a thread of its own. Handlers never see which
+//! backend they talk to.
 //!
 //! Every read and write of thread data takes a [`TenantId`], so no caller can reach another
 //! tenant's threads by forgetting a filter.
+//!
+//! The rooms, each adding its methods to [`Store`]:
+//! - `append/`: the append engine; its module docs open with the table of the write paths.
+//! - `rows` (a leaf every other room may use): a message read back from its row, rows made ready
+//!   and inserted many to a statement, the byte-bounded page, the stored uuids' lookup.
+//! - reads: `messages` (pages, entries by uuid), `context` (the window after the last compact
+//!   boundary, its snips and tail), `cursors`, `tree` (nodes, outline, zoom), `transcripts`.
+//! - `threads`, `settings`, `keys` (tenants and API keys), `admin`.
+//! - `jobs`: the durable queue (enqueue in the caller's transaction, leases) and the
+//!   compaction's write; `payloads`: the job kinds and payloads the store enqueues itself.
 
 mod admin;
+mod append;
 mod context;
 mod cursors;
-mod group_commit;
 mod jobs;
 mod keys;
 mod messages;
 mod payloads;
-mod pg_group;
+mod rows;
 mod settings;
-mod sqlite_writer;
 mod threads;
 mod transcripts;
 mod tree;
@@ -30,19 +41,20 @@ use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
 use sqlx::{AnyPool, ConnectOptions, Executor};
 
 pub use admin::database_url;
+pub use append::{AppendOutcome, AppendRequest, GroupCommitStats, SNIP_HEADROOM_BYTES};
 pub use context::{ContextHead, ContextTail, ContextWindow, WindowBounds, MAX_WINDOW_ENTRIES};
 pub use cursors::{
     AdvanceOutcome, AdvanceRequest, BatchLimit, Bookmark, Claim, CursorState, Lease, PendingBatch,
 };
-pub use group_commit::GroupCommitStats;
 pub use jobs::{
     ClaimedJob, CompactionWrite, EnqueueOutcome, Job, JobState, NewJob, ThreadJobs, NOTIFY_CHANNEL,
 };
 pub use keys::{ApiKeyRecord, CreatedKey, KeyIdentity, TenantRecord};
-pub use messages::{fingerprint, AppendOutcome, AppendRequest, MessagePage, SNIP_HEADROOM_BYTES};
+pub use messages::MessagePage;
 pub use payloads::{
     CompactionPayload, DEFAULT_KEEP_RECENT_ROUNDS, KIND_COMPACTION, KIND_NOOP, KIND_TREE,
 };
+pub use rows::fingerprint;
 pub use settings::{ClearingSettings, MicrocompactSettings, ThreadSettings};
 pub use threads::{NewThread, Thread, ThreadPage};
 pub use tree::{NewNode, OutlineSnapshot, TreeStatus, ZoomRead};
@@ -271,11 +283,11 @@ pub struct Store {
     /// Attempts a job enqueued by a write (auto-compaction) gets.
     job_max_attempts: i64,
     /// Appends waiting to be committed together.
-    group_commit: Arc<group_commit::GroupCommit>,
-    /// PostgreSQL: how this process's last groups left their threads (`pg_group`).
-    thread_cache: Arc<pg_group::ThreadCache>,
+    group_commit: Arc<append::GroupCommit>,
+    /// PostgreSQL: how this process's last groups left their threads (`append/pg_unlocked`).
+    thread_cache: Arc<append::ThreadCache>,
     /// SQLite's group writer, on a thread of its own (a file database only).
-    sqlite_writer: Option<Arc<sqlite_writer::SqliteWriter>>,
+    sqlite_writer: Option<Arc<append::SqliteWriter>>,
 }
 
 /// How to open a [`Store`].
@@ -389,26 +401,25 @@ impl Store {
         .await?;
         // A file database gets its one writer connection, SQLite's group writer and the WAL's
         // checkpoints; an in-memory one (tests) writes through its one pool.
-        let (writer, sqlite_writer) = if backend == Backend::Sqlite
-            && !options.url.contains(":memory:")
-        {
-            let writer = open_pool(
-                backend,
-                &connect_options,
-                1,
-                options.acquire_timeout,
-                options.sqlite_synchronous,
-            )
-            .await?;
-            let file = sqlx::sqlite::SqliteConnectOptions::from_str(&options.url)?;
-            let group_writer =
-                sqlite_writer::SqliteWriter::open(file.get_filename(), options.sqlite_synchronous)?;
-            // Last, once nothing can fail: the task keeps the pool open.
-            tokio::spawn(checkpoint_wal(pool.clone()));
-            (writer, Some(Arc::new(group_writer)))
-        } else {
-            (pool.clone(), None)
-        };
+        let (writer, sqlite_writer) =
+            if backend == Backend::Sqlite && !options.url.contains(":memory:") {
+                let writer = open_pool(
+                    backend,
+                    &connect_options,
+                    1,
+                    options.acquire_timeout,
+                    options.sqlite_synchronous,
+                )
+                .await?;
+                let file = sqlx::sqlite::SqliteConnectOptions::from_str(&options.url)?;
+                let group_writer =
+                    append::SqliteWriter::open(file.get_filename(), options.sqlite_synchronous)?;
+                // Last, once nothing can fail: the task keeps the pool open.
+                tokio::spawn(checkpoint_wal(pool.clone()));
+                (writer, Some(Arc::new(group_writer)))
+            } else {
+                (pool.clone(), None)
+            };
         Ok(Store {
             pool,
             writer,
@@ -421,9 +432,9 @@ impl Store {
             // SQLite has one writer, whose groups fill while it writes. On PostgreSQL a few
             // runners, each waiting a moment for a fuller group, write most appends per commit.
             group_commit: Arc::new(match backend {
-                Backend::Sqlite => group_commit::GroupCommit::new(1, Duration::ZERO),
+                Backend::Sqlite => append::GroupCommit::new(1, Duration::ZERO),
                 // A small pool (less room for readers and workers) gets fewer.
-                Backend::Postgres => group_commit::GroupCommit::new(
+                Backend::Postgres => append::GroupCommit::new(
                     POSTGRES_GROUP_RUNNERS.min(options.max_connections.saturating_sub(2) as usize),
                     options.append_gather,
                 ),
@@ -468,8 +479,8 @@ impl Store {
     }
 
     /// What every thread's appends are held to where its settings say nothing.
-    fn append_defaults(&self) -> messages::AppendDefaults {
-        messages::AppendDefaults {
+    fn append_defaults(&self) -> append::AppendDefaults {
+        append::AppendDefaults {
             auto_compact_tokens: self.auto_compact_tokens,
             max_thread_bytes: self.max_thread_bytes,
         }
@@ -734,7 +745,7 @@ mod tests {
             }
             // The group writer's connection, which commits the appends.
             let path = dir.join(format!("{setting:?}.db"));
-            let writer = sqlite_writer::WriterConnection::open(&path, setting).unwrap();
+            let writer = append::WriterConnection::open(&path, setting).unwrap();
             let writer = writer.connection();
             let level: i64 = writer
                 .query_row("PRAGMA synchronous", [], |row| row.get(0))

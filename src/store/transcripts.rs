@@ -18,7 +18,7 @@ impl Store {
         let thread_key = self.thread_head(tenant, thread_id).await?.thread_key;
         let uuids: Vec<&str> = uuids.iter().map(String::as_str).collect();
         let mut conn = self.pool.acquire().await?;
-        super::messages::stored_hashes(&mut conn, &thread_key, &uuids).await
+        super::rows::stored_hashes(&mut conn, &thread_key, &uuids).await
     }
 
     /// `(seq, body)` of the messages with `seq > after_seq`, in seq order, at most `limit`, cut
@@ -34,7 +34,7 @@ impl Store {
         max_bytes: i64,
     ) -> Result<Vec<(i64, String)>, StoreError> {
         let thread_key = self.thread_head(tenant, thread_id).await?.thread_key;
-        let rows = sqlx::query(&super::messages::page_within_bytes("m.seq, m.body"))
+        let rows = sqlx::query(&super::rows::page_within_bytes("m.seq, m.body"))
             .bind(thread_key)
             .bind(after_seq)
             .bind(limit)

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 
 use sqlx::Row;
 
-use super::messages::entry_from_row;
+use super::rows::entry_from_row;
 use super::{now_millis, Store, StoreError, TenantId};
 use crate::history::model::Entry;
 use crate::tree::{NodeId, Outline, OutlineOptions};

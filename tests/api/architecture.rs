@@ -587,15 +587,6 @@ const KNOWN_CIRCLES: &[&[&str]] = &[
         "history/normalize/incremental.rs",
         "history/normalize/pipeline.rs",
     ],
-    &[
-        "store/context.rs",
-        "store/group_commit.rs",
-        "store/jobs.rs",
-        "store/messages.rs",
-        "store/pg_group.rs",
-        "store/settings.rs",
-        "store/sqlite_writer.rs",
-    ],
 ];
 
 #[test]

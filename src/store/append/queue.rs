@@ -31,10 +31,12 @@ use sqlx::pool::PoolConnection;
 use sqlx::{Any, AnyConnection, Connection};
 use tokio::sync::oneshot;
 
-use super::messages::{AppendStep, Bracket, GroupOutcome, Planned, PreparedBatch, UuidCheck};
-use super::pg_group::Unlocked;
-use super::sqlite_writer::{GroupWrite, WriterConnection};
-use super::{Store, StoreError, TenantId};
+use super::locked::GroupOutcome;
+use super::pg_unlocked::Unlocked;
+use super::plan::{Planned, PreparedBatch, QueuedAppend};
+use super::sql::{Transaction, UuidCheck};
+use super::sqlite_writer::{GroupWrite, Runner, WriterConnection};
+use crate::store::{Backend, Store, StoreError};
 
 /// Most appends written in one group: bounds the transaction and the wait of its last member.
 const MAX_GROUP_APPENDS: usize = 64;
@@ -63,17 +65,8 @@ impl Drop for Writer {
     }
 }
 
-/// One append waiting for its group.
-pub(super) struct QueuedAppend {
-    pub tenant: TenantId,
-    pub thread_id: String,
-    pub batch: PreparedBatch,
-    pub expected_next_seq: Option<i64>,
-    pub reply: oneshot::Sender<Result<AppendStep, StoreError>>,
-}
-
 /// The appends waiting, and how many runners are writing groups.
-pub(super) struct GroupCommit {
+pub(in crate::store) struct GroupCommit {
     state: Mutex<Queue>,
     /// Runners allowed at once: 1 on SQLite (one writer), a few on PostgreSQL.
     max_runners: usize,
@@ -109,7 +102,7 @@ struct Queue {
 }
 
 impl GroupCommit {
-    pub(super) fn new(max_runners: usize, gather: Duration) -> Self {
+    pub(in crate::store) fn new(max_runners: usize, gather: Duration) -> Self {
         GroupCommit {
             state: Mutex::new(Queue::default()),
             max_runners: max_runners.max(1),
@@ -197,13 +190,16 @@ impl GroupCommit {
 /// A runner on a task of its own, so that no caller going away can cancel a group; on SQLite,
 /// on the group writer's thread instead (`sqlite_writer`).
 fn spawn_runner(store: Store) {
-    let store = match store.sqlite_writer.clone() {
-        Some(writer) => match writer.start_runner(store) {
-            Ok(()) => return,
-            Err(store) => store,
-        },
-        None => store,
-    };
+    if let (Some(writer), Ok(runtime)) = (
+        store.sqlite_writer.clone(),
+        tokio::runtime::Handle::try_current(),
+    ) {
+        let on_thread = store.clone();
+        let run: Runner = Box::new(move |conn| runtime.block_on(on_thread.run_sqlite_groups(conn)));
+        if writer.start_runner(run).is_ok() {
+            return;
+        }
+    }
     tokio::spawn(async move {
         let runner = RunnerGuard(store);
         runner.0.run_groups(None).await;
@@ -237,7 +233,7 @@ impl Drop for RunnerGuard {
 
 impl Store {
     /// The runner, on the group writer's thread (`sqlite_writer`), writing on its connection.
-    pub(super) async fn run_sqlite_groups(&self, sqlite: &mut WriterConnection) {
+    async fn run_sqlite_groups(&self, sqlite: &mut WriterConnection) {
         let runner = RunnerGuard(self.clone());
         runner.0.run_groups(Some(sqlite)).await;
     }
@@ -343,7 +339,7 @@ impl Store {
             None => {
                 // Only SQLite's transaction is the group's own; sqlx rolls its own back when
                 // dropped.
-                writer.in_transaction = self.backend == super::Backend::Sqlite;
+                writer.in_transaction = self.backend == Backend::Sqlite;
                 self.write_group_in(conn, &group).await
             }
         };
@@ -378,15 +374,15 @@ impl Store {
         if created {
             self.job_signal.notify_one();
         }
-        for (append, plan) in group.into_iter().zip(plans) {
-            let _ = append.reply.send(plan.into_step(append.batch));
+        for (QueuedAppend { reply, batch, .. }, plan) in group.into_iter().zip(plans) {
+            let _ = reply.send(Ok((plan, batch)));
         }
         Ok(())
     }
 
     /// Begins, writes and commits the group on `conn`. The outer error is the transaction's own
     /// (begin or commit failed: nothing is stored); the inner one a statement of the group's.
-    /// On SQLite the group's own statements begin and commit (`Bracket::Inline`), so a failed
+    /// On SQLite the group's own statements begin and commit (`Transaction::OwnStatements`), so a failed
     /// statement, the commit included, is an inner error after which the transaction may still
     /// be open: the caller closes that connection.
     pub(super) async fn write_group_in(
@@ -394,14 +390,16 @@ impl Store {
         conn: &mut AnyConnection,
         group: &[QueuedAppend],
     ) -> Result<Result<Vec<Planned>, StoreError>, StoreError> {
-        if self.backend == super::Backend::Sqlite {
+        if self.backend == Backend::Sqlite {
             return Ok(
                 match self
-                    .write_group(conn, group, Bracket::Inline, UuidCheck::Read)
+                    .write_group(conn, group, Transaction::OwnStatements, UuidCheck::Read)
                     .await
                 {
-                    Ok(GroupOutcome::Planned(plans)) => Ok(plans),
-                    Ok(GroupOutcome::ReadUuids) => unreachable!("SQLite reads the uuids"),
+                    Ok(GroupOutcome::Decided(plans)) => Ok(plans),
+                    Ok(GroupOutcome::DecideAgainReadingUuids) => {
+                        unreachable!("SQLite reads the uuids")
+                    }
                     Err(error) => Err(error),
                 },
             );
@@ -413,11 +411,11 @@ impl Store {
         loop {
             let mut tx = conn.begin().await?;
             let plans = match self
-                .write_group(&mut tx, group, Bracket::Caller, check)
+                .write_group(&mut tx, group, Transaction::Caller, check)
                 .await
             {
-                Ok(GroupOutcome::Planned(plans)) => plans,
-                Ok(GroupOutcome::ReadUuids) => {
+                Ok(GroupOutcome::Decided(plans)) => plans,
+                Ok(GroupOutcome::DecideAgainReadingUuids) => {
                     // A replay, a conflict or a race with another process: decide again
                     // knowing what is stored.
                     tx.rollback().await?;
@@ -450,7 +448,7 @@ fn answer_error(alone: Vec<QueuedAppend>, error: StoreError) {
 
 /// Every append of a group whose transaction failed gets the failure: none of them is stored.
 fn answer_failed(
-    replies: impl Iterator<Item = oneshot::Sender<Result<AppendStep, StoreError>>>,
+    replies: impl Iterator<Item = oneshot::Sender<Result<(Planned, PreparedBatch), StoreError>>>,
     error: &StoreError,
 ) {
     let (message, transient) = (error.to_string(), error.is_transient());

@@ -20,13 +20,16 @@ use std::sync::mpsc;
 
 use rusqlite::{Connection, OpenFlags, ToSql};
 
-use super::group_commit::QueuedAppend;
-use super::messages::{
-    group_needs_jobs, insert_rows_sql, plan_group, read_group_sql, update_threads_sql,
-    AppendDefaults, AppendTriggers, Bracket, GroupRead, GroupThread, NewRow, Planned, RowLock,
-    UuidCheck, INSERT_CHUNK, INSERT_WIDTH, THREAD_COUNTERS_WIDTH,
+use super::plan::{
+    group_needs_jobs, plan_group, AppendDefaults, AppendTriggers, GroupThread, Planned,
+    QueuedAppend,
 };
-use super::{SqliteSynchronous, Store, StoreError};
+use super::sql::{
+    read_group_sql, update_threads_sql, GroupRead, RowLock, Transaction, UuidCheck,
+    THREAD_COUNTERS_WIDTH,
+};
+use crate::store::rows::{insert_rows_sql, NewRow, INSERT_CHUNK, INSERT_WIDTH};
+use crate::store::{Backend, SqliteSynchronous, StoreError};
 
 /// What the group writer made of a group.
 pub(super) enum GroupWrite {
@@ -37,61 +40,51 @@ pub(super) enum GroupWrite {
     Declined,
 }
 
-/// A request to run the group-commit runner on the writer's thread, for this store, with this
-/// runtime driving the runner's waits (the writer pool's connection, a declined group's sqlx
-/// statements).
-struct Start {
-    store: Store,
-    runtime: tokio::runtime::Handle,
-}
+/// The group-commit runner, handed to the writer's thread to run there, on its connection, until
+/// nobody waits. The thread knows nothing of the queue: whoever starts it passes the runner in.
+pub(super) type Runner = Box<dyn FnOnce(&mut WriterConnection) + Send>;
 
-/// The handle to the writer's thread. Between runs the thread holds no [`Store`], so it ends
-/// once the last store that can start it is dropped.
-pub(super) struct SqliteWriter {
-    starts: mpsc::Sender<Start>,
+/// The handle to the writer's thread. Between runs the thread holds no runner, and so no store:
+/// it ends once the last store that can start it is dropped.
+pub(in crate::store) struct SqliteWriter {
+    runners: mpsc::Sender<Runner>,
 }
 
 impl SqliteWriter {
     /// Opens the writer's connection on `path` and starts its thread, idle.
-    pub(super) fn open(
+    pub(in crate::store) fn open(
         path: &std::path::Path,
         synchronous: SqliteSynchronous,
     ) -> Result<Self, StoreError> {
         let mut conn = WriterConnection::open(path, synchronous)?;
-        let (starts, requests) = mpsc::channel::<Start>();
+        let (runners, requests) = mpsc::channel::<Runner>();
         std::thread::Builder::new()
             .name("loupe-sqlite-writer".to_owned())
             .spawn(move || {
-                for Start { store, runtime } in requests {
+                for run in requests {
                     // A panic of the runner ends this run only: its guard starts the next one
                     // (another request) if appends still wait, and this thread goes on.
                     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        runtime.block_on(store.run_sqlite_groups(&mut conn));
+                        run(&mut conn);
                     }));
                 }
             })
             .map_err(|e| StoreError::Config(format!("cannot start the SQLite writer: {e}")))?;
-        Ok(SqliteWriter { starts })
+        Ok(SqliteWriter { runners })
     }
 
-    /// Runs the group-commit runner on the writer's thread; gives the store back when the
-    /// thread is gone (it cannot end while this handle lives, but if it did, a task runs it).
-    /// Called from within a runtime.
-    pub(super) fn start_runner(&self, store: Store) -> Result<(), Store> {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return Err(store);
-        };
-        self.starts
-            .send(Start { store, runtime })
-            .map_err(|mpsc::SendError(start)| {
-                tracing::error!("the SQLite writer thread stopped; a task runs the appends");
-                start.store
-            })
+    /// Runs `run` on the writer's thread; gives it back when the thread is gone (it cannot end
+    /// while this handle lives, but if it did, the caller runs the groups elsewhere).
+    pub(super) fn start_runner(&self, run: Runner) -> Result<(), Runner> {
+        self.runners.send(run).map_err(|mpsc::SendError(run)| {
+            tracing::error!("the SQLite writer thread stopped; a task runs the appends");
+            run
+        })
     }
 }
 
 /// The writer's connection, and what it takes to open it again.
-pub(super) struct WriterConnection {
+pub(in crate::store) struct WriterConnection {
     conn: Connection,
     path: std::path::PathBuf,
     synchronous: SqliteSynchronous,
@@ -99,7 +92,7 @@ pub(super) struct WriterConnection {
 
 impl WriterConnection {
     /// Opens the connection with the settings of the pool's (`open_pool`).
-    pub(super) fn open(
+    pub(in crate::store) fn open(
         path: &std::path::Path,
         synchronous: SqliteSynchronous,
     ) -> Result<Self, StoreError> {
@@ -156,7 +149,7 @@ impl WriterConnection {
     }
 
     #[cfg(test)]
-    pub(super) fn connection(&self) -> &Connection {
+    pub(in crate::store) fn connection(&self) -> &Connection {
         &self.conn
     }
 }
@@ -173,8 +166,8 @@ fn connect(
     conn.execute_batch(&format!(
         "PRAGMA busy_timeout = 30000; {}; {}; PRAGMA wal_autocheckpoint = {}",
         synchronous.pragma(),
-        super::TEMP_STORE_PRAGMA,
-        super::WAL_AUTOCHECKPOINT_PAGES
+        crate::store::TEMP_STORE_PRAGMA,
+        crate::store::WAL_AUTOCHECKPOINT_PAGES
     ))
     .map_err(|e| open_failed(&e))?;
     // A statement per group shape (threads, named uuids, rows): keep the common ones prepared.
@@ -215,9 +208,9 @@ fn try_write_group(
     defaults: AppendDefaults,
 ) -> Result<GroupWrite, StoreError> {
     let read = read_group_sql(
-        super::Backend::Sqlite,
+        Backend::Sqlite,
         group,
-        Bracket::Caller,
+        Transaction::Caller,
         UuidCheck::Read,
         RowLock::ForUpdate,
     );
@@ -364,9 +357,9 @@ mod tests {
     use proptest::prelude::*;
     use sqlx::Row;
 
+    use super::super::plan::PreparedBatch;
     use super::*;
     use crate::history::model::Entry;
-    use crate::store::messages::PreparedBatch;
     use crate::store::{NewThread, Store, StoreOptions, TenantId};
 
     /// One append: its thread (the last index names no thread), its entries as (uuid from a

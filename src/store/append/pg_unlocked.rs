@@ -28,12 +28,12 @@ use std::sync::Mutex;
 
 use sqlx::AnyConnection;
 
-use super::group_commit::QueuedAppend;
-use super::messages::{
-    bind_rows, group_needs_jobs, plan_group, read_group, thread_of, AppendTriggers, Bracket,
-    GroupThread, Planned, RowLock, UuidCheck, INSERT_CHUNK, INSERT_WIDTH,
+use super::plan::{
+    group_needs_jobs, plan_group, thread_of, AppendTriggers, GroupThread, Planned, QueuedAppend,
 };
-use super::{Store, StoreError};
+use super::sql::{read_group, RowLock, Transaction, UuidCheck};
+use crate::store::rows::{bind_rows, INSERT_CHUNK, INSERT_WIDTH};
+use crate::store::{Store, StoreError};
 
 /// Threads the cache remembers; past it, it starts again empty (a full cache costs one read per
 /// thread, not a wrong answer).
@@ -48,7 +48,7 @@ const DEADLOCK_DETECTED: &str = "40P01";
 
 /// How the threads of this process's last groups were left, by (tenant, thread id).
 #[derive(Default)]
-pub(super) struct ThreadCache {
+pub(in crate::store) struct ThreadCache {
     threads: Mutex<HashMap<(String, String), CachedThread>>,
 }
 
@@ -156,8 +156,8 @@ pub(super) fn unlocked_write_sql(threads: usize, rows: usize) -> String {
          JOIN moved ON moved.thread_key = r.thread_key RETURNING 1) \
          SELECT loupe_assert(count(*) = ${}, 'a thread of the group moved since it was read') \
          FROM moved",
-        super::values_placeholders(threads, THREAD_WIDTH),
-        super::values_placeholders_from(threads * THREAD_WIDTH + 1, rows, INSERT_WIDTH),
+        crate::store::values_placeholders(threads, THREAD_WIDTH),
+        crate::store::values_placeholders_from(threads * THREAD_WIDTH + 1, rows, INSERT_WIDTH),
         threads * THREAD_WIDTH + rows * INSERT_WIDTH + 1,
     )
 }
@@ -183,7 +183,7 @@ impl Store {
                 self.backend,
                 group,
                 self.append_defaults(),
-                Bracket::Caller,
+                Transaction::Caller,
                 UuidCheck::OnInsert,
                 RowLock::None,
             )

@@ -1,0 +1,122 @@
+//! The append engine: concurrent appends committed together, a group to a transaction, each
+//! append decided in memory against its thread as the group's earlier appends left it.
+//!
+//! `Store::append` prepares the batch (uuids, fingerprints, bodies, its token estimate,
+//! [`plan::PreparedBatch`]) and queues it ([`queue`]); a runner takes the waiting appends as one
+//! group, writes it by one of the paths below, and answers each append once the group's
+//! transaction has committed, so an acknowledged append is as durable as one written alone.
+//!
+//! | path | taken when | falls back to | proven equal to the plain one by |
+//! |---|---|---|---|
+//! | [`sqlite_writer`]: the group on a thread of its own, through rusqlite | SQLite, every group | the locked group, untouched, when an append would enqueue a job or the group names more than 1,000 uuids | `store::append::sqlite_writer::tests::the_writer_thread_writes_what_the_sqlx_path_writes` (property) |
+//! | [`pg_unlocked`]: one compare-and-set statement, no locks, threads from the cache | PostgreSQL, groups of at most 200 rows | the locked group, on a refusal, a job to enqueue, a stored uuid, a thread moved meanwhile or a deadlock | `group_commit::postgres_groups_decide_as_sqlite_groups_do` (property), `group_commit::a_group_with_one_thread_moved_elsewhere_keeps_each_append_once` |
+//! | [`locked`]: the plain path, through sqlx under row locks, jobs enqueued in its transaction | whatever the others hand it, and SQLite without the writer thread | each append alone, when a statement of the group failed | `group_commit::a_refused_or_replayed_member_leaves_the_rest_of_its_group_whole`, `group_commit::a_statement_that_fails_fails_only_its_own_append` |
+//! | one append alone (the locked path, a group of one) | a group whose statement failed | none: its error is its answer | `group_commit::a_statement_that_fails_fails_only_its_own_append` |
+//!
+//! Every path decides with [`plan`] (pure, unit-tested) and writes with [`sql`]'s statements; a
+//! failure of the database itself (busy, gone, restarting) is answered to the whole group at once.
+//! Two writes of messages go elsewhere: an import appends through `Store::append` in batches,
+//! and a compaction's summary is written by `Store::write_compaction` (`store/jobs.rs`) with
+//! [`crate::store::rows`]' insert.
+
+mod locked;
+mod pg_unlocked;
+mod plan;
+mod queue;
+mod sql;
+mod sqlite_writer;
+
+pub(super) use pg_unlocked::ThreadCache;
+pub(super) use plan::AppendDefaults;
+pub use plan::SNIP_HEADROOM_BYTES;
+pub(super) use queue::GroupCommit;
+pub use queue::GroupCommitStats;
+pub(super) use sqlite_writer::SqliteWriter;
+#[cfg(test)]
+pub(super) use sqlite_writer::WriterConnection;
+
+use super::rows::numbered;
+use super::{now_millis, Store, StoreError, TenantId};
+use crate::history::model::Entry;
+use plan::{Planned, PreparedBatch, QueuedAppend};
+
+/// A batch to append to one thread.
+#[derive(Debug, Clone)]
+pub struct AppendRequest {
+    pub entries: Vec<Entry>,
+    /// Compare-and-append: fail with [`StoreError::SeqConflict`] unless the thread's next seq
+    /// is this value.
+    pub expected_next_seq: Option<i64>,
+}
+
+#[derive(Debug, Clone)]
+pub struct AppendOutcome {
+    /// The stored messages, with their `seq`, `uuid` and `created_at`.
+    pub messages: Vec<Entry>,
+    /// True when every message was already stored (an idempotent retry): nothing was written.
+    pub replayed: bool,
+    pub next_seq: i64,
+    /// The compaction job this append enqueued (or found pending) because it pushed the
+    /// context's estimated tokens past the auto-compaction threshold.
+    pub auto_compaction_job: Option<String>,
+}
+
+impl Store {
+    /// Appends a batch atomically: all of it or nothing.
+    ///
+    /// Retries are idempotent: a batch whose uuids are all stored with the same content returns
+    /// the stored messages and writes nothing. A uuid stored with other content is a conflict,
+    /// and so is a batch that is only partly stored (it cannot be the retry of one atomic append).
+    pub async fn append(
+        &self,
+        tenant: &TenantId,
+        thread_id: &str,
+        request: AppendRequest,
+    ) -> Result<AppendOutcome, StoreError> {
+        // Times are stored in milliseconds: the answer shows what a later read will.
+        let now = chrono::DateTime::from_timestamp_millis(now_millis()).unwrap_or_default();
+        let batch = PreparedBatch::new(request.entries, now)?;
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.group_commit.submit(
+            self,
+            QueuedAppend {
+                tenant: tenant.clone(),
+                thread_id: thread_id.to_owned(),
+                batch,
+                expected_next_seq: request.expected_next_seq,
+                reply,
+            },
+        );
+        let (plan, batch) = answer.await.map_err(|_| StoreError::CommitFailed {
+            message: "the append's group was abandoned".to_owned(),
+            transient: true,
+        })??;
+        match plan {
+            Planned::Write {
+                first_seq,
+                auto_compaction_job,
+                ..
+            } => Ok(AppendOutcome {
+                next_seq: first_seq + batch.len(),
+                messages: numbered(batch.entries, first_seq),
+                replayed: false,
+                auto_compaction_job,
+            }),
+            Planned::Replay {
+                thread_key,
+                next_seq,
+            } => {
+                let uuids: Vec<String> = batch.entries.into_iter().map(|p| p.uuid).collect();
+                let uuids: Vec<&str> = uuids.iter().map(String::as_str).collect();
+                let messages = self.messages_by_uuid(&thread_key, &uuids).await?;
+                Ok(AppendOutcome {
+                    messages,
+                    replayed: true,
+                    next_seq,
+                    auto_compaction_job: None,
+                })
+            }
+            Planned::Refused(error) => Err(error),
+        }
+    }
+}
