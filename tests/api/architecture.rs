@@ -575,10 +575,6 @@ fn upward_imports(
 /// so does a listed one that no longer exists (strike it from the list).
 const KNOWN_CIRCLES: &[&[&str]] = &[
     &[
-        "history/normalize/clearing.rs",
-        "history/normalize/microcompact.rs",
-    ],
-    &[
         "history/normalize/gemini.rs",
         "history/normalize/output.rs",
         "history/normalize/responses.rs",
