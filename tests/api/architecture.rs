@@ -580,10 +580,6 @@ const KNOWN_CIRCLES: &[&[&str]] = &[
         "history/normalize/responses.rs",
     ],
     &[
-        "history/normalize/incremental.rs",
-        "history/normalize/pipeline.rs",
-    ],
-    &[
         "store/context.rs",
         "store/group_commit.rs",
         "store/jobs.rs",

@@ -481,7 +481,7 @@ impl PassEnd for NoSeam {
 /// messages, API-error records, reduction to `{role, content}`) are not reported.
 pub fn normalize(entries: &[Entry], opts: &NormalizeOptions) -> Normalized {
     let mut ctx = Ctx::new(entries);
-    let mut seam = incremental::Seam::start();
+    let mut seam = incremental::CheckpointSeam::start();
     let (msgs, boundary) = pipeline::run(entries, opts, &mut seam, &mut ctx)
         .expect("a run from the start of the view never falls back");
     let mut messages = pipeline::render(msgs, opts, true, &mut ctx);
