@@ -97,13 +97,13 @@ pub mod microcompact;
 pub mod output;
 pub mod pairing;
 pub mod pipeline;
+pub mod render_shared;
 pub mod responses;
 pub mod thinking;
 pub mod tokens;
 pub mod tool_reference;
 pub mod view;
 
-pub use output::entries_from_messages;
 pub use tokens::{
     context_entry_tokens, estimate_context, estimate_entry_tokens, estimate_tokens, text_tokens,
     usage_tokens, ContextEstimate, EstimateBasis,
@@ -468,6 +468,19 @@ impl PassEnd for NoSeam {
     fn pass_done(&mut self, _msgs: &[Msg], ctx: &mut Ctx) -> Result<(), Fallback> {
         ctx.end_stage();
         Ok(())
+    }
+}
+
+/// Turns a normalized output back into entries (for idempotence checks: normalizing the result
+/// again gives the same messages). Each assistant turn gets a distinct synthetic message id
+/// (`msg_loupe_<i>`) so no merging happens across turns; `seq` is the message index. Each
+/// provider's renderer holds its inverse: [`output::entries_from_chat`] (Anthropic, Chat
+/// Completions), [`responses::entries_from_items`] and [`gemini::entries_from_contents`].
+pub fn entries_from_messages(messages: &[Value], provider: Provider) -> Vec<Entry> {
+    match provider {
+        Provider::Anthropic | Provider::Openai => output::entries_from_chat(messages, provider),
+        Provider::OpenaiResponses => responses::entries_from_items(messages),
+        Provider::Gemini => gemini::entries_from_contents(messages),
     }
 }
 
