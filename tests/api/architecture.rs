@@ -571,45 +571,17 @@ fn upward_imports(
     upward
 }
 
-/// Circles issue 32 is taking apart, each listed until it is gone; a new one fails the test, and
-/// so does a listed one that no longer exists (strike it from the list).
-const KNOWN_CIRCLES: &[&[&str]] = &[
-    &[
-        "history/normalize/clearing.rs",
-        "history/normalize/microcompact.rs",
-    ],
-    &[
-        "history/normalize/gemini.rs",
-        "history/normalize/output.rs",
-        "history/normalize/responses.rs",
-    ],
-    &[
-        "history/normalize/incremental.rs",
-        "history/normalize/pipeline.rs",
-    ],
-];
-
 #[test]
 fn no_file_imports_a_file_that_imports_it_back() {
     let house = House::read();
     let edges = house.edges();
     let found = circles(&edges);
-    let known: Vec<Vec<PathBuf>> = KNOWN_CIRCLES
-        .iter()
-        .map(|c| c.iter().map(PathBuf::from).collect())
-        .collect();
-    let new: Vec<String> = found
-        .iter()
-        .filter(|g| !known.contains(g))
-        .map(|g| describe_circle(g, &edges))
-        .collect();
+    let report: Vec<String> = found.iter().map(|g| describe_circle(g, &edges)).collect();
     assert!(
-        new.is_empty(),
+        found.is_empty(),
         "import circles under src/:\n{}",
-        new.join("\n")
+        report.join("\n")
     );
-    let gone: Vec<&Vec<PathBuf>> = known.iter().filter(|k| !found.contains(k)).collect();
-    assert!(gone.is_empty(), "strike these from KNOWN_CIRCLES: {gone:?}");
 }
 
 #[test]

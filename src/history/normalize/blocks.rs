@@ -24,6 +24,8 @@ pub const DUMMY_THOUGHT_SIGNATURE: &str = "skip_thought_signature_validator";
 pub const THOUGHT_SIGNATURE: &str = "thought_signature";
 /// Prefix of micro-compaction placeholders.
 pub const CLEARED_PREFIX: &str = "[Old tool result content cleared";
+/// What every stub of reversible clearing (`clearing`) starts with.
+pub const STUB_PREFIX: &str = "[Old tool result cleared: ";
 
 /// `(<ToolName> completed with no output)`.
 pub fn completed_with_no_output(tool: &str) -> String {
@@ -52,6 +54,23 @@ thread_local! {
 
 pub fn str_field<'a>(v: &'a Value, field: &str) -> Option<&'a str> {
     v.get(field).and_then(Value::as_str)
+}
+
+/// Size of a tool result's content in bytes: string length, or for an array the sum of text
+/// lengths plus the JSON length of the other blocks.
+pub fn content_bytes(content: Option<&Value>) -> usize {
+    match content {
+        Some(Value::String(s)) => s.len(),
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|x| match (is_type(x, "text"), str_field(x, "text")) {
+                (true, Some(t)) => t.len(),
+                _ => x.to_string().len(),
+            })
+            .sum(),
+        Some(Value::Null) | None => 0,
+        Some(other) => other.to_string().len(),
+    }
 }
 
 /// Thinking of any provider: Anthropic `thinking` / `redacted_thinking`, and OpenAI `reasoning`

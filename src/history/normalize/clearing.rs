@@ -22,13 +22,11 @@ use std::collections::HashMap;
 
 use serde_json::Value;
 
-use super::blocks::{is_type, str_field, CLEARED_PREFIX};
-use super::microcompact::content_bytes;
+/// What every stub starts with (defined with the other fixed strings, named here by stub readers).
+pub use super::blocks::STUB_PREFIX;
+use super::blocks::{content_bytes, is_type, str_field, CLEARED_PREFIX};
 use super::{Ctx, Msg, RepairKind};
 use crate::history::model::Entry;
-
-/// What every stub starts with.
-pub const STUB_PREFIX: &str = "[Old tool result cleared: ";
 
 /// Results this short are never cleared, whatever `min_bytes` says: a stub is about as long
 /// (a 64-character tool name makes one of about 130 bytes), and so is the placeholder a

@@ -26,7 +26,7 @@ use serde_json::{json, Map, Value};
 use super::blocks::{
     block_type, str_field, DUMMY_THOUGHT_SIGNATURE, NO_CONTENT, THOUGHT_SIGNATURE,
 };
-use super::output::{
+use super::render_shared::{
     assistant_entry, report_dropped, split_data_url, split_user_turn, tool_result_block, tool_text,
     tool_use_block, user_entry, ToolCall,
 };

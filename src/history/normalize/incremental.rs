@@ -16,19 +16,20 @@
 //!   compactable tools, the assistant turn that opened its tool loop in progress, its token
 //!   estimate.
 //!
-//! A read runs the same pipeline ([`pipeline::run`]) over the tail, behind a [`Seam`] that does
-//! two things. It hands the whole-request passes what the prefix holds (the first turn is not the
-//! first; the image count, request size and loop opener carry over). And it falls back, so the
-//! caller normalizes the whole window, whenever the tail could change what the checkpoint holds:
-//! a new compact boundary; a snip naming an entry before the tail (or an earlier snip naming one
-//! in it); a fragment of a response, or a tool id, the prefix already used; a tail that does not
-//! start with a plain assistant entry (attachments and media errors then stop inside the tail);
-//! a user turn at the front of the tail after any pass (it would merge into the prefix's last);
-//! more than 100 media, a change of the many-images rule where the prefix has large images, a
-//! request over 32 MB; fewer recent compactable calls than micro-compaction keeps; nothing left
-//! after the prefix (the cache breakpoint would move onto it). With clearing, the checkpoint
-//! ends before the first result left whole, so its prefix holds only stubs, and carries the
-//! sizes of those the rule had still left whole at its end: the tail's run goes on from them.
+//! A read runs the same pipeline ([`pipeline::run`]) over the tail, behind a [`CheckpointSeam`]
+//! (the pipeline's [`pipeline::Seam`]) that does two things. It hands the whole-request passes what
+//! the prefix holds (the first turn is not the first; the image count, request size and loop opener
+//! carry over). And it falls back, so the caller normalizes the whole window, whenever the tail
+//! could change what the checkpoint holds: a new compact boundary; a snip naming an entry before
+//! the tail (or an earlier snip naming one in it); a fragment of a response, or a tool id, the
+//! prefix already used; a tail that does not start with a plain assistant entry (attachments and
+//! media errors then stop inside the tail); a user turn at the front of the tail after any pass (it
+//! would merge into the prefix's last); more than 100 media, a change of the many-images rule where
+//! the prefix has large images, a request over 32 MB; fewer recent compactable calls than
+//! micro-compaction keeps; nothing left after the prefix (the cache breakpoint would move onto it).
+//! With clearing, the checkpoint ends before the first result left whole, so its prefix holds only
+//! stubs, and carries the sizes of those the rule had still left whole at its end: the tail's run
+//! goes on from them.
 //!
 //! # Moving the checkpoint
 //! After a read, the checkpoint moves to the last closed round that leaves behind it enough to
@@ -261,7 +262,7 @@ fn continue_after(
         return Err(Fallback("the checkpoint was normalized with other options"));
     }
     let mut ctx = Ctx::new(tail);
-    let mut seam = Seam::after(prefix);
+    let mut seam = CheckpointSeam::after(prefix);
     let (mut msgs, boundary) = pipeline::run(tail, opts, &mut seam, &mut ctx)?;
     let boundary = if prefix.resume_seq.is_some() {
         prefix.boundary
@@ -915,7 +916,7 @@ struct Figures {
 /// Where a pipeline run starts: at the start of the view, or after a checkpointed prefix. In the
 /// latter case it checks, pass by pass, that nothing of the tail reaches into the prefix, and
 /// gives the passes over the whole request what the prefix holds (see the module docs).
-pub struct Seam<'p> {
+pub struct CheckpointSeam<'p> {
     /// `None`: the run starts at the start of the view.
     prefix: Option<&'p Prefix>,
     /// Keep the per-message figures a checkpoint needs.
@@ -923,10 +924,10 @@ pub struct Seam<'p> {
     figures: Figures,
 }
 
-impl Seam<'static> {
+impl CheckpointSeam<'static> {
     /// A plain run from the start of the view ([`super::normalize`]).
-    pub fn start() -> Seam<'static> {
-        Seam {
+    pub fn start() -> CheckpointSeam<'static> {
+        CheckpointSeam {
             prefix: None,
             record: false,
             figures: Figures::default(),
@@ -934,9 +935,9 @@ impl Seam<'static> {
     }
 }
 
-impl<'p> Seam<'p> {
-    fn after(prefix: &'p Prefix) -> Seam<'p> {
-        Seam {
+impl<'p> CheckpointSeam<'p> {
+    fn after(prefix: &'p Prefix) -> CheckpointSeam<'p> {
+        CheckpointSeam {
             prefix: prefix.resume_seq.map(|_| prefix),
             record: true,
             figures: Figures::default(),
@@ -947,10 +948,12 @@ impl<'p> Seam<'p> {
     fn counts(&self) -> bool {
         self.record || self.prefix.is_some()
     }
+}
 
+impl pipeline::Seam for CheckpointSeam<'_> {
     /// The view's entries: from the start, the last boundary's slice (step a); after a
     /// checkpoint, every tail entry, once the tail is checked against the prefix.
-    pub fn view(&self, entries: &[Entry]) -> Result<(Vec<usize>, Option<i64>), Fallback> {
+    fn view(&self, entries: &[Entry]) -> Result<(Vec<usize>, Option<i64>), Fallback> {
         let Some(prefix) = self.prefix else {
             return Ok(view::slice_after_boundary(entries));
         };
@@ -960,7 +963,7 @@ impl<'p> Seam<'p> {
 
     /// After a checkpoint, the view (snips applied) must start with the tail's first entry, a
     /// plain assistant entry: attachments moving up and media errors looking back stop there.
-    pub fn check_view(&self, entries: &[Entry], view: &[usize]) -> Result<(), Fallback> {
+    fn check_view(&self, entries: &[Entry], view: &[usize]) -> Result<(), Fallback> {
         if self.prefix.is_none() {
             return Ok(());
         }
@@ -974,7 +977,7 @@ impl<'p> Seam<'p> {
 
     /// After conversion: fragments merge by `message.id`, and pairing removes a repeated tool id,
     /// across the whole request; after a checkpoint, neither may be one of the prefix's.
-    pub fn converted(&mut self, msgs: &[Msg]) -> Result<(), Fallback> {
+    fn converted(&mut self, msgs: &[Msg]) -> Result<(), Fallback> {
         if !self.counts() {
             return Ok(());
         }
@@ -1008,7 +1011,7 @@ impl<'p> Seam<'p> {
     }
 
     /// Before the media cap: the prefix's media count, and this run's per message.
-    pub fn count_media_items(&mut self, msgs: &[Msg]) -> Result<(), Fallback> {
+    fn count_media_items(&mut self, msgs: &[Msg]) -> Result<(), Fallback> {
         if !self.counts() {
             return Ok(());
         }
@@ -1030,7 +1033,7 @@ impl<'p> Seam<'p> {
 
     /// Whether the request holds more than [`MANY_IMAGES`] images, the prefix's included. A
     /// prefix with large images judged the other way falls back.
-    pub fn many_images(&mut self, msgs: &[Msg]) -> Result<bool, Fallback> {
+    fn many_images(&mut self, msgs: &[Msg]) -> Result<bool, Fallback> {
         if !self.counts() {
             let own = media::request_media(msgs);
             self.figures.own_media = own;
@@ -1065,7 +1068,7 @@ impl<'p> Seam<'p> {
 
     /// The request's size, when it is over [`MAX_REQUEST_BYTES`] with media to refuse (only from
     /// the start: after a checkpoint, the prefix's media would go first, so the run falls back).
-    pub fn oversized_request(&mut self, msgs: &[Msg]) -> Result<Option<usize>, Fallback> {
+    fn oversized_request(&mut self, msgs: &[Msg]) -> Result<Option<usize>, Fallback> {
         let media_bytes = self.figures.own_media.media_bytes
             + self.prefix.map_or(0, |p| p.facts.request.media_bytes);
         if !self.counts() {
@@ -1093,25 +1096,25 @@ impl<'p> Seam<'p> {
     }
 
     /// With clearing, the sizes of the prefix's results the rule had left whole.
-    pub fn clearing_carried(&self) -> &'p [u64] {
+    fn clearing_carried(&self) -> &[u64] {
         self.prefix
             .map_or(&[], |p| p.facts.clearing_whole.as_slice())
     }
 
     /// Whether the messages follow a user turn (the prefix's last), so the first is not the first.
-    pub fn after_user_turn(&self) -> bool {
+    fn after_user_turn(&self) -> bool {
         self.prefix.is_some()
     }
 
     /// The turn that opened the prefix's tool loop in progress.
-    pub fn loop_opener(&self) -> Option<&'p LoopOpener> {
+    fn loop_opener(&self) -> Option<&LoopOpener> {
         self.prefix.and_then(|p| p.facts.loop_opener.as_ref())
     }
 
     /// After the last pass: something follows the prefix (the cache breakpoint and Gemini's
     /// closing turn stay off it), no tool id sent is one of the prefix's, and with
     /// micro-compaction the prefix's compactable calls stay beyond the `keep_recent` latest.
-    pub fn check_end(&self, msgs: &[Msg], opts: &NormalizeOptions) -> Result<(), Fallback> {
+    fn check_end(&self, msgs: &[Msg], opts: &NormalizeOptions) -> Result<(), Fallback> {
         let Some(prefix) = self.prefix else {
             return Ok(());
         };
@@ -1130,7 +1133,7 @@ impl<'p> Seam<'p> {
     }
 }
 
-impl PassEnd for Seam<'_> {
+impl PassEnd for CheckpointSeam<'_> {
     /// Closes the pass's stage; after a checkpoint, the tail must still start with an assistant
     /// turn, or a pass of the whole window would have merged its first user turn into the
     /// prefix's last (or paired it with the prefix's last assistant turn).

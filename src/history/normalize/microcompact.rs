@@ -4,30 +4,13 @@ use std::collections::{HashMap, HashSet};
 
 use serde_json::Value;
 
-use super::blocks::{is_type, str_field, CLEARED_PREFIX};
+use super::blocks::{content_bytes, is_type, str_field, CLEARED_PREFIX, STUB_PREFIX};
 use super::{Ctx, MicrocompactOptions, Msg, RepairKind};
-
-/// Size of a tool result's content in bytes: string length, or for an array the sum of text
-/// lengths plus the JSON length of the other blocks.
-pub fn content_bytes(content: Option<&Value>) -> usize {
-    match content {
-        Some(Value::String(s)) => s.len(),
-        Some(Value::Array(items)) => items
-            .iter()
-            .map(|x| match (is_type(x, "text"), str_field(x, "text")) {
-                (true, Some(t)) => t.len(),
-                _ => x.to_string().len(),
-            })
-            .sum(),
-        Some(Value::Null) | None => 0,
-        Some(other) => other.to_string().len(),
-    }
-}
 
 /// Its own placeholder, or a stub of reversible clearing (which runs before it).
 fn already_cleared(content: Option<&Value>) -> bool {
     matches!(content, Some(Value::String(s))
-        if s.starts_with(CLEARED_PREFIX) || s.starts_with(super::clearing::STUB_PREFIX))
+        if s.starts_with(CLEARED_PREFIX) || s.starts_with(STUB_PREFIX))
 }
 
 /// Clears the content of results of compactable tools older than the last `keep_recent`

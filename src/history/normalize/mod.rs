@@ -3,12 +3,14 @@
 //! Reproduces Claude Code's request pipeline (`docs/NORMALIZATION.md` § Pipeline: `getMessagesAfterCompactBoundary`,
 //! `normalizeMessagesForAPI`, `ensureToolResultPairing`, `stripAdvisorBlocks`, `stripExcessMediaItems`,
 //! `addCacheBreakpoints`) and then goes further, so the output satisfies every invariant of
-//! `docs/PROVIDER-RULES.md` D1 (Anthropic) or D2 (OpenAI Chat Completions) for *any* input.
+//! `docs/PROVIDER-RULES.md` D1–D4 for its provider (Anthropic, OpenAI Chat Completions, OpenAI
+//! Responses, Gemini) for *any* input.
 //!
 //! # Pipeline, in order
-//! The passes run in [`pipeline::run`] (rendering in [`pipeline::render`]), which a read that goes
-//! on from a checkpoint of the window's prefix shares: [`incremental`] runs them over the entries
-//! after the checkpoint only (`docs/NORMALIZATION.md` § Incremental reads).
+//! The passes run in [`pipeline::run`], each ended by the run's [`pipeline::Seam`]; rendering is
+//! [`pipeline::render`]. A read that goes on from a checkpoint of the window's prefix runs the
+//! same passes over the entries after the checkpoint only ([`incremental`], `docs/NORMALIZATION.md`
+//! § Incremental reads).
 //! 1. [`view::slice_after_boundary`] (a): the last compact boundary and what follows it; Loupe's
 //!    `preserved_segment {first_seq, last_seq}` re-inserts the kept range after the summaries.
 //! 2. [`view::hide_snipped`] (b): every `snip` entry of the input hides its `removed_uuids`.
@@ -17,8 +19,8 @@
 //! 5. [`media::build_strip_map`] (e): media-error → target message map (interactive and `-p` texts).
 //! 6. [`convert::to_messages`] (e, f): drop progress/system/API-error entries, `local_command` → user
 //!    text, strip the media named by API errors; Loupe block hygiene (non-object blocks, unknown /
-//!    unsupported block types, blocks in the wrong role, unsigned/malformed thinking, thinking in
-//!    `strip` mode / OpenAI, non-object `tool_use.input`).
+//!    unsupported block types, blocks in the wrong role, unsigned/malformed thinking, reasoning in
+//!    `strip` mode / for another provider or model, non-object `tool_use.input`).
 //! 7. [`tool_reference::strip_tool_references`] (g).
 //! 8. [`merge::merge_messages`] (h): same-id fragment merge across interleaved tool results (indexed
 //!    by message id, linear) and `mergeUserMessages` (`joinTextAtSeam`, tool results hoisted).
@@ -26,20 +28,24 @@
 //!    empty/whitespace text blocks, trailing thinking, adjacent users merged,
 //!    `ensureNonEmptyAssistantContent`, `sanitizeErrorToolResultContent`.
 //! 10. [`pairing::ensure_tool_result_pairing`] (j).
-//! 11. [`advisor::strip_advisor_blocks`] (k); media: [`media::refuse_unacceptable`] (Loupe: media
-//!     type, magic bytes, 5 MB of base64, 8000 px), [`media::strip_excess_media`] (l),
-//!     [`media::enforce_request_limits`] (Loupe: 2000 px beyond 20 images, 32 MB in all).
-//! 12. [`enforce`] (Loupe): id sanitizing, empty error results, trailing thinking, empty turns,
-//!     first turn `user`, strict alternation; then, with `thinking=enabled` (Anthropic),
-//!     [`thinking::close_loop_without_thinking`].
-//! 13. [`microcompact::microcompact`] (optional; only rewrites tool-result content, so it runs
-//!     last, on the final shape; results are found by the final, already paired ids), then
-//!     [`clearing::clear_old_results`] (optional, reversible: old results become stubs naming
-//!     their zoom address, in batches).
-//! 14. Rendering, a final pure step over the shared working shape: [`cache::add_cache_breakpoint`]
-//!     (m) and [`output::to_anthropic`] (n), [`output::to_openai`] (Chat Completions),
-//!     [`responses::to_responses`] (Responses `input` items) or [`gemini::to_gemini`]
-//!     (`contents`).
+//! 11. [`advisor::strip_advisor_blocks`] (k, unless `advisor`); media:
+//!     [`media::refuse_unacceptable`] (Loupe: media type, magic bytes, 5 MB of base64, 8000 px),
+//!     [`media::strip_excess_media`] (l), then the request-wide limits (Loupe):
+//!     [`media::refuse_large_images_of_many`] (2000 px beyond 20 images) and
+//!     [`media::refuse_oldest_until_fits`] (32 MB in all).
+//! 12. [`enforce::run`] (Loupe): id sanitizing, empty error results, trailing thinking, empty
+//!     turns, first turn `user`, strict alternation; then, with `thinking=enabled` (Anthropic),
+//!     [`thinking::close_loop_after`].
+//! 13. Optional tool-result rewrites, on the final shape (results are found by the final, already
+//!     paired ids): [`clearing::clear_old_results`] (reversible: old results become stubs naming
+//!     their zoom address, in batches), then [`microcompact::microcompact`] (last, so a
+//!     placeholder written by an earlier step is never cleared only on a second pass).
+//! 14. Rendering, over the shared working shape: [`cache::add_cache_breakpoint`] (m) and
+//!     [`output::to_anthropic`] (n), [`output::to_openai`] (Chat Completions),
+//!     [`responses::to_responses`] (Responses `input` items) or [`gemini::unsigned_contents`]
+//!     (`contents`, whose current turn [`normalize`] then signs: [`gemini::sign_current_turn`]).
+//!     The renderers share [`render_shared`]; each holds its own inverse, which
+//!     [`entries_from_messages`] picks by provider.
 //!
 //! Provider-specific reasoning lives in the stored assistant content: Anthropic `thinking` /
 //! `redacted_thinking` blocks, OpenAI Responses `reasoning` items stored as blocks of type
@@ -58,8 +64,8 @@
 //! - Blocks that are not JSON objects with a string `type`, user-only blocks in assistant turns and
 //!   assistant-only blocks in user turns are dropped; a non-object `tool_use.input` is repaired.
 //! - Block types the provider does not accept (unknown / future types such as `future_block`, and
-//!   the beta types `compaction`, `fallback`, `tool_addition`, `tool_removal`) are dropped for both
-//!   providers (`unsupported_block_dropped`, naming the entry); storage keeps them verbatim.
+//!   the beta types `compaction`, `fallback`, `tool_addition`, `tool_removal`) are dropped for every
+//!   provider (`unsupported_block_dropped`, naming the entry); storage keeps them verbatim.
 //! - Orphan server-tool results (`*_tool_result` without an earlier `server_tool_use`) are removed.
 //! - Tool ids are rewritten deterministically and consistently on both sides when they do not match
 //!   the provider's pattern (`^[a-zA-Z0-9_-]+$`; `^srvtoolu_…` for server tools; ≤ 40 chars on OpenAI).
@@ -97,13 +103,13 @@ pub mod microcompact;
 pub mod output;
 pub mod pairing;
 pub mod pipeline;
+pub mod render_shared;
 pub mod responses;
 pub mod thinking;
 pub mod tokens;
 pub mod tool_reference;
 pub mod view;
 
-pub use output::entries_from_messages;
 pub use tokens::{
     context_entry_tokens, estimate_context, estimate_entry_tokens, estimate_tokens, text_tokens,
     usage_tokens, ContextEstimate, EstimateBasis,
@@ -471,6 +477,19 @@ impl PassEnd for NoSeam {
     }
 }
 
+/// Turns a normalized output back into entries (for idempotence checks: normalizing the result
+/// again gives the same messages). Each assistant turn gets a distinct synthetic message id
+/// (`msg_loupe_<i>`) so no merging happens across turns; `seq` is the message index. Each
+/// provider's renderer holds its inverse: [`output::entries_from_chat`] (Anthropic, Chat
+/// Completions), [`responses::entries_from_items`] and [`gemini::entries_from_contents`].
+pub fn entries_from_messages(messages: &[Value], provider: Provider) -> Vec<Entry> {
+    match provider {
+        Provider::Anthropic | Provider::Openai => output::entries_from_chat(messages, provider),
+        Provider::OpenaiResponses => responses::entries_from_items(messages),
+        Provider::Gemini => gemini::entries_from_contents(messages),
+    }
+}
+
 /// Normalizes a stored history into the provider's message list. See the module docs for the
 /// pipeline. Deterministic; never fails; the output satisfies `docs/PROVIDER-RULES.md` D1 / D2 once the
 /// caller adds its next user turn (merged into a trailing user turn, if any).
@@ -481,7 +500,7 @@ impl PassEnd for NoSeam {
 /// messages, API-error records, reduction to `{role, content}`) are not reported.
 pub fn normalize(entries: &[Entry], opts: &NormalizeOptions) -> Normalized {
     let mut ctx = Ctx::new(entries);
-    let mut seam = incremental::Seam::start();
+    let mut seam = incremental::CheckpointSeam::start();
     let (msgs, boundary) = pipeline::run(entries, opts, &mut seam, &mut ctx)
         .expect("a run from the start of the view never falls back");
     let mut messages = pipeline::render(msgs, opts, true, &mut ctx);

@@ -10,7 +10,7 @@
 
 use serde_json::Value;
 
-use super::incremental::Seam;
+use super::thinking::LoopOpener;
 use super::{
     advisor, cache, cleanup, clearing, convert, enforce, gemini, media, merge, microcompact,
     output, pairing, responses, thinking, tool_reference, view, Ctx, Fallback, Msg,
@@ -18,11 +18,39 @@ use super::{
 };
 use crate::history::model::Entry;
 
+/// Where a run starts, as [`run`] asks it: at the start of the view, or after a checkpointed
+/// prefix (`incremental` implements it). Besides ending each pass ([`PassEnd`]), it gives the
+/// view's entries and the passes over the whole request what the prefix holds, and checks that
+/// nothing of the run reaches into the prefix; a check that fails ends the run with a
+/// [`Fallback`].
+pub trait Seam: PassEnd {
+    /// The view's entries (indices into `entries`) and the boundary the view starts at.
+    fn view(&self, entries: &[Entry]) -> Result<(Vec<usize>, Option<i64>), Fallback>;
+    /// The view once snips are applied.
+    fn check_view(&self, entries: &[Entry], view: &[usize]) -> Result<(), Fallback>;
+    /// The messages as converted, before any merge or pairing.
+    fn converted(&mut self, msgs: &[Msg]) -> Result<(), Fallback>;
+    /// Before the media cap.
+    fn count_media_items(&mut self, msgs: &[Msg]) -> Result<(), Fallback>;
+    /// Whether the request holds more than [`media::MANY_IMAGES`] images.
+    fn many_images(&mut self, msgs: &[Msg]) -> Result<bool, Fallback>;
+    /// The request's size, when it is over [`media::MAX_REQUEST_BYTES`] with media to refuse.
+    fn oversized_request(&mut self, msgs: &[Msg]) -> Result<Option<usize>, Fallback>;
+    /// Whether the messages follow a user turn, so the first is not the first.
+    fn after_user_turn(&self) -> bool;
+    /// The turn that opened the tool loop in progress before the run.
+    fn loop_opener(&self) -> Option<&LoopOpener>;
+    /// With clearing, the sizes of the results before the run the rule had left whole.
+    fn clearing_carried(&self) -> &[u64];
+    /// After the last pass.
+    fn check_end(&self, msgs: &[Msg], opts: &NormalizeOptions) -> Result<(), Fallback>;
+}
+
 /// Steps 1–13: the entries → the final working messages, and the boundary the view starts at.
 pub fn run(
     entries: &[Entry],
     opts: &NormalizeOptions,
-    seam: &mut Seam,
+    seam: &mut impl Seam,
     ctx: &mut Ctx,
 ) -> Result<(Vec<Msg>, Option<i64>), Fallback> {
     let (view, boundary) = seam.view(entries)?;

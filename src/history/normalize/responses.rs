@@ -20,7 +20,7 @@ use std::collections::HashMap;
 use serde_json::{json, Value};
 
 use super::blocks::{block_type, str_field, NO_CONTENT};
-use super::output::{
+use super::render_shared::{
     assistant_entry, parse_arguments, part_to_block, report_dropped, split_user_turn,
     tool_result_block, tool_text, tool_use_block, user_entry, ToolCall,
 };

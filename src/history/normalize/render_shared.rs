@@ -1,0 +1,242 @@
+//! What the provider renderers ([`super::output`], [`super::responses`], [`super::gemini`])
+//! share, so that each imports it from here and none imports another: Chat Completions user parts
+//! and tool-result text (which the Responses and Gemini forms start from), the report of a block
+//! with no equivalent, tool calls, and, for their inverses, the entries and stored blocks an
+//! output turns back into.
+
+use serde_json::{json, Value};
+
+use super::blocks::{block_type, completed_with_no_output, is_type, str_field};
+use super::{Block, Ctx, RepairKind};
+use crate::history::model::{ApiMessage, Content, Entry, EntryKind, Role};
+
+pub(super) fn role_str(role: Role) -> &'static str {
+    match role {
+        Role::User => "user",
+        Role::Assistant => "assistant",
+    }
+}
+
+fn texts_of(items: &[Value]) -> Vec<String> {
+    items
+        .iter()
+        .filter_map(|x| match block_type(x) {
+            Some("text") => str_field(x, "text").map(String::from),
+            Some("image") => Some("[image]".into()),
+            Some("document") => Some("[document]".into()),
+            Some("tool_reference") => Some(format!(
+                "[tool_reference: {}]",
+                str_field(x, "tool_name").unwrap_or("")
+            )),
+            Some("search_result") => Some(search_result_text(x)),
+            _ => Some(x.to_string()),
+        })
+        .collect()
+}
+
+fn search_result_text(v: &Value) -> String {
+    match v.get("content") {
+        Some(Value::Array(items)) => texts_of(items).join("\n\n"),
+        Some(Value::String(s)) => s.clone(),
+        _ => String::new(),
+    }
+}
+
+/// A tool result's content as the string of an OpenAI tool message.
+pub(super) fn tool_text(v: &Value, name: &str) -> String {
+    let s = match v.get("content") {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(items)) => texts_of(items).join("\n\n"),
+        Some(Value::Null) | None => String::new(),
+        Some(other) => other.to_string(),
+    };
+    if s.trim().is_empty() {
+        completed_with_no_output(name)
+    } else {
+        s
+    }
+}
+
+/// One user block as an OpenAI content part; `None` when it has no equivalent.
+pub(super) fn user_part(v: &Value) -> Option<Value> {
+    let source = v.get("source");
+    let src_type = source.and_then(|s| str_field(s, "type"));
+    match block_type(v)? {
+        "text" => Some(json!({"type": "text", "text": str_field(v, "text").unwrap_or("")})),
+        "image" => {
+            let url = match src_type {
+                Some("base64") => {
+                    let s = source?;
+                    format!(
+                        "data:{};base64,{}",
+                        str_field(s, "media_type").unwrap_or("image/png"),
+                        str_field(s, "data").unwrap_or("")
+                    )
+                }
+                Some("url") => str_field(source?, "url")?.to_string(),
+                _ => return Some(json!({"type": "text", "text": "[image]"})),
+            };
+            Some(json!({"type": "image_url", "image_url": {"url": url}}))
+        }
+        "document" => {
+            let s = source;
+            match src_type {
+                Some("base64")
+                    if s.and_then(|s| str_field(s, "media_type")) == Some("application/pdf") =>
+                {
+                    let data = str_field(s?, "data").unwrap_or("");
+                    let filename = str_field(v, "title").unwrap_or("document.pdf");
+                    Some(json!({"type": "file", "file": {
+                        "filename": filename,
+                        "file_data": format!("data:application/pdf;base64,{data}"),
+                    }}))
+                }
+                Some("text") => {
+                    Some(json!({"type": "text", "text": str_field(s?, "data").unwrap_or("")}))
+                }
+                Some("url") => Some(
+                    json!({"type": "text", "text": format!("[document: {}]", str_field(s?, "url").unwrap_or(""))}),
+                ),
+                _ => Some(json!({"type": "text", "text": "[document]"})),
+            }
+        }
+        "search_result" => Some(json!({"type": "text", "text": search_result_text(v)})),
+        _ => None,
+    }
+}
+
+/// Reports a block the target `api` has no form for (`unsupported_block_dropped`).
+pub(super) fn report_dropped(ctx: &mut Ctx, role: Role, block: &Block, api: &str) {
+    ctx.report(
+        RepairKind::UnsupportedBlockDropped,
+        [block.src],
+        format!(
+            "dropped {} {} block: no {api} equivalent",
+            role_str(role),
+            block_type(&block.v).unwrap_or("?")
+        ),
+    );
+}
+
+/// A `tool_use` block as the call an assistant turn makes in the OpenAI and Gemini APIs.
+pub(super) struct ToolCall<'a> {
+    pub id: &'a str,
+    pub name: &'a str,
+    input: Option<&'a Value>,
+}
+
+impl<'a> ToolCall<'a> {
+    pub fn of(block: &'a Value) -> Self {
+        ToolCall {
+            id: str_field(block, "id").unwrap_or(""),
+            name: str_field(block, "name").unwrap_or(""),
+            input: block.get("input"),
+        }
+    }
+
+    /// The input as a JSON string (OpenAI's `arguments`), `{}` when there is none.
+    pub fn arguments(&self) -> String {
+        self.input
+            .map_or_else(|| "{}".to_string(), Value::to_string)
+    }
+
+    /// The input as an object (Gemini's `args`), `{}` when there is none.
+    pub fn args(&self) -> Value {
+        self.input.cloned().unwrap_or_else(|| json!({}))
+    }
+}
+
+/// A user turn's blocks as the OpenAI and Gemini renderers take them: its `tool_result` blocks in
+/// order, and its other blocks as Chat Completions parts ([`user_part`]). A block with neither
+/// form is reported dropped (no `api` equivalent).
+pub(super) fn split_user_turn(
+    blocks: Vec<Block>,
+    api: &str,
+    ctx: &mut Ctx,
+) -> (Vec<Value>, Vec<Value>) {
+    let mut results = Vec::new();
+    let mut parts = Vec::new();
+    for b in blocks {
+        if is_type(&b.v, "tool_result") {
+            results.push(b.v);
+        } else if let Some(p) = user_part(&b.v) {
+            parts.push(p);
+        } else {
+            report_dropped(ctx, Role::User, &b, api);
+        }
+    }
+    (results, parts)
+}
+
+/// The media type and the data of a base64 `data:` URL.
+pub(super) fn split_data_url(url: &str) -> Option<(&str, &str)> {
+    url.strip_prefix("data:")?.split_once(";base64,")
+}
+
+pub(super) fn part_to_block(p: &Value) -> Value {
+    match block_type(p) {
+        Some("image_url") => {
+            let url = p
+                .get("image_url")
+                .and_then(|u| str_field(u, "url"))
+                .unwrap_or("");
+            match split_data_url(url) {
+                Some((media, data)) => {
+                    json!({"type": "image", "source": {"type": "base64", "media_type": media, "data": data}})
+                }
+                None => json!({"type": "image", "source": {"type": "url", "url": url}}),
+            }
+        }
+        Some("file") => {
+            let f = p.get("file").cloned().unwrap_or_default();
+            let data = str_field(&f, "file_data").unwrap_or("");
+            let (media, b64) = split_data_url(data).unwrap_or(("application/pdf", data));
+            let mut doc = json!({"type": "document", "source": {"type": "base64", "media_type": media, "data": b64}});
+            if let Some(name) = str_field(&f, "filename") {
+                doc["title"] = json!(name);
+            }
+            doc
+        }
+        _ => p.clone(),
+    }
+}
+
+fn entry(i: usize, kind: EntryKind, role: Role, content: Content, id: Option<String>) -> Entry {
+    Entry {
+        seq: Some(i as i64),
+        message: Some(ApiMessage {
+            id,
+            ..ApiMessage::new(role, content)
+        }),
+        ..Entry::new(kind)
+    }
+}
+
+/// The user entry of the `i`th message of an output.
+pub(super) fn user_entry(i: usize, content: Content) -> Entry {
+    entry(i, EntryKind::User, Role::User, content, None)
+}
+
+/// The assistant entry of the `i`th message of an output, with the synthetic message id
+/// `msg_loupe_<i>`, distinct for each turn so that no two turns merge.
+pub(super) fn assistant_entry(i: usize, content: Content) -> Entry {
+    let id = Some(format!("msg_loupe_{i}"));
+    entry(i, EntryKind::Assistant, Role::Assistant, content, id)
+}
+
+/// A stored `tool_use` block.
+pub(super) fn tool_use_block(id: &str, name: &str, input: Value) -> Value {
+    json!({"type": "tool_use", "id": id, "name": name, "input": input})
+}
+
+/// The input of a call whose `arguments` are a JSON string (OpenAI); `{}` when they do not parse.
+pub(super) fn parse_arguments(arguments: Option<&str>) -> Value {
+    arguments
+        .and_then(|a| serde_json::from_str::<Value>(a).ok())
+        .unwrap_or_else(|| json!({}))
+}
+
+/// A stored `tool_result` block answering the call `id`.
+pub(super) fn tool_result_block(id: &str, content: Value) -> Value {
+    json!({"type": "tool_result", "tool_use_id": id, "content": content})
+}
