@@ -12,6 +12,7 @@ use utoipa_axum::{router::OpenApiRouter, routes};
 
 use super::answers::{MalformedJson, Overloaded, PayloadTooLarge, ThreadNotFound, WindowTooLarge};
 use super::guard::{send_deadline, Holding};
+use super::options::{tool_list, SendOptions};
 use super::problem::{ApiError, ApiJson, ApiPath, ApiQuery, Problem, ProblemKind};
 use super::threads::ThreadPath;
 use super::{AppState, ExpensiveSlot, Tenant};
@@ -20,7 +21,6 @@ use crate::context::{
 };
 use crate::history::ingest::{check_entry, MAX_UUID_LEN};
 use crate::history::model::Entry;
-use crate::history::normalize::ids::{is_valid_tool_name, TOOL_NAME_RULE};
 use crate::history::{
     group_rounds, normalize, round_skeleton, NormalizeOptions, Normalized, Provider, Round,
     ThinkingMode,
@@ -91,55 +91,20 @@ pub enum ContextView {
 }
 
 impl ContextOptions {
+    /// The normalizer's options, checked by the parser `/normalize` shares; a bad one is 400
+    /// `bad-request`, as for every query parameter.
     pub(crate) fn normalize_options(&self) -> Result<NormalizeOptions, ApiError> {
-        let tools = match &self.tools {
-            None => None,
-            Some(list) => {
-                let names: Vec<String> = list
-                    .split(',')
-                    .map(str::trim)
-                    .filter(|name| !name.is_empty())
-                    .map(str::to_owned)
-                    .collect();
-                if let Some(bad) = first_invalid_tool(&names) {
-                    return Err(ApiError::bad_request(format!(
-                        "tools: {:?} is not a tool name ({TOOL_NAME_RULE})",
-                        names[bad]
-                    )));
-                }
-                Some(names)
-            }
-        };
-        if let Some(model) = &self.model {
-            if !valid_model(model) {
-                return Err(ApiError::bad_request(format!(
-                    "model: {model:?} is not a model id ({MODEL_RULE})"
-                )));
-            }
-        }
-        Ok(NormalizeOptions {
+        SendOptions {
             provider: self.provider,
-            tools,
+            tools: self.tools.as_deref().map(tool_list),
             thinking: self.thinking,
             model: self.model.clone(),
             cache: self.cache,
             advisor: self.advisor,
-            microcompact: None,
-            clearing: None,
-        })
+        }
+        .parse()
+        .map_err(|error| ApiError::bad_request(error.to_string()))
     }
-}
-
-/// Model ids as Loupe accepts them.
-const MODEL_RULE: &str = "1–256 characters, no control characters";
-
-fn valid_model(model: &str) -> bool {
-    (1..=256).contains(&model.chars().count()) && !model.chars().any(char::is_control)
-}
-
-/// The position of the first name that is not a tool name the providers accept.
-fn first_invalid_tool(names: &[String]) -> Option<usize> {
-    names.iter().position(|name| !is_valid_tool_name(name))
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -422,29 +387,16 @@ pub async fn normalize_history(
     for (index, entry) in request.messages.iter().enumerate() {
         check_entry(entry, &format!("messages[{index}]")).map_err(ApiError::field)?;
     }
-    if let Some(bad) = request.tools.as_deref().and_then(first_invalid_tool) {
-        return Err(ApiError::invalid_field(
-            format!("tools[{bad}]"),
-            format!("a tool name is {TOOL_NAME_RULE}"),
-        ));
-    }
-    if let Some(model) = request.model.as_deref().filter(|m| !valid_model(m)) {
-        return Err(ApiError::invalid_field(
-            "model",
-            format!("{model:?} is not a model id ({MODEL_RULE})"),
-        ));
-    }
-    let options = NormalizeOptions {
+    let options = SendOptions {
         provider: request.provider,
         tools: request.tools,
         thinking: request.thinking,
         model: request.model,
         cache: request.cache,
         advisor: request.advisor,
-        microcompact: None,
-        // A stub names a stored message to zoom to; this history is not stored.
-        clearing: None,
-    };
+    }
+    .parse()
+    .map_err(ApiError::field)?;
     // Entries without a seq are numbered by position so repairs can name them.
     let mut entries = request.messages;
     for (index, entry) in entries.iter_mut().enumerate() {

@@ -11,6 +11,7 @@ pub mod health;
 pub mod jobs;
 pub mod messages;
 pub mod observe;
+pub mod options;
 pub mod problem;
 pub mod settings;
 pub mod threads;
