@@ -9,6 +9,7 @@ mod compaction_props;
 mod fake_provider;
 
 mod bounds;
+mod cli_help;
 mod conformance;
 mod context;
 mod context_cache;
