@@ -264,6 +264,9 @@ pub struct SnipResponse {
 
 /// Hide messages from every later context. Nothing is deleted: the messages stay readable through
 /// the messages API, and the snip is itself an appended entry.
+///
+/// The request names at least one message, by `seqs` or `uuids` (both may be given); every one
+/// named must be in the thread, or nothing is stored and the answer is 409 `no-such-message`.
 #[utoipa::path(
     post, path = "/v1/threads/{thread_id}/snip", tag = "context", operation_id = "snipMessages",
     params(ThreadPath),
@@ -272,8 +275,8 @@ pub struct SnipResponse {
         (status = 201, description = "The snip entry was appended", body = SnipResponse),
         (status = 200, description = "The same snip was already stored (idempotent retry)", body = SnipResponse),
         ThreadNotFound,
-        (status = 409, description = "The snip uuid is used by another entry (`uuid-conflict`)", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Nothing named, or a named message does not exist (`validation`)", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The thread holds no message with a seq or uuid the request names (`no-such-message`; `errors[0].field` is `seqs` or `uuids`, `detail` names the message), or the snip uuid is used by another entry (`uuid-conflict`)", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Nothing named, or an invalid uuid (`validation`; `errors[0].field` names it)", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn snip_messages(
