@@ -245,7 +245,9 @@ pub async fn get_context(
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({"seqs": [4, 5], "uuid": "snip-7f3a"}))]
 pub struct SnipRequest {
-    /// The messages to hide, by seq.
+    /// The messages to hide, by seq. A snip names at least one message: `seqs`, `uuids` or
+    /// both hold one (422 `validation` otherwise), and each must be in the thread (409
+    /// `no-such-message` otherwise).
     #[serde(default)]
     pub seqs: Vec<i64>,
     /// The messages to hide, by uuid.

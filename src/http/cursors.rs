@@ -228,7 +228,7 @@ fn normalize_batch(mut entries: Vec<Entry>, options: &NormalizeOptions) -> Norma
 #[schema(example = json!({"limit": 50, "lease_seconds": 120}))]
 pub struct ClaimRequest {
     /// Most entries in the batch, 1–1000 (default 100); the batch is also cut at the server's
-    /// page byte limit.
+    /// page byte limit. When both this and the query's `limit` are given, this one counts.
     #[schema(minimum = 1, maximum = 1000)]
     pub limit: Option<u32>,
     /// How long the lease lives, 1 to the server's maximum, `--cursor-lease-max-secs` (3,600

@@ -105,6 +105,8 @@ impl ClearingBody {
 
 /// Outline mode: the context's `view=outline` sends the old messages as summary lines, coarser
 /// with age, and the tree of lines is built in the background. Unset sizes take the defaults.
+/// One rule ties two members, which the schema cannot say: `budget_bytes` ≥ 4 × `line_bytes`
+/// (with their defaults filled in).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct OutlineBody {
@@ -113,8 +115,10 @@ pub struct OutlineBody {
     /// Target bytes of one line (default 512, at least 64).
     #[schema(minimum = 64, maximum = 16384)]
     pub line_bytes: Option<usize>,
-    /// Bytes of all the outline's lines, at least 4 lines (4 × `line_bytes`); past it, old lines
-    /// merge in a batch down to half (default 128,000).
+    /// Bytes of all the outline's lines; past it, old lines merge in a batch down to half
+    /// (default 128,000). Cross-field rule (422 `validation` otherwise): at least 4 lines,
+    /// `budget_bytes` ≥ 4 × `line_bytes`, counting the line size in force (512 when
+    /// `line_bytes` is not sent).
     #[schema(minimum = 256, maximum = 10000000)]
     pub budget_bytes: Option<usize>,
     /// Estimated tokens of the messages sent whole after the outline; past it, whole rounds move
@@ -144,7 +148,9 @@ impl OutlineBody {
     }
 }
 
-/// A thread's settings. `null` (or absent) means the server default.
+/// A thread's settings. `null` (or absent) means the server default. Beside each member's own
+/// bounds, one rule ties two of them: `outline.budget_bytes` ≥ 4 × `outline.line_bytes` (422
+/// `validation`, naming `outline.budget_bytes`).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({"auto_compact_tokens": 100000,

@@ -107,3 +107,51 @@ async fn the_service_serves_its_document_and_a_docs_page() {
 fn write_openapi() {
     std::fs::write(CHECKED_IN, generated()).unwrap();
 }
+
+/// The rules that tie members together, which JSON Schema cannot state, are stated in words
+/// where a client generated from the document shows them: the members' descriptions.
+#[test]
+fn the_document_states_the_rules_a_schema_cannot() {
+    let document = loupe::http::openapi();
+    let schemas = &document["components"]["schemas"];
+    let description = |pointer: &str| {
+        schemas
+            .pointer(pointer)
+            .and_then(Value::as_str)
+            .unwrap_or_else(|| panic!("no description at {pointer}"))
+            .to_owned()
+    };
+    for (pointer, rule) in [
+        (
+            "/OutlineBody/properties/budget_bytes/description",
+            "4 × `line_bytes`",
+        ),
+        ("/OutlineBody/description", "4 × `line_bytes`"),
+        (
+            "/ThreadSettingsBody/description",
+            "`outline.budget_bytes` ≥ 4 × `outline.line_bytes`",
+        ),
+        (
+            "/AppendMessagesRequest/properties/messages/description",
+            "unique",
+        ),
+        (
+            "/ClaimRequest/properties/limit/description",
+            "query's `limit`",
+        ),
+        (
+            "/SnipRequest/properties/seqs/description",
+            "at least one message",
+        ),
+        (
+            "/SnipRequest/properties/seqs/description",
+            "`no-such-message`",
+        ),
+    ] {
+        let text = description(pointer);
+        assert!(
+            text.contains(rule),
+            "{pointer}: {text:?} does not say {rule:?}"
+        );
+    }
+}
