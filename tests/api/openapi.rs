@@ -155,3 +155,22 @@ fn the_document_states_the_rules_a_schema_cannot() {
         );
     }
 }
+
+/// The transcript import and export offer JSON beside JSON Lines, an array of the entries the
+/// lines hold, so that generated clients type both operations.
+#[test]
+fn import_and_export_offer_a_json_array_of_entries() {
+    let document = loupe::http::openapi();
+    let path = |p: &str| &document["paths"][p];
+    let import = &path("/v1/threads/{thread_id}/import")["post"]["requestBody"]["content"];
+    let export = &path("/v1/threads/{thread_id}/export")["get"]["responses"]["200"]["content"];
+    for content in [import, export] {
+        assert!(content["application/x-ndjson"].is_object(), "{content}");
+        let array = &content["application/json"]["schema"];
+        assert_eq!(array["type"], "array", "{content}");
+        assert_eq!(
+            array["items"]["$ref"], "#/components/schemas/Entry",
+            "{content}"
+        );
+    }
+}
