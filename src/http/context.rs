@@ -172,9 +172,14 @@ pub async fn get_rounds(
 ///
 /// The list is what precedes the caller's next user turn. When it ends with a user turn (for
 /// example synthetic tool results), merge the next user content into that turn after its
-/// `tool_result` blocks. `estimated_tokens` is a rough estimate of the tokens
-/// (characters / 4; images and documents 2,000 each). The thread's micro-compaction settings
-/// (`/settings`) apply: old results of compactable tools may be replaced by a placeholder.
+/// `tool_result` blocks. The thread's micro-compaction settings (`/settings`) apply: old results
+/// of compactable tools may be replaced by a placeholder.
+///
+/// Two token counts come back. `context_tokens` is the thread's context size close to the
+/// provider's count (anchored on the `usage` the provider last reported): budget by it, against
+/// the model's window and the compaction threshold. `estimated_tokens` is characters / 4 of
+/// `messages` alone (images and documents 2,000 each), 2–3 times lower on real sessions: use it
+/// only to compare answers with each other.
 #[utoipa::path(
     get, path = "/v1/threads/{thread_id}/context", tag = "context", operation_id = "getContext",
     params(ThreadPath, ContextOptions),

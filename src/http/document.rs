@@ -17,6 +17,7 @@ pub fn complete(openapi: &utoipa::openapi::OpenApi) -> Value {
     add_shared_answers(&mut document);
     describe_problem(&mut document);
     add_history_rules(&mut document);
+    describe_token_counts(&mut document);
     open_free_form_objects(&mut document);
     document
 }
@@ -326,6 +327,23 @@ fn add_history_rules(document: &mut Value) {
             .expect("tool names are strings")
             .insert("pattern".to_owned(), TOOL_NAME_PATTERN.into());
     }
+}
+
+/// What `estimated_tokens` is for, beside the context's `context_tokens`: the two read as the
+/// same thing and differ by a factor of 2–3 on real sessions. (`Normalized`, whose member it is,
+/// lives with the normalizer, whose doc comment names the function rather than the use.)
+fn describe_token_counts(document: &mut Value) {
+    *at(
+        document,
+        "/components/schemas/Normalized/properties/estimated_tokens/description",
+    ) = json!(
+        "A rough, provider-independent size of `messages` alone: their characters / 4 (images and \
+         documents 2,000 each), the reference's estimate. It counts no system prompt, no tool \
+         definitions and no tokenizer, so on real sessions it reads 2–3 times below what the \
+         provider counts. Use it to compare answers with each other (how much a snip, \
+         micro-compaction or clearing saved); to decide whether a request fits the model's \
+         window or when to compact, use a thread context's `context_tokens`."
+    );
 }
 
 /// Says `additionalProperties: true` on every object schema that names no member (metadata,

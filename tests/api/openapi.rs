@@ -156,6 +156,26 @@ fn the_document_states_the_rules_a_schema_cannot() {
     }
 }
 
+/// The two token counts of a context answer say which is for what, each naming the other.
+#[test]
+fn the_document_says_which_token_count_to_use() {
+    let document = loupe::http::openapi();
+    let schemas = &document["components"]["schemas"];
+    let estimated = schemas["Normalized"]["properties"]["estimated_tokens"]["description"]
+        .as_str()
+        .unwrap();
+    assert!(estimated.contains("`context_tokens`"), "{estimated}");
+    assert!(estimated.contains("characters / 4"), "{estimated}");
+    let context = schemas["ContextResponse"]["allOf"][1]["properties"]["context_tokens"]
+        ["description"]
+        .as_str()
+        .unwrap();
+    assert!(context.contains("`estimated_tokens`"), "{context}");
+    assert!(context.contains("budget by"), "{context}");
+    let readme = include_str!("../../README.md");
+    assert!(readme.contains("Which token count to use"));
+}
+
 /// The transcript import and export offer JSON beside JSON Lines, an array of the entries the
 /// lines hold, so that generated clients type both operations.
 #[test]
