@@ -23,10 +23,12 @@ no_warnings() {
   fi
 }
 
-# Python: the generated package, used untouched by the scenario.
+# Python: the generated package, used untouched by the scenario, from the document with the
+# transcripts' JSON form alone (scripts/clients/python/json_form.py says why).
 python=$("$root/scripts/pyenv.sh")
 venv_bin=$(dirname "$python")
-"$venv_bin/openapi-python-client" generate --path "$document" --output-path "$out/python" \
+"$python" "$root/scripts/clients/python/json_form.py" "$document" "$out/python-openapi.json"
+"$venv_bin/openapi-python-client" generate --path "$out/python-openapi.json" --output-path "$out/python" \
   --meta none --config "$root/scripts/clients/python/generator.yaml" >"$out/python-generate.log" 2>&1 \
   || { cat "$out/python-generate.log" >&2; exit 1; }
 no_warnings openapi-python-client "$out/python-generate.log"

@@ -127,6 +127,15 @@ pub struct DatabaseArgs {
     /// Most open database connections.
     #[arg(long, env = "LOUPE_DB_MAX_CONNECTIONS", default_value_t = crate::store::DEFAULT_MAX_CONNECTIONS)]
     pub db_max_connections: u32,
+}
+
+/// The database of the server: where it is, and the tuning of its append path, which only a
+/// serving process uses. The other subcommands take [`DatabaseArgs`] alone, so their help lists
+/// nothing they would ignore.
+#[derive(Debug, Clone, Args)]
+pub struct ServeDatabaseArgs {
+    #[command(flatten)]
+    pub connection: DatabaseArgs,
     /// SQLite only: `normal` (an answered append survives a crash of the process) or `full`
     /// (it survives a power loss too: the WAL is synced at every commit).
     #[arg(long, env = "LOUPE_SQLITE_SYNCHRONOUS", default_value = "normal", value_parser = clap::builder::TypedValueParser::try_map(clap::builder::PossibleValuesParser::new(["normal", "full"]), |v| v.parse::<SqliteSynchronous>()))]
@@ -144,7 +153,7 @@ pub struct ServeArgs {
     #[arg(long, env = "LOUPE_ADDR", default_value = "127.0.0.1:8080")]
     pub addr: SocketAddr,
     #[command(flatten)]
-    pub database: DatabaseArgs,
+    pub database: ServeDatabaseArgs,
     /// Largest accepted request body, in bytes (default 32 MiB, the largest provider request).
     #[arg(long, env = "LOUPE_BODY_LIMIT", default_value_t = Limits::DEFAULT.body_bytes)]
     pub body_limit: usize,
@@ -482,8 +491,6 @@ impl DatabaseArgs {
     pub fn options(&self) -> StoreOptions {
         let mut options = StoreOptions::new(&self.database_url);
         options.max_connections = self.db_max_connections;
-        options.sqlite_synchronous = self.sqlite_synchronous;
-        options.append_gather = Duration::from_micros(self.append_gather_us);
         options
     }
 
@@ -500,6 +507,19 @@ impl DatabaseArgs {
             .await
             .context("cannot migrate the database")?;
         Ok(store)
+    }
+}
+
+impl ServeDatabaseArgs {
+    pub fn options(&self) -> StoreOptions {
+        let mut options = self.connection.options();
+        options.sqlite_synchronous = self.sqlite_synchronous;
+        options.append_gather = Duration::from_micros(self.append_gather_us);
+        options
+    }
+
+    pub async fn open_with(&self, options: StoreOptions) -> anyhow::Result<Store> {
+        self.connection.open_with(options).await
     }
 }
 

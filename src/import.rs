@@ -108,6 +108,8 @@ pub struct Importer {
     known_sidechains: HashSet<String>,
     previous_uuid: String,
     report: ImportReport,
+    /// What one piece of the input is called in refusals: a `line`, or an `entry` of an array.
+    unit: &'static str,
 }
 
 impl Importer {
@@ -125,7 +127,15 @@ impl Importer {
             known_sidechains: HashSet::new(),
             previous_uuid,
             report: ImportReport::default(),
+            unit: "line",
         }
+    }
+
+    /// The same import, its input the items of a JSON array ([`ArraySplitter`]) rather than
+    /// lines: refusals call them entries (their `line` is the item's place in the array).
+    pub fn of_array_items(mut self) -> Self {
+        self.unit = "entry";
+        self
     }
 
     /// The counts so far (for a progress display).
@@ -345,23 +355,289 @@ impl LineSplitter {
     }
 }
 
+/// Cuts a byte stream holding one JSON array into its items, as [`LineSplitter`] cuts lines:
+/// each item's text is a piece, and an item longer than `max_item_bytes` is refused without
+/// being held. Memory stays bounded by the longest accepted item, whatever the array's length.
+///
+/// The array's own syntax is checked as the bytes pass (the brackets, the commas between items,
+/// nothing after the close) and each accepted item is checked to be well-formed JSON, so a body
+/// that is not one JSON array is [`MalformedArray`]; whether an item is an entry is the
+/// importer's to say, as for a line. An item keeps its bytes (an exported thread imports back
+/// byte for byte), except that one spread over several lines loses the whitespace between its
+/// tokens: a stored entry is one line, as an export in JSON Lines writes it.
+pub struct ArraySplitter {
+    buffer: Vec<u8>,
+    max_item_bytes: usize,
+    expect: Expect,
+    /// Bytes of the body consumed before the current chunk (for the place of an error).
+    offset: u64,
+    /// Inside the current item: nesting of its brackets, inside a string, after a backslash.
+    depth: usize,
+    in_string: bool,
+    escaped: bool,
+    /// The current item spans a line break outside its strings.
+    broken: bool,
+    /// The current item is already too long: its bytes are dropped up to its end.
+    skipping: bool,
+}
+
+/// Where an [`ArraySplitter`] is in the array.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Expect {
+    /// `[`, after optional whitespace.
+    Open,
+    /// The first item, or `]` for an empty array.
+    FirstItem,
+    /// An item, after a comma.
+    Item,
+    /// Inside an object, array or string item.
+    InItem,
+    /// Inside a scalar item (a number, `true`, `false`, `null`): it ends at whitespace, `,` or `]`.
+    InScalar,
+    /// `,` or `]` after an item.
+    Separator,
+    /// Nothing but whitespace after the closing `]`.
+    Closed,
+}
+
+/// Why a body is not one JSON array.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the body is not a JSON array of entries: {reason} (at byte {offset})")]
+pub struct MalformedArray {
+    pub offset: u64,
+    pub reason: String,
+}
+
+impl ArraySplitter {
+    pub fn new(max_item_bytes: usize) -> Self {
+        ArraySplitter {
+            buffer: Vec::new(),
+            max_item_bytes,
+            expect: Expect::Open,
+            offset: 0,
+            depth: 0,
+            in_string: false,
+            escaped: false,
+            broken: false,
+            skipping: false,
+        }
+    }
+
+    /// Feeds bytes; answers the items they complete, or where the body stops being an array.
+    pub fn feed(&mut self, bytes: &[u8]) -> Result<Vec<Piece>, MalformedArray> {
+        let mut pieces = Vec::new();
+        // Where the current item's bytes in this chunk start.
+        let mut start = 0;
+        let mut index = 0;
+        while index < bytes.len() {
+            let byte = bytes[index];
+            match self.expect {
+                Expect::Open
+                | Expect::FirstItem
+                | Expect::Item
+                | Expect::Separator
+                | Expect::Closed
+                    if is_json_space(byte) => {}
+                Expect::Open if byte == b'[' => self.expect = Expect::FirstItem,
+                Expect::Open => return Err(self.malformed(index, "it does not start with `[`")),
+                Expect::FirstItem if byte == b']' => self.expect = Expect::Closed,
+                Expect::FirstItem | Expect::Item => {
+                    if matches!(byte, b']' | b',' | b'}' | b':') {
+                        return Err(self.unexpected(index, byte));
+                    }
+                    start = index;
+                    self.start_item(byte);
+                }
+                Expect::InItem => {
+                    if self.step_in_item(byte) {
+                        self.expect = Expect::Separator;
+                        self.end_item(bytes, start, index + 1, &mut pieces)?;
+                    }
+                }
+                Expect::InScalar => {
+                    if is_json_space(byte) || matches!(byte, b',' | b']') {
+                        self.expect = Expect::Separator;
+                        self.end_item(bytes, start, index, &mut pieces)?;
+                        // The byte that ended the scalar is read again, as a separator.
+                        continue;
+                    }
+                }
+                Expect::Separator if byte == b',' => self.expect = Expect::Item,
+                Expect::Separator if byte == b']' => self.expect = Expect::Closed,
+                Expect::Separator | Expect::Closed => return Err(self.unexpected(index, byte)),
+            }
+            index += 1;
+        }
+        if matches!(self.expect, Expect::InItem | Expect::InScalar) {
+            self.hold(&bytes[start..]);
+        }
+        self.offset += bytes.len() as u64;
+        Ok(pieces)
+    }
+
+    /// The end of the body: an array that never closed is malformed.
+    pub fn finish(self) -> Result<(), MalformedArray> {
+        match self.expect {
+            Expect::Closed => Ok(()),
+            Expect::Open => Err(MalformedArray {
+                offset: self.offset,
+                reason: "it is empty".to_owned(),
+            }),
+            _ => Err(MalformedArray {
+                offset: self.offset,
+                reason: "it ends before the array closes".to_owned(),
+            }),
+        }
+    }
+
+    fn start_item(&mut self, byte: u8) {
+        (self.depth, self.in_string, self.escaped) = (0, false, false);
+        (self.broken, self.skipping) = (false, false);
+        self.buffer.clear();
+        self.expect = match byte {
+            b'{' | b'[' => {
+                self.depth = 1;
+                Expect::InItem
+            }
+            b'"' => {
+                self.in_string = true;
+                Expect::InItem
+            }
+            _ => Expect::InScalar,
+        };
+    }
+
+    /// Reads one byte inside an object, array or string item; true when it ends the item.
+    fn step_in_item(&mut self, byte: u8) -> bool {
+        if self.in_string {
+            if self.escaped {
+                self.escaped = false;
+            } else if byte == b'\\' {
+                self.escaped = true;
+            } else if byte == b'"' {
+                self.in_string = false;
+                return self.depth == 0;
+            }
+            return false;
+        }
+        match byte {
+            b'"' => self.in_string = true,
+            b'{' | b'[' => self.depth += 1,
+            b'}' | b']' => {
+                self.depth -= 1;
+                return self.depth == 0;
+            }
+            b'\n' | b'\r' => self.broken = true,
+            _ => {}
+        }
+        false
+    }
+
+    /// Keeps the item's bytes of this chunk, or starts skipping once it is too long.
+    fn hold(&mut self, bytes: &[u8]) {
+        if self.skipping {
+            return;
+        }
+        if self.buffer.len() + bytes.len() > self.max_item_bytes {
+            self.buffer = Vec::new();
+            self.skipping = true;
+        } else {
+            self.buffer.extend_from_slice(bytes);
+        }
+    }
+
+    /// The item ending at `end` of this chunk is whole: checked, and answered as a piece.
+    fn end_item(
+        &mut self,
+        bytes: &[u8],
+        start: usize,
+        end: usize,
+        pieces: &mut Vec<Piece>,
+    ) -> Result<(), MalformedArray> {
+        self.hold(&bytes[start..end]);
+        if self.skipping {
+            self.skipping = false;
+            pieces.push(Piece::TooLong);
+            return Ok(());
+        }
+        let item = std::mem::take(&mut self.buffer);
+        if let Err(error) = serde_json::from_slice::<serde::de::IgnoredAny>(&item) {
+            return Err(MalformedArray {
+                offset: self.offset + end as u64,
+                reason: format!("the item before is not JSON: {error}"),
+            });
+        }
+        let item = if self.broken { one_line(item) } else { item };
+        // The check above skips over the insides of strings without reading them as text.
+        pieces.push(match String::from_utf8(item) {
+            Ok(text) => Piece::Line(text),
+            Err(_) => Piece::NotUtf8,
+        });
+        Ok(())
+    }
+
+    fn malformed(&self, index: usize, reason: &str) -> MalformedArray {
+        MalformedArray {
+            offset: self.offset + index as u64,
+            reason: reason.to_owned(),
+        }
+    }
+
+    fn unexpected(&self, index: usize, byte: u8) -> MalformedArray {
+        let what = match self.expect {
+            Expect::Closed => "content after the array's end",
+            Expect::Separator => "something other than `,` or `]` after an item",
+            _ => "a missing item",
+        };
+        self.malformed(index, &format!("{what} ({:?})", char::from(byte)))
+    }
+}
+
+/// Well-formed JSON without the whitespace between its tokens (strings untouched), in place.
+fn one_line(mut json: Vec<u8>) -> Vec<u8> {
+    let (mut in_string, mut escaped) = (false, false);
+    json.retain(|&byte| {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if byte == b'\\' {
+                escaped = true;
+            } else if byte == b'"' {
+                in_string = false;
+            }
+            true
+        } else if byte == b'"' {
+            in_string = true;
+            true
+        } else {
+            !is_json_space(byte)
+        }
+    });
+    json
+}
+
+/// Whitespace between JSON tokens.
+fn is_json_space(byte: u8) -> bool {
+    matches!(byte, b' ' | b'\t' | b'\n' | b'\r')
+}
+
 impl Importer {
-    /// Takes one piece from a [`LineSplitter`].
+    /// Takes one piece from a [`LineSplitter`] or an [`ArraySplitter`].
     pub async fn push_piece(&mut self, piece: Piece) -> Result<(), StoreError> {
         match piece {
             Piece::Line(line) => self.push_line(&line).await,
             Piece::NotUtf8 => {
                 self.report.lines += 1;
                 let line = self.report.lines;
-                self.report
-                    .refuse(line, None, "the line is not valid UTF-8".to_owned());
+                let reason = format!("the {} is not valid UTF-8", self.unit);
+                self.report.refuse(line, None, reason);
                 Ok(())
             }
             Piece::TooLong => {
                 self.report.lines += 1;
                 let line = self.report.lines;
-                self.report
-                    .refuse(line, None, "the line is longer than the limit".to_owned());
+                let reason = format!("the {} is longer than the limit", self.unit);
+                self.report.refuse(line, None, reason);
                 Ok(())
             }
         }
@@ -395,5 +671,97 @@ mod tests {
         );
         assert_eq!(lines(splitter.feed(b"tail")), Vec::<String>::new());
         assert_eq!(splitter.finish(), Some(Piece::Line("tail".to_owned())));
+    }
+
+    /// Feeds `body` to an array splitter in chunks of `chunk` bytes.
+    fn items(body: &[u8], max: usize, chunk: usize) -> Result<Vec<String>, MalformedArray> {
+        let mut splitter = ArraySplitter::new(max);
+        let mut pieces = Vec::new();
+        for part in body.chunks(chunk) {
+            pieces.extend(splitter.feed(part)?);
+        }
+        splitter.finish()?;
+        Ok(lines(pieces))
+    }
+
+    #[test]
+    fn an_array_is_cut_into_its_items_in_any_chunks() {
+        let body = br#" [ {"a": "x,]}\"{"}, {"b":[1,{"c":2}]},"s",-1.5e3 ,true,null,[] ]
+"#;
+        let expected = [
+            r#"{"a": "x,]}\"{"}"#,
+            r#"{"b":[1,{"c":2}]}"#,
+            r#""s""#,
+            "-1.5e3",
+            "true",
+            "null",
+            "[]",
+        ];
+        for chunk in [1, 2, 3, 7, body.len()] {
+            assert_eq!(
+                items(body, 100, chunk).unwrap(),
+                expected,
+                "chunks of {chunk}"
+            );
+        }
+        assert_eq!(items(b"[]", 100, 1).unwrap(), Vec::<String>::new());
+        assert_eq!(items(b"\r\n[\t]\n", 100, 1).unwrap(), Vec::<String>::new());
+    }
+
+    /// An item spread over lines becomes one line (its strings untouched); one on a line keeps
+    /// its bytes.
+    #[test]
+    fn an_item_over_several_lines_becomes_one_line() {
+        let body = b"[\n  {\n    \"a\": \"x y\\n\",\n    \"b\": [1, 2]\n  },\n  {\"c\": 1}\n]\n";
+        assert_eq!(
+            items(body, 100, 5).unwrap(),
+            [r#"{"a":"x y\n","b":[1,2]}"#, r#"{"c": 1}"#]
+        );
+    }
+
+    #[test]
+    fn a_long_item_is_refused_without_being_held_and_the_rest_go_on() {
+        let long = format!(r#"{{"x": "{}"}}"#, "y".repeat(50));
+        let body = format!(r#"[{{"a":1}}, {long}, {{"b":2}}]"#);
+        for chunk in [1, 4, body.len()] {
+            let mut splitter = ArraySplitter::new(20);
+            let mut pieces = Vec::new();
+            for part in body.as_bytes().chunks(chunk) {
+                pieces.extend(splitter.feed(part).unwrap());
+                assert!(splitter.buffer.len() <= 20);
+            }
+            splitter.finish().unwrap();
+            assert_eq!(lines(pieces), [r#"{"a":1}"#, "<long>", r#"{"b":2}"#]);
+        }
+    }
+
+    #[test]
+    fn a_body_that_is_not_one_array_is_malformed() {
+        for (body, reason) in [
+            (&b""[..], "empty"),
+            (b"  ", "empty"),
+            (b"{\"a\":1}", "start with `[`"),
+            (b"[{\"a\":1}", "ends before"),
+            (b"[{\"a\":1},", "ends before"),
+            (b"[{\"a\":1},]", "missing item"),
+            (b"[,{\"a\":1}]", "missing item"),
+            (b"[{\"a\":1} {\"b\":2}]", "other than"),
+            (b"[{\"a\":1}] x", "after the array"),
+            (b"[{\"a\":1}][]", "after the array"),
+            (b"[{\"a\" 1}]", "not JSON"),
+            (b"[{\"a\":1]]", "not JSON"),
+            (b"[tru]", "not JSON"),
+            (b"[1 2]", "other than"),
+            (b"[\"open]", "ends before"),
+        ] {
+            for chunk in [1, 3, body.len().max(1)] {
+                let error = items(body, 100, chunk).expect_err(&String::from_utf8_lossy(body));
+                assert!(
+                    error.reason.contains(reason),
+                    "{:?}: {error}",
+                    String::from_utf8_lossy(body)
+                );
+            }
+        }
     }
 }

@@ -19,12 +19,16 @@ pub struct ContextResponse {
     pub normalized: Normalized,
     /// The thread's next seq when the context was read.
     pub next_seq: i64,
-    /// The context's size as the auto-compaction trigger sees it: `basis: usage` anchors on the
-    /// `usage` the last assistant entry after the last boundary reports (input, cache and output
-    /// tokens: the provider's own count, system prompt and tools included), plus the content
-    /// after it; `basis: content` estimates the content alone at per-kind rates (code, JSON and
-    /// tool output 2.5 characters a token, prose 3.5, CJK one token a character).
-    /// `estimated_tokens` stays the reference's characters / 4 of the returned messages.
+    /// The thread's context size in tokens, close to what the provider counts: the figure to
+    /// budget by (does the next request fit the model's window, when to compact; the
+    /// auto-compaction trigger compares this one with its threshold). `basis: usage` anchors on
+    /// the `usage` the last assistant entry after the last boundary reports (input, cache and
+    /// output tokens: the provider's own count, system prompt and tools included), plus an
+    /// estimate of the content after it; `basis: content` (no usage reported) estimates the
+    /// content alone at per-kind rates (code, JSON and tool output 2.5 characters a token,
+    /// prose 3.5, CJK one token a character). It sizes the thread's stored window since its
+    /// last boundary, not this answer's `messages`. Not to be confused with `estimated_tokens`,
+    /// the characters / 4 of `messages` alone, which reads 2–3 times lower on real sessions.
     pub context_tokens: crate::history::normalize::ContextEstimate,
     /// Tools Loupe adds to the request, in the provider's shape: the zoom tool, for an outlined
     /// thread whose outline has a line (and never before: see docs/TREE.md on its cache cost).

@@ -12,6 +12,7 @@ use utoipa_axum::{router::OpenApiRouter, routes};
 
 use super::answers::{MalformedJson, Overloaded, PayloadTooLarge, ThreadNotFound, WindowTooLarge};
 use super::guard::{send_deadline, Holding};
+use super::options::{tool_list, SendOptions};
 use super::problem::{ApiError, ApiJson, ApiPath, ApiQuery, Problem, ProblemKind};
 use super::threads::ThreadPath;
 use super::{AppState, ExpensiveSlot, Tenant};
@@ -20,7 +21,6 @@ use crate::context::{
 };
 use crate::history::ingest::{check_entry, MAX_UUID_LEN};
 use crate::history::model::Entry;
-use crate::history::normalize::ids::{is_valid_tool_name, TOOL_NAME_RULE};
 use crate::history::{
     group_rounds, normalize, round_skeleton, NormalizeOptions, Normalized, Provider, Round,
     ThinkingMode,
@@ -91,55 +91,20 @@ pub enum ContextView {
 }
 
 impl ContextOptions {
+    /// The normalizer's options, checked by the parser `/normalize` shares; a bad one is 400
+    /// `bad-request`, as for every query parameter.
     pub(crate) fn normalize_options(&self) -> Result<NormalizeOptions, ApiError> {
-        let tools = match &self.tools {
-            None => None,
-            Some(list) => {
-                let names: Vec<String> = list
-                    .split(',')
-                    .map(str::trim)
-                    .filter(|name| !name.is_empty())
-                    .map(str::to_owned)
-                    .collect();
-                if let Some(bad) = first_invalid_tool(&names) {
-                    return Err(ApiError::bad_request(format!(
-                        "tools: {:?} is not a tool name ({TOOL_NAME_RULE})",
-                        names[bad]
-                    )));
-                }
-                Some(names)
-            }
-        };
-        if let Some(model) = &self.model {
-            if !valid_model(model) {
-                return Err(ApiError::bad_request(format!(
-                    "model: {model:?} is not a model id ({MODEL_RULE})"
-                )));
-            }
-        }
-        Ok(NormalizeOptions {
+        SendOptions {
             provider: self.provider,
-            tools,
+            tools: self.tools.as_deref().map(tool_list),
             thinking: self.thinking,
             model: self.model.clone(),
             cache: self.cache,
             advisor: self.advisor,
-            microcompact: None,
-            clearing: None,
-        })
+        }
+        .parse()
+        .map_err(|error| ApiError::bad_request(error.to_string()))
     }
-}
-
-/// Model ids as Loupe accepts them.
-const MODEL_RULE: &str = "1–256 characters, no control characters";
-
-fn valid_model(model: &str) -> bool {
-    (1..=256).contains(&model.chars().count()) && !model.chars().any(char::is_control)
-}
-
-/// The position of the first name that is not a tool name the providers accept.
-fn first_invalid_tool(names: &[String]) -> Option<usize> {
-    names.iter().position(|name| !is_valid_tool_name(name))
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -207,9 +172,14 @@ pub async fn get_rounds(
 ///
 /// The list is what precedes the caller's next user turn. When it ends with a user turn (for
 /// example synthetic tool results), merge the next user content into that turn after its
-/// `tool_result` blocks. `estimated_tokens` is a rough estimate of the tokens
-/// (characters / 4; images and documents 2,000 each). The thread's micro-compaction settings
-/// (`/settings`) apply: old results of compactable tools may be replaced by a placeholder.
+/// `tool_result` blocks. The thread's micro-compaction settings (`/settings`) apply: old results
+/// of compactable tools may be replaced by a placeholder.
+///
+/// Two token counts come back. `context_tokens` is the thread's context size close to the
+/// provider's count (anchored on the `usage` the provider last reported): budget by it, against
+/// the model's window and the compaction threshold. `estimated_tokens` is characters / 4 of
+/// `messages` alone (images and documents 2,000 each), 2–3 times lower on real sessions: use it
+/// only to compare answers with each other.
 #[utoipa::path(
     get, path = "/v1/threads/{thread_id}/context", tag = "context", operation_id = "getContext",
     params(ThreadPath, ContextOptions),
@@ -280,7 +250,9 @@ pub async fn get_context(
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({"seqs": [4, 5], "uuid": "snip-7f3a"}))]
 pub struct SnipRequest {
-    /// The messages to hide, by seq.
+    /// The messages to hide, by seq. A snip names at least one message: `seqs`, `uuids` or
+    /// both hold one (422 `validation` otherwise), and each must be in the thread (409
+    /// `no-such-message` otherwise).
     #[serde(default)]
     pub seqs: Vec<i64>,
     /// The messages to hide, by uuid.
@@ -299,6 +271,9 @@ pub struct SnipResponse {
 
 /// Hide messages from every later context. Nothing is deleted: the messages stay readable through
 /// the messages API, and the snip is itself an appended entry.
+///
+/// The request names at least one message, by `seqs` or `uuids` (both may be given); every one
+/// named must be in the thread, or nothing is stored and the answer is 409 `no-such-message`.
 #[utoipa::path(
     post, path = "/v1/threads/{thread_id}/snip", tag = "context", operation_id = "snipMessages",
     params(ThreadPath),
@@ -307,8 +282,8 @@ pub struct SnipResponse {
         (status = 201, description = "The snip entry was appended", body = SnipResponse),
         (status = 200, description = "The same snip was already stored (idempotent retry)", body = SnipResponse),
         ThreadNotFound,
-        (status = 409, description = "The snip uuid is used by another entry (`uuid-conflict`)", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Nothing named, or a named message does not exist (`validation`)", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The thread holds no message with a seq or uuid the request names (`no-such-message`; `errors[0].field` is `seqs` or `uuids`, `detail` names the message), or the snip uuid is used by another entry (`uuid-conflict`)", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Nothing named, or an invalid uuid (`validation`; `errors[0].field` names it)", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn snip_messages(
@@ -422,29 +397,16 @@ pub async fn normalize_history(
     for (index, entry) in request.messages.iter().enumerate() {
         check_entry(entry, &format!("messages[{index}]")).map_err(ApiError::field)?;
     }
-    if let Some(bad) = request.tools.as_deref().and_then(first_invalid_tool) {
-        return Err(ApiError::invalid_field(
-            format!("tools[{bad}]"),
-            format!("a tool name is {TOOL_NAME_RULE}"),
-        ));
-    }
-    if let Some(model) = request.model.as_deref().filter(|m| !valid_model(m)) {
-        return Err(ApiError::invalid_field(
-            "model",
-            format!("{model:?} is not a model id ({MODEL_RULE})"),
-        ));
-    }
-    let options = NormalizeOptions {
+    let options = SendOptions {
         provider: request.provider,
         tools: request.tools,
         thinking: request.thinking,
         model: request.model,
         cache: request.cache,
         advisor: request.advisor,
-        microcompact: None,
-        // A stub names a stored message to zoom to; this history is not stored.
-        clearing: None,
-    };
+    }
+    .parse()
+    .map_err(ApiError::field)?;
     // Entries without a seq are numbered by position so repairs can name them.
     let mut entries = request.messages;
     for (index, entry) in entries.iter_mut().enumerate() {

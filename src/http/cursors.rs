@@ -228,7 +228,7 @@ fn normalize_batch(mut entries: Vec<Entry>, options: &NormalizeOptions) -> Norma
 #[schema(example = json!({"limit": 50, "lease_seconds": 120}))]
 pub struct ClaimRequest {
     /// Most entries in the batch, 1–1000 (default 100); the batch is also cut at the server's
-    /// page byte limit.
+    /// page byte limit. When both this and the query's `limit` are given, this one counts.
     #[schema(minimum = 1, maximum = 1000)]
     pub limit: Option<u32>,
     /// How long the lease lives, 1 to the server's maximum, `--cursor-lease-max-secs` (3,600
@@ -447,8 +447,8 @@ pub async fn claim_cursor(
 /// Move the bookmark forward, after the consumer processed everything up to `to`.
 ///
 /// Forward only: a `to` before the bookmark is 422 `cursor-backward`; `to` at the bookmark is an
-/// idempotent success (`moved: false`). With `expected` it is a compare-and-set. Releases the
-/// lease.
+/// idempotent success (`moved: false`); a `to` the thread does not hold is 409
+/// `no-such-message`. With `expected` it is a compare-and-set. Releases the lease.
 #[utoipa::path(
     post, path = "/v1/threads/{thread_id}/cursors/{name}/advance", tag = "cursors", operation_id = "advanceCursor",
     params(CursorPath),
@@ -457,8 +457,8 @@ pub async fn claim_cursor(
         (status = 200, description = "The bookmark is at `to`", body = AdvanceResponse),
         (status = 400, description = "Malformed JSON or a bad cursor name (`bad-request`)", body = Problem, content_type = "application/problem+json"),
         ThreadNotFound,
-        (status = 409, description = "`cursor-conflict` (the bookmark is not at `expected`, or the caller's lease was taken over; `current` says where it is) or `cursor-leased` (another worker holds the lease, or the token is missing)", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "`to` is not a message of the thread (`validation`) or lies before the bookmark (`cursor-backward`)", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`no-such-message` (the thread holds no message with the uuid `to` names; `errors[0].field` is `to`), `cursor-conflict` (the bookmark is not at `expected`, or the caller's lease was taken over; `current` says where it is) or `cursor-leased` (another worker holds the lease, or the token is missing)", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "`to` lies before the bookmark (`cursor-backward`), or a member is invalid (`validation`; `errors[0].field` names it)", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn advance_cursor(
@@ -491,7 +491,7 @@ pub async fn advance_cursor(
         )
         .await
         .map_err(|error| match error {
-            StoreError::NoSuchMessage(_) => ApiError::invalid_field("to", error.to_string()),
+            StoreError::NoSuchMessage(_) => ApiError::no_such_message("to", error.to_string()),
             other => other.into(),
         })?;
     Ok(Json(AdvanceResponse {

@@ -1,10 +1,13 @@
 //! The OpenAPI document: what utoipa derives from the handlers' annotations, completed with what
-//! the annotations cannot say. The answers that middleware and extractors give on every
-//! operation, the problem `type` as an enum, and the rules of the history format, which JSON
-//! Schema states with `if`/`then` and `anyOf` (keywords utoipa has no builder for).
+//! the annotations cannot say. The security schemes and the answers of the authentication
+//! middleware ([`document_security`], derived from the rule the middleware enforces), the
+//! answers that middleware and extractors give on every operation, the problem `type` as an
+//! enum, and the rules of the history format, which JSON Schema states with `if`/`then` and
+//! `anyOf` (keywords utoipa has no builder for).
 
 use serde_json::{json, Value};
 
+use super::guard;
 use super::problem::ProblemKind;
 use crate::history::ingest::MAX_UUID_LEN;
 
@@ -14,8 +17,139 @@ pub fn complete(openapi: &utoipa::openapi::OpenApi) -> Value {
     add_shared_answers(&mut document);
     describe_problem(&mut document);
     add_history_rules(&mut document);
+    describe_token_counts(&mut document);
     open_free_form_objects(&mut document);
     document
+}
+
+/// Declares the `bearer` (tenant key) and `admin` schemes and puts them on the operations that
+/// need them, with their 401/403/429 answers. Derived from [`guard::access_of`], the rule the
+/// middleware enforces, so the document cannot drift from it.
+pub(super) fn document_security(openapi: &mut utoipa::openapi::OpenApi) {
+    use utoipa::openapi::security::{
+        HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme,
+    };
+    use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
+
+    let components = openapi.components.get_or_insert_with(Default::default);
+    components.add_security_scheme(
+        "bearer",
+        SecurityScheme::Http(
+            HttpBuilder::new()
+                .scheme(HttpAuthScheme::Bearer)
+                .bearer_format("lp_<prefix>_<secret>")
+                .description(Some(
+                    "A tenant's API key. Not needed in open mode (no keys configured).",
+                ))
+                .build(),
+        ),
+    );
+    components.add_security_scheme(
+        "admin",
+        SecurityScheme::Http(
+            HttpBuilder::new()
+                .scheme(HttpAuthScheme::Bearer)
+                .description(Some("The admin key, `LOUPE_ADMIN_KEY`."))
+                .build(),
+        ),
+    );
+    let problem = |description: &str| {
+        RefOr::T(
+            ResponseBuilder::new()
+                .description(description)
+                .content(
+                    "application/problem+json",
+                    ContentBuilder::new()
+                        .schema(Some(Ref::from_schema_name("Problem")))
+                        .build(),
+                )
+                .build(),
+        )
+    };
+    for (path, item) in openapi.paths.paths.iter_mut() {
+        let (scheme, extra): (&str, Vec<(&str, &str)>) = match guard::access_of(path) {
+            guard::Access::Public => continue,
+            guard::Access::Tenant => (
+                "bearer",
+                vec![
+                    (
+                        "401",
+                        "No valid API key (`unauthorized`); `WWW-Authenticate: Bearer`",
+                    ),
+                    ("403", "The admin key on a tenant endpoint (`forbidden`)"),
+                    (
+                        "421",
+                        "Open mode only: the request names a `Host` that is neither loopback's nor in `--allowed-hosts` (`host-not-allowed`)",
+                    ),
+                    (
+                        "429",
+                        "The tenant's rate limit is exhausted or this address failed to authenticate too often (`rate-limited`), or the tenant has as many requests in flight as its share allows (`too-many-in-flight`); see `Retry-After`",
+                    ),
+                ],
+            ),
+            guard::Access::Admin | guard::Access::Metrics => (
+                "admin",
+                vec![
+                    (
+                        "401",
+                        "No valid admin key (`unauthorized`); `WWW-Authenticate: Bearer`",
+                    ),
+                    (
+                        "403",
+                        "A tenant's key, or the admin API is off (`forbidden`)",
+                    ),
+                ],
+            ),
+        };
+        let operations = [
+            &mut item.get,
+            &mut item.put,
+            &mut item.post,
+            &mut item.delete,
+            &mut item.patch,
+        ];
+        for operation in operations.into_iter().flatten() {
+            let responses = &mut operation.responses.responses;
+            // Every route reads its body within the body-read timeout, and every route that
+            // reaches the database answers 503 `unavailable` when it cannot.
+            let has_body = operation.request_body.is_some();
+            if has_body {
+                responses.entry("408".to_owned()).or_insert_with(|| {
+                    problem("The body did not arrive within the body-read timeout (`body-timeout`)")
+                });
+            }
+            match responses.get_mut("503") {
+                Some(RefOr::T(response)) => {
+                    response.description.push_str(
+                        "; or the database is unavailable (`unavailable`); see `Retry-After`",
+                    );
+                }
+                Some(RefOr::Ref(_)) => {}
+                None => {
+                    responses.insert(
+                        "503".to_owned(),
+                        problem("The database is unavailable (`unavailable`); see `Retry-After`"),
+                    );
+                }
+            }
+            // An import streams its body in pieces instead (`transcripts`).
+            if has_body && !path.ends_with("/import") {
+                if let Some(RefOr::T(response)) = responses.get_mut("503") {
+                    response.description.push_str(
+                        "; or the request bodies held in memory fill the server's budget (`overloaded`)",
+                    );
+                }
+            }
+            operation.security = Some(vec![SecurityRequirement::new(scheme, Vec::<String>::new())]);
+            for (status, description) in &extra {
+                operation
+                    .responses
+                    .responses
+                    .entry((*status).to_owned())
+                    .or_insert_with(|| problem(description));
+            }
+        }
+    }
 }
 
 /// The node at `pointer`; the document's shape is fixed by the code, so a miss is a bug.
@@ -193,6 +327,23 @@ fn add_history_rules(document: &mut Value) {
             .expect("tool names are strings")
             .insert("pattern".to_owned(), TOOL_NAME_PATTERN.into());
     }
+}
+
+/// What `estimated_tokens` is for, beside the context's `context_tokens`: the two read as the
+/// same thing and differ by a factor of 2–3 on real sessions. (`Normalized`, whose member it is,
+/// lives with the normalizer, whose doc comment names the function rather than the use.)
+fn describe_token_counts(document: &mut Value) {
+    *at(
+        document,
+        "/components/schemas/Normalized/properties/estimated_tokens/description",
+    ) = json!(
+        "A rough, provider-independent size of `messages` alone: their characters / 4 (images and \
+         documents 2,000 each), the reference's estimate. It counts no system prompt, no tool \
+         definitions and no tokenizer, so on real sessions it reads 2–3 times below what the \
+         provider counts. Use it to compare answers with each other (how much a snip, \
+         micro-compaction or clearing saved); to decide whether a request fits the model's \
+         window or when to compact, use a thread context's `context_tokens`."
+    );
 }
 
 /// Says `additionalProperties: true` on every object schema that names no member (metadata,

@@ -33,7 +33,9 @@ pub fn router() -> OpenApiRouter<AppState> {
 }))]
 pub struct AppendMessagesRequest {
     /// The batch, stored all or nothing, in order: 1 to `--max-batch-messages` (10,000 unless
-    /// configured) entries. Each entry's JSON is stored as sent.
+    /// configured) entries. Each entry's JSON is stored as sent. The uuids given are unique
+    /// within the batch (422 `validation` otherwise; JSON Schema's `uniqueItems` compares whole
+    /// items, not one member).
     #[serde(deserialize_with = "crate::history::model::deserialize_sent_entries")]
     #[schema(min_items = 1, max_items = 10000)]
     pub messages: Vec<Entry>,

@@ -11,6 +11,7 @@ pub mod health;
 pub mod jobs;
 pub mod messages;
 pub mod observe;
+pub mod options;
 pub mod problem;
 pub mod settings;
 pub mod threads;
@@ -277,143 +278,13 @@ fn api_router() -> OpenApiRouter<AppState> {
 /// The routes and their OpenAPI document, with the security requirements added.
 fn documented_api() -> (Router<AppState>, utoipa::openapi::OpenApi) {
     let (router, mut openapi) = api_router().split_for_parts();
-    document_security(&mut openapi);
+    document::document_security(&mut openapi);
     (router, openapi)
 }
 
 /// The OpenAPI document of the whole API, as served at `/openapi.json`.
 pub fn openapi() -> serde_json::Value {
     document::complete(&documented_api().1)
-}
-
-/// Declares the `bearer` (tenant key) and `admin` schemes and puts them on the operations that
-/// need them, with their 401/403/429 answers. Derived from [`guard::access_of`], the rule the
-/// middleware enforces, so the document cannot drift from it.
-fn document_security(openapi: &mut utoipa::openapi::OpenApi) {
-    use utoipa::openapi::security::{
-        HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme,
-    };
-    use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
-
-    let components = openapi.components.get_or_insert_with(Default::default);
-    components.add_security_scheme(
-        "bearer",
-        SecurityScheme::Http(
-            HttpBuilder::new()
-                .scheme(HttpAuthScheme::Bearer)
-                .bearer_format("lp_<prefix>_<secret>")
-                .description(Some(
-                    "A tenant's API key. Not needed in open mode (no keys configured).",
-                ))
-                .build(),
-        ),
-    );
-    components.add_security_scheme(
-        "admin",
-        SecurityScheme::Http(
-            HttpBuilder::new()
-                .scheme(HttpAuthScheme::Bearer)
-                .description(Some("The admin key, `LOUPE_ADMIN_KEY`."))
-                .build(),
-        ),
-    );
-    let problem = |description: &str| {
-        RefOr::T(
-            ResponseBuilder::new()
-                .description(description)
-                .content(
-                    "application/problem+json",
-                    ContentBuilder::new()
-                        .schema(Some(Ref::from_schema_name("Problem")))
-                        .build(),
-                )
-                .build(),
-        )
-    };
-    for (path, item) in openapi.paths.paths.iter_mut() {
-        let (scheme, extra): (&str, Vec<(&str, &str)>) = match guard::access_of(path) {
-            guard::Access::Public => continue,
-            guard::Access::Tenant => (
-                "bearer",
-                vec![
-                    (
-                        "401",
-                        "No valid API key (`unauthorized`); `WWW-Authenticate: Bearer`",
-                    ),
-                    ("403", "The admin key on a tenant endpoint (`forbidden`)"),
-                    (
-                        "421",
-                        "Open mode only: the request names a `Host` that is neither loopback's nor in `--allowed-hosts` (`host-not-allowed`)",
-                    ),
-                    (
-                        "429",
-                        "The tenant's rate limit is exhausted or this address failed to authenticate too often (`rate-limited`), or the tenant has as many requests in flight as its share allows (`too-many-in-flight`); see `Retry-After`",
-                    ),
-                ],
-            ),
-            guard::Access::Admin | guard::Access::Metrics => (
-                "admin",
-                vec![
-                    (
-                        "401",
-                        "No valid admin key (`unauthorized`); `WWW-Authenticate: Bearer`",
-                    ),
-                    (
-                        "403",
-                        "A tenant's key, or the admin API is off (`forbidden`)",
-                    ),
-                ],
-            ),
-        };
-        let operations = [
-            &mut item.get,
-            &mut item.put,
-            &mut item.post,
-            &mut item.delete,
-            &mut item.patch,
-        ];
-        for operation in operations.into_iter().flatten() {
-            let responses = &mut operation.responses.responses;
-            // Every route reads its body within the body-read timeout, and every route that
-            // reaches the database answers 503 `unavailable` when it cannot.
-            let has_body = operation.request_body.is_some();
-            if has_body {
-                responses.entry("408".to_owned()).or_insert_with(|| {
-                    problem("The body did not arrive within the body-read timeout (`body-timeout`)")
-                });
-            }
-            match responses.get_mut("503") {
-                Some(RefOr::T(response)) => {
-                    response.description.push_str(
-                        "; or the database is unavailable (`unavailable`); see `Retry-After`",
-                    );
-                }
-                Some(RefOr::Ref(_)) => {}
-                None => {
-                    responses.insert(
-                        "503".to_owned(),
-                        problem("The database is unavailable (`unavailable`); see `Retry-After`"),
-                    );
-                }
-            }
-            // An import streams its body in pieces instead (`transcripts`).
-            if has_body && !path.ends_with("/import") {
-                if let Some(RefOr::T(response)) = responses.get_mut("503") {
-                    response.description.push_str(
-                        "; or the request bodies held in memory fill the server's budget (`overloaded`)",
-                    );
-                }
-            }
-            operation.security = Some(vec![SecurityRequirement::new(scheme, Vec::<String>::new())]);
-            for (status, description) in &extra {
-                operation
-                    .responses
-                    .responses
-                    .entry((*status).to_owned())
-                    .or_insert_with(|| problem(description));
-            }
-        }
-    }
 }
 
 /// The service: every route, with its middleware.

@@ -47,6 +47,9 @@ problem_kinds! {
     ThreadExists => ("thread-exists", CONFLICT, "Thread already exists"),
     /// `expected_next_seq` did not match: another writer appended first.
     SeqConflict => ("seq-conflict", CONFLICT, "Another writer appended first"),
+    /// The thread (which exists) holds no message the request names by seq or uuid; `errors`
+    /// names the member that named it.
+    NoSuchMessage => ("no-such-message", CONFLICT, "The thread holds no such message"),
     /// A message uuid is already stored with different content.
     UuidConflict => ("uuid-conflict", CONFLICT, "Message uuid already used"),
     /// Part of the batch is stored already; a retry must resend the exact batch.
@@ -200,6 +203,17 @@ impl ApiError {
         ApiError::new(ProblemKind::NotFound, format!("{what} not found"))
     }
 
+    /// 409 `no-such-message`: the thread holds no message the member at `path` names. The
+    /// request is well-formed and what its path names exists (a 404 would say the thread is
+    /// gone); it conflicts with the thread's state, and succeeds once such a message is stored.
+    pub fn no_such_message(path: &str, detail: impl Into<String>) -> Self {
+        let detail = detail.into();
+        ApiError::new(ProblemKind::NoSuchMessage, detail.clone()).with(
+            "errors",
+            serde_json::json!([{"field": path, "problem": detail}]),
+        )
+    }
+
     pub fn bad_request(detail: impl Into<String>) -> Self {
         ApiError::new(ProblemKind::BadRequest, detail)
     }
@@ -328,7 +342,7 @@ impl From<StoreError> for ApiError {
                     MessageRef::Seq(_) => "seqs",
                     MessageRef::Uuid(_) => "uuids",
                 };
-                ApiError::invalid_field(path, error.to_string())
+                ApiError::no_such_message(path, error.to_string())
             }
             StoreError::WindowTooLarge { .. } => {
                 ApiError::new(ProblemKind::WindowTooLarge, error.to_string())

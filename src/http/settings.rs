@@ -11,7 +11,8 @@ use super::answers::{MalformedJson, ThreadNotFound};
 use super::problem::{ApiError, ApiJson, ApiPath, Problem};
 use super::threads::ThreadPath;
 use super::{AppState, Tenant};
-use crate::history::normalize::ids::is_valid_tool_name;
+use crate::history::ingest::FieldError;
+use crate::history::normalize::ids::{is_valid_tool_name, TOOL_NAME_RULE};
 use crate::history::normalize::ClearingOptions;
 use crate::history::MicrocompactOptions;
 use crate::store::{ClearingSettings, MicrocompactSettings, ThreadSettings};
@@ -21,11 +22,15 @@ pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(get_settings, put_settings))
 }
 
-/// Most compactable tool names, and most recent results kept, in micro-compaction settings.
+/// The bounds of the settings, which the refusals name: most compactable tool names and most
+/// recent results kept in micro-compaction; an outline's line and total bytes and its tail's
+/// tokens; the token and byte sizes of clearing and micro-compaction.
 const MAX_TOOLS: usize = 256;
 const MAX_KEEP_RECENT: u64 = 100_000;
 const MAX_LINE_BYTES: usize = 16_384;
 const MAX_OUTLINE_BYTES: usize = 10_000_000;
+/// Fewest lines an outline's budget holds: `budget_bytes` is at least this many `line_bytes`.
+const MIN_OUTLINE_LINES: usize = 4;
 const MAX_TAIL_TOKENS: u64 = 10_000_000;
 const MAX_MIN_BYTES: u64 = 1_000_000_000;
 
@@ -100,6 +105,8 @@ impl ClearingBody {
 
 /// Outline mode: the context's `view=outline` sends the old messages as summary lines, coarser
 /// with age, and the tree of lines is built in the background. Unset sizes take the defaults.
+/// One rule ties two members, which the schema cannot say: `budget_bytes` ≥ 4 × `line_bytes`
+/// (with their defaults filled in).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct OutlineBody {
@@ -108,8 +115,10 @@ pub struct OutlineBody {
     /// Target bytes of one line (default 512, at least 64).
     #[schema(minimum = 64, maximum = 16384)]
     pub line_bytes: Option<usize>,
-    /// Bytes of all the outline's lines, at least 4 lines (4 × `line_bytes`); past it, old lines
-    /// merge in a batch down to half (default 128,000).
+    /// Bytes of all the outline's lines; past it, old lines merge in a batch down to half
+    /// (default 128,000). Cross-field rule (422 `validation` otherwise): at least 4 lines,
+    /// `budget_bytes` ≥ 4 × `line_bytes`, counting the line size in force (512 when
+    /// `line_bytes` is not sent).
     #[schema(minimum = 256, maximum = 10000000)]
     pub budget_bytes: Option<usize>,
     /// Estimated tokens of the messages sent whole after the outline; past it, whole rounds move
@@ -139,7 +148,9 @@ impl OutlineBody {
     }
 }
 
-/// A thread's settings. `null` (or absent) means the server default.
+/// A thread's settings. `null` (or absent) means the server default. Beside each member's own
+/// bounds, one rule ties two of them: `outline.budget_bytes` ≥ 4 × `outline.line_bytes` (422
+/// `validation`, naming `outline.budget_bytes`).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({"auto_compact_tokens": 100000,
@@ -152,6 +163,130 @@ pub struct ThreadSettingsBody {
     pub microcompact: Option<MicrocompactBody>,
     pub outline: Option<OutlineBody>,
     pub clearing: Option<ClearingBody>,
+}
+
+/// The settings a body asks for, checked: the one place their bounds are enforced. A refusal
+/// names the first field that is wrong, in the order of the body's members.
+impl TryFrom<ThreadSettingsBody> for ThreadSettings {
+    type Error = FieldError;
+
+    fn try_from(body: ThreadSettingsBody) -> Result<Self, FieldError> {
+        if body.auto_compact_tokens.is_some_and(|n| n < 0) {
+            return Err(refused("auto_compact_tokens", "must be 0 (off) or more"));
+        }
+        let microcompact = body
+            .microcompact
+            .map(MicrocompactSettings::try_from)
+            .transpose()?;
+        let outline = body
+            .outline
+            .as_ref()
+            .map(OutlineBody::checked)
+            .transpose()?;
+        let clearing = body.clearing.map(ClearingSettings::try_from).transpose()?;
+        Ok(ThreadSettings {
+            auto_compact_tokens: body.auto_compact_tokens,
+            microcompact,
+            outline,
+            clearing,
+        })
+    }
+}
+
+impl TryFrom<MicrocompactBody> for MicrocompactSettings {
+    type Error = FieldError;
+
+    fn try_from(body: MicrocompactBody) -> Result<Self, FieldError> {
+        if let Some(tools) = &body.tools {
+            if tools.len() > MAX_TOOLS {
+                return Err(refused(
+                    "microcompact.tools",
+                    format!("at most {MAX_TOOLS} tool names"),
+                ));
+            }
+            if let Some(bad) = tools.iter().position(|t| !is_valid_tool_name(t)) {
+                return Err(refused(
+                    format!("microcompact.tools[{bad}]"),
+                    format!("a tool name is {TOOL_NAME_RULE}"),
+                ));
+            }
+        }
+        at_most(
+            "microcompact.keep_recent",
+            body.keep_recent,
+            MAX_KEEP_RECENT,
+        )?;
+        at_most("microcompact.min_bytes", body.min_bytes, MAX_MIN_BYTES)?;
+        Ok(MicrocompactSettings {
+            enabled: body.enabled,
+            tools: body.tools,
+            keep_recent: body.keep_recent,
+            min_bytes: body.min_bytes,
+        })
+    }
+}
+
+impl TryFrom<ClearingBody> for ClearingSettings {
+    type Error = FieldError;
+
+    fn try_from(body: ClearingBody) -> Result<Self, FieldError> {
+        at_most("clearing.keep_tokens", body.keep_tokens, MAX_TAIL_TOKENS)?;
+        at_most("clearing.batch_tokens", body.batch_tokens, MAX_TAIL_TOKENS)?;
+        at_most("clearing.min_bytes", body.min_bytes, MAX_MIN_BYTES)?;
+        Ok(ClearingSettings {
+            enabled: body.enabled,
+            keep_tokens: body.keep_tokens,
+            batch_tokens: body.batch_tokens,
+            min_bytes: body.min_bytes,
+        })
+    }
+}
+
+impl OutlineBody {
+    /// The options with the defaults filled in, checked as a whole: the budget's floor depends
+    /// on the line size, sent or not.
+    fn checked(&self) -> Result<OutlineOptions, FieldError> {
+        let outline = self.options();
+        let min_line = OutlineOptions::MIN_LINE_BYTES;
+        if !(min_line..=MAX_LINE_BYTES).contains(&outline.line_bytes) {
+            return Err(refused(
+                "outline.line_bytes",
+                format!("between {min_line} and {MAX_LINE_BYTES}"),
+            ));
+        }
+        if outline.budget_bytes < MIN_OUTLINE_LINES * outline.line_bytes
+            || outline.budget_bytes > MAX_OUTLINE_BYTES
+        {
+            return Err(refused(
+                "outline.budget_bytes",
+                format!(
+                    "at least {MIN_OUTLINE_LINES} lines ({MIN_OUTLINE_LINES} × line_bytes) and at most {MAX_OUTLINE_BYTES}"
+                ),
+            ));
+        }
+        if !(1..=MAX_TAIL_TOKENS).contains(&outline.tail_tokens) {
+            return Err(refused(
+                "outline.tail_tokens",
+                format!("between 1 and {MAX_TAIL_TOKENS}"),
+            ));
+        }
+        Ok(outline)
+    }
+}
+
+fn refused(path: impl Into<String>, problem: impl Into<String>) -> FieldError {
+    FieldError {
+        path: path.into(),
+        problem: problem.into(),
+    }
+}
+
+/// Refuses `value` above `max`, naming `path`.
+fn at_most(path: &str, value: Option<u64>, max: u64) -> Result<(), FieldError> {
+    match value {
+        Some(n) if n > max => Err(refused(path, format!("at most {max}"))),
+        _ => Ok(()),
+    }
 }
 
 /// The values in force, defaults filled in.
@@ -261,98 +396,7 @@ pub async fn put_settings(
     ApiPath(path): ApiPath<ThreadPath>,
     ApiJson(body): ApiJson<ThreadSettingsBody>,
 ) -> Result<Json<ThreadSettingsResponse>, ApiError> {
-    if body.auto_compact_tokens.is_some_and(|n| n < 0) {
-        return Err(ApiError::invalid_field(
-            "auto_compact_tokens",
-            "must be 0 (off) or more",
-        ));
-    }
-    if let Some(mc) = &body.microcompact {
-        if let Some(tools) = &mc.tools {
-            if tools.len() > MAX_TOOLS {
-                return Err(ApiError::invalid_field(
-                    "microcompact.tools",
-                    "at most 256 tool names",
-                ));
-            }
-            if let Some(bad) = tools.iter().position(|t| !is_valid_tool_name(t)) {
-                return Err(ApiError::invalid_field(
-                    format!("microcompact.tools[{bad}]"),
-                    "a tool name is 1–64 characters of [a-zA-Z0-9_-]",
-                ));
-            }
-        }
-        if mc.keep_recent.is_some_and(|n| n > MAX_KEEP_RECENT) {
-            return Err(ApiError::invalid_field(
-                "microcompact.keep_recent",
-                "at most 100000",
-            ));
-        }
-        if mc.min_bytes.is_some_and(|n| n > MAX_MIN_BYTES) {
-            return Err(ApiError::invalid_field(
-                "microcompact.min_bytes",
-                "at most 1,000,000,000",
-            ));
-        }
-    }
-    let outline = body.outline.as_ref().map(OutlineBody::options);
-    if let Some(outline) = &outline {
-        if !(OutlineOptions::MIN_LINE_BYTES..=MAX_LINE_BYTES).contains(&outline.line_bytes) {
-            return Err(ApiError::invalid_field(
-                "outline.line_bytes",
-                "between 64 and 16384",
-            ));
-        }
-        if outline.budget_bytes < 4 * outline.line_bytes || outline.budget_bytes > MAX_OUTLINE_BYTES
-        {
-            return Err(ApiError::invalid_field(
-                "outline.budget_bytes",
-                "at least 4 lines (4 × line_bytes) and at most 10,000,000",
-            ));
-        }
-        if !(1..=MAX_TAIL_TOKENS).contains(&outline.tail_tokens) {
-            return Err(ApiError::invalid_field(
-                "outline.tail_tokens",
-                "between 1 and 10,000,000",
-            ));
-        }
-    }
-    if let Some(clearing) = &body.clearing {
-        let bounded = [
-            (
-                "clearing.keep_tokens",
-                clearing.keep_tokens,
-                MAX_TAIL_TOKENS,
-            ),
-            (
-                "clearing.batch_tokens",
-                clearing.batch_tokens,
-                MAX_TAIL_TOKENS,
-            ),
-            ("clearing.min_bytes", clearing.min_bytes, MAX_MIN_BYTES),
-        ];
-        for (field, value, max) in bounded {
-            if value.is_some_and(|n| n > max) {
-                return Err(ApiError::invalid_field(field, format!("at most {max}")));
-            }
-        }
-    }
-    let settings = ThreadSettings {
-        clearing: body.clearing.map(|c| ClearingSettings {
-            enabled: c.enabled,
-            keep_tokens: c.keep_tokens,
-            batch_tokens: c.batch_tokens,
-            min_bytes: c.min_bytes,
-        }),
-        outline,
-        auto_compact_tokens: body.auto_compact_tokens,
-        microcompact: body.microcompact.map(|m| MicrocompactSettings {
-            enabled: m.enabled,
-            tools: m.tools,
-            keep_recent: m.keep_recent,
-            min_bytes: m.min_bytes,
-        }),
-    };
+    let settings = ThreadSettings::try_from(body).map_err(ApiError::field)?;
     state
         .store
         .put_thread_settings(&tenant, &path.thread_id, &settings)
@@ -361,4 +405,130 @@ pub async fn put_settings(
         settings,
         state.store.default_auto_compact_tokens(),
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn body(value: serde_json::Value) -> ThreadSettingsBody {
+        serde_json::from_value(value).expect("a settings body")
+    }
+
+    fn refusal(value: serde_json::Value) -> FieldError {
+        ThreadSettings::try_from(body(value)).expect_err("refused")
+    }
+
+    #[test]
+    fn a_body_becomes_the_settings_it_asks_for() {
+        let settings = ThreadSettings::try_from(body(json!({
+            "auto_compact_tokens": 0,
+            "microcompact": {"enabled": true, "tools": ["Read"], "keep_recent": 3},
+            "outline": {"enabled": true, "line_bytes": 64},
+            "clearing": {"enabled": true, "min_bytes": 500},
+        })))
+        .unwrap();
+        assert_eq!(settings.auto_compact_tokens, Some(0));
+        let microcompact = settings.microcompact.unwrap();
+        assert_eq!(
+            microcompact.tools.as_deref(),
+            Some(&["Read".to_owned()][..])
+        );
+        assert_eq!(microcompact.keep_recent, Some(3));
+        let outline = settings.outline.unwrap();
+        assert_eq!(outline.line_bytes, 64);
+        assert_eq!(outline.budget_bytes, OutlineOptions::DEFAULT_BUDGET_BYTES);
+        assert_eq!(settings.clearing.unwrap().min_bytes, Some(500));
+        assert_eq!(
+            ThreadSettings::try_from(ThreadSettingsBody::default()).unwrap(),
+            ThreadSettings::default()
+        );
+    }
+
+    /// Each refusal names its field and states the bound the constants set.
+    #[test]
+    fn refusals_name_the_field_and_the_bound_of_its_constant() {
+        let tools = vec!["Read"; MAX_TOOLS + 1];
+        let error = refusal(json!({"microcompact": {"enabled": true, "tools": tools}}));
+        assert_eq!(error.path, "microcompact.tools");
+        assert!(error.problem.contains(&MAX_TOOLS.to_string()), "{error}");
+        let error = refusal(json!({"microcompact": {"enabled": true, "tools": ["Read", "a b"]}}));
+        assert_eq!(error.path, "microcompact.tools[1]");
+        assert!(error.problem.contains(TOOL_NAME_RULE), "{error}");
+        let error =
+            refusal(json!({"microcompact": {"enabled": true, "keep_recent": MAX_KEEP_RECENT + 1}}));
+        assert_eq!(error.path, "microcompact.keep_recent");
+        assert!(error.problem.contains(&MAX_KEEP_RECENT.to_string()));
+        let error =
+            refusal(json!({"outline": {"enabled": true, "line_bytes": MAX_LINE_BYTES + 1}}));
+        assert_eq!(error.path, "outline.line_bytes");
+        assert!(error.problem.contains(&MAX_LINE_BYTES.to_string()));
+        assert!(error
+            .problem
+            .contains(&OutlineOptions::MIN_LINE_BYTES.to_string()));
+        // The budget's floor counts the default line size when none is sent.
+        let floor = MIN_OUTLINE_LINES * OutlineOptions::DEFAULT_LINE_BYTES;
+        assert!(ThreadSettings::try_from(body(
+            json!({"outline": {"enabled": true, "budget_bytes": floor}})
+        ))
+        .is_ok());
+        let error = refusal(json!({"outline": {"enabled": true, "budget_bytes": floor - 1}}));
+        assert_eq!(error.path, "outline.budget_bytes");
+        assert!(error.problem.contains(&MAX_OUTLINE_BYTES.to_string()));
+        assert!(error.problem.contains(&MIN_OUTLINE_LINES.to_string()));
+        let error = refusal(json!({"outline": {"enabled": true, "tail_tokens": 0}}));
+        assert_eq!(error.path, "outline.tail_tokens");
+        assert!(error.problem.contains(&MAX_TAIL_TOKENS.to_string()));
+        let error =
+            refusal(json!({"clearing": {"enabled": true, "batch_tokens": MAX_TAIL_TOKENS + 1}}));
+        assert_eq!(error.path, "clearing.batch_tokens");
+        let error = refusal(json!({"auto_compact_tokens": -1}));
+        assert_eq!(error.path, "auto_compact_tokens");
+    }
+
+    /// The bounds the document states are the bounds the conversion enforces.
+    #[test]
+    fn the_document_states_the_constants() {
+        let document = crate::http::openapi();
+        let schema = |name: &str, field: &str| {
+            document["components"]["schemas"][name]["properties"][field].clone()
+        };
+        assert_eq!(schema("MicrocompactBody", "tools")["maxItems"], MAX_TOOLS);
+        assert_eq!(
+            schema("MicrocompactBody", "keep_recent")["maximum"],
+            MAX_KEEP_RECENT
+        );
+        assert_eq!(
+            schema("MicrocompactBody", "min_bytes")["maximum"],
+            MAX_MIN_BYTES
+        );
+        assert_eq!(
+            schema("OutlineBody", "line_bytes")["maximum"],
+            MAX_LINE_BYTES
+        );
+        assert_eq!(
+            schema("OutlineBody", "line_bytes")["minimum"],
+            OutlineOptions::MIN_LINE_BYTES
+        );
+        assert_eq!(
+            schema("OutlineBody", "budget_bytes")["maximum"],
+            MAX_OUTLINE_BYTES
+        );
+        assert_eq!(
+            schema("OutlineBody", "budget_bytes")["minimum"],
+            MIN_OUTLINE_LINES * OutlineOptions::MIN_LINE_BYTES
+        );
+        assert_eq!(
+            schema("OutlineBody", "tail_tokens")["maximum"],
+            MAX_TAIL_TOKENS
+        );
+        for field in ["keep_tokens", "batch_tokens"] {
+            assert_eq!(schema("ClearingBody", field)["maximum"], MAX_TAIL_TOKENS);
+        }
+        assert_eq!(
+            schema("ClearingBody", "min_bytes")["maximum"],
+            MAX_MIN_BYTES
+        );
+    }
 }

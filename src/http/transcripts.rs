@@ -1,5 +1,5 @@
 //! `/v1/threads/{thread_id}/import` and `/export`: a thread as JSON Lines, one entry per line,
-//! in and out.
+//! in and out, or as one JSON array of the same entries (chosen by `Content-Type` and `Accept`).
 
 use std::time::Duration;
 
@@ -17,11 +17,14 @@ use super::answers::ThreadNotFound;
 use super::problem::{ApiError, ApiPath, ApiQuery, Problem, ProblemKind};
 use super::threads::ThreadPath;
 use super::{AppState, Tenant};
-use crate::import::{ImportReport, Importer, LineSplitter};
+use crate::history::model::Entry;
+use crate::import::{ArraySplitter, ImportReport, Importer, LineSplitter, MalformedArray};
 use crate::store::{Store, TenantId};
 
-/// The media type of both directions.
+/// The media type of both directions by default: JSON Lines.
 pub const NDJSON: &str = "application/x-ndjson";
+/// The other form of both directions: one JSON array of the same entries.
+pub const JSON: &str = "application/json";
 /// Most entries per database read while exporting.
 pub const EXPORT_PAGE_ENTRIES: i64 = 1000;
 /// Most bytes of stored bodies per database read while exporting (a page always holds one
@@ -44,6 +47,13 @@ pub struct ImportQuery {
 }
 
 /// Import a transcript (JSON Lines, e.g. a Claude Code session file) into a thread.
+///
+/// The body is JSON Lines (`Content-Type: application/x-ndjson`), or the same entries as one JSON
+/// array (`Content-Type: application/json`), which obeys every rule below with "item" for "line":
+/// the array is read item by item as it arrives, each item bounded by the body limit, and a
+/// refusal's `line` is the item's 1-based place in the array. A JSON body that is not one array
+/// (a syntax error, an unclosed array, anything after it) is 400 `bad-request` where it goes
+/// wrong, with the batches before kept.
 ///
 /// The body is read as it arrives and appended in batches of 500 entries, each one atomic; the
 /// answer counts what happened. Every entry type is accepted and stored exactly as sent (a type
@@ -68,16 +78,19 @@ pub struct ImportQuery {
     post, path = "/v1/threads/{thread_id}/import", tag = "transcripts", operation_id = "importTranscript",
     params(ThreadPath, ImportQuery),
     request_body(
-        content = String, content_type = "application/x-ndjson",
-        description = "One JSON entry per line (UTF-8, `\\n` or `\\r\\n`); blank lines are skipped; a line may be as long as the server's body limit (`--body-limit`)."
+        description = "JSON Lines (`application/x-ndjson`): one JSON entry per line (UTF-8, `\\n` or `\\r\\n`); blank lines are skipped; a line may be as long as the server's body limit (`--body-limit`). Or JSON (`application/json`): one array of the same entries, read item by item as it arrives; an item may be as long as the body limit, and one spread over several lines is stored as one line.",
+        content(
+            (String = "application/x-ndjson"),
+            (Vec<Entry> = "application/json"),
+        )
     ),
     responses(
         (status = 200, description = "The body was read to its end; the counts say what was stored, skipped and refused", body = ImportReport),
-        (status = 400, description = "A bad query parameter, or the body could not be read (`bad-request`); batches committed before stay", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "A bad query parameter, the body could not be read, or a JSON body is not one array (`bad-request`, `detail` says where); batches committed before stay", body = Problem, content_type = "application/problem+json"),
         (status = 408, description = "The body stalled past the body-read timeout, arrived slower than the minimum import rate, or ran past the import timeout (`body-timeout`); batches committed before stay", body = Problem, content_type = "application/problem+json"),
         ThreadNotFound,
         (status = 413, description = "A batch would take the thread past the server's limit on its stored bytes (`thread-too-large`, with `stored_bytes` and `limit_bytes`); batches committed before stay", body = Problem, content_type = "application/problem+json"),
-        (status = 415, description = "The body is not `application/x-ndjson` (`unsupported-media-type`)", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "The body is neither `application/x-ndjson` nor `application/json` (`unsupported-media-type`)", body = Problem, content_type = "application/problem+json"),
         (status = 429, description = "The tenant runs as many imports as it may at once (`too-many-in-flight`); see `Retry-After`", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -89,37 +102,116 @@ pub async fn import_transcript(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Json<ImportReport>, ApiError> {
-    let media_type = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split(';').next())
-        .map(str::trim);
-    if !media_type.is_some_and(|m| m.eq_ignore_ascii_case(NDJSON)) {
-        return Err(ApiError::new(
-            ProblemKind::UnsupportedMediaType,
-            format!("the body must be {NDJSON}"),
-        ));
-    }
+    let form = match media_type(&headers, header::CONTENT_TYPE) {
+        Some(media) if media.eq_ignore_ascii_case(NDJSON) => Form::Lines,
+        Some(media) if media.eq_ignore_ascii_case(JSON) => Form::Array,
+        _ => {
+            return Err(ApiError::new(
+                ProblemKind::UnsupportedMediaType,
+                format!("the body must be {NDJSON} or {JSON}"),
+            ))
+        }
+    };
     let _import_slot = state.guards.import_slot(&tenant)?;
     state.store.get_thread(&tenant, &path.thread_id).await?;
-    let mut importer = Importer::new(
+    let importer = Importer::new(
         state.store.clone(),
         tenant,
         path.thread_id,
         query.previous_uuid.unwrap_or_default(),
     );
-    let mut splitter = LineSplitter::new(state.limits.body_bytes);
     let mut stream = body.into_data_stream();
     let mut pace = ImportPace::new(&state.limits);
-    while let Some(chunk) = pace.next(&mut stream).await? {
-        for piece in splitter.feed(&chunk) {
-            importer.push_piece(piece).await?;
+    // Each line, or each item of the array, is bounded by the body limit.
+    let max_piece = state.limits.body_bytes;
+    let report = match form {
+        Form::Lines => {
+            let mut importer = importer;
+            let mut splitter = LineSplitter::new(max_piece);
+            while let Some(chunk) = pace.next(&mut stream).await? {
+                for piece in splitter.feed(&chunk) {
+                    importer.push_piece(piece).await?;
+                }
+            }
+            if let Some(piece) = splitter.finish() {
+                importer.push_piece(piece).await?;
+            }
+            importer.finish().await?
+        }
+        Form::Array => {
+            let mut importer = importer.of_array_items();
+            let mut splitter = ArraySplitter::new(max_piece);
+            while let Some(chunk) = pace.next(&mut stream).await? {
+                for piece in splitter.feed(&chunk).map_err(malformed)? {
+                    importer.push_piece(piece).await?;
+                }
+            }
+            splitter.finish().map_err(malformed)?;
+            importer.finish().await?
+        }
+    };
+    Ok(Json(report))
+}
+
+/// The two forms of a transcript: JSON Lines (the default), or one JSON array of the same entries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Form {
+    Lines,
+    Array,
+}
+
+/// 400 `bad-request` for a JSON body that is not one array; the batches before it are stored.
+fn malformed(error: MalformedArray) -> ApiError {
+    ApiError::bad_request(format!("{error}; the batches before it are stored"))
+}
+
+/// The essence of a media-type header (`application/json` of `application/json; charset=utf-8`).
+fn media_type(headers: &HeaderMap, name: header::HeaderName) -> Option<&str> {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .map(str::trim)
+}
+
+/// The form an export is sent in: JSON when the `Accept` header ranks `application/json` above
+/// JSON Lines (by its `q` values, a type named before a wildcard), JSON Lines otherwise, and when
+/// it names neither.
+fn export_form(headers: &HeaderMap) -> Form {
+    let mut lines = 0.0_f32;
+    let mut array = 0.0_f32;
+    // The most specific range that matches each type sets its quality.
+    let mut lines_rank = 0;
+    let mut array_rank = 0;
+    for value in headers.get_all(header::ACCEPT) {
+        let Ok(value) = value.to_str() else { continue };
+        for range in value.split(',') {
+            let mut parts = range.split(';');
+            let media = parts.next().unwrap_or_default().trim().to_ascii_lowercase();
+            let quality = parts
+                .filter_map(|p| p.trim().strip_prefix("q="))
+                .find_map(|q| q.trim().parse::<f32>().ok())
+                .unwrap_or(1.0);
+            let rank = |exact: &str| match media.as_str() {
+                m if m == exact => 3,
+                "application/*" => 2,
+                "*/*" => 1,
+                _ => 0,
+            };
+            let (l, a) = (rank(NDJSON), rank(JSON));
+            if l > lines_rank {
+                (lines_rank, lines) = (l, quality);
+            }
+            if a > array_rank {
+                (array_rank, array) = (a, quality);
+            }
         }
     }
-    if let Some(piece) = splitter.finish() {
-        importer.push_piece(piece).await?;
+    if array > lines {
+        Form::Array
+    } else {
+        Form::Lines
     }
-    Ok(Json(importer.finish().await?))
 }
 
 /// The bounds on how an import's body arrives: each piece within the body-read timeout, an
@@ -197,11 +289,19 @@ impl ImportPace {
 /// Export a thread as JSON Lines: one entry per line, in seq order, each exactly the JSON that
 /// was sent for it (entries Loupe wrote itself, such as compaction boundaries and summaries, as
 /// Loupe wrote them). Importing the export into an empty thread gives the same entries back.
+///
+/// With `Accept: application/json` the same entries come as one JSON array, each item on a line
+/// of its own and byte for byte as in JSON Lines; imported back (`Content-Type:
+/// application/json`) it gives the same entries. Either form streams a page at a time: the
+/// export holds a few MiB whatever the thread's size.
 #[utoipa::path(
     get, path = "/v1/threads/{thread_id}/export", tag = "transcripts", operation_id = "exportTranscript",
     params(ThreadPath),
     responses(
-        (status = 200, description = "The thread, one entry per line, streamed", body = String, content_type = "application/x-ndjson"),
+        (status = 200, description = "The thread, streamed: one entry per line (`application/x-ndjson`, the default), or one array of the entries (`application/json`, when `Accept` prefers it)", content(
+            (String = "application/x-ndjson"),
+            (Vec<Entry> = "application/json"),
+        )),
         ThreadNotFound,
     )
 )]
@@ -209,7 +309,9 @@ pub async fn export_transcript(
     State(state): State<AppState>,
     Tenant(tenant): Tenant,
     ApiPath(path): ApiPath<ThreadPath>,
+    headers: HeaderMap,
 ) -> Result<Response, ApiError> {
+    let form = export_form(&headers);
     let first = state
         .store
         .export_page(
@@ -220,27 +322,42 @@ pub async fn export_transcript(
             EXPORT_PAGE_BYTES,
         )
         .await?;
-    let body = Body::from_stream(export_stream(
-        state.store.clone(),
-        tenant,
-        path.thread_id,
-        first,
-    ));
+    let pages = export_pages(state.store.clone(), tenant, path.thread_id, first);
+    let (body, media) = match form {
+        Form::Lines => (
+            Body::from_stream(pages.map(|page| page.map(|page| jsonl(&page)))),
+            NDJSON,
+        ),
+        Form::Array => {
+            let mut first_item = true;
+            let items = pages.map(move |page| {
+                page.map(|page| {
+                    let items = json_items(&page, first_item);
+                    first_item = false;
+                    items
+                })
+            });
+            let open = futures_util::stream::once(std::future::ready(Ok(Bytes::from_static(b"["))));
+            let close =
+                futures_util::stream::once(std::future::ready(Ok(Bytes::from_static(b"\n]\n"))));
+            (Body::from_stream(open.chain(items).chain(close)), JSON)
+        }
+    };
     let mut response = body.into_response();
-    response
-        .headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static(NDJSON));
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(media));
+    headers.insert(header::VARY, HeaderValue::from_static("accept"));
     Ok(response)
 }
 
 /// The pages of an export, each read when the client has taken the one before: the export holds
 /// one page at a time. An empty page ends it.
-fn export_stream(
+fn export_pages(
     store: Store,
     tenant: TenantId,
     thread_id: String,
     first: Vec<(i64, String)>,
-) -> impl futures_util::Stream<Item = Result<Bytes, crate::store::StoreError>> {
+) -> impl futures_util::Stream<Item = Result<Vec<(i64, String)>, crate::store::StoreError>> {
     enum Next {
         Read(Vec<(i64, String)>),
         After(i64),
@@ -266,7 +383,7 @@ fn export_stream(
             };
             let (last_seq, _) = page.last()?;
             let after = *last_seq;
-            Some((Ok(jsonl(&page)), Some(Next::After(after))))
+            Some((Ok(page), Some(Next::After(after))))
         }
     })
 }
@@ -282,6 +399,20 @@ pub fn is_streamed_import(method: &axum::http::Method, path: &str) -> bool {
         && segments.next().is_some_and(|id| !id.is_empty())
         && segments.next() == Some("import")
         && segments.next().is_none()
+}
+
+/// Stored bodies as items of a JSON array, each on a line of its own: `first` when no item
+/// precedes them (the array's `[` is sent before, its `]` after).
+pub fn json_items(page: &[(i64, String)], first: bool) -> Bytes {
+    let mut out = Vec::with_capacity(page.iter().map(|(_, body)| body.len() + 2).sum());
+    for (index, (_, body)) in page.iter().enumerate() {
+        if !(first && index == 0) {
+            out.push(b',');
+        }
+        out.push(b'\n');
+        out.extend_from_slice(body.as_bytes());
+    }
+    Bytes::from(out)
 }
 
 /// Stored bodies as JSON Lines.

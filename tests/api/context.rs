@@ -210,10 +210,10 @@ async fn snipped_messages_leave_the_context_but_not_the_store(app: TestApp) {
     );
 
     let missing = app.post(&uri, json!({"seqs": [99]})).await;
-    let problem = missing.assert_problem(StatusCode::UNPROCESSABLE_ENTITY, "validation");
+    let problem = missing.assert_problem(StatusCode::CONFLICT, "no-such-message");
     assert_eq!(problem["errors"][0]["field"], "seqs");
     let missing = app.post(&uri, json!({"uuids": ["n0", "nope"]})).await;
-    let problem = missing.assert_problem(StatusCode::UNPROCESSABLE_ENTITY, "validation");
+    let problem = missing.assert_problem(StatusCode::CONFLICT, "no-such-message");
     assert_eq!(problem["errors"][0]["field"], "uuids");
     assert!(problem["detail"].as_str().unwrap().contains("nope"));
     app.post(&uri, json!({}))

@@ -311,11 +311,11 @@ async fn every_error_case_has_its_status_and_type(app: TestApp) {
         .await
         .assert_problem(StatusCode::UNPROCESSABLE_ENTITY, "validation");
 
-    // Unknown uuid: 422 naming `to`.
+    // Unknown uuid: 409 `no-such-message` naming `to`.
     let unknown = app
         .post(&format!("{base}/memory/advance"), json!({"to": "ghost"}))
         .await;
-    let body = unknown.assert_problem(StatusCode::UNPROCESSABLE_ENTITY, "validation");
+    let body = unknown.assert_problem(StatusCode::CONFLICT, "no-such-message");
     assert_eq!(body["errors"][0]["field"], "to");
 
     // Backward: 422 `cursor-backward`, nothing changes.

@@ -10,6 +10,7 @@ mod fake_provider;
 
 mod architecture;
 mod bounds;
+mod cli_help;
 mod conformance;
 mod context;
 mod context_cache;

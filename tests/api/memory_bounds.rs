@@ -1,7 +1,8 @@
 //! The memory one request may take, measured on the real binary as an operator would see it: a
-//! 192 MiB thread (24 lines of 8 MiB) is imported, exported, grouped into rounds and read as two
-//! normalized cursor batches at once, and each operation's peak resident memory is read from
-//! `/proc/<pid>/status` (`VmHWM`, reset through `clear_refs` before each). Each peak must stay
+//! 192 MiB thread (24 lines of 8 MiB) is imported and exported (as JSON Lines and as a JSON
+//! array), grouped into rounds and read as two normalized cursor batches at once, and each
+//! operation's peak resident memory is read from `/proc/<pid>/status` (`VmHWM`, reset through
+//! `clear_refs` before each). Each peak must stay
 //! within a constant plus a small multiple of the largest entry, whatever the thread's size.
 //!
 //! The binary is the drills' (`LOUPE_DRILL_BIN`: `.ci/run` points it at the release build). Nothing
@@ -78,15 +79,20 @@ impl Server {
 
 /// A GET, its body read and dropped piece by piece; answers the status and the body's length.
 async fn get(port: u16, path: &str) -> (u16, usize) {
+    get_accepting(port, path, "*/*").await
+}
+
+/// [`get`] with an `Accept` header.
+async fn get_accepting(port: u16, path: &str, accept: &str) -> (u16, usize) {
     tokio::task::spawn_blocking({
-        let path = path.to_owned();
+        let (path, accept) = (path.to_owned(), accept.to_owned());
         move || {
             let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
                 return (0, 0);
             };
             write!(
                 stream,
-                "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+                "GET {path} HTTP/1.1\r\nHost: localhost\r\nAccept: {accept}\r\nConnection: close\r\n\r\n"
             )
             .unwrap();
             read_response(stream)
@@ -132,18 +138,39 @@ fn line(i: usize) -> Vec<u8> {
 
 /// Streams `lines` lines to the import, one line generated at a time.
 async fn import(port: u16, thread: &str, lines: usize) -> Value {
+    import_as(port, thread, lines, false).await
+}
+
+/// Streams `lines` lines to the import, one line generated at a time: JSON Lines, or (`array`)
+/// the same lines as the items of one JSON array.
+async fn import_as(port: u16, thread: &str, lines: usize, array: bool) -> Value {
     let thread = thread.to_owned();
     tokio::task::spawn_blocking(move || {
-        let length = lines * LINE_BYTES;
+        let (media, brackets) = if array {
+            // `[`, a comma between items, `]`.
+            ("application/json", 2 + lines.saturating_sub(1))
+        } else {
+            ("application/x-ndjson", 0)
+        };
+        let length = lines * LINE_BYTES + brackets;
         let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
         write!(
             stream,
             "POST /v1/threads/{thread}/import HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\
-             Content-Type: application/x-ndjson\r\nContent-Length: {length}\r\n\r\n"
+             Content-Type: {media}\r\nContent-Length: {length}\r\n\r\n"
         )
         .unwrap();
+        if array {
+            stream.write_all(b"[").unwrap();
+        }
         for i in 0..lines {
+            if array && i > 0 {
+                stream.write_all(b",").unwrap();
+            }
             stream.write_all(&line(i)).unwrap();
+        }
+        if array {
+            stream.write_all(b"]").unwrap();
         }
         let mut answer = String::new();
         stream.read_to_string(&mut answer).unwrap();
@@ -171,6 +198,9 @@ struct Peaks {
     import_32_mib: f64,
     import: f64,
     export: f64,
+    /// The same thread as one JSON array, in and out.
+    json_import: f64,
+    json_export: f64,
     rounds: f64,
     pending: f64,
     context: f64,
@@ -197,6 +227,7 @@ async fn measure(backend: Backend) -> Peaks {
     let url = app.url.clone();
     let small = app.thread("small").await;
     let thread = app.thread("big").await;
+    let arrayed = app.thread("big-json").await;
     let import_32_mib = rise(&url, |port| async move {
         let report = import(port, "small", LINES / 6).await;
         assert_eq!(report["stored"], LINES / 6, "{report}");
@@ -209,6 +240,18 @@ async fn measure(backend: Backend) -> Peaks {
     .await;
     let export = rise(&url, |port| async move {
         let (status, bytes) = get(port, "/v1/threads/big/export").await;
+        assert_eq!(status, 200);
+        assert!(bytes > LINES * LINE_BYTES, "{bytes}");
+    })
+    .await;
+    let json_import = rise(&url, |port| async move {
+        let report = import_as(port, "big-json", LINES, true).await;
+        assert_eq!(report["stored"], LINES, "{report}");
+    })
+    .await;
+    let json_export = rise(&url, |port| async move {
+        let (status, bytes) =
+            get_accepting(port, "/v1/threads/big/export", "application/json").await;
         assert_eq!(status, 200);
         assert!(bytes > LINES * LINE_BYTES, "{bytes}");
     })
@@ -241,12 +284,14 @@ async fn measure(backend: Backend) -> Peaks {
         assert_eq!((a.0, b.0, c.0, d.0), (200, 200, 200, 200));
     })
     .await;
-    let _ = (small, thread);
+    let _ = (small, thread, arrayed);
     app.finish().await;
     let peaks = Peaks {
         import_32_mib,
         import,
         export,
+        json_import,
+        json_export,
         rounds,
         pending,
         context,
@@ -276,6 +321,8 @@ fn assert_bounded(peaks: &Peaks) {
     for (operation, peak) in [
         ("import", peaks.import),
         ("export", peaks.export),
+        ("import of a JSON array", peaks.json_import),
+        ("export as a JSON array", peaks.json_export),
         ("rounds", peaks.rounds),
         ("two pending batches", peaks.pending),
     ] {

@@ -107,3 +107,90 @@ async fn the_service_serves_its_document_and_a_docs_page() {
 fn write_openapi() {
     std::fs::write(CHECKED_IN, generated()).unwrap();
 }
+
+/// The rules that tie members together, which JSON Schema cannot state, are stated in words
+/// where a client generated from the document shows them: the members' descriptions.
+#[test]
+fn the_document_states_the_rules_a_schema_cannot() {
+    let document = loupe::http::openapi();
+    let schemas = &document["components"]["schemas"];
+    let description = |pointer: &str| {
+        schemas
+            .pointer(pointer)
+            .and_then(Value::as_str)
+            .unwrap_or_else(|| panic!("no description at {pointer}"))
+            .to_owned()
+    };
+    for (pointer, rule) in [
+        (
+            "/OutlineBody/properties/budget_bytes/description",
+            "4 × `line_bytes`",
+        ),
+        ("/OutlineBody/description", "4 × `line_bytes`"),
+        (
+            "/ThreadSettingsBody/description",
+            "`outline.budget_bytes` ≥ 4 × `outline.line_bytes`",
+        ),
+        (
+            "/AppendMessagesRequest/properties/messages/description",
+            "unique",
+        ),
+        (
+            "/ClaimRequest/properties/limit/description",
+            "query's `limit`",
+        ),
+        (
+            "/SnipRequest/properties/seqs/description",
+            "at least one message",
+        ),
+        (
+            "/SnipRequest/properties/seqs/description",
+            "`no-such-message`",
+        ),
+    ] {
+        let text = description(pointer);
+        assert!(
+            text.contains(rule),
+            "{pointer}: {text:?} does not say {rule:?}"
+        );
+    }
+}
+
+/// The two token counts of a context answer say which is for what, each naming the other.
+#[test]
+fn the_document_says_which_token_count_to_use() {
+    let document = loupe::http::openapi();
+    let schemas = &document["components"]["schemas"];
+    let estimated = schemas["Normalized"]["properties"]["estimated_tokens"]["description"]
+        .as_str()
+        .unwrap();
+    assert!(estimated.contains("`context_tokens`"), "{estimated}");
+    assert!(estimated.contains("characters / 4"), "{estimated}");
+    let context = schemas["ContextResponse"]["allOf"][1]["properties"]["context_tokens"]
+        ["description"]
+        .as_str()
+        .unwrap();
+    assert!(context.contains("`estimated_tokens`"), "{context}");
+    assert!(context.contains("budget by"), "{context}");
+    let readme = include_str!("../../README.md");
+    assert!(readme.contains("Which token count to use"));
+}
+
+/// The transcript import and export offer JSON beside JSON Lines, an array of the entries the
+/// lines hold, so that generated clients type both operations.
+#[test]
+fn import_and_export_offer_a_json_array_of_entries() {
+    let document = loupe::http::openapi();
+    let path = |p: &str| &document["paths"][p];
+    let import = &path("/v1/threads/{thread_id}/import")["post"]["requestBody"]["content"];
+    let export = &path("/v1/threads/{thread_id}/export")["get"]["responses"]["200"]["content"];
+    for content in [import, export] {
+        assert!(content["application/x-ndjson"].is_object(), "{content}");
+        let array = &content["application/json"]["schema"];
+        assert_eq!(array["type"], "array", "{content}");
+        assert_eq!(
+            array["items"]["$ref"], "#/components/schemas/Entry",
+            "{content}"
+        );
+    }
+}

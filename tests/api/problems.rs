@@ -247,7 +247,12 @@ async fn seed(app: &TestApp, key: Option<&str>) {
 
 fn body_of(operation: &Operation) -> Option<(&str, &Value)> {
     let content = operation.spec["requestBody"]["content"].as_object()?;
-    let (content_type, media) = content.iter().next()?;
+    // The import's default form, JSON Lines, where it is offered beside JSON (whose own
+    // problems `transcripts` checks): its body is streamed, not read whole.
+    let (content_type, media) = content
+        .iter()
+        .find(|(content_type, _)| *content_type == "application/x-ndjson")
+        .or_else(|| content.iter().next())?;
     Some((content_type.as_str(), &media["schema"]))
 }
 
@@ -521,9 +526,85 @@ async fn guard_rails_answer_problems_on_every_route(app: TestApp) {
     app.finish().await;
 }
 
+/// A well-formed request naming a message the thread does not hold (by seq or uuid) is 409
+/// `no-such-message` (not 404: the thread is there), changes nothing, and the document lists
+/// that answer on the operation.
+async fn naming_a_message_the_thread_lacks_is_409_no_such_message(app: TestApp) {
+    let thread = app.thread("named").await;
+    let other = app.thread("other").await;
+    app.append(
+        &thread,
+        [user("m-0", "zero"), assistant("m-1", "msg_1", "one")],
+    )
+    .await;
+    app.append(&other, [user("o-0", "elsewhere")]).await;
+
+    // Snip: an unknown seq, or a uuid of another thread beside one it holds.
+    let snip = format!("/v1/threads/{thread}/snip");
+    for body in [
+        json!({"seqs": [7]}),
+        json!({"seqs": [0], "uuids": ["o-0"]}),
+        json!({"uuids": ["m-1", "ghost"]}),
+    ] {
+        let response = app.post(&snip, body.clone()).await;
+        let problem = response.assert_problem(StatusCode::CONFLICT, "no-such-message");
+        let field = if body.get("uuids").is_some() {
+            "uuids"
+        } else {
+            "seqs"
+        };
+        assert_eq!(problem["errors"][0]["field"], field, "{problem}");
+    }
+    let stored = app.get(&format!("/v1/threads/{thread}")).await;
+    assert_eq!(stored.body["message_count"], 2, "no snip was stored");
+
+    // Advance: a uuid of another thread; the cursor stays where it was.
+    let cursor = format!("/v1/threads/{thread}/cursors/c");
+    let moved = app
+        .post(&format!("{cursor}/advance"), json!({"to": "m-0"}))
+        .await;
+    assert_eq!(moved.status, StatusCode::OK, "{}", moved.body);
+    let response = app
+        .post(&format!("{cursor}/advance"), json!({"to": "o-0"}))
+        .await;
+    let problem = response.assert_problem(StatusCode::CONFLICT, "no-such-message");
+    assert_eq!(problem["errors"][0]["field"], "to");
+    assert!(
+        problem["detail"].as_str().unwrap().contains("o-0"),
+        "{problem}"
+    );
+    let state = app.get(&cursor).await;
+    assert_eq!(state.body["bookmark"]["uuid"], "m-0");
+
+    // A thread that does not exist is still `not-found`.
+    app.post("/v1/threads/absent/snip", json!({"seqs": [0]}))
+        .await
+        .assert_problem(StatusCode::NOT_FOUND, "not-found");
+
+    // The document says so on both operations.
+    let document = loupe::http::openapi();
+    for path in [
+        "/v1/threads/{thread_id}/snip",
+        "/v1/threads/{thread_id}/cursors/{name}/advance",
+    ] {
+        let answer = &document["paths"][path]["post"]["responses"]["409"];
+        let description = answer["description"].as_str().unwrap_or_default();
+        assert!(
+            description.contains("`no-such-message`"),
+            "{path}: {answer}"
+        );
+        assert!(
+            answer["content"]["application/problem+json"].is_object(),
+            "{path}: {answer}"
+        );
+    }
+    app.finish().await;
+}
+
 on_both_backends!(
     every_error_of_every_route_is_a_problem,
-    guard_rails_answer_problems_on_every_route
+    guard_rails_answer_problems_on_every_route,
+    naming_a_message_the_thread_lacks_is_409_no_such_message
 );
 
 /// The walk itself can fail: a handler answering a plain JSON error is caught.

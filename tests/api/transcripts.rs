@@ -8,6 +8,7 @@ use crate::common::TestApp;
 use axum::http::{Method, StatusCode};
 use futures_util::StreamExt;
 use serde_json::{json, Value};
+use tower::ServiceExt;
 
 on_both_backends!(
     import_then_export_gives_every_line_back,
@@ -17,6 +18,9 @@ on_both_backends!(
     bad_lines_are_refused_with_their_reason_and_the_rest_is_stored,
     the_cli_imports_and_exports_on_the_database_and_through_a_server,
     a_reported_usage_anchors_the_estimate_and_triggers_auto_compaction,
+    a_json_array_imports_and_exports_as_json_lines_do,
+    a_json_import_that_is_not_one_array_is_a_problem,
+    a_json_import_keeps_the_bounds_of_json_lines,
 );
 
 const SESSION: &str = include_str!("../fixtures/claude-code/session.jsonl");
@@ -288,7 +292,7 @@ async fn bad_lines_are_refused_with_their_reason_and_the_rest_is_stored(app: Tes
             None,
             Method::POST,
             &format!("/v1/threads/{thread}/import"),
-            Some("application/json"),
+            Some("text/plain"),
             b"{}".to_vec(),
         )
         .await;
@@ -583,5 +587,251 @@ async fn a_reported_usage_anchors_the_estimate_and_triggers_auto_compaction(app:
     assert_eq!(context.status, StatusCode::OK, "{}", context.body);
     assert_eq!(context.body["context_tokens"]["basis"], "usage");
     assert!(context.body["context_tokens"]["tokens"].as_i64().unwrap() >= 12_043);
+    app.finish().await;
+}
+
+/// `lines` (JSON Lines) as one JSON array, each item on a line of its own.
+fn as_array(lines: &str) -> String {
+    let items: Vec<&str> = lines.lines().collect();
+    format!("[\n{}\n]\n", items.join(",\n"))
+}
+
+/// An import of `body` as `application/json`.
+async fn import_json(app: &TestApp, thread: &str, body: &[u8]) -> crate::common::TestResponse {
+    app.raw_as(
+        None,
+        Method::POST,
+        &format!("/v1/threads/{thread}/import"),
+        Some("application/json"),
+        body.to_vec(),
+    )
+    .await
+}
+
+/// The export asked for with `accept`: its content type and its text.
+async fn export_accepting(app: &TestApp, thread: &str, accept: &str) -> (String, String) {
+    let request = axum::http::Request::builder()
+        .uri(format!("/v1/threads/{thread}/export"))
+        .header("accept", accept)
+        .body(axum::body::Body::empty())
+        .unwrap();
+    let response = app.router.clone().oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let media = response.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(response.headers()["vary"], "accept");
+    let bytes = http_body_util::BodyExt::collect(response.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    (media, String::from_utf8(bytes.to_vec()).unwrap())
+}
+
+/// The JSON form of both directions: an array of the same entries, chosen by `Content-Type` on
+/// import and `Accept` on export. It stores what the same lines store, byte for byte, and round
+/// trips in either form; a re-import is idempotent, the uuid-less entries included.
+async fn a_json_array_imports_and_exports_as_json_lines_do(app: TestApp) {
+    let thread = app.thread("arrayed").await;
+    let response = import_json(
+        &app,
+        &thread,
+        as_array(&format!("{SESSION}{AGENT}")).as_bytes(),
+    )
+    .await;
+    assert_eq!(response.status, StatusCode::OK, "{}", response.body);
+    let report = response.body;
+    let lines = SESSION.lines().count() + AGENT.lines().count();
+    assert_eq!(report["lines"], lines as u64, "{report}");
+    assert_eq!(report["stored"], lines as u64, "{report}");
+    assert_eq!(report["refused"], 0, "{report}");
+    assert_eq!(
+        report["sidechain_threads"],
+        json!(["arrayed.agent-a7c41e9"])
+    );
+    // Stored as the lines store it: byte for byte.
+    assert_eq!(export(&app, &thread).await, SESSION);
+    assert_eq!(export(&app, "arrayed.agent-a7c41e9").await, AGENT);
+
+    // Exported as an array when asked: the same bytes, each item on its line.
+    let (media, array) = export_accepting(&app, &thread, "application/json").await;
+    assert_eq!(media, "application/json");
+    assert_eq!(array, as_array(SESSION));
+    let parsed: Vec<Value> = serde_json::from_str(&array).unwrap();
+    assert_eq!(parsed, values(SESSION));
+    // JSON Lines stay the default, and win a tie.
+    for accept in [
+        "*/*",
+        "application/x-ndjson",
+        "application/json, application/x-ndjson",
+        "text/html",
+        "application/json;q=0",
+    ] {
+        let (media, text) = export_accepting(&app, &thread, accept).await;
+        assert_eq!(
+            (media.as_str(), text.as_str()),
+            ("application/x-ndjson", SESSION),
+            "{accept}"
+        );
+    }
+    let (media, _) = export_accepting(
+        &app,
+        &thread,
+        "application/x-ndjson;q=0.5, application/json",
+    )
+    .await;
+    assert_eq!(media, "application/json");
+
+    // The export imported back into an empty thread gives the same entries; into the same
+    // thread, nothing new.
+    let copy = app.thread("copy").await;
+    let response = import_json(&app, &copy, array.as_bytes()).await;
+    assert_eq!(
+        response.body["stored"],
+        SESSION.lines().count(),
+        "{}",
+        response.body
+    );
+    assert_eq!(export(&app, &copy).await, SESSION);
+    let again = import_json(&app, &thread, array.as_bytes()).await;
+    assert_eq!(again.body["stored"], 0, "{}", again.body);
+    assert_eq!(
+        again.body["already_stored"],
+        SESSION.lines().count(),
+        "{}",
+        again.body
+    );
+
+    // A pretty-printed array: each entry stored on one line, the same entries.
+    let pretty_thread = app.thread("pretty").await;
+    let pretty = serde_json::to_string_pretty(&values(SESSION)).unwrap();
+    let response = import_json(&app, &pretty_thread, pretty.as_bytes()).await;
+    assert_eq!(
+        response.body["stored"],
+        SESSION.lines().count(),
+        "{}",
+        response.body
+    );
+    let stored = export(&app, &pretty_thread).await;
+    assert_eq!(stored.lines().count(), SESSION.lines().count());
+    assert_eq!(values(&stored), values(SESSION));
+
+    // An empty thread is an empty array.
+    let empty = app.thread("empty").await;
+    let (_, text) = export_accepting(&app, &empty, "application/json").await;
+    assert_eq!(serde_json::from_str::<Value>(&text).unwrap(), json!([]));
+    app.finish().await;
+}
+
+/// A JSON body that is not one array is 400 `bad-request` saying where, as a problem; an item
+/// that is JSON but not an entry is refused in the report, as a line is.
+async fn a_json_import_that_is_not_one_array_is_a_problem(app: TestApp) {
+    let thread = app.thread("malformed").await;
+    let entry = r#"{"uuid":"j1","type":"user","message":{"role":"user","content":"one"}}"#;
+    for body in [
+        String::new(),
+        "{}".to_owned(),
+        format!("[{entry}"),
+        format!("[{entry},]"),
+        format!("[{entry} {entry}]"),
+        format!("[{entry}] []"),
+        r#"[{"uuid": "x" "type": "user"}]"#.to_owned(),
+    ] {
+        let response = import_json(&app, &thread, body.as_bytes()).await;
+        let problem = response.assert_problem(StatusCode::BAD_REQUEST, "bad-request");
+        assert!(
+            problem["detail"]
+                .as_str()
+                .unwrap()
+                .contains("not a JSON array"),
+            "{body:?}: {problem}"
+        );
+    }
+    // The charset parameter is allowed; text is not JSON.
+    let response = app
+        .raw_as(
+            None,
+            Method::POST,
+            &format!("/v1/threads/{thread}/import"),
+            Some("application/json; charset=utf-8"),
+            format!("[{entry}]").into_bytes(),
+        )
+        .await;
+    assert_eq!(response.status, StatusCode::OK, "{}", response.body);
+    let response = app
+        .raw_as(
+            None,
+            Method::POST,
+            &format!("/v1/threads/{thread}/import"),
+            Some("text/plain"),
+            format!("[{entry}]").into_bytes(),
+        )
+        .await;
+    response.assert_problem(StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported-media-type");
+
+    // Items that are JSON but not entries: refused with their place, the others stored.
+    let other = app.thread("items").await;
+    let body = format!(
+        r#"[{entry}, 5, {{"uuid":"j2","type":"assistant","message":{{"role":"user","content":"x"}}}}, {}]"#,
+        entry.replace("j1", "j3")
+    );
+    let response = import_json(&app, &other, body.as_bytes()).await;
+    assert_eq!(response.status, StatusCode::OK, "{}", response.body);
+    let report = response.body;
+    assert_eq!(
+        (report["lines"].as_u64(), report["stored"].as_u64()),
+        (Some(4), Some(2)),
+        "{report}"
+    );
+    let places: Vec<u64> = report["refusals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["line"].as_u64().unwrap())
+        .collect();
+    assert_eq!(places, [2, 3], "{report}");
+    app.finish().await;
+}
+
+/// The JSON form is held to the bounds of JSON Lines: each item within the body limit (a longer
+/// one refused, the rest imported) while the whole body is not; the thread's byte limit.
+async fn a_json_import_keeps_the_bounds_of_json_lines(app: TestApp) {
+    let limits = loupe::http::Limits {
+        body_bytes: 16 * 1024,
+        ..app.limits.clone()
+    };
+    let app = app
+        .reconfigure(limits, loupe::http::AuthMode::Open)
+        .with_store_options(|options| options.max_thread_bytes = 400_000)
+        .await;
+    let thread = app.thread("bounded").await;
+    let lines = generated_transcript(300);
+    let mut items: Vec<String> = lines.clone();
+    let long = json!({"uuid": "too-long", "type": "user",
+        "message": {"role": "user", "content": "z".repeat(20 * 1024)}})
+    .to_string();
+    items.insert(10, long);
+    let body = format!("[{}]", items.join(","));
+    assert!(body.len() > 4 * 16 * 1024, "{} bytes", body.len());
+    let response = import_json(&app, &thread, body.as_bytes()).await;
+    assert_eq!(response.status, StatusCode::OK, "{}", response.body);
+    let report = response.body;
+    assert_eq!(report["stored"], 300, "{report}");
+    assert_eq!(report["refused"], 1, "{report}");
+    assert_eq!(report["refusals"][0]["line"], 11, "{report}");
+    assert_eq!(
+        report["refusals"][0]["reason"],
+        "the entry is longer than the limit"
+    );
+
+    // Past the thread's byte limit: 413 `thread-too-large`, the batches before stored.
+    let full = app.thread("full").await;
+    let lines = generated_transcript(1_200);
+    let body = format!("[{}]", lines.join(","));
+    assert!(body.len() > 400_000);
+    let response = import_json(&app, &full, body.as_bytes()).await;
+    response.assert_problem(StatusCode::PAYLOAD_TOO_LARGE, "thread-too-large");
+    app.assert_stored_bytes_counted(&full).await;
     app.finish().await;
 }

@@ -16,6 +16,7 @@ from loupe_client.api.cursors import advance_cursor, claim_cursor, get_cursor, g
 from loupe_client.api.jobs import compact_thread, get_job
 from loupe_client.api.messages import append_messages
 from loupe_client.api.threads import create_thread, get_thread, put_thread_settings
+from loupe_client.api.transcripts import export_transcript, import_transcript
 from loupe_client.api.tree import get_outline, zoom
 from loupe_client.models import (
     AdvanceCursorRequest,
@@ -117,6 +118,22 @@ def main():
                                    body=AdvanceCursorRequest(to=claim.advance_to,
                                                              lease=claim.lease.token))
     check(advanced.moved and advanced.cursor.bookmark.uuid == claim.advance_to, "advance")
+
+    # A transcript in its JSON form: exported as a list of entries (asked for with `Accept`; JSON
+    # Lines stay the default), imported into another thread, exported again the same.
+    transcript = new_thread(client, f"{tag}-transcript")
+    append(client, transcript, exchange(f"{tag}-t", 0) + exchange(f"{tag}-t", 1))
+    as_json = client.with_headers({"Accept": "application/json"})
+    exported = export_transcript.sync_detailed(transcript, client=as_json)
+    check(exported.status_code == 200 and isinstance(exported.parsed, list)
+          and len(exported.parsed) == 4, f"export: {exported.status_code} {exported.content!r}")
+    copy = new_thread(client, f"{tag}-copy")
+    imported = import_transcript.sync_detailed(copy, client=client, body=exported.parsed)
+    check(imported.status_code == 200 and imported.parsed.stored == 4
+          and imported.parsed.refused == 0, f"import: {imported.status_code} {imported.content!r}")
+    again = export_transcript.sync(copy, client=as_json)
+    check([e.to_dict() for e in again] == [e.to_dict() for e in exported.parsed],
+          f"the round trip: {again}")
 
     # A 404 is a problem whose type the client can switch on.
     missing = get_thread.sync_detailed(f"{tag}-missing", client=client)

@@ -135,6 +135,31 @@ async function main(): Promise<void> {
   });
   check(advanced.data?.moved === true && advanced.data.cursor.bookmark?.uuid === to, "advance");
 
+  // A transcript in its JSON form: exported as an array of entries (asked for with `Accept`; JSON
+  // Lines stay the default), imported into another thread, exported again the same.
+  const transcript = await newThread(`${tag}-transcript`);
+  await append(transcript, [...exchange(`${tag}-t`, 0), ...exchange(`${tag}-t`, 1)]);
+  const exportJson = async (thread_id: string): Promise<Entry[]> => {
+    const { data, response } = await client.GET("/v1/threads/{thread_id}/export", {
+      params: { path: { thread_id } },
+      headers: { Accept: "application/json" },
+    });
+    check(
+      response.headers.get("content-type") === "application/json" && Array.isArray(data),
+      `export: ${response.status}`,
+    );
+    return data;
+  };
+  const entries = await exportJson(transcript);
+  check(entries.length === 4, `export: ${entries.length} entries`);
+  const copy = await newThread(`${tag}-copy`);
+  const imported = await client.POST("/v1/threads/{thread_id}/import", {
+    params: { path: { thread_id: copy } },
+    body: entries,
+  });
+  check(imported.data?.stored === 4 && imported.data.refused === 0, `import: ${imported.response.status}`);
+  check(JSON.stringify(await exportJson(copy)) === JSON.stringify(entries), "the round trip");
+
   // A 404 is a problem whose type the client can switch on.
   const missing = await client.GET("/v1/threads/{thread_id}", {
     params: { path: { thread_id: `${tag}-missing` } },
