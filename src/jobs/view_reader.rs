@@ -12,7 +12,7 @@
 use std::collections::HashSet;
 use std::future::Future;
 
-use super::compaction::{is_superseded, CompactionPlan, NothingToSummarize, PlanScan};
+use super::compaction::plan::{is_superseded, CompactionPlan, NothingToSummarize, PlanScan};
 use crate::history::estimate_entry_tokens;
 use crate::history::model::{Entry, EntryKind};
 use crate::history::normalize::view;
@@ -357,7 +357,7 @@ impl<S: WindowSource> ToSummarize<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::jobs::compaction::{boundary_entry, summary_entry, BoundaryInfo};
+    use crate::jobs::compaction::plan::{boundary_entry, summary_entry, BoundaryInfo};
     use futures_util::FutureExt;
     use serde_json::json;
 

@@ -1,27 +1,12 @@
-//! The compaction job: summarize the current context up to a round boundary and append, in one
-//! write, a compact boundary and the summary. The kept rounds are referenced by the boundary's
-//! `preserved_segment`, never copied.
-//!
-//! The job reads the view of the thread's window twice, a page at a time (see
-//! [`super::view_reader`]): once to plan the cut ([`PlanScan`]), once to summarize what lies
-//! before it ([`PageCutter`] pages). It calls the summarizer with no transaction open, then writes the
-//! boundary and the summary atomically with the job's completion (fenced by its lease). Entries
-//! appended while the summarizer ran lie between the read and the new boundary; the preserved
-//! segment runs up to the seq just before the boundary, so they stay in the context, in order.
+//! The compaction's pure plan: where the cut goes (a round start, the last rounds kept,
+//! [`PlanScan`] over the view fed an entry at a time), the pages the summary is built from
+//! ([`PageCutter`]), and the boundary and summary entries it writes.
 
 use std::collections::VecDeque;
 
 use serde_json::{json, Value};
 
-use super::view_reader::{
-    plan_compaction, StoreWindow, ToSummarize, ViewReader, WindowShape, WindowSource,
-};
-use super::{Clock, JobError, Runner};
-use crate::history::estimate_entry_tokens;
 use crate::history::model::{subtype, ApiMessage, Content, Entry, EntryKind, Role};
-use crate::history::normalize::tokens::rough;
-use crate::store::{ClaimedJob, CompactionWrite, TenantId};
-use crate::summarize::{Purpose, SummaryRequest};
 
 /// The first words of the summary message (`docs/NORMALIZATION.md` § Compaction).
 pub const SUMMARY_PREFIX: &str = "This session is being continued from a previous conversation that ran out of context. The summary below covers the earlier portion of the conversation.\n\n";
@@ -287,165 +272,6 @@ pub fn preserved_segment(
     let last = boundary_seq - 1;
     (first <= last).then_some((first, last))
 }
-
-/// The job's steps: read the window and plan the cut, summarize what lies before it a page at a
-/// time, then write the boundary and the summary with the job's completion.
-impl Runner {
-    /// Runs one compaction job to its write (or to "nothing to summarize").
-    pub(super) async fn compact(
-        &self,
-        claimed: &ClaimedJob,
-        clock: Clock,
-    ) -> Result<Value, JobError> {
-        let payload: CompactionPayload = serde_json::from_value(claimed.job.payload.clone())
-            .map_err(|e| JobError::Invalid(format!("bad compaction payload: {e}")))?;
-        let tenant = TenantId(claimed.job.tenant_id.clone());
-        // Read (no transaction stays open past here) a page at a time, twice: once to plan, and
-        // again to summarize, a summarizer request's worth of entries at a time. The window is
-        // never held whole, whatever its length.
-        let bounds = self
-            .store
-            .window_bounds(&tenant, &payload.thread_id, None)
-            .await?;
-        let window = StoreWindow {
-            store: &self.store,
-            bounds: &bounds,
-        };
-        let mut reader = ViewReader::new(window, WindowShape::of_bounds(&bounds)).await?;
-        let plan = match plan_compaction(&mut reader, payload.keep_recent_rounds).await? {
-            Ok(plan) => plan,
-            Err(nothing) => {
-                let result = json!({
-                    "compacted": false,
-                    "reason": format!(
-                        "nothing to summarize: the context has {} round(s) and {} are kept",
-                        nothing.rounds, nothing.keep_recent_rounds
-                    ),
-                    "rounds": nothing.rounds,
-                });
-                self.store
-                    .complete_job(claimed, &result, clock.now_ms())
-                    .await?;
-                return Ok(result);
-            }
-        };
-        let messages_summarized = plan.messages_summarized;
-        let (boundary_seq, read_next_seq) = (bounds.boundary_seq(), bounds.next_seq);
-        let to_summarize = ToSummarize::new(reader, &plan);
-        let summary = self.summarize_window(to_summarize, &plan, &payload).await?;
-        let summary_entry = summary_entry(&summary.text);
-        let summary_tokens = rough(summary_entry.first_text().unwrap_or_default());
-        // Write the boundary and the summary, and complete the job, in one transaction.
-        let write = CompactionWrite {
-            expected_boundary_seq: boundary_seq,
-            read_next_seq,
-            base_tokens: (summary_tokens + plan.kept_tokens) as i64,
-        };
-        let job_id = claimed.job.id.clone();
-        let (_, result) = self
-            .store
-            .write_compaction(claimed, &write, clock.now_ms(), |next_seq| {
-                let preserved = preserved_segment(
-                    plan.first_kept_seq,
-                    read_next_seq,
-                    next_seq,
-                );
-                let boundary = boundary_entry(&BoundaryInfo {
-                    trigger: &payload.trigger,
-                    pre_tokens: plan.pre_tokens,
-                    messages_summarized,
-                    summarizer: &summary.summarizer,
-                    job_id: &job_id,
-                    preserved,
-                });
-                let result = json!({
-                    "compacted": true,
-                    "boundary_seq": next_seq,
-                    "summary_seq": next_seq + 1,
-                    "preserved_segment": preserved.map(|(first, last)| json!({"first_seq": first, "last_seq": last})),
-                    "messages_summarized": messages_summarized,
-                    "pre_tokens": plan.pre_tokens,
-                    "summarizer": summary.summarizer,
-                    "summarizer_calls": summary.calls,
-                });
-                (vec![boundary, summary_entry], result)
-            })
-            .await?;
-        Ok(result)
-    }
-
-    /// The summary of the plan's entries, read in order from `entries`: one summarizer request
-    /// per page of `compaction_page_tokens`, each carrying the previous page's summary (the
-    /// first, the previous compaction's). The bodies of one page at a time are in memory.
-    async fn summarize_window<S: WindowSource>(
-        &self,
-        mut entries: ToSummarize<S>,
-        plan: &CompactionPlan,
-        payload: &CompactionPayload,
-    ) -> Result<crate::summarize::Summary, JobError> {
-        let mut cutter = PageCutter::new(self.config.compaction_page_tokens, SUMMARY_PAGE_ENTRIES);
-        let mut pages = PageSummaries {
-            previous: plan.previous_summary.clone(),
-            calls: 0,
-            summary: None,
-        };
-        // A thread deleted meanwhile comes up short in a page, and the reader fails there.
-        let mut page = Vec::new();
-        while let Some(entry) = entries.next().await? {
-            if cutter.starts_page(estimate_entry_tokens(&entry)) {
-                self.summarize_page(std::mem::take(&mut page), &mut pages, payload)
-                    .await?;
-            }
-            page.push(entry);
-        }
-        self.summarize_page(page, &mut pages, payload).await?;
-        let mut summary = pages.summary.ok_or_else(|| {
-            JobError::Invalid("a compaction plan with nothing to summarize".to_owned())
-        })?;
-        summary.calls = pages.calls;
-        Ok(summary)
-    }
-
-    /// Summarizes one page of a compaction into `pages`, on top of the summary so far.
-    async fn summarize_page(
-        &self,
-        entries: Vec<Entry>,
-        pages: &mut PageSummaries,
-        payload: &CompactionPayload,
-    ) -> Result<(), JobError> {
-        if entries.is_empty()
-            || (pages.summary.is_some() && !entries.iter().any(|e| e.kind.is_model_visible()))
-        {
-            // Nothing a model reads: the summary so far stands.
-            return Ok(());
-        }
-        let request = SummaryRequest {
-            entries,
-            previous_summary: pages.previous.take(),
-            instructions: payload.instructions.clone(),
-            max_bytes: self.config.summary_max_bytes,
-            purpose: Purpose::Compaction,
-            lines: Vec::new(),
-            context: Vec::new(),
-        };
-        let page_summary = self.summarizer.summarize(&request).await?;
-        pages.calls += page_summary.calls;
-        pages.previous = Some(page_summary.text.clone());
-        pages.summary = Some(page_summary);
-        Ok(())
-    }
-}
-
-/// A compaction's summary so far, page after page.
-struct PageSummaries {
-    /// The summary the next page builds on.
-    previous: Option<String>,
-    calls: u32,
-    summary: Option<crate::summarize::Summary>,
-}
-
-/// Most entries in one summarizer request of a compaction, whatever their tokens.
-pub const SUMMARY_PAGE_ENTRIES: usize = 4_096;
 
 #[cfg(test)]
 mod tests {
