@@ -1,16 +1,14 @@
-//! Every integration test, in one binary: one module per area, helpers in `common` (the app under
-//! test on both backends), `chaos` (the generator of chaotic histories) and `fake_provider` (a
-//! local server speaking the summarizers' provider HTTP).
+//! Every integration test, in one binary: one module per area, and the helpers they share in
+//! `support/` (`common`, `chaos`, `fake_provider`; each reachable as `crate::<name>`).
 
 #[macro_use]
-mod common;
-mod chaos;
-mod compaction_props;
-mod fake_provider;
+mod support;
+use support::{chaos, common, fake_provider};
 
 mod architecture;
 mod bounds;
 mod cli_help;
+mod compaction_props;
 mod conformance;
 mod context;
 mod context_cache;
