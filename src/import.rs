@@ -27,6 +27,14 @@ pub const BATCH_ENTRIES: usize = 500;
 pub const BATCH_BYTES: usize = 4 * 1024 * 1024;
 /// Refusals listed one by one in a report; the rest are only counted.
 pub const MAX_LISTED_REFUSALS: usize = 100;
+/// Sub-agent threads listed by name in a report; the rest are only counted.
+pub const MAX_LISTED_SIDECHAINS: usize = 100;
+/// Bytes of a refusal's reason or uuid kept in a report. A parser's message can quote the whole
+/// refused item, and the report must not grow with what it refuses.
+pub const REFUSAL_TEXT_BYTES: usize = 300;
+/// Times a batch is planned again when a concurrent import of the same entries stored some of
+/// them first (each retry reads what is stored now, so it only fails again if the race repeats).
+const APPEND_RETRIES: usize = 3;
 
 /// What an import did.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -45,8 +53,11 @@ pub struct ImportReport {
     /// the rest of the same file in another request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_uuid: Option<String>,
-    /// The sub-agent threads that received entries.
+    /// The sub-agent threads that received entries (the first 100).
     pub sidechain_threads: Vec<String>,
+    /// How many sub-agent threads received entries (`sidechain_threads` lists at most 100).
+    #[serde(default)]
+    pub sidechain_thread_count: u64,
 }
 
 /// A line that was not stored, and why.
@@ -63,7 +74,18 @@ impl ImportReport {
     fn refuse(&mut self, line: u64, uuid: Option<String>, reason: String) {
         self.refused += 1;
         if self.refusals.len() < MAX_LISTED_REFUSALS {
-            self.refusals.push(Refusal { line, uuid, reason });
+            self.refusals.push(Refusal {
+                line,
+                uuid: uuid.map(|uuid| bounded(&uuid)),
+                reason: bounded(&reason),
+            });
+        }
+    }
+
+    fn add_sidechain(&mut self, thread: &str) {
+        self.sidechain_thread_count += 1;
+        if self.sidechain_threads.len() < MAX_LISTED_SIDECHAINS {
+            self.sidechain_threads.push(thread.to_owned());
         }
     }
 
@@ -78,12 +100,31 @@ impl ImportReport {
         if other.last_uuid.is_some() {
             self.last_uuid = other.last_uuid;
         }
+        // A sub-agent thread can receive entries in several parts: one listed already is not
+        // counted again (those past the listed hundred cannot be told apart, and are).
+        let unlisted = other.sidechain_thread_count - other.sidechain_threads.len() as u64;
+        self.sidechain_thread_count += unlisted;
         for thread in other.sidechain_threads {
             if !self.sidechain_threads.contains(&thread) {
-                self.sidechain_threads.push(thread);
+                self.sidechain_thread_count += 1;
+                if self.sidechain_threads.len() < MAX_LISTED_SIDECHAINS {
+                    self.sidechain_threads.push(thread);
+                }
             }
         }
     }
+}
+
+/// `text` cut to [`REFUSAL_TEXT_BYTES`] on a character boundary, marked with `…` when cut.
+fn bounded(text: &str) -> String {
+    if text.len() <= REFUSAL_TEXT_BYTES {
+        return text.to_owned();
+    }
+    let mut end = REFUSAL_TEXT_BYTES;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
 }
 
 /// An entry waiting for its batch, with the line it came from.
@@ -230,7 +271,7 @@ impl Importer {
             Err(error) => return Err(error),
         }
         self.known_sidechains.insert(thread.to_owned());
-        self.report.sidechain_threads.push(thread.to_owned());
+        self.report.add_sidechain(thread);
         Ok(())
     }
 
@@ -246,7 +287,48 @@ impl Importer {
         Ok(())
     }
 
+    /// Appends the entries of `batch` the thread does not hold yet. A concurrent import of the
+    /// same entries (a client retrying while its first import still runs) can store some of
+    /// them between the read and the append: the batch is then planned again from what is
+    /// stored, so they count as already stored rather than failing the import.
     async fn append_new(&mut self, thread: &str, batch: Vec<Pending>) -> Result<(), StoreError> {
+        let (mut batch, mut retries) = (batch, 0);
+        loop {
+            let fresh = self.not_stored(thread, batch).await?;
+            if fresh.is_empty() {
+                return Ok(());
+            }
+            let count = fresh.len() as u64;
+            let request = AppendRequest {
+                entries: fresh.iter().map(|p| p.entry.clone()).collect(),
+                expected_next_seq: None,
+            };
+            match self.store.append(&self.tenant, thread, request).await {
+                Ok(outcome) if outcome.replayed => {
+                    // The concurrent import committed exactly these entries first.
+                    self.report.already_stored += count;
+                }
+                Ok(_) => self.report.stored += count,
+                Err(StoreError::PartialReplay { .. } | StoreError::UuidConflict { .. })
+                    if retries < APPEND_RETRIES =>
+                {
+                    retries += 1;
+                    batch = fresh;
+                    continue;
+                }
+                Err(error) => return Err(error),
+            }
+            return Ok(());
+        }
+    }
+
+    /// The entries of `batch` the thread does not hold; those it holds are counted (same
+    /// content) or refused (other content).
+    async fn not_stored(
+        &mut self,
+        thread: &str,
+        batch: Vec<Pending>,
+    ) -> Result<Vec<Pending>, StoreError> {
         let uuids: Vec<String> = batch.iter().filter_map(|p| p.entry.uuid.clone()).collect();
         let stored = self
             .store
@@ -265,22 +347,7 @@ impl Importer {
                 None => fresh.push(p),
             }
         }
-        if fresh.is_empty() {
-            return Ok(());
-        }
-        let count = fresh.len() as u64;
-        let request = AppendRequest {
-            entries: fresh.into_iter().map(|p| p.entry).collect(),
-            expected_next_seq: None,
-        };
-        let outcome = self.store.append(&self.tenant, thread, request).await?;
-        if outcome.replayed {
-            // Another import of the same lines committed them between the read and the append.
-            self.report.already_stored += count;
-        } else {
-            self.report.stored += count;
-        }
-        Ok(())
+        Ok(fresh)
     }
 }
 
@@ -291,6 +358,51 @@ pub struct LineSplitter {
     max_line_bytes: usize,
     /// Inside a line that is already too long: its bytes are dropped up to the next line break.
     skipping: bool,
+    mark: ByteOrderMark,
+}
+
+/// Drops a UTF-8 byte-order mark (which some editors write) at the start of a body, however the
+/// body is cut into chunks, so both import forms read such a file alike.
+#[derive(Debug, Default)]
+struct ByteOrderMark {
+    /// Bytes of the mark matched so far.
+    matched: usize,
+    /// The body's start is behind: nothing more is dropped.
+    done: bool,
+}
+
+impl ByteOrderMark {
+    const BYTES: &'static [u8] = b"\xEF\xBB\xBF";
+
+    /// Splits `chunk` into the bytes of a partial mark that turned out not to be one (to be read
+    /// first) and the rest after any mark.
+    fn strip<'a>(&mut self, chunk: &'a [u8]) -> (&'static [u8], &'a [u8]) {
+        if self.done {
+            return (&[], chunk);
+        }
+        for (index, &byte) in chunk.iter().enumerate() {
+            if self.matched == Self::BYTES.len() {
+                self.done = true;
+                return (&[], &chunk[index..]);
+            }
+            if byte != Self::BYTES[self.matched] {
+                self.done = true;
+                return (&Self::BYTES[..self.matched], &chunk[index..]);
+            }
+            self.matched += 1;
+        }
+        self.done = self.matched == Self::BYTES.len();
+        (&[], &[])
+    }
+
+    /// At the body's end: the bytes of a partial mark, which were not a mark after all.
+    fn unfinished(&self) -> &'static [u8] {
+        if self.done {
+            &[]
+        } else {
+            &Self::BYTES[..self.matched]
+        }
+    }
 }
 
 /// One piece of input: a line, or the place of a line that was too long.
@@ -307,11 +419,19 @@ impl LineSplitter {
             buffer: Vec::new(),
             max_line_bytes,
             skipping: false,
+            mark: ByteOrderMark::default(),
         }
     }
 
     /// Feeds bytes; answers the pieces they complete.
-    pub fn feed(&mut self, mut bytes: &[u8]) -> Vec<Piece> {
+    pub fn feed(&mut self, bytes: &[u8]) -> Vec<Piece> {
+        let (replay, rest) = self.mark.strip(bytes);
+        let mut pieces = self.feed_unmarked(replay);
+        pieces.extend(self.feed_unmarked(rest));
+        pieces
+    }
+
+    fn feed_unmarked(&mut self, mut bytes: &[u8]) -> Vec<Piece> {
         let mut pieces = Vec::new();
         while let Some(end) = bytes.iter().position(|&b| b == b'\n') {
             let (head, rest) = (&bytes[..end], &bytes[end + 1..]);
@@ -337,7 +457,9 @@ impl LineSplitter {
     }
 
     /// The last line, when the input does not end with a line break.
-    pub fn finish(self) -> Option<Piece> {
+    pub fn finish(mut self) -> Option<Piece> {
+        let partial_mark = self.mark.unfinished();
+        self.feed_unmarked(partial_mark);
         if self.skipping {
             Some(Piece::TooLong)
         } else if self.buffer.is_empty() {
@@ -351,6 +473,43 @@ impl LineSplitter {
         match String::from_utf8(bytes) {
             Ok(line) => Piece::Line(line),
             Err(_) => Piece::NotUtf8,
+        }
+    }
+}
+
+/// A file of either import form, told apart by its first byte (after a byte-order mark and
+/// whitespace): `[` opens a JSON array, and anything else is JSON Lines, whose lines are objects.
+pub enum FileSplitter {
+    Lines(LineSplitter),
+    Array(ArraySplitter),
+}
+
+impl FileSplitter {
+    /// The splitter for a file whose first chunk is `start` (not yet fed).
+    pub fn for_start(start: &[u8], max_piece_bytes: usize) -> Self {
+        let start = start.strip_prefix(ByteOrderMark::BYTES).unwrap_or(start);
+        match start.iter().find(|&&byte| !is_json_space(byte)) {
+            Some(b'[') => FileSplitter::Array(ArraySplitter::new(max_piece_bytes)),
+            _ => FileSplitter::Lines(LineSplitter::new(max_piece_bytes)),
+        }
+    }
+
+    pub fn is_array(&self) -> bool {
+        matches!(self, FileSplitter::Array(_))
+    }
+
+    pub fn feed(&mut self, bytes: &[u8]) -> Result<Vec<Piece>, MalformedArray> {
+        match self {
+            FileSplitter::Lines(lines) => Ok(lines.feed(bytes)),
+            FileSplitter::Array(array) => array.feed(bytes),
+        }
+    }
+
+    /// The end of the file: its last line, or whether the array closed.
+    pub fn finish(self) -> Result<Option<Piece>, MalformedArray> {
+        match self {
+            FileSplitter::Lines(lines) => Ok(lines.finish()),
+            FileSplitter::Array(array) => array.finish().map(|()| None),
         }
     }
 }
@@ -379,6 +538,7 @@ pub struct ArraySplitter {
     broken: bool,
     /// The current item is already too long: its bytes are dropped up to its end.
     skipping: bool,
+    mark: ByteOrderMark,
 }
 
 /// Where an [`ArraySplitter`] is in the array.
@@ -420,11 +580,22 @@ impl ArraySplitter {
             escaped: false,
             broken: false,
             skipping: false,
+            mark: ByteOrderMark::default(),
         }
     }
 
     /// Feeds bytes; answers the items they complete, or where the body stops being an array.
     pub fn feed(&mut self, bytes: &[u8]) -> Result<Vec<Piece>, MalformedArray> {
+        let before = bytes.len();
+        let (replay, rest) = self.mark.strip(bytes);
+        // A partial mark that is not one cannot open an array: reading it reports where.
+        let mut pieces = self.feed_unmarked(replay)?;
+        self.offset += (before - rest.len()) as u64;
+        pieces.extend(self.feed_unmarked(rest)?);
+        Ok(pieces)
+    }
+
+    fn feed_unmarked(&mut self, bytes: &[u8]) -> Result<Vec<Piece>, MalformedArray> {
         let mut pieces = Vec::new();
         // Where the current item's bytes in this chunk start.
         let mut start = 0;
@@ -476,7 +647,9 @@ impl ArraySplitter {
     }
 
     /// The end of the body: an array that never closed is malformed.
-    pub fn finish(self) -> Result<(), MalformedArray> {
+    pub fn finish(mut self) -> Result<(), MalformedArray> {
+        let partial_mark = self.mark.unfinished();
+        self.feed_unmarked(partial_mark)?;
         match self.expect {
             Expect::Closed => Ok(()),
             Expect::Open => Err(MalformedArray {
@@ -763,5 +936,60 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn a_byte_order_mark_is_dropped_by_both_forms_however_it_is_cut() {
+        let body = b"\xEF\xBB\xBF{\"a\":1}\n{\"b\":2}\n";
+        for cut in 0..=body.len() {
+            let mut splitter = LineSplitter::new(100);
+            let mut pieces = splitter.feed(&body[..cut]);
+            pieces.extend(splitter.feed(&body[cut..]));
+            pieces.extend(splitter.finish());
+            assert_eq!(lines(pieces), ["{\"a\":1}", "{\"b\":2}"], "cut at {cut}");
+        }
+        let array = b"\xEF\xBB\xBF[{\"a\":1}]";
+        for cut in 0..=array.len() {
+            let mut splitter = ArraySplitter::new(100);
+            let mut pieces = splitter.feed(&array[..cut]).unwrap();
+            pieces.extend(splitter.feed(&array[cut..]).unwrap());
+            splitter.finish().unwrap();
+            assert_eq!(lines(pieces), ["{\"a\":1}"], "cut at {cut}");
+        }
+        // Only a whole mark at the very start is dropped; anything else is read as it is.
+        let mut splitter = LineSplitter::new(100);
+        let mut pieces = splitter.feed(b"\xEF\xBBx\n");
+        pieces.extend(splitter.feed(b"\xEF\xBB\xBFy\n"));
+        assert_eq!(lines(pieces), ["<utf8>", "\u{feff}y"]);
+        let mut splitter = ArraySplitter::new(100);
+        assert!(splitter.feed(b"\xEF\xBB").unwrap().is_empty());
+        assert!(splitter.finish().is_err());
+    }
+
+    #[test]
+    fn a_report_stays_small_whatever_it_refuses() {
+        let mut report = ImportReport::default();
+        let huge = format!("invalid type: string \"{}\"", "é".repeat(1 << 20));
+        for line in 0..1_000 {
+            report.refuse(line, Some(huge.clone()), huge.clone());
+        }
+        assert_eq!(report.refused, 1_000);
+        assert_eq!(report.refusals.len(), MAX_LISTED_REFUSALS);
+        for refusal in &report.refusals {
+            assert!(refusal.reason.len() <= REFUSAL_TEXT_BYTES + '…'.len_utf8());
+            assert!(refusal.reason.starts_with("invalid type: string"));
+            assert!(refusal.reason.ends_with('…'));
+            assert!(refusal.uuid.as_ref().unwrap().len() <= REFUSAL_TEXT_BYTES + 3);
+        }
+        let mut part = ImportReport::default();
+        for index in 0..250 {
+            part.add_sidechain(&format!("t.agent-{index}"));
+        }
+        assert_eq!(part.sidechain_threads.len(), MAX_LISTED_SIDECHAINS);
+        let mut total = ImportReport::default();
+        total.add_sidechain("t.agent-0");
+        total.absorb(part);
+        assert_eq!(total.sidechain_thread_count, 250);
+        assert_eq!(total.sidechain_threads.len(), MAX_LISTED_SIDECHAINS);
     }
 }

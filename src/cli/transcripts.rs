@@ -1,5 +1,5 @@
-//! `loupe import` and `loupe export`: transcripts (JSON Lines) in and out of a thread, on the
-//! database directly or through a running server (`--url`).
+//! `loupe import` and `loupe export`: transcripts (JSON Lines, or a JSON array of entries) in and
+//! out of a thread, on the database directly or through a running server (`--url`).
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -12,7 +12,7 @@ use serde_json::Map;
 use tokio::io::AsyncReadExt;
 
 use super::{tenant_arg, DatabaseArgs};
-use crate::import::{ImportReport, Importer, LineSplitter, Piece};
+use crate::import::{FileSplitter, ImportReport, Importer, Piece};
 use crate::store::{NewThread, Store, StoreError, TenantId};
 
 /// Longest line read from a file (a larger one is refused, not held).
@@ -27,7 +27,8 @@ const BYTES_PER_REQUEST: usize = 8 * 1024 * 1024;
 
 #[derive(Debug, Args)]
 pub struct ImportArgs {
-    /// JSON Lines files (Claude Code session files), imported in order into the thread.
+    /// JSON Lines files (Claude Code session files) or JSON arrays of entries (an export with
+    /// `Accept: application/json`), imported in order into the thread.
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
     /// The thread to import into; created when missing. Sub-agent entries go to
@@ -106,37 +107,30 @@ fn show(progress: &ProgressBar, report: &ImportReport) {
 
 async fn import_direct(args: &ImportArgs, progress: &ProgressBar) -> anyhow::Result<ImportReport> {
     let tenant = tenant_arg(&args.target.tenant)?;
+    // Every file opens before anything is written, so a mistyped path creates no thread.
+    let mut files = open_all(&args.files).await?;
     let store = args.target.database.open().await?;
     ensure_thread(&store, &tenant, &args.thread).await?;
     let mut total = ImportReport::default();
     let mut previous_uuid = String::new();
-    for path in &args.files {
-        let mut file = tokio::fs::File::open(path)
-            .await
-            .with_context(|| format!("cannot open {}", path.display()))?;
+    for file in &mut files {
         let mut importer = Importer::new(
             store.clone(),
             tenant.clone(),
             args.thread.clone(),
             previous_uuid.clone(),
         );
-        let mut splitter = LineSplitter::new(MAX_LINE_BYTES);
-        let mut buffer = vec![0_u8; READ_CHUNK];
         let shown = total.clone();
-        loop {
-            let read = file.read(&mut buffer).await?;
-            if read == 0 {
-                break;
+        while let Some(pieces) = file.next_pieces().await? {
+            if file.is_array() {
+                importer = importer.of_array_items();
             }
-            for piece in splitter.feed(&buffer[..read]) {
+            for piece in pieces {
                 importer.push_piece(piece).await?;
             }
             let mut now = shown.clone();
             now.absorb(importer.report().clone());
             show(progress, &now);
-        }
-        if let Some(piece) = splitter.finish() {
-            importer.push_piece(piece).await?;
         }
         let mut report = importer.finish().await?;
         offset_lines(&mut report, total.lines);
@@ -148,6 +142,59 @@ async fn import_direct(args: &ImportArgs, progress: &ProgressBar) -> anyhow::Res
     }
     store.close().await;
     Ok(total)
+}
+
+/// An import file, read a chunk at a time and cut into pieces by the form its start shows.
+struct ImportFile {
+    path: PathBuf,
+    file: tokio::fs::File,
+    splitter: Option<FileSplitter>,
+    buffer: Vec<u8>,
+    ended: bool,
+}
+
+async fn open_all(paths: &[PathBuf]) -> anyhow::Result<Vec<ImportFile>> {
+    let mut files = Vec::with_capacity(paths.len());
+    for path in paths {
+        let file = tokio::fs::File::open(path)
+            .await
+            .with_context(|| format!("cannot open {}", path.display()))?;
+        files.push(ImportFile {
+            path: path.clone(),
+            file,
+            splitter: None,
+            buffer: vec![0_u8; READ_CHUNK],
+            ended: false,
+        });
+    }
+    Ok(files)
+}
+
+impl ImportFile {
+    /// The pieces the next chunk completes (the last call gives the file's last piece), or
+    /// `None` at the end. A file that starts as a JSON array but is not one is an error.
+    async fn next_pieces(&mut self) -> anyhow::Result<Option<Vec<Piece>>> {
+        if self.ended {
+            return Ok(None);
+        }
+        let read = self.file.read(&mut self.buffer).await?;
+        let chunk = &self.buffer[..read];
+        let splitter = self
+            .splitter
+            .get_or_insert_with(|| FileSplitter::for_start(chunk, MAX_LINE_BYTES));
+        let context = || format!("{} is not a JSON array of entries", self.path.display());
+        let mut pieces = splitter.feed(chunk).with_context(context)?;
+        if read == 0 {
+            self.ended = true;
+            let splitter = self.splitter.take().expect("set above");
+            pieces.extend(splitter.finish().with_context(context)?);
+        }
+        Ok(Some(pieces))
+    }
+
+    fn is_array(&self) -> bool {
+        self.splitter.as_ref().is_some_and(FileSplitter::is_array)
+    }
 }
 
 async fn ensure_thread(store: &Store, tenant: &TenantId, thread: &str) -> anyhow::Result<()> {
@@ -173,6 +220,7 @@ async fn import_through(
     args: &ImportArgs,
     progress: &ProgressBar,
 ) -> anyhow::Result<ImportReport> {
+    let mut files = open_all(&args.files).await?;
     let client = Client::new(url, args.target.key.clone())?;
     let created = client
         .send(|c| {
@@ -190,22 +238,10 @@ async fn import_through(
     let import_url = client.url(&format!("/v1/threads/{}/import", args.thread));
     let mut total = ImportReport::default();
     let mut previous_uuid = String::new();
-    for path in &args.files {
-        let mut file = tokio::fs::File::open(path)
-            .await
-            .with_context(|| format!("cannot open {}", path.display()))?;
-        let mut splitter = LineSplitter::new(MAX_LINE_BYTES);
-        let mut buffer = vec![0_u8; READ_CHUNK];
+    for file in &mut files {
         let mut body: Vec<u8> = Vec::new();
         let mut lines = 0;
-        let mut at_end = false;
-        while !at_end {
-            let read = file.read(&mut buffer).await?;
-            let mut pieces = splitter.feed(&buffer[..read]);
-            if read == 0 {
-                at_end = true;
-                pieces.extend(std::mem::replace(&mut splitter, LineSplitter::new(0)).finish());
-            }
+        while let Some(pieces) = file.next_pieces().await? {
             for piece in pieces {
                 match piece {
                     Piece::Line(line) => body.extend_from_slice(line.as_bytes()),
@@ -266,13 +302,30 @@ async fn post_part(
 }
 
 pub async fn export(args: ExportArgs) -> anyhow::Result<()> {
-    let mut out: Box<dyn Write + Send> = match &args.output {
-        Some(path) => Box::new(std::io::BufWriter::new(
-            std::fs::File::create(path)
-                .with_context(|| format!("cannot create {}", path.display()))?,
-        )),
-        None => Box::new(std::io::BufWriter::new(std::io::stdout())),
+    let Some(path) = &args.output else {
+        let mut out = std::io::BufWriter::new(std::io::stdout());
+        export_to(&args, &mut out).await?;
+        return Ok(out.flush()?);
     };
+    // Written beside the target and renamed over it once whole, so a failed export (a mistyped
+    // thread, a dropped connection) leaves an existing file as it was.
+    let mut partial_name = path.file_name().unwrap_or_default().to_owned();
+    partial_name.push(".partial");
+    let partial = path.with_file_name(partial_name);
+    let file = std::fs::File::create(&partial)
+        .with_context(|| format!("cannot create {}", partial.display()))?;
+    let mut out = std::io::BufWriter::new(file);
+    let written = export_to(&args, &mut out).await;
+    let finished = written.and_then(|()| Ok(out.into_inner()?.sync_all()?));
+    if let Err(error) = finished {
+        let _ = std::fs::remove_file(&partial);
+        return Err(error);
+    }
+    std::fs::rename(&partial, path)
+        .with_context(|| format!("cannot move the export to {}", path.display()))
+}
+
+async fn export_to(args: &ExportArgs, out: &mut (dyn Write + Send)) -> anyhow::Result<()> {
     match &args.target.url {
         Some(url) => {
             let client = Client::new(url, args.target.key.clone())?;

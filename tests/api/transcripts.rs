@@ -21,6 +21,11 @@ on_both_backends!(
     a_json_array_imports_and_exports_as_json_lines_do,
     a_json_import_that_is_not_one_array_is_a_problem,
     a_json_import_keeps_the_bounds_of_json_lines,
+    a_refused_giant_item_leaves_a_small_report,
+    overlapping_imports_of_the_same_entries_both_succeed,
+    many_sub_agents_are_counted_and_the_first_hundred_listed,
+    a_byte_order_mark_is_read_alike_by_both_forms,
+    the_cli_reads_a_json_array_file_and_fails_without_side_effects,
 );
 
 const SESSION: &str = include_str!("../fixtures/claude-code/session.jsonl");
@@ -833,5 +838,169 @@ async fn a_json_import_keeps_the_bounds_of_json_lines(app: TestApp) {
     let response = import_json(&app, &full, body.as_bytes()).await;
     response.assert_problem(StatusCode::PAYLOAD_TOO_LARGE, "thread-too-large");
     app.assert_stored_bytes_counted(&full).await;
+    app.finish().await;
+}
+
+/// A refused item's parser message can quote the item whole: the report keeps a bounded prefix
+/// of each reason, so a body of huge refused items cannot make a huge answer.
+async fn a_refused_giant_item_leaves_a_small_report(app: TestApp) {
+    let thread = app.thread("giant-refusals").await;
+    let giant = format!("\"{}\"", "s".repeat(2 << 20));
+    let lines = [giant.as_str(); 4].join("\n");
+    let report = import(&app, &thread, &lines).await;
+    let array = format!("[{}]", [giant.as_str(); 4].join(","));
+    let response = import_json(&app, &thread, array.as_bytes()).await;
+    assert_eq!(response.status, StatusCode::OK, "{}", response.body);
+    for report in [report, response.body] {
+        assert_eq!(report["refused"], 4, "{report}");
+        let text = report.to_string();
+        assert!(text.len() < 4_000, "a {}-byte report", text.len());
+        let reason = report["refusals"][0]["reason"].as_str().unwrap();
+        assert!(reason.starts_with("not a valid entry"), "{reason}");
+        assert!(reason.ends_with('…'), "{reason}");
+    }
+    app.finish().await;
+}
+
+/// A client that retries an import while the first is still running sends the same entries
+/// twice at once. Whichever stores an entry first, the other counts it as already stored: both
+/// succeed, and the thread holds each entry once.
+async fn overlapping_imports_of_the_same_entries_both_succeed(app: TestApp) {
+    let thread = app.thread("overlap").await;
+    let entries: Vec<String> = (0..3_000)
+        .map(|i| {
+            let role = if i % 2 == 0 { "user" } else { "assistant" };
+            json!({"type": role, "uuid": format!("u-{i:05}"),
+                   "message": {"role": role, "content": format!("turn {i}")}})
+            .to_string()
+        })
+        .collect();
+    let imports = (0..4).map(|rotation| {
+        let mut lines = entries.clone();
+        lines.rotate_left(rotation * 250);
+        let (app, thread) = (&app, thread.clone());
+        async move {
+            let body = lines.join("\n");
+            let response = app
+                .raw_as(
+                    None,
+                    Method::POST,
+                    &format!("/v1/threads/{thread}/import"),
+                    Some("application/x-ndjson"),
+                    body.into_bytes(),
+                )
+                .await;
+            assert_eq!(response.status, StatusCode::OK, "{}", response.body);
+            response.body
+        }
+    });
+    let reports = futures_util::future::join_all(imports).await;
+    let stored: u64 = reports.iter().map(|r| r["stored"].as_u64().unwrap()).sum();
+    for report in &reports {
+        assert_eq!(report["refused"], 0, "{report}");
+        let counted =
+            report["stored"].as_u64().unwrap() + report["already_stored"].as_u64().unwrap();
+        assert_eq!(counted, 3_000, "{report}");
+    }
+    assert_eq!(stored, 3_000);
+    let thread_row = app.get(&format!("/v1/threads/{thread}")).await.body;
+    assert_eq!(thread_row["message_count"], 3_000, "{thread_row}");
+    app.finish().await;
+}
+
+/// Each sub-agent gets a thread; the report names the first hundred and counts them all.
+async fn many_sub_agents_are_counted_and_the_first_hundred_listed(app: TestApp) {
+    let thread = app.thread("agents").await;
+    let lines: Vec<String> = (0..130)
+        .map(|i| {
+            json!({"type": "user", "uuid": format!("a-{i}"), "isSidechain": true,
+                   "agentId": format!("agent{i:03}"),
+                   "message": {"role": "user", "content": "go"}})
+            .to_string()
+        })
+        .collect();
+    let report = import(&app, &thread, &lines.join("\n")).await;
+    assert_eq!(report["stored"], 130, "{report}");
+    assert_eq!(report["sidechain_thread_count"], 130);
+    assert_eq!(report["sidechain_threads"].as_array().unwrap().len(), 100);
+    app.finish().await;
+}
+
+/// Some editors start a file with a UTF-8 byte-order mark: both forms read past it, so the
+/// first entry is stored, not refused.
+async fn a_byte_order_mark_is_read_alike_by_both_forms(app: TestApp) {
+    let first = SESSION.lines().next().unwrap();
+    let lines_thread = app.thread("bom-lines").await;
+    let report = import(&app, &lines_thread, &format!("\u{feff}{first}\n")).await;
+    assert_eq!(
+        (report["stored"].as_u64(), report["refused"].as_u64()),
+        (Some(1), Some(0)),
+        "{report}"
+    );
+    let array_thread = app.thread("bom-array").await;
+    let response = import_json(&app, &array_thread, format!("\u{feff}[{first}]").as_bytes()).await;
+    assert_eq!(response.status, StatusCode::OK, "{}", response.body);
+    assert_eq!(response.body["stored"], 1, "{}", response.body);
+    let lines_export = export_accepting(&app, &lines_thread, "application/x-ndjson").await;
+    let array_export = export_accepting(&app, &array_thread, "application/x-ndjson").await;
+    assert_eq!(lines_export.1, format!("{first}\n"));
+    assert_eq!(lines_export, array_export);
+    app.finish().await;
+}
+
+/// `loupe import` reads the server's JSON export as it reads JSON Lines (pretty-printed too), a
+/// mistyped input file creates no thread, and a failed export leaves an existing file whole.
+async fn the_cli_reads_a_json_array_file_and_fails_without_side_effects(app: TestApp) {
+    use clap::Parser;
+    let dir = std::env::temp_dir().join(format!("loupe-cli-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let run =
+        |args: Vec<String>| async move { loupe::cli::run(loupe::cli::Cli::parse_from(args)).await };
+    let s = |v: &str| v.to_owned();
+    let entries: Vec<Value> = values(SESSION);
+    let pretty = dir.join("session.json");
+    std::fs::write(&pretty, serde_json::to_string_pretty(&entries).unwrap()).unwrap();
+    let import_args = |thread: &str, file: &std::path::Path| {
+        vec![
+            s("loupe"),
+            s("import"),
+            s("--thread"),
+            s(thread),
+            s("--database-url"),
+            app.url.clone(),
+            file.display().to_string(),
+        ]
+    };
+    run(import_args("from-json", &pretty)).await.unwrap();
+    assert_eq!(values(&export(&app, "from-json").await), entries);
+
+    let missing = dir.join("no-such-file.jsonl");
+    let error = run(import_args("never-made", &missing)).await.unwrap_err();
+    assert!(format!("{error:#}").contains("cannot open"), "{error:#}");
+    let response = app.get("/v1/threads/never-made").await;
+    assert_eq!(response.status, StatusCode::NOT_FOUND, "{}", response.body);
+
+    let backup = dir.join("backup.jsonl");
+    std::fs::write(&backup, "keep me\n").unwrap();
+    let error = run(vec![
+        s("loupe"),
+        s("export"),
+        s("--thread"),
+        s("typo"),
+        s("--database-url"),
+        app.url.clone(),
+        s("-o"),
+        backup.display().to_string(),
+    ])
+    .await
+    .unwrap_err();
+    assert!(format!("{error:#}").contains("not found"), "{error:#}");
+    assert_eq!(std::fs::read_to_string(&backup).unwrap(), "keep me\n");
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left.len(), 2, "{left:?}");
+    std::fs::remove_dir_all(&dir).unwrap();
     app.finish().await;
 }
