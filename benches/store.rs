@@ -66,7 +66,7 @@ fn run_backend(
         rt.block_on(store.create_thread(
             &tenant,
             NewThread {
-                id: Some(id.to_owned()),
+                id: Some(id.to_owned().into()),
                 ..Default::default()
             },
         ))
@@ -93,7 +93,7 @@ fn run_backend(
                         let outcome = store
                             .append(
                                 &tenant,
-                                &thread,
+                                &thread.as_str().into(),
                                 AppendRequest {
                                     entries,
                                     expected_next_seq: None,
@@ -122,7 +122,7 @@ fn run_backend(
             store
                 .append(
                     &tenant,
-                    &thread,
+                    &thread.as_str().into(),
                     AppendRequest {
                         entries,
                         expected_next_seq: None,
@@ -152,7 +152,7 @@ fn run_backend(
         group.bench_function(name, |b| {
             b.to_async(rt).iter(|| async {
                 let page = store
-                    .list_messages(&tenant, &thread, after_seq, 100)
+                    .list_messages(&tenant, &thread.as_str().into(), after_seq, 100)
                     .await
                     .expect("page");
                 assert_eq!(page.messages.len(), 100);
@@ -178,7 +178,7 @@ fn run_backend(
         ));
         rt.block_on(store.append(
             &tenant,
-            thread,
+            &thread.as_str().into(),
             AppendRequest {
                 entries: tail,
                 expected_next_seq: None,
@@ -196,7 +196,7 @@ fn run_backend(
         group.bench_function(name, |b| {
             b.to_async(rt).iter(|| async {
                 let window = store
-                    .context_window(&tenant, thread, None)
+                    .context_window(&tenant, &thread.as_str().into(), None)
                     .await
                     .expect("context window");
                 assert_eq!(window.entries.len(), CONTEXT_TAIL);

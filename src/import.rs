@@ -18,7 +18,7 @@ use utoipa::ToSchema;
 
 use crate::history::model::Entry;
 use crate::history::transcript;
-use crate::store::{fingerprint, AppendRequest, NewThread, Store, StoreError, TenantId};
+use crate::store::{fingerprint, AppendRequest, NewThread, Store, StoreError, TenantId, ThreadId};
 
 /// Most entries appended per atomic batch.
 pub const BATCH_ENTRIES: usize = 500;
@@ -97,15 +97,15 @@ struct Pending {
 pub struct Importer {
     store: Store,
     tenant: TenantId,
-    thread_id: String,
+    thread_id: ThreadId,
     /// Target thread → its pending entries, in line order.
-    pending: BTreeMap<String, Vec<Pending>>,
+    pending: BTreeMap<ThreadId, Vec<Pending>>,
     pending_count: usize,
     /// Bytes of the lines pending.
     pending_bytes: usize,
     /// Uuids pending per target thread, with their fingerprints (a repeated line is caught here).
-    pending_uuids: HashMap<String, HashMap<String, String>>,
-    known_sidechains: HashSet<String>,
+    pending_uuids: HashMap<ThreadId, HashMap<String, String>>,
+    known_sidechains: HashSet<ThreadId>,
     previous_uuid: String,
     report: ImportReport,
     /// What one piece of the input is called in refusals: a `line`, or an `entry` of an array.
@@ -115,7 +115,7 @@ pub struct Importer {
 impl Importer {
     /// An import into `thread_id`, which must exist. `previous_uuid` continues the uuid chain of
     /// an earlier part of the same file (empty for a file's start).
-    pub fn new(store: Store, tenant: TenantId, thread_id: String, previous_uuid: String) -> Self {
+    pub fn new(store: Store, tenant: TenantId, thread_id: ThreadId, previous_uuid: String) -> Self {
         Importer {
             store,
             tenant,
@@ -166,7 +166,10 @@ impl Importer {
         let target = match transcript::sidechain_agent(&entry) {
             None => self.thread_id.clone(),
             Some(agent) => {
-                let thread = transcript::sidechain_thread_id(&self.thread_id, &agent);
+                let thread = ThreadId::new(transcript::sidechain_thread_id(
+                    self.thread_id.as_str(),
+                    &agent,
+                ));
                 if let Err(error) = self.ensure_sidechain(&thread, &agent).await {
                     match error {
                         StoreError::Database(_) => return Err(error),
@@ -210,7 +213,7 @@ impl Importer {
         Ok(self.report)
     }
 
-    async fn ensure_sidechain(&mut self, thread: &str, agent: &str) -> Result<(), StoreError> {
+    async fn ensure_sidechain(&mut self, thread: &ThreadId, agent: &str) -> Result<(), StoreError> {
         if self.known_sidechains.contains(thread) {
             return Ok(());
         }
@@ -222,15 +225,17 @@ impl Importer {
         metadata.insert("agent_id".to_owned(), Value::from(agent));
         metadata.insert("sidechain".to_owned(), Value::Bool(true));
         let new = NewThread {
-            id: Some(thread.to_owned()),
+            id: Some(thread.clone()),
             metadata,
         };
         match self.store.create_thread(&self.tenant, new).await {
             Ok(_) | Err(StoreError::ThreadExists(_)) => {}
             Err(error) => return Err(error),
         }
-        self.known_sidechains.insert(thread.to_owned());
-        self.report.sidechain_threads.push(thread.to_owned());
+        self.known_sidechains.insert(thread.clone());
+        self.report
+            .sidechain_threads
+            .push(thread.as_str().to_owned());
         Ok(())
     }
 
@@ -246,7 +251,11 @@ impl Importer {
         Ok(())
     }
 
-    async fn append_new(&mut self, thread: &str, batch: Vec<Pending>) -> Result<(), StoreError> {
+    async fn append_new(
+        &mut self,
+        thread: &ThreadId,
+        batch: Vec<Pending>,
+    ) -> Result<(), StoreError> {
         let uuids: Vec<String> = batch.iter().filter_map(|p| p.entry.uuid.clone()).collect();
         let stored = self
             .store

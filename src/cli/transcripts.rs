@@ -13,7 +13,7 @@ use tokio::io::AsyncReadExt;
 
 use super::{tenant_arg, DatabaseArgs};
 use crate::import::{ImportReport, Importer, LineSplitter, Piece};
-use crate::store::{NewThread, Store, StoreError, TenantId};
+use crate::store::{NewThread, Store, StoreError, TenantId, ThreadId};
 
 /// Longest line read from a file (a larger one is refused, not held).
 const MAX_LINE_BYTES: usize = 64 * 1024 * 1024;
@@ -107,7 +107,8 @@ fn show(progress: &ProgressBar, report: &ImportReport) {
 async fn import_direct(args: &ImportArgs, progress: &ProgressBar) -> anyhow::Result<ImportReport> {
     let tenant = tenant_arg(&args.target.tenant)?;
     let store = args.target.database.open().await?;
-    ensure_thread(&store, &tenant, &args.thread).await?;
+    let thread = ThreadId::new(args.thread.as_str());
+    ensure_thread(&store, &tenant, &thread).await?;
     let mut total = ImportReport::default();
     let mut previous_uuid = String::new();
     for path in &args.files {
@@ -117,7 +118,7 @@ async fn import_direct(args: &ImportArgs, progress: &ProgressBar) -> anyhow::Res
         let mut importer = Importer::new(
             store.clone(),
             tenant.clone(),
-            args.thread.clone(),
+            thread.clone(),
             previous_uuid.clone(),
         );
         let mut splitter = LineSplitter::new(MAX_LINE_BYTES);
@@ -150,9 +151,9 @@ async fn import_direct(args: &ImportArgs, progress: &ProgressBar) -> anyhow::Res
     Ok(total)
 }
 
-async fn ensure_thread(store: &Store, tenant: &TenantId, thread: &str) -> anyhow::Result<()> {
+async fn ensure_thread(store: &Store, tenant: &TenantId, thread: &ThreadId) -> anyhow::Result<()> {
     let new = NewThread {
-        id: Some(thread.to_owned()),
+        id: Some(thread.clone()),
         metadata: Map::new(),
     };
     match store.create_thread(tenant, new).await {
@@ -292,12 +293,13 @@ pub async fn export(args: ExportArgs) -> anyhow::Result<()> {
         None => {
             let tenant = tenant_arg(&args.target.tenant)?;
             let store = args.target.database.open().await?;
+            let thread = ThreadId::new(args.thread.as_str());
             let mut after = -1;
             loop {
                 let page = store
                     .export_page(
                         &tenant,
-                        &args.thread,
+                        &thread,
                         after,
                         crate::http::transcripts::EXPORT_PAGE_ENTRIES,
                         crate::http::transcripts::EXPORT_PAGE_BYTES,

@@ -166,7 +166,7 @@ mod tests {
     /// The body a [`ContextAnswer`] sends, its pieces joined.
     fn sent(run: &TailRun, checkpoint: &Checkpoint, next_seq: i64) -> String {
         let cached = Arc::new(CachedContext {
-            thread_key: "k".into(),
+            thread_key: crate::store::ThreadKey::from_stored("k".into()),
             window_start: 0,
             checkpoint: checkpoint.clone(),
         });
@@ -249,7 +249,7 @@ mod tests {
         let run = checkpoint.continue_with(&entries, &options).unwrap();
         let (run, _) = run.advance(&mut checkpoint, &entries);
         let cached = Arc::new(CachedContext {
-            thread_key: "k".into(),
+            thread_key: crate::store::ThreadKey::from_stored("k".into()),
             window_start: 0,
             checkpoint: checkpoint.clone(),
         });

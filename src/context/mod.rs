@@ -30,7 +30,7 @@ use crate::history::normalize::incremental::{Advance, Checkpoint, PagedRead};
 use crate::history::normalize::Fallback;
 use crate::history::{normalize, NormalizeOptions};
 use crate::store::{
-    ContextHead, ContextTail, ContextWindow, Store, StoreError, TenantId, WindowBounds,
+    ContextHead, ContextTail, ContextWindow, Store, StoreError, TenantId, ThreadId, WindowBounds,
 };
 
 /// Most pages' worth of entries a paged read keeps waiting for a cut before it reads the whole
@@ -98,7 +98,7 @@ impl<O: Offload> ContextReader<'_, O> {
     pub async fn read(
         &self,
         tenant: &TenantId,
-        thread_id: &str,
+        thread_id: &ThreadId,
         head: ContextHead,
         view: View,
         options: NormalizeOptions,
@@ -220,7 +220,7 @@ impl<O: Offload> ContextReader<'_, O> {
     async fn paged_read(
         &self,
         tenant: &TenantId,
-        thread_id: &str,
+        thread_id: &ThreadId,
         head: &ContextHead,
         options: NormalizeOptions,
         key: ContextKey,
@@ -296,7 +296,7 @@ impl<O: Offload> ContextReader<'_, O> {
     async fn outline_read(
         &self,
         tenant: &TenantId,
-        thread_id: &str,
+        thread_id: &ThreadId,
         outline: &crate::tree::OutlineOptions,
         options: &NormalizeOptions,
     ) -> Result<ContextResponse, ReadError> {

@@ -19,7 +19,7 @@ use super::threads::ThreadPath;
 use super::{AppState, Tenant};
 use crate::history::model::Entry;
 use crate::import::{ArraySplitter, ImportReport, Importer, LineSplitter, MalformedArray};
-use crate::store::{Store, TenantId};
+use crate::store::{Store, TenantId, ThreadId};
 
 /// The media type of both directions by default: JSON Lines.
 pub const NDJSON: &str = "application/x-ndjson";
@@ -355,7 +355,7 @@ pub async fn export_transcript(
 fn export_pages(
     store: Store,
     tenant: TenantId,
-    thread_id: String,
+    thread_id: ThreadId,
     first: Vec<(i64, String)>,
 ) -> impl futures_util::Stream<Item = Result<Vec<(i64, String)>, crate::store::StoreError>> {
     enum Next {

@@ -1,7 +1,7 @@
 //! Messages: pages of a thread's entries, and entries by uuid.
 
 use super::rows::{entry_from_row, page_within_bytes};
-use super::{Store, StoreError, TenantId};
+use super::{Store, StoreError, TenantId, ThreadId, ThreadKey};
 use crate::history::model::Entry;
 
 #[derive(Debug, Clone)]
@@ -16,7 +16,7 @@ impl Store {
     pub async fn list_messages(
         &self,
         tenant: &TenantId,
-        thread_id: &str,
+        thread_id: &ThreadId,
         after_seq: Option<i64>,
         limit: u32,
     ) -> Result<MessagePage, StoreError> {
@@ -30,7 +30,7 @@ impl Store {
     pub async fn list_messages_within(
         &self,
         tenant: &TenantId,
-        thread_id: &str,
+        thread_id: &ThreadId,
         after_seq: Option<i64>,
         limit: u32,
         max_bytes: i64,
@@ -38,7 +38,7 @@ impl Store {
         let head = self.thread_head(tenant, thread_id).await?;
         let (thread_key, next_seq) = (head.thread_key, head.next_seq);
         let rows = sqlx::query(&page_within_bytes("m.seq, m.uuid, m.created_at, m.body"))
-            .bind(&thread_key)
+            .bind(thread_key.as_str())
             .bind(after_seq.unwrap_or(-1))
             .bind(i64::from(limit))
             .bind(max_bytes)
@@ -52,14 +52,14 @@ impl Store {
 
     pub(super) async fn messages_by_uuid(
         &self,
-        thread_key: &str,
+        thread_key: &ThreadKey,
         uuids: &[&str],
     ) -> Result<Vec<Entry>, StoreError> {
         let sql = format!(
             "SELECT seq, uuid, created_at, body FROM messages WHERE thread_key = $1 AND uuid IN ({}) ORDER BY seq",
             super::list_placeholders(2, uuids.len())
         );
-        let mut query = sqlx::query(&sql).bind(thread_key.to_owned());
+        let mut query = sqlx::query(&sql).bind(thread_key.as_str().to_owned());
         for uuid in uuids {
             query = query.bind(uuid.to_string());
         }

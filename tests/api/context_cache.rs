@@ -549,7 +549,11 @@ async fn a_tail_ends_where_its_head_saw_the_thread_end(app: TestApp) {
         .await;
     assert_eq!(settings.status, StatusCode::OK, "{}", settings.body);
     let tenant = loupe::store::TenantId::default_tenant();
-    let head = app.store.context_head(&tenant, &thread).await.unwrap();
+    let head = app
+        .store
+        .context_head(&tenant, &thread.as_str().into())
+        .await
+        .unwrap();
     assert_eq!(
         head.settings.microcompact_options().map(|m| m.keep_recent),
         Some(1)
@@ -563,7 +567,11 @@ async fn a_tail_ends_where_its_head_saw_the_thread_end(app: TestApp) {
         (0..head.next_seq).collect::<Vec<_>>(),
         "up to the head's end"
     );
-    let later = app.store.context_head(&tenant, &thread).await.unwrap();
+    let later = app
+        .store
+        .context_head(&tenant, &thread.as_str().into())
+        .await
+        .unwrap();
     assert!(later.next_seq > head.next_seq);
     let tail = app
         .store
@@ -585,13 +593,21 @@ async fn a_boundary_committed_after_the_head_belongs_to_a_later_read(app: TestAp
     let s = services(&app, || AuthMode::Open);
     let thread = thread_with_rounds(&app, &s, "bounded", 3).await;
     let tenant = loupe::store::TenantId::default_tenant();
-    let head = app.store.context_head(&tenant, &thread).await.unwrap();
+    let head = app
+        .store
+        .context_head(&tenant, &thread.as_str().into())
+        .await
+        .unwrap();
     let outcome = compact_now(&app, &thread, 0).await;
     assert!(
         matches!(outcome, loupe::jobs::StepOutcome::Succeeded { .. }),
         "{outcome:?}"
     );
-    let later = app.store.context_head(&tenant, &thread).await.unwrap();
+    let later = app
+        .store
+        .context_head(&tenant, &thread.as_str().into())
+        .await
+        .unwrap();
     assert_eq!(
         later.next_seq,
         head.next_seq + 2,
