@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{BatchSize, Criterion, Throughput};
 use loupe::history::{normalize, Entry, NormalizeOptions};
-use loupe::store::{AppendRequest, NewThread, Store, StoreOptions, TenantId};
+use loupe::store::{AppendRequest, NewThread, Seq, Store, StoreOptions, TenantId};
 use tokio::runtime::Runtime;
 
 const SETUP_BATCH: usize = 1000;
@@ -152,7 +152,12 @@ fn run_backend(
         group.bench_function(name, |b| {
             b.to_async(rt).iter(|| async {
                 let page = store
-                    .list_messages(&tenant, &thread.as_str().into(), after_seq, 100)
+                    .list_messages(
+                        &tenant,
+                        &thread.as_str().into(),
+                        after_seq.map(Seq::new),
+                        100,
+                    )
                     .await
                     .expect("page");
                 assert_eq!(page.messages.len(), 100);

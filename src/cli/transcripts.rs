@@ -13,7 +13,7 @@ use tokio::io::AsyncReadExt;
 
 use super::{tenant_arg, DatabaseArgs};
 use crate::import::{ImportReport, Importer, LineSplitter, Piece};
-use crate::store::{NewThread, Store, StoreError, TenantId, ThreadId};
+use crate::store::{NewThread, Seq, Store, StoreError, TenantId, ThreadId};
 
 /// Longest line read from a file (a larger one is refused, not held).
 const MAX_LINE_BYTES: usize = 64 * 1024 * 1024;
@@ -300,7 +300,7 @@ pub async fn export(args: ExportArgs) -> anyhow::Result<()> {
                     .export_page(
                         &tenant,
                         &thread,
-                        after,
+                        Seq::new(after),
                         crate::http::transcripts::EXPORT_PAGE_ENTRIES,
                         crate::http::transcripts::EXPORT_PAGE_BYTES,
                     )

@@ -167,7 +167,7 @@ mod tests {
     fn sent(run: &TailRun, checkpoint: &Checkpoint, next_seq: i64) -> String {
         let cached = Arc::new(CachedContext {
             thread_key: crate::store::ThreadKey::from_stored("k".into()),
-            window_start: 0,
+            window_start: crate::store::Seq::new(0),
             checkpoint: checkpoint.clone(),
         });
         let answer = ContextAnswer::new(run, cached, next_seq, Vec::new()).unwrap();
@@ -250,7 +250,7 @@ mod tests {
         let (run, _) = run.advance(&mut checkpoint, &entries);
         let cached = Arc::new(CachedContext {
             thread_key: crate::store::ThreadKey::from_stored("k".into()),
-            window_start: 0,
+            window_start: crate::store::Seq::new(0),
             checkpoint: checkpoint.clone(),
         });
         let pieces: Vec<Vec<u8>> = ContextAnswer::new(&run, cached, 3_000, Vec::new())

@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::history::normalize::incremental::Checkpoint;
 use crate::history::NormalizeOptions;
-use crate::store::{TenantId, ThreadId, ThreadKey};
+use crate::store::{Seq, TenantId, ThreadId, ThreadKey};
 
 /// What a checkpoint is cached under. The tenant is part of the key, so a tenant can only ever
 /// reach its own threads' checkpoints; the options are all of them (the thread's
@@ -63,7 +63,7 @@ pub struct CachedContext {
     /// deleted and created again under the same id does not match.
     pub thread_key: ThreadKey,
     /// Where the window starts: its size is bounded from there.
-    pub window_start: i64,
+    pub window_start: Seq,
     pub checkpoint: Checkpoint,
 }
 
@@ -291,7 +291,7 @@ mod tests {
     fn cached(thread_key: &str) -> CachedContext {
         CachedContext {
             thread_key: ThreadKey::from_stored(thread_key.to_owned()),
-            window_start: 0,
+            window_start: Seq::new(0),
             checkpoint: Checkpoint::start(),
         }
     }

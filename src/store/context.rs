@@ -9,7 +9,7 @@ use sqlx::Row;
 
 use super::rows::{entry_from_row, BOUNDARY_ROWS};
 use super::settings::{settings_from_row, ThreadSettings};
-use super::{MessageRef, Store, StoreError, TenantId, ThreadId, ThreadKey};
+use super::{MessageRef, Seq, Store, StoreError, TenantId, ThreadId, ThreadKey};
 use crate::history::model::{subtype, Entry};
 use crate::history::normalize::view;
 
@@ -90,7 +90,7 @@ impl Store {
         &self,
         tenant: &TenantId,
         thread_id: &ThreadId,
-        from_seq: Option<i64>,
+        from_seq: Option<Seq>,
     ) -> Result<ContextWindow, StoreError> {
         let bounds = self.window_bounds(tenant, thread_id, from_seq).await?;
         self.window_entries(bounds).await
@@ -116,7 +116,7 @@ impl Store {
         &self,
         tenant: &TenantId,
         thread_id: &ThreadId,
-        from_seq: Option<i64>,
+        from_seq: Option<Seq>,
     ) -> Result<WindowBounds, StoreError> {
         let head = self.thread_head(tenant, thread_id).await?;
         self.bounds_below(head.thread_key, head.next_seq, from_seq)
@@ -135,7 +135,7 @@ impl Store {
         &self,
         thread_key: ThreadKey,
         next_seq: i64,
-        from_seq: Option<i64>,
+        from_seq: Option<Seq>,
     ) -> Result<WindowBounds, StoreError> {
         // Below `next_seq`: a boundary committed after the head was read belongs to a later read
         // (else the window would start past its own end).
@@ -152,7 +152,7 @@ impl Store {
             self.resolve_preserved_uuids(&thread_key, entry).await?;
         }
         let start = match from_seq {
-            Some(seq) => seq.max(0),
+            Some(seq) => seq.get().max(0),
             None => match &boundary {
                 Some(entry) => {
                     let seq = entry.seq.unwrap_or(0);
@@ -313,19 +313,19 @@ impl Store {
     pub async fn context_tail(
         &self,
         head: &ContextHead,
-        from_seq: i64,
-        window_start: i64,
+        from_seq: Seq,
+        window_start: Seq,
     ) -> Result<ContextTail, StoreError> {
-        if head.next_seq - window_start > MAX_WINDOW_ENTRIES {
+        if head.next_seq - window_start.get() > MAX_WINDOW_ENTRIES {
             return Err(StoreError::WindowTooLarge {
-                entries: head.next_seq - window_start,
+                entries: head.next_seq - window_start.get(),
                 max: MAX_WINDOW_ENTRIES,
             });
         }
         let entries = self
             .entries_between(
                 &head.thread_key,
-                from_seq.max(0) as u64,
+                from_seq.get().max(0) as u64,
                 head.next_seq.max(0) as u64,
             )
             .await?;

@@ -1,7 +1,7 @@
 //! Messages: pages of a thread's entries, and entries by uuid.
 
 use super::rows::{entry_from_row, page_within_bytes};
-use super::{Store, StoreError, TenantId, ThreadId, ThreadKey};
+use super::{Seq, Store, StoreError, TenantId, ThreadId, ThreadKey};
 use crate::history::model::Entry;
 
 #[derive(Debug, Clone)]
@@ -17,7 +17,7 @@ impl Store {
         &self,
         tenant: &TenantId,
         thread_id: &ThreadId,
-        after_seq: Option<i64>,
+        after_seq: Option<Seq>,
         limit: u32,
     ) -> Result<MessagePage, StoreError> {
         self.list_messages_within(tenant, thread_id, after_seq, limit, i64::MAX)
@@ -31,7 +31,7 @@ impl Store {
         &self,
         tenant: &TenantId,
         thread_id: &ThreadId,
-        after_seq: Option<i64>,
+        after_seq: Option<Seq>,
         limit: u32,
         max_bytes: i64,
     ) -> Result<MessagePage, StoreError> {
@@ -39,7 +39,7 @@ impl Store {
         let (thread_key, next_seq) = (head.thread_key, head.next_seq);
         let rows = sqlx::query(&page_within_bytes("m.seq, m.uuid, m.created_at, m.body"))
             .bind(thread_key.as_str())
-            .bind(after_seq.unwrap_or(-1))
+            .bind(after_seq.map_or(-1, Seq::get))
             .bind(i64::from(limit))
             .bind(max_bytes)
             .fetch_all(&self.pool)

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use sqlx::Row;
 
-use super::{Store, StoreError, TenantId, ThreadId};
+use super::{Seq, Store, StoreError, TenantId, ThreadId};
 
 impl Store {
     /// `uuid → (seq, fingerprint)` for the given uuids that the thread already holds.
@@ -29,14 +29,14 @@ impl Store {
         &self,
         tenant: &TenantId,
         thread_id: &ThreadId,
-        after_seq: i64,
+        after_seq: Seq,
         limit: i64,
         max_bytes: i64,
     ) -> Result<Vec<(i64, String)>, StoreError> {
         let thread_key = self.thread_head(tenant, thread_id).await?.thread_key;
         let rows = sqlx::query(&super::rows::page_within_bytes("m.seq, m.body"))
             .bind(thread_key.as_str())
-            .bind(after_seq)
+            .bind(after_seq.get())
             .bind(limit)
             .bind(max_bytes)
             .fetch_all(&self.pool)

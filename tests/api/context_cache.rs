@@ -13,6 +13,7 @@ use http_body_util::BodyExt;
 use loupe::context::cache::ContextCache;
 use loupe::http::{AppState, AuthMode, Limits};
 use loupe::jobs::{Clock, JobsConfig, Runner};
+use loupe::store::Seq;
 use loupe::summarize::ExtractiveSummarizer;
 use serde_json::{json, Value};
 use tower::ServiceExt;
@@ -559,7 +560,11 @@ async fn a_tail_ends_where_its_head_saw_the_thread_end(app: TestApp) {
         Some(1)
     );
     append_round(&s, &thread, 2, 1).await;
-    let tail = app.store.context_tail(&head, 0, 0).await.unwrap();
+    let tail = app
+        .store
+        .context_tail(&head, Seq::new(0), Seq::new(0))
+        .await
+        .unwrap();
     assert_eq!(tail.next_seq, head.next_seq);
     let seqs: Vec<i64> = tail.entries.iter().filter_map(|e| e.seq).collect();
     assert_eq!(
@@ -575,7 +580,7 @@ async fn a_tail_ends_where_its_head_saw_the_thread_end(app: TestApp) {
     assert!(later.next_seq > head.next_seq);
     let tail = app
         .store
-        .context_tail(&later, head.next_seq, 0)
+        .context_tail(&later, Seq::new(head.next_seq), Seq::new(0))
         .await
         .unwrap();
     assert_eq!(
