@@ -81,7 +81,7 @@ fn prepare_thread(
             .create_thread(
                 &tenant,
                 NewThread {
-                    id: Some(thread.clone()),
+                    id: Some(thread.clone().into()),
                     ..Default::default()
                 },
             )
@@ -96,7 +96,7 @@ fn prepare_thread(
             store
                 .append(
                     &tenant,
-                    &thread,
+                    &thread.as_str().into(),
                     AppendRequest {
                         entries,
                         expected_next_seq: None,

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{BatchSize, Criterion, Throughput};
 use loupe::history::{normalize, Entry, NormalizeOptions};
-use loupe::store::{AppendRequest, NewThread, Store, StoreOptions, TenantId};
+use loupe::store::{AppendRequest, NewThread, Seq, Store, StoreOptions, TenantId};
 use tokio::runtime::Runtime;
 
 const SETUP_BATCH: usize = 1000;
@@ -66,7 +66,7 @@ fn run_backend(
         rt.block_on(store.create_thread(
             &tenant,
             NewThread {
-                id: Some(id.to_owned()),
+                id: Some(id.to_owned().into()),
                 ..Default::default()
             },
         ))
@@ -93,7 +93,7 @@ fn run_backend(
                         let outcome = store
                             .append(
                                 &tenant,
-                                &thread,
+                                &thread.as_str().into(),
                                 AppendRequest {
                                     entries,
                                     expected_next_seq: None,
@@ -122,7 +122,7 @@ fn run_backend(
             store
                 .append(
                     &tenant,
-                    &thread,
+                    &thread.as_str().into(),
                     AppendRequest {
                         entries,
                         expected_next_seq: None,
@@ -152,7 +152,12 @@ fn run_backend(
         group.bench_function(name, |b| {
             b.to_async(rt).iter(|| async {
                 let page = store
-                    .list_messages(&tenant, &thread, after_seq, 100)
+                    .list_messages(
+                        &tenant,
+                        &thread.as_str().into(),
+                        after_seq.map(Seq::new),
+                        100,
+                    )
                     .await
                     .expect("page");
                 assert_eq!(page.messages.len(), 100);
@@ -178,7 +183,7 @@ fn run_backend(
         ));
         rt.block_on(store.append(
             &tenant,
-            thread,
+            &thread.as_str().into(),
             AppendRequest {
                 entries: tail,
                 expected_next_seq: None,
@@ -196,7 +201,7 @@ fn run_backend(
         group.bench_function(name, |b| {
             b.to_async(rt).iter(|| async {
                 let window = store
-                    .context_window(&tenant, thread, None)
+                    .context_window(&tenant, &thread.as_str().into(), None)
                     .await
                     .expect("context window");
                 assert_eq!(window.entries.len(), CONTEXT_TAIL);

@@ -264,7 +264,7 @@ async fn new_thread(store: &Store, id: &str) {
         .create_thread(
             &TenantId::default_tenant(),
             NewThread {
-                id: Some(id.to_owned()),
+                id: Some(id.to_owned().into()),
                 ..Default::default()
             },
         )
@@ -277,7 +277,7 @@ async fn outline_on(store: &Store, thread: &str) {
     store
         .put_thread_settings(
             &TenantId::default_tenant(),
-            thread,
+            &thread.into(),
             &ThreadSettings {
                 outline: Some(OutlineOptions {
                     enabled: true,
@@ -295,7 +295,7 @@ async fn append(store: &Store, thread: &str, entries: Vec<Entry>) {
     let outcome = store
         .append(
             &TenantId::default_tenant(),
-            thread,
+            &thread.into(),
             AppendRequest {
                 entries,
                 expected_next_seq: None,
@@ -390,7 +390,7 @@ async fn build_and_zoom(store: &Store, template: &[Entry], sizes: &Sizes) {
     }
     let t = sizes.messages as u64;
     let snapshot = store
-        .outline_snapshot(&tenant, thread)
+        .outline_snapshot(&tenant, &thread.into())
         .await
         .expect("outline snapshot");
     let status = store
@@ -449,7 +449,7 @@ async fn build_and_zoom(store: &Store, template: &[Entry], sizes: &Sizes) {
     for &(level, id, n) in &plan {
         let started = Instant::now();
         let read = store
-            .zoom_read(&tenant, thread, id, n)
+            .zoom_read(&tenant, &thread.into(), id, n)
             .await
             .expect("zoom read");
         let elapsed = started.elapsed();
@@ -507,7 +507,7 @@ async fn bulk_enable(store: &Store, template: &[Entry], messages: usize) {
     let drained = drain(&runner(store, counting)).await;
     assert_eq!(drained.nodes, tree_size(messages as u64));
     let snapshot = store
-        .outline_snapshot(&TenantId::default_tenant(), thread)
+        .outline_snapshot(&TenantId::default_tenant(), &thread.as_str().into())
         .await
         .expect("outline snapshot");
     println!(

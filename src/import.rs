@@ -18,7 +18,7 @@ use utoipa::ToSchema;
 
 use crate::history::model::Entry;
 use crate::history::transcript;
-use crate::store::{fingerprint, AppendRequest, NewThread, Store, StoreError, TenantId};
+use crate::store::{fingerprint, AppendRequest, NewThread, Store, StoreError, TenantId, ThreadId};
 
 /// Most entries appended per atomic batch.
 pub const BATCH_ENTRIES: usize = 500;
@@ -138,15 +138,15 @@ struct Pending {
 pub struct Importer {
     store: Store,
     tenant: TenantId,
-    thread_id: String,
+    thread_id: ThreadId,
     /// Target thread → its pending entries, in line order.
-    pending: BTreeMap<String, Vec<Pending>>,
+    pending: BTreeMap<ThreadId, Vec<Pending>>,
     pending_count: usize,
     /// Bytes of the lines pending.
     pending_bytes: usize,
     /// Uuids pending per target thread, with their fingerprints (a repeated line is caught here).
-    pending_uuids: HashMap<String, HashMap<String, String>>,
-    known_sidechains: HashSet<String>,
+    pending_uuids: HashMap<ThreadId, HashMap<String, String>>,
+    known_sidechains: HashSet<ThreadId>,
     previous_uuid: String,
     report: ImportReport,
     /// What one piece of the input is called in refusals: a `line`, or an `entry` of an array.
@@ -156,7 +156,7 @@ pub struct Importer {
 impl Importer {
     /// An import into `thread_id`, which must exist. `previous_uuid` continues the uuid chain of
     /// an earlier part of the same file (empty for a file's start).
-    pub fn new(store: Store, tenant: TenantId, thread_id: String, previous_uuid: String) -> Self {
+    pub fn new(store: Store, tenant: TenantId, thread_id: ThreadId, previous_uuid: String) -> Self {
         Importer {
             store,
             tenant,
@@ -207,7 +207,10 @@ impl Importer {
         let target = match transcript::sidechain_agent(&entry) {
             None => self.thread_id.clone(),
             Some(agent) => {
-                let thread = transcript::sidechain_thread_id(&self.thread_id, &agent);
+                let thread = ThreadId::new(transcript::sidechain_thread_id(
+                    self.thread_id.as_str(),
+                    &agent,
+                ));
                 if let Err(error) = self.ensure_sidechain(&thread, &agent).await {
                     match error {
                         StoreError::Database(_) => return Err(error),
@@ -251,7 +254,7 @@ impl Importer {
         Ok(self.report)
     }
 
-    async fn ensure_sidechain(&mut self, thread: &str, agent: &str) -> Result<(), StoreError> {
+    async fn ensure_sidechain(&mut self, thread: &ThreadId, agent: &str) -> Result<(), StoreError> {
         if self.known_sidechains.contains(thread) {
             return Ok(());
         }
@@ -263,15 +266,15 @@ impl Importer {
         metadata.insert("agent_id".to_owned(), Value::from(agent));
         metadata.insert("sidechain".to_owned(), Value::Bool(true));
         let new = NewThread {
-            id: Some(thread.to_owned()),
+            id: Some(thread.clone()),
             metadata,
         };
         match self.store.create_thread(&self.tenant, new).await {
             Ok(_) | Err(StoreError::ThreadExists(_)) => {}
             Err(error) => return Err(error),
         }
-        self.known_sidechains.insert(thread.to_owned());
-        self.report.add_sidechain(thread);
+        self.known_sidechains.insert(thread.clone());
+        self.report.add_sidechain(thread.as_str());
         Ok(())
     }
 
@@ -291,7 +294,11 @@ impl Importer {
     /// same entries (a client retrying while its first import still runs) can store some of
     /// them between the read and the append: the batch is then planned again from what is
     /// stored, so they count as already stored rather than failing the import.
-    async fn append_new(&mut self, thread: &str, batch: Vec<Pending>) -> Result<(), StoreError> {
+    async fn append_new(
+        &mut self,
+        thread: &ThreadId,
+        batch: Vec<Pending>,
+    ) -> Result<(), StoreError> {
         let (mut batch, mut retries) = (batch, 0);
         loop {
             let fresh = self.not_stored(thread, batch).await?;
@@ -326,7 +333,7 @@ impl Importer {
     /// content) or refused (other content).
     async fn not_stored(
         &mut self,
-        thread: &str,
+        thread: &ThreadId,
         batch: Vec<Pending>,
     ) -> Result<Vec<Pending>, StoreError> {
         let uuids: Vec<String> = batch.iter().filter_map(|p| p.entry.uuid.clone()).collect();

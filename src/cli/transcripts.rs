@@ -13,7 +13,7 @@ use tokio::io::AsyncReadExt;
 
 use super::{tenant_arg, DatabaseArgs};
 use crate::import::{FileSplitter, ImportReport, Importer, Piece};
-use crate::store::{NewThread, Store, StoreError, TenantId};
+use crate::store::{NewThread, Seq, Store, StoreError, TenantId, ThreadId};
 
 /// Longest line read from a file (a larger one is refused, not held).
 const MAX_LINE_BYTES: usize = 64 * 1024 * 1024;
@@ -110,14 +110,15 @@ async fn import_direct(args: &ImportArgs, progress: &ProgressBar) -> anyhow::Res
     // Every file opens before anything is written, so a mistyped path creates no thread.
     let mut files = open_all(&args.files).await?;
     let store = args.target.database.open().await?;
-    ensure_thread(&store, &tenant, &args.thread).await?;
+    let thread = ThreadId::new(args.thread.as_str());
+    ensure_thread(&store, &tenant, &thread).await?;
     let mut total = ImportReport::default();
     let mut previous_uuid = String::new();
     for file in &mut files {
         let mut importer = Importer::new(
             store.clone(),
             tenant.clone(),
-            args.thread.clone(),
+            thread.clone(),
             previous_uuid.clone(),
         );
         let shown = total.clone();
@@ -197,9 +198,9 @@ impl ImportFile {
     }
 }
 
-async fn ensure_thread(store: &Store, tenant: &TenantId, thread: &str) -> anyhow::Result<()> {
+async fn ensure_thread(store: &Store, tenant: &TenantId, thread: &ThreadId) -> anyhow::Result<()> {
     let new = NewThread {
-        id: Some(thread.to_owned()),
+        id: Some(thread.clone()),
         metadata: Map::new(),
     };
     match store.create_thread(tenant, new).await {
@@ -345,13 +346,14 @@ async fn export_to(args: &ExportArgs, out: &mut (dyn Write + Send)) -> anyhow::R
         None => {
             let tenant = tenant_arg(&args.target.tenant)?;
             let store = args.target.database.open().await?;
+            let thread = ThreadId::new(args.thread.as_str());
             let mut after = -1;
             loop {
                 let page = store
                     .export_page(
                         &tenant,
-                        &args.thread,
-                        after,
+                        &thread,
+                        Seq::new(after),
                         crate::http::transcripts::EXPORT_PAGE_ENTRIES,
                         crate::http::transcripts::EXPORT_PAGE_BYTES,
                     )

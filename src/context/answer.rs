@@ -166,8 +166,8 @@ mod tests {
     /// The body a [`ContextAnswer`] sends, its pieces joined.
     fn sent(run: &TailRun, checkpoint: &Checkpoint, next_seq: i64) -> String {
         let cached = Arc::new(CachedContext {
-            thread_key: "k".into(),
-            window_start: 0,
+            thread_key: crate::store::ThreadKey::from_stored("k".into()),
+            window_start: crate::store::Seq::new(0),
             checkpoint: checkpoint.clone(),
         });
         let answer = ContextAnswer::new(run, cached, next_seq, Vec::new()).unwrap();
@@ -249,8 +249,8 @@ mod tests {
         let run = checkpoint.continue_with(&entries, &options).unwrap();
         let (run, _) = run.advance(&mut checkpoint, &entries);
         let cached = Arc::new(CachedContext {
-            thread_key: "k".into(),
-            window_start: 0,
+            thread_key: crate::store::ThreadKey::from_stored("k".into()),
+            window_start: crate::store::Seq::new(0),
             checkpoint: checkpoint.clone(),
         });
         let pieces: Vec<Vec<u8>> = ContextAnswer::new(&run, cached, 3_000, Vec::new())

@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::history::normalize::incremental::Checkpoint;
 use crate::history::NormalizeOptions;
-use crate::store::TenantId;
+use crate::store::{Seq, TenantId, ThreadId, ThreadKey};
 
 /// What a checkpoint is cached under. The tenant is part of the key, so a tenant can only ever
 /// reach its own threads' checkpoints; the options are all of them (the thread's
@@ -28,15 +28,15 @@ use crate::store::TenantId;
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ContextKey {
     tenant: TenantId,
-    thread_id: String,
+    thread_id: ThreadId,
     options: NormalizeOptions,
 }
 
 impl ContextKey {
-    pub fn new(tenant: &TenantId, thread_id: &str, options: &NormalizeOptions) -> ContextKey {
+    pub fn new(tenant: &TenantId, thread_id: &ThreadId, options: &NormalizeOptions) -> ContextKey {
         ContextKey {
             tenant: tenant.clone(),
-            thread_id: thread_id.to_owned(),
+            thread_id: thread_id.clone(),
             options: options.clone(),
         }
     }
@@ -49,7 +49,7 @@ impl ContextKey {
     fn approx_bytes(&self) -> usize {
         let tools: usize = self.options.tools.iter().flatten().map(String::len).sum();
         self.tenant.0.len()
-            + self.thread_id.len()
+            + self.thread_id.as_str().len()
             + tools
             + self.options.model.as_ref().map_or(0, String::len)
             + 128
@@ -61,9 +61,9 @@ impl ContextKey {
 pub struct CachedContext {
     /// The thread it was read from ([`crate::store::ContextWindow::thread_key`]): a thread
     /// deleted and created again under the same id does not match.
-    pub thread_key: String,
+    pub thread_key: ThreadKey,
     /// Where the window starts: its size is bounded from there.
-    pub window_start: i64,
+    pub window_start: Seq,
     pub checkpoint: Checkpoint,
 }
 
@@ -283,15 +283,15 @@ mod tests {
     fn key(tenant: &str, thread: &str) -> ContextKey {
         ContextKey::new(
             &TenantId(tenant.to_owned()),
-            thread,
+            &ThreadId::new(thread),
             &NormalizeOptions::default(),
         )
     }
 
     fn cached(thread_key: &str) -> CachedContext {
         CachedContext {
-            thread_key: thread_key.to_owned(),
-            window_start: 0,
+            thread_key: ThreadKey::from_stored(thread_key.to_owned()),
+            window_start: Seq::new(0),
             checkpoint: Checkpoint::start(),
         }
     }
@@ -303,7 +303,7 @@ mod tests {
         assert!(cache.take(&key("b", "t")).is_none());
         let openai = ContextKey::new(
             &TenantId("a".into()),
-            "t",
+            &"t".into(),
             &NormalizeOptions {
                 provider: crate::history::Provider::Openai,
                 ..Default::default()

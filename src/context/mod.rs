@@ -30,7 +30,8 @@ use crate::history::normalize::incremental::{Advance, Checkpoint, PagedRead};
 use crate::history::normalize::Fallback;
 use crate::history::{normalize, NormalizeOptions};
 use crate::store::{
-    ContextHead, ContextTail, ContextWindow, Store, StoreError, TenantId, WindowBounds,
+    ContextHead, ContextTail, ContextWindow, Seq, Store, StoreError, TenantId, ThreadId,
+    WindowBounds,
 };
 
 /// Most pages' worth of entries a paged read keeps waiting for a cut before it reads the whole
@@ -98,7 +99,7 @@ impl<O: Offload> ContextReader<'_, O> {
     pub async fn read(
         &self,
         tenant: &TenantId,
-        thread_id: &str,
+        thread_id: &ThreadId,
         head: ContextHead,
         view: View,
         options: NormalizeOptions,
@@ -183,7 +184,7 @@ impl<O: Offload> ContextReader<'_, O> {
         let tail = match cached.checkpoint.resume_seq() {
             Some(resume) => Some(
                 self.store
-                    .context_tail(head, resume, cached.window_start)
+                    .context_tail(head, Seq::new(resume), cached.window_start)
                     .await?,
             ),
             None => None,
@@ -220,7 +221,7 @@ impl<O: Offload> ContextReader<'_, O> {
     async fn paged_read(
         &self,
         tenant: &TenantId,
-        thread_id: &str,
+        thread_id: &ThreadId,
         head: &ContextHead,
         options: NormalizeOptions,
         key: ContextKey,
@@ -296,7 +297,7 @@ impl<O: Offload> ContextReader<'_, O> {
     async fn outline_read(
         &self,
         tenant: &TenantId,
-        thread_id: &str,
+        thread_id: &ThreadId,
         outline: &crate::tree::OutlineOptions,
         options: &NormalizeOptions,
     ) -> Result<ContextResponse, ReadError> {
@@ -307,7 +308,7 @@ impl<O: Offload> ContextReader<'_, O> {
         let boundary = snapshot.outline.boundary();
         let window = self
             .store
-            .context_window(tenant, thread_id, Some(boundary as i64))
+            .context_window(tenant, thread_id, Some(Seq::new(boundary as i64)))
             .await?;
         let context_tokens = crate::history::normalize::estimate_context(&window.entries);
         let (version, line_count) = (snapshot.version, snapshot.lines.len());
@@ -357,7 +358,7 @@ fn finish_read(
     crate::metrics::context_read(if pages > 1 { "paged" } else { "full" });
     let cached = Arc::new(CachedContext {
         thread_key: bounds.thread_key.clone(),
-        window_start: bounds.start_seq,
+        window_start: Seq::new(bounds.start_seq),
         checkpoint,
     });
     let answer = ContextAnswer::new(
@@ -438,7 +439,7 @@ fn full_read(
     let (run, moved) = run.advance(&mut checkpoint, &window.entries);
     let cached = Arc::new(CachedContext {
         thread_key: window.thread_key,
-        window_start: window.start_seq,
+        window_start: Seq::new(window.start_seq),
         checkpoint,
     });
     let answer = ContextAnswer::new(

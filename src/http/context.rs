@@ -25,7 +25,7 @@ use crate::history::{
     group_rounds, normalize, round_skeleton, NormalizeOptions, Normalized, Provider, Round,
     ThinkingMode,
 };
-use crate::store::AppendRequest;
+use crate::store::{AppendRequest, Seq};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -147,7 +147,7 @@ pub async fn get_rounds(
 ) -> Result<Json<RoundsResponse>, ApiError> {
     let bounds = state
         .store
-        .window_bounds(&tenant, &path.thread_id, query.from_seq)
+        .window_bounds(&tenant, &path.thread_id, query.from_seq.map(Seq::new))
         .await?;
     // Rounds need kinds, response ids and tool ids: each entry is cut to those as it is read.
     let max_bytes = i64::try_from(state.limits.max_page_bytes).unwrap_or(i64::MAX);

@@ -17,7 +17,7 @@ use crate::history::model::Entry;
 use crate::history::{normalize, NormalizeOptions, Normalized};
 use crate::store::{
     millis_to_datetime, now_millis, AdvanceRequest, BatchLimit, CursorState, PendingBatch,
-    StoreError, TenantId,
+    StoreError, TenantId, ThreadId,
 };
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -39,8 +39,8 @@ const DEFAULT_BATCH: u32 = 100;
 #[into_params(parameter_in = Path)]
 pub struct CursorPath {
     /// The thread's id.
-    #[param(pattern = r"^[A-Za-z0-9._:-]+$", min_length = 1, max_length = 128)]
-    pub thread_id: String,
+    #[param(value_type = String, pattern = r"^[A-Za-z0-9._:-]+$", min_length = 1, max_length = 128)]
+    pub thread_id: ThreadId,
     /// The consumer's name: 1–64 characters of `[A-Za-z0-9._:-]`.
     #[param(pattern = r"^[A-Za-z0-9._:-]+$", min_length = 1, max_length = 64)]
     pub name: String,

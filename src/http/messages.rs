@@ -13,7 +13,7 @@ use super::threads::ThreadPath;
 use super::{AppState, Tenant};
 use crate::history::ingest::check_entry;
 use crate::history::model::Entry;
-use crate::store::AppendRequest;
+use crate::store::{AppendRequest, Seq};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(append_messages, list_messages))
@@ -169,7 +169,7 @@ pub async fn list_messages(
         .list_messages_within(
             &tenant,
             &path.thread_id,
-            query.after_seq,
+            query.after_seq.map(Seq::new),
             limit,
             state.limits.max_page_bytes as i64,
         )

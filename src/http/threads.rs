@@ -12,7 +12,7 @@ use utoipa_axum::{router::OpenApiRouter, routes};
 use super::answers::{MalformedJson, ThreadNotFound};
 use super::problem::{ApiError, ApiJson, ApiPath, ApiQuery, Problem};
 use super::{AppState, Tenant};
-use crate::store::{NewThread, Thread};
+use crate::store::{NewThread, Thread, ThreadId};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -54,7 +54,7 @@ pub struct ThreadResponse {
 impl From<Thread> for ThreadResponse {
     fn from(thread: Thread) -> Self {
         ThreadResponse {
-            id: thread.id,
+            id: thread.id.into_string(),
             metadata: thread.metadata,
             message_count: thread.next_seq,
             stored_bytes: thread.stored_bytes,
@@ -87,8 +87,8 @@ pub struct ListThreadsQuery {
 #[into_params(parameter_in = Path)]
 pub struct ThreadPath {
     /// The thread's id.
-    #[param(pattern = r"^[A-Za-z0-9._:-]+$", min_length = 1, max_length = 128)]
-    pub thread_id: String,
+    #[param(value_type = String, pattern = r"^[A-Za-z0-9._:-]+$", min_length = 1, max_length = 128)]
+    pub thread_id: ThreadId,
 }
 
 fn check_thread_id(id: &str) -> Result<(), ApiError> {
@@ -137,7 +137,7 @@ pub async fn create_thread(
         .create_thread(
             &tenant,
             NewThread {
-                id: request.id,
+                id: request.id.map(ThreadId::new),
                 metadata: request.metadata.unwrap_or_default(),
             },
         )

@@ -19,7 +19,7 @@ use super::threads::ThreadPath;
 use super::{AppState, Tenant};
 use crate::history::model::Entry;
 use crate::import::{ArraySplitter, ImportReport, Importer, LineSplitter, MalformedArray};
-use crate::store::{Store, TenantId};
+use crate::store::{Seq, Store, TenantId, ThreadId};
 
 /// The media type of both directions by default: JSON Lines.
 pub const NDJSON: &str = "application/x-ndjson";
@@ -318,7 +318,7 @@ pub async fn export_transcript(
         .export_page(
             &tenant,
             &path.thread_id,
-            -1,
+            Seq::new(-1),
             EXPORT_PAGE_ENTRIES,
             EXPORT_PAGE_BYTES,
         )
@@ -356,7 +356,7 @@ pub async fn export_transcript(
 fn export_pages(
     store: Store,
     tenant: TenantId,
-    thread_id: String,
+    thread_id: ThreadId,
     first: Vec<(i64, String)>,
 ) -> impl futures_util::Stream<Item = Result<Vec<(i64, String)>, crate::store::StoreError>> {
     enum Next {
@@ -372,7 +372,7 @@ fn export_pages(
                     .export_page(
                         &tenant,
                         &thread_id,
-                        seq,
+                        Seq::new(seq),
                         EXPORT_PAGE_ENTRIES,
                         EXPORT_PAGE_BYTES,
                     )

@@ -21,7 +21,7 @@ use crate::history::is_sent_to_model;
 use crate::history::model::Content;
 use crate::history::model::{Entry, EntryKind};
 use crate::history::normalize::estimate_entry_tokens;
-use crate::store::{ClaimedJob, NewNode};
+use crate::store::{ClaimedJob, NewNode, ThreadKey};
 use crate::summarize::text::{cut_words, squash};
 use crate::summarize::{merge_verbatim, render, Purpose, SummaryRequest};
 use crate::tree::{advance, line_size, next_boundary, NodeId, Outline, OutlineOptions, Tail};
@@ -65,7 +65,7 @@ impl LineContext {
     async fn lines(
         &mut self,
         runner: &Runner,
-        thread_key: &str,
+        thread_key: &ThreadKey,
         level: u32,
         start: u64,
     ) -> Result<Vec<String>, JobError> {
@@ -233,7 +233,7 @@ impl Runner {
     /// Writes every missing node below `t`, level by level, in index order.
     async fn build_nodes(
         &self,
-        thread_key: &str,
+        thread_key: &ThreadKey,
         t: u64,
         options: &OutlineOptions,
         progress: &mut Progress,
@@ -328,7 +328,7 @@ impl Runner {
     /// Writes a batch of nodes (write-once: nodes another run wrote first are left as they are).
     async fn write_nodes(
         &self,
-        thread_key: &str,
+        thread_key: &ThreadKey,
         batch: &[NewNode],
         progress: &mut Progress,
     ) -> Result<(), JobError> {
@@ -344,7 +344,7 @@ impl Runner {
     /// version after the run.
     async fn advance_outline(
         &self,
-        thread_key: &str,
+        thread_key: &ThreadKey,
         t: u64,
         options: &OutlineOptions,
     ) -> Result<i64, JobError> {
@@ -394,7 +394,7 @@ impl Runner {
     /// front, so a round spanning chunks is seen whole.
     async fn tail_profile(
         &self,
-        thread_key: &str,
+        thread_key: &ThreadKey,
         start: u64,
         t: u64,
     ) -> Result<(Vec<u64>, Vec<u64>), JobError> {
@@ -416,7 +416,7 @@ impl Runner {
     /// Whether the outline's lines fit their byte budget.
     async fn lines_fit(
         &self,
-        thread_key: &str,
+        thread_key: &ThreadKey,
         outline: &Outline,
         options: &OutlineOptions,
     ) -> Result<bool, JobError> {
@@ -434,7 +434,7 @@ impl Runner {
     /// The texts of the outline's tiles and of every ancestor a fold could merge them into.
     async fn candidate_texts(
         &self,
-        thread_key: &str,
+        thread_key: &ThreadKey,
         outline: &Outline,
     ) -> Result<HashMap<NodeId, String>, JobError> {
         let boundary = outline.boundary();

@@ -9,7 +9,7 @@ use sqlx::Row;
 
 use super::rows::{entry_from_row, BOUNDARY_ROWS};
 use super::settings::{settings_from_row, ThreadSettings};
-use super::{MessageRef, Store, StoreError, TenantId};
+use super::{MessageRef, Seq, Store, StoreError, TenantId, ThreadId, ThreadKey};
 use crate::history::model::{subtype, Entry};
 use crate::history::normalize::view;
 
@@ -24,7 +24,7 @@ pub struct ContextWindow {
     pub start_seq: i64,
     /// The thread's internal key, opaque: a thread deleted and created again under the same id
     /// has another, so what was cached of the old one is not used for the new one.
-    pub thread_key: String,
+    pub thread_key: ThreadKey,
 }
 
 /// A thread's entries from a seq on: what a context read fetches when it goes on from a cached
@@ -35,7 +35,7 @@ pub struct ContextTail {
     pub entries: Vec<Entry>,
     pub next_seq: i64,
     /// See [`ContextWindow::thread_key`].
-    pub thread_key: String,
+    pub thread_key: ThreadKey,
 }
 
 /// What a context read learns of its thread first, in one statement: where the thread ends, its
@@ -45,7 +45,7 @@ pub struct ContextTail {
 pub struct ContextHead {
     pub settings: ThreadSettings,
     /// See [`ContextWindow::thread_key`].
-    pub thread_key: String,
+    pub thread_key: ThreadKey,
     pub next_seq: i64,
     /// The bytes of the thread's stored bodies: a bound on its window's.
     pub stored_bytes: i64,
@@ -64,7 +64,7 @@ pub struct WindowBounds {
     /// See [`ContextWindow::start_seq`].
     pub start_seq: i64,
     /// See [`ContextWindow::thread_key`].
-    pub thread_key: String,
+    pub thread_key: ThreadKey,
 }
 
 impl WindowBounds {
@@ -89,8 +89,8 @@ impl Store {
     pub async fn context_window(
         &self,
         tenant: &TenantId,
-        thread_id: &str,
-        from_seq: Option<i64>,
+        thread_id: &ThreadId,
+        from_seq: Option<Seq>,
     ) -> Result<ContextWindow, StoreError> {
         let bounds = self.window_bounds(tenant, thread_id, from_seq).await?;
         self.window_entries(bounds).await
@@ -115,8 +115,8 @@ impl Store {
     pub async fn window_bounds(
         &self,
         tenant: &TenantId,
-        thread_id: &str,
-        from_seq: Option<i64>,
+        thread_id: &ThreadId,
+        from_seq: Option<Seq>,
     ) -> Result<WindowBounds, StoreError> {
         let head = self.thread_head(tenant, thread_id).await?;
         self.bounds_below(head.thread_key, head.next_seq, from_seq)
@@ -133,9 +133,9 @@ impl Store {
     /// The window's bounds in the thread `thread_key` as it ended at `next_seq`.
     async fn bounds_below(
         &self,
-        thread_key: String,
+        thread_key: ThreadKey,
         next_seq: i64,
-        from_seq: Option<i64>,
+        from_seq: Option<Seq>,
     ) -> Result<WindowBounds, StoreError> {
         // Below `next_seq`: a boundary committed after the head was read belongs to a later read
         // (else the window would start past its own end).
@@ -143,7 +143,7 @@ impl Store {
             "SELECT seq, uuid, created_at, body FROM messages WHERE thread_key = $1 \
              AND {BOUNDARY_ROWS} AND seq < $2 ORDER BY seq DESC LIMIT 1"
         ))
-        .bind(&thread_key)
+        .bind(thread_key.as_str())
         .bind(next_seq)
         .fetch_optional(&self.pool)
         .await?;
@@ -152,7 +152,7 @@ impl Store {
             self.resolve_preserved_uuids(&thread_key, entry).await?;
         }
         let start = match from_seq {
-            Some(seq) => seq.max(0),
+            Some(seq) => seq.get().max(0),
             None => match &boundary {
                 Some(entry) => {
                     let seq = entry.seq.unwrap_or(0);
@@ -208,7 +208,7 @@ impl Store {
         let mut after = bounds.start_seq.max(0) - 1;
         while after + 1 < bounds.next_seq {
             let rows = sqlx::query(&sql)
-                .bind(&bounds.thread_key)
+                .bind(bounds.thread_key.as_str())
                 .bind(after)
                 .bind(PAGE_ENTRIES.min(bounds.next_seq - after - 1))
                 .bind(max_bytes)
@@ -237,7 +237,7 @@ impl Store {
             "SELECT seq, uuid, created_at, body FROM messages WHERE thread_key = $1 AND subtype = $2 \
              AND seq >= $3 AND seq < $4 ORDER BY seq",
         )
-        .bind(&bounds.thread_key)
+        .bind(bounds.thread_key.as_str())
         .bind(subtype::SNIP)
         .bind(bounds.start_seq)
         .bind(bounds.next_seq)
@@ -256,7 +256,7 @@ impl Store {
     pub async fn context_head(
         &self,
         tenant: &TenantId,
-        thread_id: &str,
+        thread_id: &ThreadId,
     ) -> Result<ContextHead, StoreError> {
         // No settings row reads as NULLs, which are the defaults.
         let row = sqlx::query(
@@ -266,13 +266,13 @@ impl Store {
              WHERE t.tenant_id = $1 AND t.thread_id = $2",
         )
         .bind(&tenant.0)
-        .bind(thread_id)
+        .bind(thread_id.as_str())
         .fetch_optional(&self.pool)
         .await?
         .ok_or(StoreError::ThreadNotFound)?;
         Ok(ContextHead {
             settings: settings_from_row(&row)?,
-            thread_key: row.try_get("thread_key")?,
+            thread_key: ThreadKey::from_stored(row.try_get("thread_key")?),
             next_seq: row.try_get("next_seq")?,
             stored_bytes: row.try_get("stored_bytes")?,
         })
@@ -297,7 +297,7 @@ impl Store {
             "SELECT COALESCE(SUM(octet_length(body)), 0) FROM messages \
              WHERE thread_key = $1 AND seq >= $2 AND seq < $3",
         )
-        .bind(&bounds.thread_key)
+        .bind(bounds.thread_key.as_str())
         .bind(bounds.start_seq)
         .bind(bounds.next_seq)
         .fetch_one(&self.pool)
@@ -313,19 +313,19 @@ impl Store {
     pub async fn context_tail(
         &self,
         head: &ContextHead,
-        from_seq: i64,
-        window_start: i64,
+        from_seq: Seq,
+        window_start: Seq,
     ) -> Result<ContextTail, StoreError> {
-        if head.next_seq - window_start > MAX_WINDOW_ENTRIES {
+        if head.next_seq - window_start.get() > MAX_WINDOW_ENTRIES {
             return Err(StoreError::WindowTooLarge {
-                entries: head.next_seq - window_start,
+                entries: head.next_seq - window_start.get(),
                 max: MAX_WINDOW_ENTRIES,
             });
         }
         let entries = self
             .entries_between(
                 &head.thread_key,
-                from_seq.max(0) as u64,
+                from_seq.get().max(0) as u64,
                 head.next_seq.max(0) as u64,
             )
             .await?;
@@ -340,7 +340,7 @@ impl Store {
     /// arrives, so the raw rows of a large range are never all held beside their entries.
     pub async fn entries_between(
         &self,
-        thread_key: &str,
+        thread_key: &ThreadKey,
         start: u64,
         end: u64,
     ) -> Result<Vec<Entry>, StoreError> {
@@ -348,7 +348,7 @@ impl Store {
             "SELECT seq, uuid, created_at, body FROM messages WHERE thread_key = $1 AND seq >= $2 AND seq < $3 \
              ORDER BY seq",
         )
-        .bind(thread_key)
+        .bind(thread_key.as_str())
         .bind(start as i64)
         .bind(end as i64)
         .fetch(&self.pool);
@@ -365,7 +365,7 @@ impl Store {
     /// uuids are stored in the thread. The stored body is left as it came.
     async fn resolve_preserved_uuids(
         &self,
-        thread_key: &str,
+        thread_key: &ThreadKey,
         boundary: &mut Entry,
     ) -> Result<(), StoreError> {
         if boundary.preserved_segment().is_some() {
@@ -402,7 +402,7 @@ impl Store {
     pub async fn resolve_messages(
         &self,
         tenant: &TenantId,
-        thread_id: &str,
+        thread_id: &ThreadId,
         seqs: &[i64],
         uuids: &[String],
     ) -> Result<Vec<(i64, String)>, StoreError> {
@@ -430,7 +430,7 @@ impl Store {
     /// the bind count under every backend's limit.
     async fn messages_where_in<T>(
         &self,
-        thread_key: &str,
+        thread_key: &ThreadKey,
         column: &str,
         values: &[T],
     ) -> Result<Vec<(i64, String)>, StoreError>
@@ -443,7 +443,7 @@ impl Store {
                 "SELECT seq, uuid FROM messages WHERE thread_key = $1 AND {column} IN ({})",
                 super::list_placeholders(2, chunk.len())
             );
-            let mut query = sqlx::query(&sql).bind(thread_key.to_owned());
+            let mut query = sqlx::query(&sql).bind(thread_key.as_str().to_owned());
             for value in chunk {
                 query = query.bind(value.clone());
             }

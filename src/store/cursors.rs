@@ -8,7 +8,7 @@ use sqlx::any::AnyRow;
 use sqlx::{Any, Row};
 
 use super::rows::entry_from_row;
-use super::{MessageRef, Store, StoreError, TenantId};
+use super::{MessageRef, Store, StoreError, TenantId, ThreadId, ThreadKey};
 use crate::history::model::Entry;
 
 /// Where a consumer stands: its bookmark and what is new after it.
@@ -187,8 +187,8 @@ impl Store {
     async fn cursor_thread(
         &self,
         tenant: &TenantId,
-        thread_id: &str,
-    ) -> Result<(String, ThreadCounts), StoreError> {
+        thread_id: &ThreadId,
+    ) -> Result<(ThreadKey, ThreadCounts), StoreError> {
         let head = self.thread_head(tenant, thread_id).await?;
         let counts = ThreadCounts {
             next_seq: head.next_seq,
@@ -197,11 +197,15 @@ impl Store {
         Ok((head.thread_key, counts))
     }
 
-    async fn cursor_row(&self, thread_key: &str, name: &str) -> Result<CursorRow, StoreError> {
+    async fn cursor_row(
+        &self,
+        thread_key: &ThreadKey,
+        name: &str,
+    ) -> Result<CursorRow, StoreError> {
         let row = sqlx::query(&format!(
             "SELECT {CURSOR_COLUMNS} FROM cursors WHERE thread_key = $1 AND name = $2"
         ))
-        .bind(thread_key)
+        .bind(thread_key.as_str())
         .bind(name)
         .fetch_optional(&self.pool)
         .await?;
@@ -213,7 +217,7 @@ impl Store {
     pub async fn cursor(
         &self,
         tenant: &TenantId,
-        thread_id: &str,
+        thread_id: &ThreadId,
         name: &str,
         now_ms: i64,
     ) -> Result<CursorState, StoreError> {
@@ -226,14 +230,14 @@ impl Store {
     pub async fn list_cursors(
         &self,
         tenant: &TenantId,
-        thread_id: &str,
+        thread_id: &ThreadId,
         now_ms: i64,
     ) -> Result<Vec<CursorState>, StoreError> {
         let (thread_key, counts) = self.cursor_thread(tenant, thread_id).await?;
         let rows = sqlx::query(&format!(
             "SELECT name, {CURSOR_COLUMNS} FROM cursors WHERE thread_key = $1 ORDER BY name"
         ))
-        .bind(&thread_key)
+        .bind(thread_key.as_str())
         .fetch_all(&self.pool)
         .await?;
         rows.iter()
@@ -248,7 +252,7 @@ impl Store {
     pub async fn cursor_pending(
         &self,
         tenant: &TenantId,
-        thread_id: &str,
+        thread_id: &ThreadId,
         name: &str,
         limit: impl Into<BatchLimit>,
         now_ms: i64,
@@ -267,7 +271,7 @@ impl Store {
     pub async fn claim_cursor(
         &self,
         tenant: &TenantId,
-        thread_id: &str,
+        thread_id: &ThreadId,
         name: &str,
         limit: impl Into<BatchLimit>,
         lease_ms: i64,
@@ -295,7 +299,7 @@ impl Store {
             )
             .bind(&lease.token)
             .bind(lease.expires_at)
-            .bind(&thread_key)
+            .bind(thread_key.as_str())
             .bind(name)
             .execute(&mut *tx)
             .await?;
@@ -320,7 +324,7 @@ impl Store {
     pub async fn advance_cursor(
         &self,
         tenant: &TenantId,
-        thread_id: &str,
+        thread_id: &ThreadId,
         name: &str,
         request: AdvanceRequest,
         now_ms: i64,
@@ -330,7 +334,7 @@ impl Store {
         let target = sqlx::query(
             "SELECT seq, visible_rank FROM messages WHERE thread_key = $1 AND uuid = $2",
         )
-        .bind(&thread_key)
+        .bind(thread_key.as_str())
         .bind(&request.to)
         .fetch_optional(&self.pool)
         .await?
@@ -360,7 +364,7 @@ impl Store {
         .bind(bookmark.map(|b| b.uuid.clone()))
         .bind(row.bookmark_rank)
         .bind(bookmark.map(|b| b.advanced_at))
-        .bind(&thread_key)
+        .bind(thread_key.as_str())
         .bind(name)
         .execute(&mut *tx)
         .await?;
@@ -387,7 +391,7 @@ fn counts_from_row(row: &AnyRow) -> Result<ThreadCounts, StoreError> {
 /// act on the same state, and on SQLite fail to upgrade to a write).
 async fn lock_cursor(
     tx: &mut sqlx::Transaction<'_, Any>,
-    thread_key: &str,
+    thread_key: &ThreadKey,
     name: &str,
     now_ms: i64,
 ) -> Result<CursorRow, StoreError> {
@@ -396,7 +400,7 @@ async fn lock_cursor(
          ON CONFLICT (thread_key, name) DO UPDATE SET name = excluded.name \
          RETURNING {CURSOR_COLUMNS}"
     ))
-    .bind(thread_key)
+    .bind(thread_key.as_str())
     .bind(name)
     .bind(now_ms)
     .fetch_one(&mut **tx)
@@ -406,10 +410,10 @@ async fn lock_cursor(
 
 async fn locked_counts(
     tx: &mut sqlx::Transaction<'_, Any>,
-    thread_key: &str,
+    thread_key: &ThreadKey,
 ) -> Result<ThreadCounts, StoreError> {
     let row = sqlx::query("SELECT next_seq, visible_count FROM threads WHERE thread_key = $1")
-        .bind(thread_key)
+        .bind(thread_key.as_str())
         .fetch_optional(&mut **tx)
         .await?
         .ok_or(StoreError::ThreadNotFound)?;
@@ -437,7 +441,7 @@ impl From<u32> for BatchLimit {
 /// The entries after the bookmark within `limit`, plus one to learn whether more follow.
 async fn read_after<'e, E>(
     executor: E,
-    thread_key: &str,
+    thread_key: &ThreadKey,
     row: &CursorRow,
     limit: BatchLimit,
 ) -> Result<Vec<Entry>, StoreError>
@@ -448,7 +452,7 @@ where
     let rows = sqlx::query(&super::rows::page_within_bytes(
         "m.seq, m.uuid, m.created_at, m.body",
     ))
-    .bind(thread_key)
+    .bind(thread_key.as_str())
     .bind(after_seq)
     .bind(i64::from(limit.entries) + 1)
     .bind(limit.bytes)

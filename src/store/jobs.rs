@@ -16,7 +16,7 @@ use sqlx::{Any, AnyConnection, Row, Transaction};
 use utoipa::ToSchema;
 
 use super::rows::{entry_from_row, insert_entries, BOUNDARY_ROWS};
-use super::{Backend, Store, StoreError, TenantId};
+use super::{Backend, Store, StoreError, TenantId, ThreadId, ThreadKey};
 use crate::history::model::Entry;
 use crate::history::normalize::context_entry_tokens;
 
@@ -71,7 +71,7 @@ impl JobState {
 pub struct Job {
     pub id: String,
     pub tenant_id: String,
-    pub thread_key: Option<String>,
+    pub thread_key: Option<ThreadKey>,
     pub kind: String,
     pub state: JobState,
     pub payload: Value,
@@ -92,7 +92,7 @@ pub struct Job {
 #[derive(Debug, Clone)]
 pub struct NewJob {
     pub tenant: TenantId,
-    pub thread_key: Option<String>,
+    pub thread_key: Option<ThreadKey>,
     pub kind: String,
     pub payload: Value,
     /// At most one pending or running job per key; enqueuing a second returns the first.
@@ -140,7 +140,9 @@ fn job_from_row(row: &AnyRow) -> Result<Job, StoreError> {
     Ok(Job {
         id: row.try_get("job_id")?,
         tenant_id: row.try_get("tenant_id")?,
-        thread_key: row.try_get("thread_key")?,
+        thread_key: row
+            .try_get::<Option<String>, _>("thread_key")?
+            .map(ThreadKey::from_stored),
         kind: row.try_get("kind")?,
         state: JobState::parse(&state)?,
         payload: parse("payload", payload)?,
@@ -177,7 +179,7 @@ pub(crate) async fn enqueue_in(
         ))
         .bind(&job_id)
         .bind(&new.tenant.0)
-        .bind(new.thread_key.clone())
+        .bind(new.thread_key.as_ref().map(|key| key.as_str().to_owned()))
         .bind(&new.kind)
         .bind(&payload)
         .bind(new.dedup_key.clone())
@@ -230,7 +232,7 @@ pub(crate) async fn enqueue_in(
 }
 
 /// The dedup key of a thread's compaction: one pending or running compaction per thread.
-pub(crate) fn compaction_dedup_key(thread_key: &str) -> String {
+pub(crate) fn compaction_dedup_key(thread_key: &ThreadKey) -> String {
     format!("compaction:{thread_key}")
 }
 
@@ -247,14 +249,14 @@ pub const AUTO_COMPACTION_RETRY_MAX_MS: i64 = 3_600_000;
 /// back since), only the next crossing enqueues.
 pub(crate) async fn auto_compaction_due(
     conn: &mut AnyConnection,
-    thread_key: &str,
+    thread_key: &ThreadKey,
     now_ms: i64,
 ) -> Result<bool, StoreError> {
     let rows = sqlx::query(
         "SELECT state, result, updated_at FROM jobs WHERE thread_key = $1 AND kind = $2 \
          ORDER BY created_at DESC, job_id DESC LIMIT 8",
     )
-    .bind(thread_key)
+    .bind(thread_key.as_str())
     .bind(super::KIND_COMPACTION)
     .fetch_all(&mut *conn)
     .await?;
@@ -295,7 +297,7 @@ const RERUN_PAYLOAD: &str = r#"{"rerun":true}"#;
 /// The dedup key of a thread's tree job: one pending or running tree job per thread, so two runs
 /// never build (and pay the summarizer for) the same nodes. A write while it runs marks it to run
 /// again ([`Store::complete_or_rerun`]).
-pub(crate) fn tree_dedup_key(thread_key: &str) -> String {
+pub(crate) fn tree_dedup_key(thread_key: &ThreadKey) -> String {
     format!("tree:{thread_key}")
 }
 
@@ -305,7 +307,7 @@ pub(crate) async fn enqueue_tree_in(
     conn: &mut AnyConnection,
     backend: Backend,
     tenant: &TenantId,
-    thread_key: &str,
+    thread_key: &ThreadKey,
     max_attempts: i64,
 ) -> Result<EnqueueOutcome, StoreError> {
     enqueue_in(
@@ -313,7 +315,7 @@ pub(crate) async fn enqueue_tree_in(
         backend,
         &NewJob {
             tenant: tenant.clone(),
-            thread_key: Some(thread_key.to_owned()),
+            thread_key: Some(thread_key.clone()),
             kind: super::KIND_TREE.to_owned(),
             payload: serde_json::json!({}),
             dedup_key: Some(tree_dedup_key(thread_key)),
@@ -389,7 +391,7 @@ impl Store {
     /// stay, with their errors, for people to read.
     pub async fn prune_succeeded_jobs(
         &self,
-        thread_key: &str,
+        thread_key: &ThreadKey,
         kind: &str,
         keep: &str,
     ) -> Result<u64, StoreError> {
@@ -397,7 +399,7 @@ impl Store {
             "DELETE FROM jobs WHERE thread_key = $1 AND kind = $2 AND state = 'succeeded' \
              AND job_id <> $3",
         )
-        .bind(thread_key)
+        .bind(thread_key.as_str())
         .bind(kind)
         .bind(keep)
         .execute(&self.writer)
@@ -409,7 +411,7 @@ impl Store {
     pub async fn enqueue_tree(
         &self,
         tenant: &TenantId,
-        thread_id: &str,
+        thread_id: &ThreadId,
     ) -> Result<EnqueueOutcome, StoreError> {
         let thread_key = self.thread_head(tenant, thread_id).await?.thread_key;
         let mut tx = self.writer.begin().await?;
@@ -448,7 +450,7 @@ impl Store {
     pub async fn enqueue_compaction(
         &self,
         tenant: &TenantId,
-        thread_id: &str,
+        thread_id: &ThreadId,
         payload: Value,
         max_attempts: i64,
         now_ms: i64,
@@ -495,7 +497,7 @@ impl Store {
     pub async fn thread_jobs(
         &self,
         tenant: &TenantId,
-        thread_id: &str,
+        thread_id: &ThreadId,
         which: ThreadJobs,
     ) -> Result<Vec<Job>, StoreError> {
         let thread_key = self.thread_head(tenant, thread_id).await?.thread_key;
@@ -507,7 +509,7 @@ impl Store {
             "SELECT {JOB_COLUMNS} FROM jobs WHERE thread_key = $1 AND tenant_id = $2 \
              ORDER BY {order}"
         );
-        let mut query = sqlx::query(&sql).bind(&thread_key).bind(&tenant.0);
+        let mut query = sqlx::query(&sql).bind(thread_key.as_str()).bind(&tenant.0);
         if let ThreadJobs::Newest(limit) = which {
             query = query.bind(i64::from(limit));
         }
@@ -676,7 +678,7 @@ impl Store {
              RETURNING next_seq, visible_count",
         )
         .bind(now_ms)
-        .bind(&thread_key)
+        .bind(thread_key.as_str())
         .bind(&claimed.job.tenant_id)
         .fetch_optional(&mut *tx)
         .await?
@@ -687,7 +689,7 @@ impl Store {
             "SELECT seq FROM messages WHERE thread_key = $1 AND {BOUNDARY_ROWS} \
              ORDER BY seq DESC LIMIT 1"
         ))
-        .bind(&thread_key)
+        .bind(thread_key.as_str())
         .fetch_optional(&mut *tx)
         .await?;
         if last_boundary != write.expected_boundary_seq {
@@ -696,7 +698,7 @@ impl Store {
         let appended_since = sqlx::query(
             "SELECT seq, uuid, created_at, body FROM messages WHERE thread_key = $1 AND seq >= $2 ORDER BY seq",
         )
-        .bind(&thread_key)
+        .bind(thread_key.as_str())
         .bind(write.read_next_seq)
         .fetch_all(&mut *tx)
         .await?;
@@ -725,7 +727,7 @@ impl Store {
         .bind(next_seq + stored.len() as i64)
         .bind(visible)
         .bind(tokens)
-        .bind(&thread_key)
+        .bind(thread_key.as_str())
         .bind(next_seq)
         .execute(&mut *tx)
         .await?;

@@ -1,7 +1,7 @@
 //! Messages: pages of a thread's entries, and entries by uuid.
 
 use super::rows::{entry_from_row, page_within_bytes};
-use super::{Store, StoreError, TenantId};
+use super::{Seq, Store, StoreError, TenantId, ThreadId, ThreadKey};
 use crate::history::model::Entry;
 
 #[derive(Debug, Clone)]
@@ -16,8 +16,8 @@ impl Store {
     pub async fn list_messages(
         &self,
         tenant: &TenantId,
-        thread_id: &str,
-        after_seq: Option<i64>,
+        thread_id: &ThreadId,
+        after_seq: Option<Seq>,
         limit: u32,
     ) -> Result<MessagePage, StoreError> {
         self.list_messages_within(tenant, thread_id, after_seq, limit, i64::MAX)
@@ -30,16 +30,16 @@ impl Store {
     pub async fn list_messages_within(
         &self,
         tenant: &TenantId,
-        thread_id: &str,
-        after_seq: Option<i64>,
+        thread_id: &ThreadId,
+        after_seq: Option<Seq>,
         limit: u32,
         max_bytes: i64,
     ) -> Result<MessagePage, StoreError> {
         let head = self.thread_head(tenant, thread_id).await?;
         let (thread_key, next_seq) = (head.thread_key, head.next_seq);
         let rows = sqlx::query(&page_within_bytes("m.seq, m.uuid, m.created_at, m.body"))
-            .bind(&thread_key)
-            .bind(after_seq.unwrap_or(-1))
+            .bind(thread_key.as_str())
+            .bind(after_seq.map_or(-1, Seq::get))
             .bind(i64::from(limit))
             .bind(max_bytes)
             .fetch_all(&self.pool)
@@ -52,14 +52,14 @@ impl Store {
 
     pub(super) async fn messages_by_uuid(
         &self,
-        thread_key: &str,
+        thread_key: &ThreadKey,
         uuids: &[&str],
     ) -> Result<Vec<Entry>, StoreError> {
         let sql = format!(
             "SELECT seq, uuid, created_at, body FROM messages WHERE thread_key = $1 AND uuid IN ({}) ORDER BY seq",
             super::list_placeholders(2, uuids.len())
         );
-        let mut query = sqlx::query(&sql).bind(thread_key.to_owned());
+        let mut query = sqlx::query(&sql).bind(thread_key.as_str().to_owned());
         for uuid in uuids {
             query = query.bind(uuid.to_string());
         }

@@ -11,6 +11,8 @@
 //!
 //! The rooms, each adding its methods to [`Store`]:
 //! - `append/`: the append engine; its module docs open with the table of the write paths.
+//! - `ids` (a leaf): [`ThreadId`], the id a client names a thread by; [`ThreadKey`], the internal
+//!   key its data is stored under; [`Seq`], a message's place in its thread.
 //! - `rows` (a leaf every other room may use): a message read back from its row, rows made ready
 //!   and inserted many to a statement, the byte-bounded page, the stored uuids' lookup.
 //! - reads: `messages` (pages, entries by uuid), `context` (the window after the last compact
@@ -23,6 +25,7 @@ mod admin;
 mod append;
 mod context;
 mod cursors;
+mod ids;
 mod jobs;
 mod keys;
 mod messages;
@@ -46,6 +49,7 @@ pub use context::{ContextHead, ContextTail, ContextWindow, WindowBounds, MAX_WIN
 pub use cursors::{
     AdvanceOutcome, AdvanceRequest, BatchLimit, Bookmark, Claim, CursorState, Lease, PendingBatch,
 };
+pub use ids::{Seq, ThreadId, ThreadKey};
 pub use jobs::{
     ClaimedJob, CompactionWrite, EnqueueOutcome, Job, JobState, NewJob, ThreadJobs, NOTIFY_CHANNEL,
 };

@@ -5,6 +5,8 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::ThreadId;
+
 /// Summarizes a thread and appends a compact boundary.
 pub const KIND_COMPACTION: &str = "compaction";
 /// Does nothing (benchmarks and tests of the queue).
@@ -18,7 +20,7 @@ pub const DEFAULT_KEEP_RECENT_ROUNDS: u32 = 2;
 /// What a compaction job was asked to do.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CompactionPayload {
-    pub thread_id: String,
+    pub thread_id: ThreadId,
     /// `manual` (the compact endpoint) or `auto` (the threshold was crossed).
     pub trigger: String,
     pub keep_recent_rounds: u32,
@@ -27,18 +29,22 @@ pub struct CompactionPayload {
 }
 
 impl CompactionPayload {
-    pub fn manual(thread_id: &str, keep_recent_rounds: u32, instructions: Option<String>) -> Self {
+    pub fn manual(
+        thread_id: &ThreadId,
+        keep_recent_rounds: u32,
+        instructions: Option<String>,
+    ) -> Self {
         CompactionPayload {
-            thread_id: thread_id.to_owned(),
+            thread_id: thread_id.clone(),
             trigger: "manual".to_owned(),
             keep_recent_rounds,
             instructions,
         }
     }
 
-    pub fn auto(thread_id: &str) -> Self {
+    pub fn auto(thread_id: &ThreadId) -> Self {
         CompactionPayload {
-            thread_id: thread_id.to_owned(),
+            thread_id: thread_id.clone(),
             trigger: "auto".to_owned(),
             keep_recent_rounds: DEFAULT_KEEP_RECENT_ROUNDS,
             instructions: None,

@@ -8,7 +8,7 @@ use sha2::{Digest, Sha256};
 use sqlx::any::AnyRow;
 use sqlx::{Any, AnyConnection, Row};
 
-use super::StoreError;
+use super::{StoreError, ThreadKey};
 use crate::history::model::Entry;
 
 /// The rows of compact boundaries, as [`Entry::is_compact_boundary`] tells them: the subtype on
@@ -106,7 +106,7 @@ pub(super) fn page_within_bytes(columns: &str) -> String {
 /// `next_seq` on. Returns the stored entries and the new visible count.
 pub(super) async fn insert_entries(
     tx: &mut sqlx::Transaction<'_, Any>,
-    thread_key: &str,
+    thread_key: &ThreadKey,
     next_seq: i64,
     visible_count: i64,
     entries: Vec<Entry>,
@@ -121,7 +121,7 @@ pub(super) async fn insert_entries(
 
 pub(super) async fn insert_prepared(
     tx: &mut sqlx::Transaction<'_, Any>,
-    thread_key: &str,
+    thread_key: &ThreadKey,
     next_seq: i64,
     visible_count: i64,
     prepared: Vec<Prepared>,
@@ -136,7 +136,7 @@ pub(super) async fn insert_prepared(
                 visible += 1;
             }
             NewRow {
-                thread_key: thread_key.to_owned(),
+                thread_key: thread_key.clone(),
                 seq,
                 prepared: p,
                 visible_rank: visible,
@@ -163,7 +163,7 @@ pub(super) fn numbered(prepared: Vec<Prepared>, first_seq: i64) -> Vec<Entry> {
 
 /// A message row about to be inserted.
 pub(super) struct NewRow<'p> {
-    pub(super) thread_key: String,
+    pub(super) thread_key: ThreadKey,
     pub(super) seq: i64,
     pub(super) prepared: &'p Prepared,
     /// The thread's visible count once this entry is in: its rank among what a model sees.
@@ -199,7 +199,7 @@ pub(super) fn bind_rows<'q>(mut query: AnyQuery<'q>, rows: &[NewRow<'_>]) -> Any
     for row in rows {
         let p = row.prepared;
         query = query
-            .bind(row.thread_key.clone())
+            .bind(row.thread_key.as_str().to_owned())
             .bind(row.seq)
             .bind(p.uuid.clone())
             .bind(p.entry.type_name().to_owned())
@@ -216,10 +216,13 @@ pub(super) fn bind_rows<'q>(mut query: AnyQuery<'q>, rows: &[NewRow<'_>]) -> Any
 /// skip of what is stored).
 pub(super) async fn stored_hashes(
     conn: &mut sqlx::AnyConnection,
-    thread_key: &str,
+    thread_key: &ThreadKey,
     uuids: &[&str],
 ) -> Result<HashMap<String, (i64, String)>, StoreError> {
-    let named: Vec<(&str, &str)> = uuids.iter().map(|uuid| (thread_key, *uuid)).collect();
+    let named: Vec<(&str, &str)> = uuids
+        .iter()
+        .map(|uuid| (thread_key.as_str(), *uuid))
+        .collect();
     Ok(stored_hashes_of(conn, &named)
         .await?
         .into_iter()

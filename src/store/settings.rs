@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 use sqlx::Row;
 
-use super::{now_millis, Store, StoreError, TenantId};
+use super::{now_millis, Store, StoreError, TenantId, ThreadId};
 use crate::history::normalize::ClearingOptions;
 use crate::history::MicrocompactOptions;
 use crate::tree::OutlineOptions;
@@ -122,7 +122,7 @@ impl Store {
     pub async fn thread_settings(
         &self,
         tenant: &TenantId,
-        thread_id: &str,
+        thread_id: &ThreadId,
     ) -> Result<ThreadSettings, StoreError> {
         Ok(self.context_head(tenant, thread_id).await?.settings)
     }
@@ -131,7 +131,7 @@ impl Store {
     pub async fn put_thread_settings(
         &self,
         tenant: &TenantId,
-        thread_id: &str,
+        thread_id: &ThreadId,
         settings: &ThreadSettings,
     ) -> Result<(), StoreError> {
         let thread_key = self.thread_head(tenant, thread_id).await?.thread_key;
@@ -146,7 +146,7 @@ impl Store {
              microcompact = excluded.microcompact, outline = excluded.outline, \
              clearing = excluded.clearing, updated_at = excluded.updated_at",
         )
-        .bind(&thread_key)
+        .bind(thread_key.as_str())
         .bind(settings.auto_compact_tokens)
         .bind(microcompact)
         .bind(outline)

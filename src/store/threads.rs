@@ -5,13 +5,13 @@ use serde_json::{Map, Value};
 use sqlx::any::AnyRow;
 use sqlx::Row;
 
-use super::{millis_to_datetime, now_millis, Store, StoreError, TenantId};
+use super::{millis_to_datetime, now_millis, Store, StoreError, TenantId, ThreadId, ThreadKey};
 
 /// A stored thread.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Thread {
     /// The caller's id, unique within the tenant.
-    pub id: String,
+    pub id: ThreadId,
     pub metadata: Map<String, Value>,
     /// The seq the next appended message will get (= number of messages).
     pub next_seq: i64,
@@ -24,7 +24,7 @@ pub struct Thread {
 #[derive(Debug, Clone, Default)]
 pub struct NewThread {
     /// A client-chosen id; generated when `None`.
-    pub id: Option<String>,
+    pub id: Option<ThreadId>,
     pub metadata: Map<String, Value>,
 }
 
@@ -39,7 +39,7 @@ pub struct ThreadPage {
 /// What a read or write of a thread's data needs first: its internal key and where it stands.
 #[derive(Debug, Clone)]
 pub(crate) struct ThreadHead {
-    pub thread_key: String,
+    pub thread_key: ThreadKey,
     pub next_seq: i64,
     /// User and assistant entries stored so far.
     pub visible_count: i64,
@@ -53,7 +53,7 @@ fn thread_from_row(row: &AnyRow) -> Result<Thread, StoreError> {
     let metadata = serde_json::from_str(&metadata)
         .map_err(|e| StoreError::Corrupt(format!("thread metadata: {e}")))?;
     Ok(Thread {
-        id: row.try_get("thread_id")?,
+        id: ThreadId::new(row.try_get::<String, _>("thread_id")?),
         metadata,
         next_seq: row.try_get("next_seq")?,
         stored_bytes: row.try_get("stored_bytes")?,
@@ -82,25 +82,23 @@ impl Store {
         tenant: &TenantId,
         new: NewThread,
     ) -> Result<Thread, StoreError> {
-        let id = new
-            .id
-            .unwrap_or_else(|| format!("thr_{}", uuid::Uuid::now_v7().simple()));
-        let thread_key = uuid::Uuid::now_v7().to_string();
+        let id = new.id.unwrap_or_else(ThreadId::generate);
+        let thread_key = ThreadKey::mint();
         let now = now_millis();
         let metadata = Value::Object(new.metadata.clone()).to_string();
         let inserted = sqlx::query(
             "INSERT INTO threads (thread_key, tenant_id, thread_id, metadata, next_seq, visible_count, created_at, updated_at) \
              VALUES ($1, $2, $3, $4, 0, 0, $5, $5) ON CONFLICT (tenant_id, thread_id) DO NOTHING",
         )
-        .bind(&thread_key)
+        .bind(thread_key.as_str())
         .bind(&tenant.0)
-        .bind(&id)
+        .bind(id.as_str())
         .bind(&metadata)
         .bind(now)
         .execute(&self.writer)
         .await?;
         if inserted.rows_affected() == 0 {
-            return Err(StoreError::ThreadExists(id));
+            return Err(StoreError::ThreadExists(id.into_string()));
         }
         Ok(Thread {
             id,
@@ -112,12 +110,12 @@ impl Store {
         })
     }
 
-    pub async fn get_thread(&self, tenant: &TenantId, id: &str) -> Result<Thread, StoreError> {
+    pub async fn get_thread(&self, tenant: &TenantId, id: &ThreadId) -> Result<Thread, StoreError> {
         let row = sqlx::query(&format!(
             "SELECT {THREAD_COLUMNS} FROM threads WHERE tenant_id = $1 AND thread_id = $2"
         ))
         .bind(&tenant.0)
-        .bind(id)
+        .bind(id.as_str())
         .fetch_optional(&self.pool)
         .await?
         .ok_or(StoreError::ThreadNotFound)?;
@@ -128,19 +126,19 @@ impl Store {
     pub(crate) async fn thread_head(
         &self,
         tenant: &TenantId,
-        thread_id: &str,
+        thread_id: &ThreadId,
     ) -> Result<ThreadHead, StoreError> {
         let row = sqlx::query(
             "SELECT thread_key, next_seq, visible_count FROM threads \
              WHERE tenant_id = $1 AND thread_id = $2",
         )
         .bind(&tenant.0)
-        .bind(thread_id)
+        .bind(thread_id.as_str())
         .fetch_optional(&self.pool)
         .await?
         .ok_or(StoreError::ThreadNotFound)?;
         Ok(ThreadHead {
-            thread_key: row.try_get("thread_key")?,
+            thread_key: ThreadKey::from_stored(row.try_get("thread_key")?),
             next_seq: row.try_get("next_seq")?,
             visible_count: row.try_get("visible_count")?,
         })
@@ -190,23 +188,23 @@ impl Store {
     /// one else). On SQLite, whose single write lock a long delete would hold against every
     /// other writer, messages and tree nodes are then deleted in chunks of
     /// [`DELETE_CHUNK_ROWS`], each its own transaction.
-    pub async fn delete_thread(&self, tenant: &TenantId, id: &str) -> Result<(), StoreError> {
+    pub async fn delete_thread(&self, tenant: &TenantId, id: &ThreadId) -> Result<(), StoreError> {
         let mut tx = self.writer.begin().await?;
         let thread_key: Option<String> = sqlx::query_scalar(
             "DELETE FROM threads WHERE tenant_id = $1 AND thread_id = $2 RETURNING thread_key",
         )
         .bind(&tenant.0)
-        .bind(id)
+        .bind(id.as_str())
         .fetch_optional(&mut *tx)
         .await?;
-        let thread_key = thread_key.ok_or(StoreError::ThreadNotFound)?;
+        let thread_key = ThreadKey::from_stored(thread_key.ok_or(StoreError::ThreadNotFound)?);
         let chunked = self.backend == super::Backend::Sqlite;
         for table in super::THREAD_DATA_TABLES {
             if chunked && CHUNKED_TABLES.contains(table) {
                 continue;
             }
             sqlx::query(&format!("DELETE FROM {table} WHERE thread_key = $1"))
-                .bind(&thread_key)
+                .bind(thread_key.as_str())
                 .execute(&mut *tx)
                 .await?;
         }
@@ -220,7 +218,7 @@ impl Store {
     /// Deletes a deleted thread's large tables a chunk per transaction (SQLite). A crash midway
     /// leaves rows under a key no thread has, which nothing reads; [`Store::sweep_orphans`]
     /// removes them at the next start.
-    async fn delete_rows_in_chunks(&self, thread_key: &str) -> Result<u64, StoreError> {
+    async fn delete_rows_in_chunks(&self, thread_key: &ThreadKey) -> Result<u64, StoreError> {
         let mut deleted = 0;
         for table in CHUNKED_TABLES {
             loop {
@@ -228,7 +226,7 @@ impl Store {
                     "DELETE FROM {table} WHERE rowid IN \
                      (SELECT rowid FROM {table} WHERE thread_key = $1 LIMIT $2)"
                 ))
-                .bind(thread_key)
+                .bind(thread_key.as_str())
                 .bind(DELETE_CHUNK_ROWS)
                 .execute(&self.writer)
                 .await?
@@ -256,7 +254,7 @@ impl Store {
             ))
             .fetch_all(&self.pool)
             .await?;
-            for thread_key in orphans {
+            for thread_key in orphans.into_iter().map(ThreadKey::from_stored) {
                 deleted += self.delete_rows_in_chunks(&thread_key).await?;
             }
         }
@@ -270,7 +268,7 @@ impl Store {
     pub(crate) async fn thread_exists_in(
         tx: &mut sqlx::Transaction<'_, sqlx::Any>,
         backend: super::Backend,
-        thread_key: &str,
+        thread_key: &ThreadKey,
     ) -> Result<bool, StoreError> {
         let lock = match backend {
             super::Backend::Postgres => " FOR SHARE",
@@ -279,7 +277,7 @@ impl Store {
         let found: Option<String> = sqlx::query_scalar(&format!(
             "SELECT thread_key FROM threads WHERE thread_key = $1{lock}"
         ))
-        .bind(thread_key)
+        .bind(thread_key.as_str())
         .fetch_optional(&mut **tx)
         .await?;
         Ok(found.is_some())

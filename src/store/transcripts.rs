@@ -5,14 +5,14 @@ use std::collections::HashMap;
 
 use sqlx::Row;
 
-use super::{Store, StoreError, TenantId};
+use super::{Seq, Store, StoreError, TenantId, ThreadId};
 
 impl Store {
     /// `uuid → (seq, fingerprint)` for the given uuids that the thread already holds.
     pub async fn stored_fingerprints(
         &self,
         tenant: &TenantId,
-        thread_id: &str,
+        thread_id: &ThreadId,
         uuids: &[String],
     ) -> Result<HashMap<String, (i64, String)>, StoreError> {
         let thread_key = self.thread_head(tenant, thread_id).await?.thread_key;
@@ -28,15 +28,15 @@ impl Store {
     pub async fn export_page(
         &self,
         tenant: &TenantId,
-        thread_id: &str,
-        after_seq: i64,
+        thread_id: &ThreadId,
+        after_seq: Seq,
         limit: i64,
         max_bytes: i64,
     ) -> Result<Vec<(i64, String)>, StoreError> {
         let thread_key = self.thread_head(tenant, thread_id).await?.thread_key;
         let rows = sqlx::query(&super::rows::page_within_bytes("m.seq, m.body"))
-            .bind(thread_key)
-            .bind(after_seq)
+            .bind(thread_key.as_str())
+            .bind(after_seq.get())
             .bind(limit)
             .bind(max_bytes)
             .fetch_all(&self.pool)

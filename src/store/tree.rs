@@ -9,14 +9,14 @@ use std::collections::HashMap;
 use sqlx::Row;
 
 use super::rows::entry_from_row;
-use super::{now_millis, Store, StoreError, TenantId};
+use super::{now_millis, Store, StoreError, TenantId, ThreadId, ThreadKey};
 use crate::history::model::Entry;
 use crate::tree::{NodeId, Outline, OutlineOptions};
 
 /// The outline's stored state and what a reader needs to render it.
 #[derive(Debug, Clone)]
 pub struct OutlineSnapshot {
-    pub thread_key: String,
+    pub thread_key: ThreadKey,
     pub next_seq: i64,
     pub outline: Outline,
     /// 0 when no state was stored yet.
@@ -73,13 +73,13 @@ pub struct TreeStatus {
 
 impl Store {
     /// Nodes written, the model calls they cost, and the latest tree job's state.
-    pub async fn tree_status(&self, thread_key: &str) -> Result<TreeStatus, StoreError> {
+    pub async fn tree_status(&self, thread_key: &ThreadKey) -> Result<TreeStatus, StoreError> {
         let (nodes, calls, summarized) = self.tree_costs(thread_key).await?;
         let job = sqlx::query(
             "SELECT state, last_error FROM jobs WHERE thread_key = $1 AND kind = $2 \
              ORDER BY created_at DESC, job_id DESC LIMIT 1",
         )
-        .bind(thread_key)
+        .bind(thread_key.as_str())
         .bind(super::KIND_TREE)
         .fetch_optional(&self.pool)
         .await?;
@@ -100,7 +100,7 @@ impl Store {
     /// built nodes of a level are `0..next`).
     pub async fn tree_frontier(
         &self,
-        thread_key: &str,
+        thread_key: &ThreadKey,
         max_level: u32,
     ) -> Result<Vec<u64>, StoreError> {
         let mut frontier = Vec::with_capacity(max_level as usize + 1);
@@ -108,7 +108,7 @@ impl Store {
             let max: Option<i64> = sqlx::query_scalar(
                 "SELECT MAX(idx) FROM tree_nodes WHERE thread_key = $1 AND level = $2",
             )
-            .bind(thread_key)
+            .bind(thread_key.as_str())
             .bind(i64::from(level))
             .fetch_one(&self.pool)
             .await?;
@@ -120,7 +120,7 @@ impl Store {
     /// The texts of the nodes of `level` with index in `[from, to)`, by index.
     pub async fn tree_level_texts(
         &self,
-        thread_key: &str,
+        thread_key: &ThreadKey,
         level: u32,
         from: u64,
         to: u64,
@@ -129,7 +129,7 @@ impl Store {
             "SELECT idx, text FROM tree_nodes WHERE thread_key = $1 AND level = $2 \
              AND idx >= $3 AND idx < $4",
         )
-        .bind(thread_key)
+        .bind(thread_key.as_str())
         .bind(i64::from(level))
         .bind(from as i64)
         .bind(to as i64)
@@ -147,7 +147,7 @@ impl Store {
     /// keeps its stored line).
     pub async fn put_tree_nodes(
         &self,
-        thread_key: &str,
+        thread_key: &ThreadKey,
         nodes: &[NewNode],
     ) -> Result<u64, StoreError> {
         let now = now_millis();
@@ -180,7 +180,7 @@ impl Store {
             let mut query = sqlx::query(&sql);
             for node in chunk {
                 query = query
-                    .bind(thread_key)
+                    .bind(thread_key.as_str())
                     .bind(i64::from(node.node.level))
                     .bind(node.node.index as i64)
                     .bind(&node.text)
@@ -196,14 +196,14 @@ impl Store {
 
     /// How many nodes the thread has, the model calls they cost, and how many a summarizer
     /// wrote (the rest are free nodes, their source word for word).
-    async fn tree_costs(&self, thread_key: &str) -> Result<(i64, i64, i64), StoreError> {
+    async fn tree_costs(&self, thread_key: &ThreadKey) -> Result<(i64, i64, i64), StoreError> {
         let row = sqlx::query(
             "SELECT COUNT(*) AS nodes, \
              CAST(COALESCE(SUM(calls), 0) AS BIGINT) AS calls, \
              CAST(COALESCE(SUM(CASE WHEN summarizer = 'verbatim' THEN 0 ELSE 1 END), 0) AS BIGINT) \
              AS summarized FROM tree_nodes WHERE thread_key = $1",
         )
-        .bind(thread_key)
+        .bind(thread_key.as_str())
         .fetch_one(&self.pool)
         .await?;
         Ok((
@@ -214,9 +214,12 @@ impl Store {
     }
 
     /// The outline's stored tiles and version (an empty outline at version 0 when none).
-    pub async fn outline_state(&self, thread_key: &str) -> Result<(Outline, i64), StoreError> {
+    pub async fn outline_state(
+        &self,
+        thread_key: &ThreadKey,
+    ) -> Result<(Outline, i64), StoreError> {
         let row = sqlx::query("SELECT tiles, version FROM outlines WHERE thread_key = $1")
-            .bind(thread_key)
+            .bind(thread_key.as_str())
             .fetch_optional(&self.pool)
             .await?;
         let Some(row) = row else {
@@ -238,7 +241,7 @@ impl Store {
     /// writer changed it first (the caller reads again).
     pub async fn save_outline(
         &self,
-        thread_key: &str,
+        thread_key: &ThreadKey,
         outline: &Outline,
         expected_version: i64,
     ) -> Result<bool, StoreError> {
@@ -256,7 +259,7 @@ impl Store {
                 "INSERT INTO outlines (thread_key, tiles, boundary, version, updated_at) \
                  VALUES ($1, $2, $3, 1, $4) ON CONFLICT (thread_key) DO NOTHING",
             )
-            .bind(thread_key)
+            .bind(thread_key.as_str())
             .bind(&tiles)
             .bind(boundary)
             .bind(now)
@@ -270,7 +273,7 @@ impl Store {
             .bind(&tiles)
             .bind(boundary)
             .bind(now)
-            .bind(thread_key)
+            .bind(thread_key.as_str())
             .bind(expected_version)
             .execute(&mut *tx)
             .await?
@@ -282,7 +285,7 @@ impl Store {
     /// Texts of the given nodes (one indexed query per level present).
     pub async fn tree_node_texts(
         &self,
-        thread_key: &str,
+        thread_key: &ThreadKey,
         nodes: &[NodeId],
     ) -> Result<HashMap<NodeId, String>, StoreError> {
         Ok(self
@@ -297,7 +300,7 @@ impl Store {
     /// level present.
     async fn tree_node_rows(
         &self,
-        thread_key: &str,
+        thread_key: &ThreadKey,
         nodes: &[NodeId],
     ) -> Result<HashMap<NodeId, (String, String)>, StoreError> {
         let mut by_level: HashMap<u32, Vec<u64>> = HashMap::new();
@@ -314,7 +317,9 @@ impl Store {
                      AND level = $2 AND idx IN ({})",
                     placeholders.join(", ")
                 );
-                let mut query = sqlx::query(&sql).bind(thread_key).bind(i64::from(level));
+                let mut query = sqlx::query(&sql)
+                    .bind(thread_key.as_str())
+                    .bind(i64::from(level));
                 for index in chunk {
                     query = query.bind(*index as i64);
                 }
@@ -335,7 +340,7 @@ impl Store {
     pub async fn outline_snapshot(
         &self,
         tenant: &TenantId,
-        thread_id: &str,
+        thread_id: &ThreadId,
     ) -> Result<OutlineSnapshot, StoreError> {
         let head = self.thread_head(tenant, thread_id).await?;
         let (outline, version) = self.outline_state(&head.thread_key).await?;
@@ -366,7 +371,7 @@ impl Store {
     pub async fn zoom_read(
         &self,
         tenant: &TenantId,
-        thread_id: &str,
+        thread_id: &ThreadId,
         id: i64,
         n: i64,
     ) -> Result<Result<ZoomRead, crate::tree::ZoomError>, StoreError> {
@@ -380,7 +385,7 @@ impl Store {
                 let row = sqlx::query(
                     "SELECT seq, uuid, created_at, body FROM messages WHERE thread_key = $1 AND seq = $2",
                 )
-                .bind(&head.thread_key)
+                .bind(head.thread_key.as_str())
                 .bind(seq as i64)
                 .fetch_optional(&self.pool)
                 .await?;
@@ -395,7 +400,7 @@ impl Store {
                         "SELECT text FROM tree_nodes WHERE thread_key = $1 AND level = $2 \
                          AND idx = $3",
                     )
-                    .bind(head.thread_key.clone())
+                    .bind(head.thread_key.as_str().to_owned())
                     .bind(i64::from(node.level))
                     .bind(node.index as i64)
                     .fetch_optional(&self.pool)
@@ -409,10 +414,10 @@ impl Store {
     }
 
     /// The next seq of the thread with this key (for jobs, which name threads by key).
-    pub async fn next_seq_by_key(&self, thread_key: &str) -> Result<i64, StoreError> {
+    pub async fn next_seq_by_key(&self, thread_key: &ThreadKey) -> Result<i64, StoreError> {
         let next: Option<i64> =
             sqlx::query_scalar("SELECT next_seq FROM threads WHERE thread_key = $1")
-                .bind(thread_key)
+                .bind(thread_key.as_str())
                 .fetch_optional(&self.pool)
                 .await?;
         next.ok_or(StoreError::ThreadNotFound)
@@ -421,11 +426,11 @@ impl Store {
     /// The thread's stored outline options (`None`: never set).
     pub async fn outline_options_of(
         &self,
-        thread_key: &str,
+        thread_key: &ThreadKey,
     ) -> Result<Option<OutlineOptions>, StoreError> {
         let json: Option<Option<String>> =
             sqlx::query_scalar("SELECT outline FROM thread_settings WHERE thread_key = $1")
-                .bind(thread_key)
+                .bind(thread_key.as_str())
                 .fetch_optional(&self.pool)
                 .await?;
         super::settings::outline_column(json.flatten())

@@ -13,6 +13,7 @@ use http_body_util::BodyExt;
 use loupe::context::cache::ContextCache;
 use loupe::http::{AppState, AuthMode, Limits};
 use loupe::jobs::{Clock, JobsConfig, Runner};
+use loupe::store::Seq;
 use loupe::summarize::ExtractiveSummarizer;
 use serde_json::{json, Value};
 use tower::ServiceExt;
@@ -549,13 +550,21 @@ async fn a_tail_ends_where_its_head_saw_the_thread_end(app: TestApp) {
         .await;
     assert_eq!(settings.status, StatusCode::OK, "{}", settings.body);
     let tenant = loupe::store::TenantId::default_tenant();
-    let head = app.store.context_head(&tenant, &thread).await.unwrap();
+    let head = app
+        .store
+        .context_head(&tenant, &thread.as_str().into())
+        .await
+        .unwrap();
     assert_eq!(
         head.settings.microcompact_options().map(|m| m.keep_recent),
         Some(1)
     );
     append_round(&s, &thread, 2, 1).await;
-    let tail = app.store.context_tail(&head, 0, 0).await.unwrap();
+    let tail = app
+        .store
+        .context_tail(&head, Seq::new(0), Seq::new(0))
+        .await
+        .unwrap();
     assert_eq!(tail.next_seq, head.next_seq);
     let seqs: Vec<i64> = tail.entries.iter().filter_map(|e| e.seq).collect();
     assert_eq!(
@@ -563,11 +572,15 @@ async fn a_tail_ends_where_its_head_saw_the_thread_end(app: TestApp) {
         (0..head.next_seq).collect::<Vec<_>>(),
         "up to the head's end"
     );
-    let later = app.store.context_head(&tenant, &thread).await.unwrap();
+    let later = app
+        .store
+        .context_head(&tenant, &thread.as_str().into())
+        .await
+        .unwrap();
     assert!(later.next_seq > head.next_seq);
     let tail = app
         .store
-        .context_tail(&later, head.next_seq, 0)
+        .context_tail(&later, Seq::new(head.next_seq), Seq::new(0))
         .await
         .unwrap();
     assert_eq!(
@@ -585,13 +598,21 @@ async fn a_boundary_committed_after_the_head_belongs_to_a_later_read(app: TestAp
     let s = services(&app, || AuthMode::Open);
     let thread = thread_with_rounds(&app, &s, "bounded", 3).await;
     let tenant = loupe::store::TenantId::default_tenant();
-    let head = app.store.context_head(&tenant, &thread).await.unwrap();
+    let head = app
+        .store
+        .context_head(&tenant, &thread.as_str().into())
+        .await
+        .unwrap();
     let outcome = compact_now(&app, &thread, 0).await;
     assert!(
         matches!(outcome, loupe::jobs::StepOutcome::Succeeded { .. }),
         "{outcome:?}"
     );
-    let later = app.store.context_head(&tenant, &thread).await.unwrap();
+    let later = app
+        .store
+        .context_head(&tenant, &thread.as_str().into())
+        .await
+        .unwrap();
     assert_eq!(
         later.next_seq,
         head.next_seq + 2,

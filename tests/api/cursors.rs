@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use crate::common::{assistant, user, TestApp};
 use axum::http::StatusCode;
-use loupe::store::{AdvanceRequest, StoreError, TenantId};
+use loupe::store::{AdvanceRequest, StoreError, TenantId, ThreadId};
 use serde_json::{json, Value};
 
 on_both_backends!(
@@ -426,27 +426,31 @@ async fn cursors_are_listed_and_deleted_with_their_thread(app: TestApp) {
 async fn an_expired_lease_lets_another_worker_claim_the_same_batch(app: TestApp) {
     let thread = app.thread("expiry").await;
     app.append(&thread, conversation(10)).await;
+    let thread_id = ThreadId::new(thread.as_str());
     let store = &app.store;
     let tenant = TenantId::default_tenant();
     let t0 = 1_700_000_000_000;
 
     let first = store
-        .claim_cursor(&tenant, &thread, "w", 4, 60_000, t0)
+        .claim_cursor(&tenant, &thread_id, "w", 4, 60_000, t0)
         .await
         .unwrap();
     let first_lease = first.lease.clone().unwrap();
     assert_eq!(first_lease.expires_at, t0 + 60_000);
     assert_eq!(first.batch.advance_to(), Some("m-3"));
     assert!(matches!(
-        store.claim_cursor(&tenant, &thread, "w", 4, 60_000, t0 + 59_999).await,
+        store.claim_cursor(&tenant, &thread_id, "w", 4, 60_000, t0 + 59_999).await,
         Err(StoreError::CursorLeased { expires_at }) if expires_at == t0 + 60_000
     ));
-    let state = store.cursor(&tenant, &thread, "w", t0 + 1).await.unwrap();
+    let state = store
+        .cursor(&tenant, &thread_id, "w", t0 + 1)
+        .await
+        .unwrap();
     assert_eq!(state.lease_expires_at, Some(t0 + 60_000));
 
     // The first worker fails silently; once its lease expires the same batch is claimed again.
     let second = store
-        .claim_cursor(&tenant, &thread, "w", 4, 60_000, t0 + 60_000)
+        .claim_cursor(&tenant, &thread_id, "w", 4, 60_000, t0 + 60_000)
         .await
         .unwrap();
     let second_lease = second.lease.clone().unwrap();
@@ -456,7 +460,7 @@ async fn an_expired_lease_lets_another_worker_claim_the_same_batch(app: TestApp)
     };
     assert_eq!(seqs(&second.batch), seqs(&first.batch));
     let state = store
-        .cursor(&tenant, &thread, "w", t0 + 60_001)
+        .cursor(&tenant, &thread_id, "w", t0 + 60_001)
         .await
         .unwrap();
     assert_eq!(state.new_count, 10);
@@ -471,7 +475,7 @@ async fn an_expired_lease_lets_another_worker_claim_the_same_batch(app: TestApp)
         store
             .advance_cursor(
                 &tenant,
-                &thread,
+                &thread_id,
                 "w",
                 advance(&first_lease.token),
                 t0 + 61_000
@@ -482,7 +486,7 @@ async fn an_expired_lease_lets_another_worker_claim_the_same_batch(app: TestApp)
     let done = store
         .advance_cursor(
             &tenant,
-            &thread,
+            &thread_id,
             "w",
             advance(&second_lease.token),
             t0 + 61_000,
@@ -497,7 +501,7 @@ async fn an_expired_lease_lets_another_worker_claim_the_same_batch(app: TestApp)
         store
             .advance_cursor(
                 &tenant,
-                &thread,
+                &thread_id,
                 "w",
                 advance(&first_lease.token),
                 t0 + 62_000
@@ -508,7 +512,7 @@ async fn an_expired_lease_lets_another_worker_claim_the_same_batch(app: TestApp)
 
     // An expired lease nobody claimed again still lets its late holder acknowledge.
     let third = store
-        .claim_cursor(&tenant, &thread, "w", 100, 1_000, t0 + 70_000)
+        .claim_cursor(&tenant, &thread_id, "w", 100, 1_000, t0 + 70_000)
         .await
         .unwrap();
     let late = AdvanceRequest {
@@ -517,20 +521,20 @@ async fn an_expired_lease_lets_another_worker_claim_the_same_batch(app: TestApp)
         lease: Some(third.lease.unwrap().token),
     };
     let late = store
-        .advance_cursor(&tenant, &thread, "w", late, t0 + 90_000)
+        .advance_cursor(&tenant, &thread_id, "w", late, t0 + 90_000)
         .await
         .unwrap();
     assert_eq!(late.cursor.new_count, 0);
 
     // Nothing pending: an empty batch and no lease, so nobody waits on it.
     let idle = store
-        .claim_cursor(&tenant, &thread, "w", 4, 60_000, t0 + 90_000)
+        .claim_cursor(&tenant, &thread_id, "w", 4, 60_000, t0 + 90_000)
         .await
         .unwrap();
     assert!(idle.lease.is_none());
     assert!(idle.batch.entries.is_empty());
     assert!(store
-        .claim_cursor(&tenant, &thread, "w", 4, 60_000, t0 + 90_000)
+        .claim_cursor(&tenant, &thread_id, "w", 4, 60_000, t0 + 90_000)
         .await
         .is_ok());
     app.finish().await;
@@ -689,13 +693,14 @@ async fn crashing_and_slow_lease_workers_lose_nothing_and_acknowledge_nothing_tw
         let (app, clock, thread) = (app.clone(), clock.clone(), thread.clone());
         workers.push(tokio::spawn(async move {
             let tenant = TenantId::default_tenant();
+            let thread_id = ThreadId::new(thread.as_str());
             let mut rng = 0x9E37_79B9_7F4A_7C15 ^ (worker + 1);
             let (mut acknowledged, mut lost, mut crashed) = (Vec::new(), 0, 0);
             loop {
                 let now = clock.load(Ordering::SeqCst);
                 let claim = match app
                     .store
-                    .claim_cursor(&tenant, &thread, "chaos", 4, lease_ms, now)
+                    .claim_cursor(&tenant, &thread_id, "chaos", 4, lease_ms, now)
                     .await
                 {
                     Ok(claim) => claim,
@@ -731,7 +736,7 @@ async fn crashing_and_slow_lease_workers_lose_nothing_and_acknowledge_nothing_tw
                 let now = clock.load(Ordering::SeqCst);
                 match app
                     .store
-                    .advance_cursor(&tenant, &thread, "chaos", request, now)
+                    .advance_cursor(&tenant, &thread_id, "chaos", request, now)
                     .await
                 {
                     Ok(outcome) => {
@@ -764,7 +769,7 @@ async fn crashing_and_slow_lease_workers_lose_nothing_and_acknowledge_nothing_tw
         .store
         .cursor(
             &TenantId::default_tenant(),
-            &thread,
+            &ThreadId::new(thread.as_str()),
             "chaos",
             clock.load(Ordering::SeqCst),
         )

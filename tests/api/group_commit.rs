@@ -65,7 +65,7 @@ async fn append_to(
     store
         .append(
             &TenantId::default_tenant(),
-            thread,
+            &thread.into(),
             AppendRequest {
                 entries: batch,
                 expected_next_seq,
@@ -131,7 +131,7 @@ async fn run_as_admin(app: &TestApp, statements: &[&str]) {
 async fn stored(app: &TestApp, thread: &str) -> Vec<(i64, String)> {
     let page = app
         .store
-        .list_messages(&TenantId::default_tenant(), thread, None, 10_000)
+        .list_messages(&TenantId::default_tenant(), &thread.into(), None, 10_000)
         .await
         .unwrap();
     assert_eq!(
@@ -448,7 +448,7 @@ async fn other_writes_get_their_turn_while_appends_never_stop(app: TestApp) {
         app.store.create_thread(
             &TenantId::default_tenant(),
             NewThread {
-                id: Some("meanwhile".to_owned()),
+                id: Some("meanwhile".to_owned().into()),
                 metadata: Default::default(),
             },
         ),
@@ -481,7 +481,7 @@ async fn a_group_that_writes_nothing_leaves_no_transaction_open(app: TestApp) {
     );
     let tenant = TenantId::default_tenant();
     let new = NewThread {
-        id: Some("after".to_owned()),
+        id: Some("after".to_owned().into()),
         metadata: Default::default(),
     };
     app.store.create_thread(&tenant, new).await.unwrap();
@@ -490,11 +490,15 @@ async fn a_group_that_writes_nothing_leaves_no_transaction_open(app: TestApp) {
     // Read on a connection of its own, as after a restart: both writes were committed.
     let reopened = Store::connect(&StoreOptions::new(&app.url)).await.unwrap();
     assert_eq!(
-        reopened.get_thread(&tenant, "after").await.unwrap().id,
+        reopened
+            .get_thread(&tenant, &"after".into())
+            .await
+            .unwrap()
+            .id,
         "after"
     );
     let page = reopened
-        .list_messages(&tenant, "after", None, 10)
+        .list_messages(&tenant, &"after".into(), None, 10)
         .await
         .unwrap();
     assert_eq!(page.messages.len(), 2);
@@ -555,7 +559,7 @@ fn outlined() -> loupe::store::ThreadSettings {
 
 fn new_thread(id: &str) -> NewThread {
     NewThread {
-        id: Some(id.to_owned()),
+        id: Some(id.to_owned().into()),
         metadata: Default::default(),
     }
 }
@@ -622,7 +626,7 @@ async fn a_threshold_set_by_another_process_fires_on_the_next_append(app: TestAp
     other
         .put_thread_settings(
             &tenant,
-            "t",
+            &"t".into(),
             &loupe::store::ThreadSettings {
                 auto_compact_tokens: Some(first_tokens_plus_one()),
                 ..Default::default()
@@ -658,14 +662,14 @@ async fn a_thread_recreated_by_another_process_takes_the_next_append(app: TestAp
         .unwrap();
     append(&app, "t", turn(0, 0), None).await.unwrap();
     let other = other_process(&app).await;
-    other.delete_thread(&tenant, "t").await.unwrap();
+    other.delete_thread(&tenant, &"t".into()).await.unwrap();
     match append(&app, "t", turn(0, 1), None).await {
         Err(StoreError::ThreadNotFound) => {}
         outcome => panic!("an append to a deleted thread: {outcome:?}"),
     }
     other.create_thread(&tenant, new_thread("t")).await.unwrap();
     append(&app, "t", turn(0, 2), None).await.unwrap();
-    other.delete_thread(&tenant, "t").await.unwrap();
+    other.delete_thread(&tenant, &"t".into()).await.unwrap();
     other.create_thread(&tenant, new_thread("t")).await.unwrap();
     let outcome = append(&app, "t", turn(0, 3), None).await.unwrap();
     assert_eq!(outcome.messages[0].seq, Some(0), "a new thread starts at 0");
@@ -809,7 +813,7 @@ async fn run_steps(backend: crate::common::Backend, steps: &[Step]) -> (Vec<Stri
     let th2 = outlined();
     for (thread, settings) in [("th1", th1), ("th2", th2)] {
         app.store
-            .put_thread_settings(&tenant, thread, &settings)
+            .put_thread_settings(&tenant, &thread.into(), &settings)
             .await
             .unwrap();
     }
@@ -908,7 +912,7 @@ async fn a_replay_completed_by_an_earlier_member_on_an_outlined_thread(app: Test
     let tenant = TenantId::default_tenant();
     let thread = app.thread("outlined").await;
     app.store
-        .put_thread_settings(&tenant, &thread, &outlined())
+        .put_thread_settings(&tenant, &thread.as_str().into(), &outlined())
         .await
         .unwrap();
     let y = || user("entry-y", "stored first");
@@ -996,7 +1000,11 @@ async fn a_thread_whose_settings_do_not_read_fails_only_its_own_appends(app: Tes
     let (good, bad) = (app.thread("good").await, app.thread("bad").await);
     // A settings row, then its outline spoiled.
     app.store
-        .put_thread_settings(&tenant, &bad, &loupe::store::ThreadSettings::default())
+        .put_thread_settings(
+            &tenant,
+            &bad.as_str().into(),
+            &loupe::store::ThreadSettings::default(),
+        )
         .await
         .unwrap();
     run_as_admin(

@@ -308,7 +308,7 @@ async fn a_tree_job_keeps_its_dedup_key_while_running_and_runs_again_after_an_ap
     app.append(&thread, vec![user("u1", LONG)]).await;
     let jobs = app
         .store
-        .thread_jobs(&tenant(), &thread, ThreadJobs::All)
+        .thread_jobs(&tenant(), &thread.as_str().into(), ThreadJobs::All)
         .await
         .unwrap();
     let live: Vec<_> = jobs
@@ -326,7 +326,7 @@ async fn a_tree_job_keeps_its_dedup_key_while_running_and_runs_again_after_an_ap
     }
     let jobs = app
         .store
-        .thread_jobs(&tenant(), &thread, ThreadJobs::All)
+        .thread_jobs(&tenant(), &thread.as_str().into(), ThreadJobs::All)
         .await
         .unwrap();
     assert!(
@@ -436,7 +436,7 @@ async fn auto_compaction_tries_again_after_an_unproductive_attempt(app: TestApp)
     rounds(&app, &thread, 1, 1).await;
     let jobs = app
         .store
-        .thread_jobs(&tenant(), &thread, ThreadJobs::All)
+        .thread_jobs(&tenant(), &thread.as_str().into(), ThreadJobs::All)
         .await
         .unwrap();
     assert_eq!(jobs.len(), 1, "{jobs:?}");
@@ -445,7 +445,7 @@ async fn auto_compaction_tries_again_after_an_unproductive_attempt(app: TestApp)
     rounds(&app, &thread, 2, 1).await;
     let jobs = app
         .store
-        .thread_jobs(&tenant(), &thread, ThreadJobs::All)
+        .thread_jobs(&tenant(), &thread.as_str().into(), ThreadJobs::All)
         .await
         .unwrap();
     assert_eq!(jobs.len(), 2, "{jobs:?}");

@@ -313,7 +313,7 @@ impl Summarizer for AppendsWhileSummarizing {
         self.store
             .append(
                 &TenantId::default_tenant(),
-                &self.thread,
+                &self.thread.as_str().into(),
                 AppendRequest {
                     entries: late,
                     expected_next_seq: None,
@@ -383,7 +383,11 @@ async fn a_duplicate_trigger_returns_the_pending_job(app: TestApp) {
     assert_eq!(second["state"], "pending");
     assert_eq!(
         app.store
-            .thread_jobs(&TenantId::default_tenant(), &thread, ThreadJobs::All)
+            .thread_jobs(
+                &TenantId::default_tenant(),
+                &thread.as_str().into(),
+                ThreadJobs::All
+            )
             .await
             .unwrap()
             .len(),
@@ -553,7 +557,11 @@ async fn auto_compaction_enqueues_exactly_one_job_when_the_threshold_is_crossed(
         conversation(&app, &thread, i, 1).await;
         let jobs = app
             .store
-            .thread_jobs(&TenantId::default_tenant(), &thread, ThreadJobs::All)
+            .thread_jobs(
+                &TenantId::default_tenant(),
+                &thread.as_str().into(),
+                ThreadJobs::All,
+            )
             .await
             .unwrap();
         crossed_at.push(jobs.len());
@@ -561,7 +569,11 @@ async fn auto_compaction_enqueues_exactly_one_job_when_the_threshold_is_crossed(
     assert_eq!(crossed_at, [0, 0, 1, 1, 1, 1, 1, 1]);
     let jobs = app
         .store
-        .thread_jobs(&TenantId::default_tenant(), &thread, ThreadJobs::All)
+        .thread_jobs(
+            &TenantId::default_tenant(),
+            &thread.as_str().into(),
+            ThreadJobs::All,
+        )
         .await
         .unwrap();
     assert_eq!(jobs[0].payload["trigger"], "auto");
@@ -672,7 +684,11 @@ async fn the_thread_jobs_listing_is_newest_first_and_limited(app: TestApp) {
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
     let all = app
         .store
-        .thread_jobs(&TenantId::default_tenant(), &thread, ThreadJobs::All)
+        .thread_jobs(
+            &TenantId::default_tenant(),
+            &thread.as_str().into(),
+            ThreadJobs::All,
+        )
         .await
         .unwrap();
     let newest_first: Vec<&str> = all.iter().rev().map(|job| job.id.as_str()).collect();
@@ -738,7 +754,7 @@ async fn compact_in_pages(app: &TestApp, summarizer: Arc<Recording>, page_tokens
 async fn plainly_summarized(app: &TestApp, thread: &str, keep: u32) -> (Vec<String>, u64) {
     let window = app
         .store
-        .context_window(&TenantId::default_tenant(), thread, None)
+        .context_window(&TenantId::default_tenant(), &thread.into(), None)
         .await
         .unwrap();
     let plan = reference_plan(&window.entries, keep).expect("something to summarize");

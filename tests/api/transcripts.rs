@@ -414,7 +414,7 @@ async fn a_large_generated_transcript_streams_through_in_batches() {
     let mut importer = loupe::import::Importer::new(
         app.store.clone(),
         tenant.clone(),
-        thread.clone(),
+        thread.clone().into(),
         String::new(),
     );
     let mut splitter = loupe::import::LineSplitter::new(1 << 20);
@@ -432,7 +432,13 @@ async fn a_large_generated_transcript_streams_through_in_batches() {
     assert_eq!(report.refused, 0);
     let last = app
         .store
-        .export_page(&tenant, &thread, 59_998, 10, i64::MAX)
+        .export_page(
+            &tenant,
+            &thread.as_str().into(),
+            loupe::store::Seq::new(59_998),
+            10,
+            i64::MAX,
+        )
         .await
         .unwrap();
     assert_eq!(last, [(59_999, lines[59_999].clone())]);

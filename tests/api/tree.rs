@@ -383,7 +383,7 @@ async fn a_duplicate_run_writes_nothing_and_a_failed_node_is_retried(app: TestAp
 
     // A duplicate run writes nothing new.
     app.store
-        .enqueue_tree(&TenantId::default_tenant(), &thread)
+        .enqueue_tree(&TenantId::default_tenant(), &thread.as_str().into())
         .await
         .unwrap();
     let results = drain(&flaky).await;
@@ -394,7 +394,11 @@ async fn a_duplicate_run_writes_nothing_and_a_failed_node_is_retried(app: TestAp
     // Succeeded tree jobs are pruned down to the latest; no compaction was ever enqueued.
     let jobs = app
         .store
-        .thread_jobs(&TenantId::default_tenant(), &thread, ThreadJobs::All)
+        .thread_jobs(
+            &TenantId::default_tenant(),
+            &thread.as_str().into(),
+            ThreadJobs::All,
+        )
         .await
         .unwrap();
     let kinds: Vec<&str> = jobs.iter().map(|job| job.kind.as_str()).collect();

@@ -36,7 +36,7 @@ pub(super) use sqlite_writer::SqliteWriter;
 pub(super) use sqlite_writer::WriterConnection;
 
 use super::rows::numbered;
-use super::{now_millis, Store, StoreError, TenantId};
+use super::{now_millis, Store, StoreError, TenantId, ThreadId};
 use crate::history::model::Entry;
 use plan::{Planned, PreparedBatch, QueuedAppend};
 
@@ -70,7 +70,7 @@ impl Store {
     pub async fn append(
         &self,
         tenant: &TenantId,
-        thread_id: &str,
+        thread_id: &ThreadId,
         request: AppendRequest,
     ) -> Result<AppendOutcome, StoreError> {
         // Times are stored in milliseconds: the answer shows what a later read will.
@@ -81,7 +81,7 @@ impl Store {
             self,
             QueuedAppend {
                 tenant: tenant.clone(),
-                thread_id: thread_id.to_owned(),
+                thread_id: thread_id.clone(),
                 batch,
                 expected_next_seq: request.expected_next_seq,
                 reply,

@@ -33,7 +33,7 @@ use super::plan::{
 };
 use super::sql::{read_group, RowLock, Transaction, UuidCheck};
 use crate::store::rows::{bind_rows, INSERT_CHUNK, INSERT_WIDTH};
-use crate::store::{Store, StoreError};
+use crate::store::{Store, StoreError, ThreadKey};
 
 /// Threads the cache remembers; past it, it starts again empty (a full cache costs one read per
 /// thread, not a wrong answer).
@@ -54,7 +54,7 @@ pub(in crate::store) struct ThreadCache {
 
 #[derive(Clone)]
 struct CachedThread {
-    thread_key: String,
+    thread_key: ThreadKey,
     counters: [i64; 4],
     triggers: AppendTriggers,
 }
@@ -222,7 +222,7 @@ impl Store {
         for thread in &moved {
             let columns = &thread.triggers.columns;
             query = query
-                .bind(thread.thread_key.clone())
+                .bind(thread.thread_key.as_str().to_owned())
                 .bind(thread.updated_at.unwrap_or_default())
                 .bind(thread.next_seq)
                 .bind(thread.visible_count)

@@ -10,12 +10,12 @@ use tokio::sync::oneshot;
 use crate::history::model::Entry;
 use crate::history::normalize::{context_entry_tokens, usage_tokens};
 use crate::store::rows::{prepare, NewRow, Prepared};
-use crate::store::{StoreError, TenantId};
+use crate::store::{StoreError, TenantId, ThreadId, ThreadKey};
 
 /// One append waiting for its group.
 pub(in crate::store) struct QueuedAppend {
     pub tenant: TenantId,
-    pub thread_id: String,
+    pub thread_id: ThreadId,
     pub batch: PreparedBatch,
     pub expected_next_seq: Option<i64>,
     /// Answered once the group's fate is known: the append's plan, with its batch given back.
@@ -83,7 +83,7 @@ pub(super) enum Planned {
     },
     /// Every entry is stored already: an idempotent retry, nothing written.
     Replay {
-        thread_key: String,
+        thread_key: ThreadKey,
         next_seq: i64,
     },
     Refused(StoreError),
@@ -97,7 +97,7 @@ impl Planned {
 
 /// One thread of a group, as read under its lock and then moved on by each append written.
 pub(super) struct GroupThread {
-    pub(super) thread_key: String,
+    pub(super) thread_key: ThreadKey,
     /// `next_seq` as read, before the group's appends moved it on.
     pub(super) read_next_seq: i64,
     pub(super) next_seq: i64,
@@ -115,7 +115,7 @@ pub(super) struct GroupThread {
 impl GroupThread {
     /// The thread as its row was read: `[next_seq, visible_count, context_tokens,
     /// stored_bytes]`.
-    pub(super) fn new(thread_key: String, counters: [i64; 4], triggers: AppendTriggers) -> Self {
+    pub(super) fn new(thread_key: ThreadKey, counters: [i64; 4], triggers: AppendTriggers) -> Self {
         let [next_seq, visible_count, context_tokens, stored_bytes] = counters;
         GroupThread {
             thread_key,
@@ -490,7 +490,11 @@ mod tests {
             max_thread_bytes: limit,
         };
         let triggers = AppendTriggers::from_settings(None, None, defaults).unwrap();
-        GroupThread::new("k".into(), [next_seq, 0, 0, stored_bytes], triggers)
+        GroupThread::new(
+            ThreadKey::from_stored("k".into()),
+            [next_seq, 0, 0, stored_bytes],
+            triggers,
+        )
     }
 
     fn plan_one(thread: &mut GroupThread, append: &QueuedAppend) -> Result<Planned, StoreError> {

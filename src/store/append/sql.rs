@@ -11,7 +11,7 @@ use crate::store::rows::{
     bind_rows, insert_rows, insert_rows_sql, stored_hashes_of, AnyQuery, NewRow, INSERT_CHUNK,
     INSERT_WIDTH,
 };
-use crate::store::{Backend, StoreError};
+use crate::store::{Backend, StoreError, ThreadKey};
 
 /// Who begins and ends a group's transaction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -214,7 +214,7 @@ pub(super) async fn read_group<'g>(
         let thread = match threads.entry(key) {
             Slot::Occupied(known) => known.into_mut(),
             Slot::Vacant(new) => new.insert(GroupThread::new(
-                row.try_get("thread_key")?,
+                ThreadKey::from_stored(row.try_get("thread_key")?),
                 [
                     row.try_get("next_seq")?,
                     row.try_get("visible_count")?,
@@ -242,7 +242,7 @@ pub(super) async fn read_group<'g>(
             .collect();
         named.sort_unstable();
         for ((thread_key, uuid), found) in stored_hashes_of(conn, &named).await? {
-            if let Some(thread) = threads.values_mut().find(|t| t.thread_key == thread_key) {
+            if let Some(thread) = threads.values_mut().find(|t| t.thread_key == *thread_key) {
                 thread.known.insert(uuid, found);
             }
         }
@@ -319,7 +319,7 @@ pub(super) fn update_threads_sql(start: usize, count: usize) -> String {
 fn bind_thread_counters<'q>(mut query: AnyQuery<'q>, threads: &[&GroupThread]) -> AnyQuery<'q> {
     for thread in threads {
         query = query
-            .bind(thread.thread_key.clone())
+            .bind(thread.thread_key.as_str().to_owned())
             .bind(thread.updated_at.unwrap_or_default())
             .bind(thread.next_seq)
             .bind(thread.visible_count)

@@ -29,7 +29,7 @@ use super::sql::{
     THREAD_COUNTERS_WIDTH,
 };
 use crate::store::rows::{insert_rows_sql, NewRow, INSERT_CHUNK, INSERT_WIDTH};
-use crate::store::{Backend, SqliteSynchronous, StoreError};
+use crate::store::{Backend, SqliteSynchronous, StoreError, ThreadKey};
 
 /// What the group writer made of a group.
 pub(super) enum GroupWrite {
@@ -267,7 +267,7 @@ fn read_group<'g>(
         let thread = match threads.entry(key) {
             Slot::Occupied(known) => known.into_mut(),
             Slot::Vacant(new) => new.insert(GroupThread::new(
-                row.get("thread_key").map_err(failed)?,
+                ThreadKey::from_stored(row.get("thread_key").map_err(failed)?),
                 [
                     row.get("next_seq").map_err(failed)?,
                     row.get("visible_count").map_err(failed)?,
@@ -298,11 +298,12 @@ fn insert_rows(conn: &Connection, rows: &[NewRow<'_>]) -> Result<(), StoreError>
         .iter()
         .map(|row| row.prepared.entry.type_name())
         .collect();
+    let keys: Vec<&str> = rows.iter().map(|row| row.thread_key.as_str()).collect();
     let mut values: Vec<&dyn ToSql> = Vec::with_capacity(rows.len() * INSERT_WIDTH);
-    for (row, kind) in rows.iter().zip(&kinds) {
+    for ((row, kind), key) in rows.iter().zip(&kinds).zip(&keys) {
         let p = row.prepared;
         values.extend([
-            &row.thread_key as &dyn ToSql,
+            key as &dyn ToSql,
             &row.seq,
             &p.uuid,
             kind,
@@ -321,16 +322,16 @@ fn update_threads<'a>(
     conn: &Connection,
     threads: impl Iterator<Item = &'a GroupThread>,
 ) -> Result<(), StoreError> {
-    let written: Vec<(&GroupThread, i64)> = threads
-        .filter_map(|thread| Some((thread, thread.updated_at?)))
+    let written: Vec<(&GroupThread, &str, i64)> = threads
+        .filter_map(|thread| Some((thread, thread.thread_key.as_str(), thread.updated_at?)))
         .collect();
     if written.is_empty() {
         return Ok(());
     }
     let mut values: Vec<&dyn ToSql> = Vec::with_capacity(written.len() * THREAD_COUNTERS_WIDTH);
-    for (thread, updated_at) in &written {
+    for (thread, key, updated_at) in &written {
         values.extend([
-            &thread.thread_key as &dyn ToSql,
+            key as &dyn ToSql,
             updated_at,
             &thread.next_seq,
             &thread.visible_count,
@@ -360,7 +361,7 @@ mod tests {
     use super::super::plan::PreparedBatch;
     use super::*;
     use crate::history::model::Entry;
-    use crate::store::{NewThread, Store, StoreOptions, TenantId};
+    use crate::store::{NewThread, Store, StoreOptions, TenantId, ThreadId};
 
     /// One append: its thread (the last index names no thread), its entries as (uuid from a
     /// small pool, content variant, assistant or user), and its compare-and-append offset.
@@ -416,7 +417,7 @@ mod tests {
                 let known = next_seqs.get(spec.thread).copied().unwrap_or(0);
                 Some(QueuedAppend {
                     tenant: TenantId("t".to_owned()),
-                    thread_id: format!("th{}", spec.thread),
+                    thread_id: ThreadId::new(format!("th{}", spec.thread)),
                     batch,
                     expected_next_seq: spec.expect_offset.map(|o| known + i64::from(o)),
                     reply: tokio::sync::oneshot::channel().0,
@@ -454,7 +455,7 @@ mod tests {
         store.create_tenant(&tenant, None).await.expect("tenant");
         for thread in 0..THREADS {
             let new = NewThread {
-                id: Some(format!("th{thread}")),
+                id: Some(format!("th{thread}").into()),
                 metadata: Default::default(),
             };
             store.create_thread(&tenant, new).await.expect("thread");
@@ -524,7 +525,9 @@ mod tests {
         let tenant = TenantId("t".to_owned());
         let mut seqs = Vec::new();
         for thread in 0..THREADS {
-            let found = store.get_thread(&tenant, &format!("th{thread}")).await;
+            let found = store
+                .get_thread(&tenant, &format!("th{thread}").into())
+                .await;
             seqs.push(found.map(|t| t.next_seq).unwrap_or(0));
         }
         seqs
