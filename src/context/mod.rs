@@ -6,9 +6,9 @@
 //! | strategy | taken when | reads | falls back to | proved equal to the plain read by |
 //! |---|---|---|---|---|
 //! | plain | the cache is off (`--context-cache-bytes 0`) | the window at once | — | it is the reference |
-//! | continued ([`continue_read`]) | the cache holds a checkpoint for the thread and options | the tail after the checkpoint | paged | `tests/api/context_cache.rs`, `normalize_incremental` (properties) |
-//! | paged ([`ContextReader::paged_read`]) | no checkpoint (one read per key at a time: [`cache::ContextCache::first_read_turn`]) | the window a page at a time, each going on from the last page's cut | full | `normalize_incremental::read_in_pages` (property), `context_cache.rs` |
-//! | full ([`full_read`]) | pages that cannot go on from each other, or a thread that changed between pages | the window at once | — | `context_cache.rs` |
+//! | continued (`continue_read`) | the cache holds a checkpoint for the thread and options | the tail after the checkpoint | paged | `tests/api/context_cache.rs`, `normalize_incremental` (properties) |
+//! | paged (`ContextReader::paged_read`) | no checkpoint (one read per key at a time: [`cache::ContextCache::first_read_turn`]) | the window a page at a time, each going on from the last page's cut | full | `normalize_incremental::read_in_pages` (property), `context_cache.rs` |
+//! | full (`full_read`) | pages that cannot go on from each other, or a thread that changed between pages | the window at once | — | `context_cache.rs` |
 //! | outline | `view=outline` | the stored outline, and the window from its boundary | — | `tests/api/tree.rs` |
 //!
 //! Every strategy but the plain one leaves a checkpoint in the cache when the window holds a cut,

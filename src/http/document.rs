@@ -1,6 +1,6 @@
 //! The OpenAPI document: what utoipa derives from the handlers' annotations, completed with what
 //! the annotations cannot say. The security schemes and the answers of the authentication
-//! middleware ([`document_security`], derived from the rule the middleware enforces), the
+//! middleware (`document_security`, derived from the rule the middleware enforces), the
 //! answers that middleware and extractors give on every operation, the problem `type` as an
 //! enum, and the rules of the history format, which JSON Schema states with `if`/`then` and
 //! `anyOf` (keywords utoipa has no builder for).

@@ -546,7 +546,7 @@ impl<T: Unpin> HttpBody for Holding<T> {
 /// answered with 503 `overloaded` instead of queueing without bound. The body was read before (by
 /// [`read_body`]), so a slow upload never holds a slot.
 ///
-/// Clones share the slot: [`off_the_executor`](super::context::off_the_executor) moves one into
+/// Clones share the slot: `http::context::off_the_executor` moves one into
 /// the blocking task, so a request answered by its timeout while that task still runs does not
 /// give the slot back before the CPU work ends.
 #[derive(Clone)]

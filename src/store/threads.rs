@@ -187,7 +187,7 @@ impl Store {
     /// transactions). On PostgreSQL the rest goes in the same transaction (row locks block no
     /// one else). On SQLite, whose single write lock a long delete would hold against every
     /// other writer, messages and tree nodes are then deleted in chunks of
-    /// [`DELETE_CHUNK_ROWS`], each its own transaction.
+    /// `DELETE_CHUNK_ROWS`, each its own transaction.
     pub async fn delete_thread(&self, tenant: &TenantId, id: &ThreadId) -> Result<(), StoreError> {
         let mut tx = self.writer.begin().await?;
         let thread_key: Option<String> = sqlx::query_scalar(

@@ -3,7 +3,7 @@
 //! `preserved_segment`, never copied.
 //!
 //! The job reads the view of the thread's window twice, a page at a time (see
-//! [`super::view_reader`]): once to plan the cut ([`PlanScan`]), once to summarize what lies
+//! [`super::view_reader`]): once to plan the cut ([`plan::PlanScan`]), once to summarize what lies
 //! before it ([`PageCutter`] pages). It calls the summarizer with no transaction open, then writes the
 //! boundary and the summary atomically with the job's completion (fenced by its lease). Entries
 //! appended while the summarizer ran lie between the read and the new boundary; the preserved

@@ -65,7 +65,7 @@ struct RoundStart {
 }
 
 /// Plans a compaction that keeps the last `keep_recent_rounds` rounds, fed the view of the
-/// current context one entry at a time, in order (as [`super::view_reader::ViewReader`] reads
+/// current context one entry at a time, in order (as [`crate::jobs::view_reader::ViewReader`] reads
 /// it). The cut is always at a round start. Older boundaries and summaries in the view are never
 /// summarized; the previous summary is folded in.
 ///
