@@ -261,6 +261,26 @@ impl ContextCache {
         crate::metrics::context_cache_bytes(lru.bytes);
     }
 
+    /// Drops every checkpoint of the tenant's thread (whatever the options): called when the
+    /// thread is deleted, so that no copy of its text stays in the process. Returns how many.
+    pub fn forget_thread(&self, tenant: &TenantId, thread_id: &ThreadId) -> usize {
+        let mut lru = self.lock();
+        let gone: Vec<(ContextKey, u64)> = lru
+            .entries
+            .iter()
+            .filter(|(key, _)| key.tenant == *tenant && key.thread_id == *thread_id)
+            .map(|(key, slot)| (key.clone(), slot.used))
+            .collect();
+        for (key, used) in &gone {
+            lru.order.remove(used);
+            if let Some(slot) = lru.entries.remove(key) {
+                lru.bytes -= slot.bytes;
+            }
+        }
+        crate::metrics::context_cache_bytes(lru.bytes);
+        gone.len()
+    }
+
     /// How many checkpoints the cache holds, and their bytes.
     pub fn size(&self) -> (usize, usize) {
         let lru = self.lock();
@@ -294,6 +314,31 @@ mod tests {
             window_start: Seq::new(0),
             checkpoint: Checkpoint::start(),
         }
+    }
+
+    #[test]
+    fn forgetting_a_thread_drops_its_checkpoints_and_only_those() {
+        let cache = ContextCache::new(1 << 20);
+        let stripped = NormalizeOptions {
+            model: Some("other".to_owned()),
+            ..NormalizeOptions::default()
+        };
+        let tenant = TenantId("a".to_owned());
+        let gone = ThreadId::new("gone");
+        cache.put(key("a", "gone"), cached("k1"));
+        cache.put(ContextKey::new(&tenant, &gone, &stripped), cached("k1"));
+        cache.put(key("a", "kept"), cached("k2"));
+        cache.put(key("b", "gone"), cached("k3"));
+        let (_, before) = cache.size();
+        assert_eq!(cache.forget_thread(&tenant, &gone), 2);
+        let (entries, bytes) = cache.size();
+        assert_eq!(entries, 2);
+        assert!(bytes < before);
+        assert!(cache.get(&key("a", "gone")).is_none());
+        assert!(cache.get(&key("a", "kept")).is_some());
+        assert!(cache.get(&key("b", "gone")).is_some());
+        // The use order lost them too: filling the cache evicts only live entries.
+        assert_eq!(cache.lock().order.len(), 2);
     }
 
     #[test]

@@ -203,6 +203,9 @@ pub async fn delete_thread(
     ApiPath(path): ApiPath<ThreadPath>,
 ) -> Result<StatusCode, ApiError> {
     state.store.delete_thread(&tenant, &path.thread_id).await?;
+    // Never served again (a thread made later under the id has another key), but a deleted
+    // thread's text should not stay in the process either.
+    state.context_cache.forget_thread(&tenant, &path.thread_id);
     Ok(StatusCode::NO_CONTENT)
 }
 

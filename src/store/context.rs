@@ -397,6 +397,21 @@ impl Store {
         Ok(())
     }
 
+    /// Why a named message was not found: the thread holds no such message, or the thread itself
+    /// was deleted since it was read (a delete racing the request is a 404, not the caller's
+    /// mistake about a message).
+    pub(crate) async fn missing_message(
+        &self,
+        tenant: &TenantId,
+        thread_id: &ThreadId,
+        reference: MessageRef,
+    ) -> StoreError {
+        match self.thread_head(tenant, thread_id).await {
+            Ok(_) => StoreError::NoSuchMessage(reference),
+            Err(error) => error,
+        }
+    }
+
     /// The (seq, uuid) of the named messages, in seq order; names the first that the thread does
     /// not hold.
     pub async fn resolve_messages(
@@ -410,7 +425,9 @@ impl Store {
         let by_seq = self.messages_where_in(&thread_key, "seq", seqs).await?;
         let found_seqs: HashSet<i64> = by_seq.iter().map(|(seq, _)| *seq).collect();
         if let Some(missing) = seqs.iter().find(|seq| !found_seqs.contains(seq)) {
-            return Err(StoreError::NoSuchMessage(MessageRef::Seq(*missing)));
+            return Err(self
+                .missing_message(tenant, thread_id, MessageRef::Seq(*missing))
+                .await);
         }
         let by_uuid = self.messages_where_in(&thread_key, "uuid", uuids).await?;
         let found_uuids: HashSet<&str> = by_uuid.iter().map(|(_, uuid)| uuid.as_str()).collect();
@@ -418,7 +435,9 @@ impl Store {
             .iter()
             .find(|uuid| !found_uuids.contains(uuid.as_str()))
         {
-            return Err(StoreError::NoSuchMessage(MessageRef::Uuid(missing.clone())));
+            return Err(self
+                .missing_message(tenant, thread_id, MessageRef::Uuid(missing.clone()))
+                .await);
         }
         let mut found: Vec<(i64, String)> = by_seq.into_iter().chain(by_uuid).collect();
         found.sort_unstable();

@@ -284,7 +284,7 @@ impl Store {
         if let Some(expires_at) = row.live_lease(now_ms) {
             return Err(StoreError::CursorLeased { expires_at });
         }
-        let counts = locked_counts(&mut tx, &thread_key).await?;
+        let counts = locked_counts(&mut tx, self.backend, &thread_key).await?;
         let entries = read_after(&mut *tx, &thread_key, &row, limit).await?;
         let lease = if entries.is_empty() {
             None
@@ -337,8 +337,11 @@ impl Store {
         .bind(thread_key.as_str())
         .bind(&request.to)
         .fetch_optional(&self.pool)
-        .await?
-        .ok_or_else(|| StoreError::NoSuchMessage(MessageRef::Uuid(request.to.clone())))?;
+        .await?;
+        let Some(target) = target else {
+            let to = MessageRef::Uuid(request.to.clone());
+            return Err(self.missing_message(tenant, thread_id, to).await);
+        };
         let target_seq: i64 = target.try_get("seq")?;
         let target_rank: i64 = target.try_get("visible_rank")?;
 
@@ -368,7 +371,7 @@ impl Store {
         .bind(name)
         .execute(&mut *tx)
         .await?;
-        let counts = locked_counts(&mut tx, &thread_key).await?;
+        let counts = locked_counts(&mut tx, self.backend, &thread_key).await?;
         tx.commit().await?;
         Ok(AdvanceOutcome {
             cursor: row.state(name, counts, now_ms),
@@ -408,15 +411,22 @@ async fn lock_cursor(
     CursorRow::from_row(&row)
 }
 
+/// The thread's counts, its row share-locked on PostgreSQL ([`Store::thread_key_in`]): a
+/// cursor row written under a thread being deleted is either refused here or removed by the
+/// delete.
 async fn locked_counts(
     tx: &mut sqlx::Transaction<'_, Any>,
+    backend: super::Backend,
     thread_key: &ThreadKey,
 ) -> Result<ThreadCounts, StoreError> {
-    let row = sqlx::query("SELECT next_seq, visible_count FROM threads WHERE thread_key = $1")
-        .bind(thread_key.as_str())
-        .fetch_optional(&mut **tx)
-        .await?
-        .ok_or(StoreError::ThreadNotFound)?;
+    let row = sqlx::query(&format!(
+        "SELECT next_seq, visible_count FROM threads WHERE thread_key = $1{}",
+        super::threads::share_lock(backend)
+    ))
+    .bind(thread_key.as_str())
+    .fetch_optional(&mut **tx)
+    .await?
+    .ok_or(StoreError::ThreadNotFound)?;
     counts_from_row(&row)
 }
 

@@ -326,6 +326,11 @@ pub(crate) async fn enqueue_tree_in(
     .await
 }
 
+/// A job's thread still exists (or it names none): a deleted thread's jobs are never read, even
+/// in the moment before its delete removes them.
+const THREAD_ALIVE: &str = "(jobs.thread_key IS NULL OR EXISTS \
+     (SELECT 1 FROM threads t WHERE t.thread_key = jobs.thread_key))";
+
 impl Store {
     /// Completes the claimed job, unless a write marked it to run again while it ran: then it
     /// is pending again at once, its payload cleared and the attempt not counted. Returns
@@ -413,8 +418,8 @@ impl Store {
         tenant: &TenantId,
         thread_id: &ThreadId,
     ) -> Result<EnqueueOutcome, StoreError> {
-        let thread_key = self.thread_head(tenant, thread_id).await?.thread_key;
         let mut tx = self.writer.begin().await?;
+        let thread_key = Store::thread_key_in(&mut tx, tenant, thread_id).await?;
         let outcome = enqueue_tree_in(
             &mut tx,
             self.backend,
@@ -455,25 +460,29 @@ impl Store {
         max_attempts: i64,
         now_ms: i64,
     ) -> Result<EnqueueOutcome, StoreError> {
-        let thread_key = self.thread_head(tenant, thread_id).await?.thread_key;
-        self.enqueue_job(
-            &NewJob {
-                tenant: tenant.clone(),
-                dedup_key: Some(compaction_dedup_key(&thread_key)),
-                thread_key: Some(thread_key),
-                kind: super::KIND_COMPACTION.to_owned(),
-                payload,
-                max_attempts,
-            },
-            now_ms,
-        )
-        .await
+        let mut tx = self.writer.begin().await?;
+        let thread_key = Store::thread_key_in(&mut tx, tenant, thread_id).await?;
+        let new = NewJob {
+            tenant: tenant.clone(),
+            dedup_key: Some(compaction_dedup_key(&thread_key)),
+            thread_key: Some(thread_key),
+            kind: super::KIND_COMPACTION.to_owned(),
+            payload,
+            max_attempts,
+        };
+        let outcome = enqueue_in(&mut tx, self.backend, &new, now_ms).await?;
+        tx.commit().await?;
+        if outcome.created {
+            self.job_signal.notify_one();
+        }
+        Ok(outcome)
     }
 
     /// The job, when it belongs to the tenant.
     pub async fn get_job(&self, tenant: &TenantId, job_id: &str) -> Result<Job, StoreError> {
         let row = sqlx::query(&format!(
-            "SELECT {JOB_COLUMNS} FROM jobs WHERE job_id = $1 AND tenant_id = $2"
+            "SELECT {JOB_COLUMNS} FROM jobs WHERE job_id = $1 AND tenant_id = $2 \
+             AND {THREAD_ALIVE}"
         ))
         .bind(job_id)
         .bind(&tenant.0)
@@ -507,7 +516,7 @@ impl Store {
         };
         let sql = format!(
             "SELECT {JOB_COLUMNS} FROM jobs WHERE thread_key = $1 AND tenant_id = $2 \
-             ORDER BY {order}"
+             AND {THREAD_ALIVE} ORDER BY {order}"
         );
         let mut query = sqlx::query(&sql).bind(thread_key.as_str()).bind(&tenant.0);
         if let ThreadJobs::Newest(limit) = which {

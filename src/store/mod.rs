@@ -292,6 +292,9 @@ pub struct Store {
     thread_cache: Arc<append::ThreadCache>,
     /// SQLite's group writer, on a thread of its own (a file database only).
     sqlite_writer: Option<Arc<append::SqliteWriter>>,
+    /// Asks the WAL task to empty the WAL file (SQLite file databases only): after a delete, the
+    /// WAL still holds the pages as they were, deleted text included.
+    wal_scrub: Option<Arc<tokio::sync::Notify>>,
 }
 
 /// How to open a [`Store`].
@@ -405,7 +408,7 @@ impl Store {
         .await?;
         // A file database gets its one writer connection, SQLite's group writer and the WAL's
         // checkpoints; an in-memory one (tests) writes through its one pool.
-        let (writer, sqlite_writer) =
+        let (writer, sqlite_writer, wal_scrub) =
             if backend == Backend::Sqlite && !options.url.contains(":memory:") {
                 let writer = open_pool(
                     backend,
@@ -419,10 +422,11 @@ impl Store {
                 let group_writer =
                     append::SqliteWriter::open(file.get_filename(), options.sqlite_synchronous)?;
                 // Last, once nothing can fail: the task keeps the pool open.
-                tokio::spawn(checkpoint_wal(pool.clone()));
-                (writer, Some(Arc::new(group_writer)))
+                let scrub = Arc::new(tokio::sync::Notify::new());
+                tokio::spawn(checkpoint_wal(pool.clone(), scrub.clone()));
+                (writer, Some(Arc::new(group_writer)), Some(scrub))
             } else {
-                (pool.clone(), None)
+                (pool.clone(), None, None)
             };
         Ok(Store {
             pool,
@@ -444,6 +448,7 @@ impl Store {
                 ),
             }),
             sqlite_writer,
+            wal_scrub,
             thread_cache: Arc::default(),
         })
     }
@@ -518,13 +523,23 @@ pub(super) const WAL_AUTOCHECKPOINT_PAGES: u32 = 8_000;
 /// until the pool closes. Left to SQLite, the commit that crosses 1,000 WAL pages checkpoints
 /// itself: the group commit's writer then stalls on copying pages and syncing the database file
 /// while every append waits. A passive checkpoint runs beside the writer and never blocks it.
-async fn checkpoint_wal(pool: AnyPool) {
+///
+/// When `scrub` is notified (a delete removed text), the WAL is also emptied: a truncating
+/// checkpoint, tried again until no reader holds an older snapshot.
+async fn checkpoint_wal(pool: AnyPool, scrub: Arc<tokio::sync::Notify>) {
     let mut ticks = tokio::time::interval(WAL_CHECKPOINT_INTERVAL);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        ticks.tick().await;
+        let scrubbing = tokio::select! {
+            _ = ticks.tick() => false,
+            () = scrub.notified() => true,
+        };
         if pool.is_closed() {
             return;
+        }
+        if scrubbing {
+            truncate_wal(&pool).await;
+            continue;
         }
         if let Err(error) = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)")
             .execute(&pool)
@@ -537,6 +552,31 @@ async fn checkpoint_wal(pool: AnyPool) {
         }
     }
 }
+
+/// Empties the WAL file: the truncating checkpoint copies every frame into the database and
+/// cuts the file to nothing, once no reader holds an older snapshot (tried again meanwhile).
+async fn truncate_wal(pool: &AnyPool) {
+    loop {
+        match sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
+            .fetch_one(pool)
+            .await
+        {
+            Ok(row) if sqlx::Row::try_get::<i64, _>(&row, 0).is_ok_and(|busy| busy == 0) => return,
+            Ok(_) => {}
+            Err(error) => {
+                if pool.is_closed() {
+                    return;
+                }
+                tracing::debug!(%error, "truncating the WAL failed; trying again");
+            }
+        }
+        tokio::time::sleep(WAL_CHECKPOINT_INTERVAL).await;
+    }
+}
+
+/// SQLite overwrites what a statement deletes (with zeros) rather than only unlinking it, so
+/// deleted text does not linger in free pages of the file.
+pub(super) const SECURE_DELETE_PRAGMA: &str = "PRAGMA secure_delete = ON";
 
 /// Temporary files in memory: a multi-row insert keeps a statement journal, which SQLite would
 /// otherwise create and delete as a file on every group (an open, a write and an unlink).
@@ -580,6 +620,7 @@ async fn open_pool(
                     conn.execute("PRAGMA busy_timeout = 30000").await?;
                     conn.execute(synchronous.pragma()).await?;
                     conn.execute(TEMP_STORE_PRAGMA).await?;
+                    conn.execute(SECURE_DELETE_PRAGMA).await?;
                     // `checkpoint_wal` keeps the WAL short; a commit checkpoints only if the
                     // WAL has outgrown that anyway.
                     conn.execute(
@@ -746,6 +787,11 @@ mod tests {
                     .await
                     .unwrap();
                 assert_eq!(temp_store, 2, "temporary files in memory");
+                let secure_delete: i64 = sqlx::query_scalar("PRAGMA secure_delete")
+                    .fetch_one(pool)
+                    .await
+                    .unwrap();
+                assert_eq!(secure_delete, 1, "deleted text is overwritten");
             }
             // The group writer's connection, which commits the appends.
             let path = dir.join(format!("{setting:?}.db"));
@@ -759,6 +805,13 @@ mod tests {
                 .query_row("PRAGMA temp_store", [], |row| row.get(0))
                 .unwrap();
             assert_eq!(temp_store, 2, "temporary files in memory");
+            let secure_delete: i64 = writer
+                .query_row("PRAGMA secure_delete", [], |row| row.get(0))
+                .unwrap();
+            assert_eq!(
+                secure_delete, 1,
+                "deleted text is overwritten, the group writer"
+            );
             store.close().await;
         }
         assert_eq!("FULL".parse(), Ok(SqliteSynchronous::Full));

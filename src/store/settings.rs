@@ -134,11 +134,11 @@ impl Store {
         thread_id: &ThreadId,
         settings: &ThreadSettings,
     ) -> Result<(), StoreError> {
-        let thread_key = self.thread_head(tenant, thread_id).await?.thread_key;
         let microcompact = json_column(settings.microcompact.as_ref())?;
         let outline = json_column(settings.outline.as_ref())?;
         let clearing = json_column(settings.clearing.as_ref())?;
         let mut tx = self.writer.begin().await?;
+        let thread_key = Store::thread_key_in(&mut tx, tenant, thread_id).await?;
         sqlx::query(
             "INSERT INTO thread_settings (thread_key, auto_compact_tokens, microcompact, outline, \
              clearing, updated_at) VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (thread_key) DO \

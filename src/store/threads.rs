@@ -212,7 +212,16 @@ impl Store {
         if chunked {
             self.delete_rows_in_chunks(&thread_key).await?;
         }
+        self.scrub_wal();
         Ok(())
+    }
+
+    /// After text was deleted: on an SQLite file, asks for the WAL, which still holds the pages
+    /// as they were, to be emptied (in the background: it waits for older readers to finish).
+    pub(crate) fn scrub_wal(&self) {
+        if let Some(scrub) = &self.wal_scrub {
+            scrub.notify_one();
+        }
     }
 
     /// Deletes a deleted thread's large tables a chunk per transaction (SQLite). A crash midway
@@ -261,6 +270,30 @@ impl Store {
         Ok(deleted)
     }
 
+    /// The key of the tenant's thread, as the first statement of the caller's write transaction
+    /// before it writes under the thread (settings, jobs). The statement is a write that changes
+    /// nothing: on SQLite it takes the write lock at once (a read first would pin a snapshot that
+    /// a concurrent append makes stale, and the later write would fail), and on PostgreSQL it
+    /// locks the row until the transaction ends. A racing delete then either ran first (the
+    /// thread is not found) or waits and removes what was written: nothing is left under a
+    /// deleted thread.
+    pub(crate) async fn thread_key_in(
+        conn: &mut sqlx::AnyConnection,
+        tenant: &TenantId,
+        thread_id: &ThreadId,
+    ) -> Result<ThreadKey, StoreError> {
+        let key: Option<String> = sqlx::query_scalar(
+            "UPDATE threads SET updated_at = updated_at WHERE tenant_id = $1 AND thread_id = $2 \
+             RETURNING thread_key",
+        )
+        .bind(&tenant.0)
+        .bind(thread_id.as_str())
+        .fetch_optional(&mut *conn)
+        .await?;
+        key.map(ThreadKey::from_stored)
+            .ok_or(StoreError::ThreadNotFound)
+    }
+
     /// Whether the thread still exists, read in the caller's transaction: background writes
     /// (tree nodes, the outline) check it there, so nothing is written under a deleted thread.
     /// On PostgreSQL the row is share-locked until the transaction ends, so a delete waits
@@ -270,17 +303,23 @@ impl Store {
         backend: super::Backend,
         thread_key: &ThreadKey,
     ) -> Result<bool, StoreError> {
-        let lock = match backend {
-            super::Backend::Postgres => " FOR SHARE",
-            super::Backend::Sqlite => "",
-        };
         let found: Option<String> = sqlx::query_scalar(&format!(
-            "SELECT thread_key FROM threads WHERE thread_key = $1{lock}"
+            "SELECT thread_key FROM threads WHERE thread_key = $1{}",
+            share_lock(backend)
         ))
         .bind(thread_key.as_str())
         .fetch_optional(&mut **tx)
         .await?;
         Ok(found.is_some())
+    }
+}
+
+/// The clause that share-locks a read thread row until the transaction ends (PostgreSQL; SQLite
+/// runs one writer at a time, and its transactions see no row change under them).
+pub(crate) fn share_lock(backend: super::Backend) -> &'static str {
+    match backend {
+        super::Backend::Postgres => " FOR SHARE",
+        super::Backend::Sqlite => "",
     }
 }
 

@@ -164,9 +164,10 @@ fn connect(
     )
     .map_err(|e| open_failed(&e))?;
     conn.execute_batch(&format!(
-        "PRAGMA busy_timeout = 30000; {}; {}; PRAGMA wal_autocheckpoint = {}",
+        "PRAGMA busy_timeout = 30000; {}; {}; {}; PRAGMA wal_autocheckpoint = {}",
         synchronous.pragma(),
         crate::store::TEMP_STORE_PRAGMA,
+        crate::store::SECURE_DELETE_PRAGMA,
         crate::store::WAL_AUTOCHECKPOINT_PAGES
     ))
     .map_err(|e| open_failed(&e))?;
