@@ -311,11 +311,22 @@ impl Importer {
                 expected_next_seq: None,
             };
             match self.store.append(&self.tenant, thread, request).await {
-                Ok(outcome) if outcome.replayed => {
-                    // The concurrent import committed exactly these entries first.
-                    self.report.already_stored += count;
+                Ok(outcome) => {
+                    if outcome.replayed {
+                        // The concurrent import committed exactly these entries first.
+                        self.report.already_stored += count;
+                    } else {
+                        self.report.stored += count;
+                    }
+                    // Snips among them hide their messages' lines in the summary tree too.
+                    crate::jobs::tree::hide_snipped(
+                        &self.store,
+                        &self.tenant,
+                        thread,
+                        &outcome.messages,
+                    )
+                    .await?;
                 }
-                Ok(_) => self.report.stored += count,
                 Err(StoreError::PartialReplay { .. } | StoreError::UuidConflict { .. })
                     if retries < APPEND_RETRIES =>
                 {

@@ -269,8 +269,11 @@ pub struct SnipResponse {
     pub next_seq: i64,
 }
 
-/// Hide messages from every later context. Nothing is deleted: the messages stay readable through
-/// the messages API, and the snip is itself an appended entry.
+/// Hide messages from every model-facing view: the context in both views, the outline's lines
+/// (lines that summarized them become stand-ins built without a model, before the answer), zoom
+/// (which shows such a message only as snipped) and normalized cursor batches. A snip is not an
+/// erasure: the raw record keeps the messages (the messages API, raw cursor batches, export),
+/// and the snip is itself an appended entry.
 ///
 /// The request names at least one message, by `seqs` or `uuids` (both may be given); every one
 /// named must be in the thread, or nothing is stored and the answer is 409 `no-such-message`.
@@ -323,6 +326,9 @@ pub async fn snip_messages(
                 expected_next_seq: None,
             },
         )
+        .await?;
+    // Before the answer: from then on no outline line or zoom shows the snipped messages.
+    crate::jobs::tree::hide_snipped(&state.store, &tenant, &path.thread_id, &outcome.messages)
         .await?;
     let status = if outcome.replayed {
         StatusCode::OK

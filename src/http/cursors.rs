@@ -161,6 +161,9 @@ impl PendingResponse {
     /// The answer for `batch`. A normalized batch is normalized off the executor in `slot`, which
     /// the caller took (before claiming, so a refused slot never leaves a lease behind).
     async fn build(
+        state: &AppState,
+        tenant: &TenantId,
+        thread_id: &ThreadId,
         batch: PendingBatch,
         format: BatchFormat,
         options: &ContextOptions,
@@ -173,7 +176,11 @@ impl PendingResponse {
         let (messages, normalized) = match (format, slot) {
             (BatchFormat::Normalized, Some(slot)) => {
                 let options = options.normalize_options()?;
-                let entries = batch.entries;
+                // A snip hides its messages from the model wherever the batch cuts the thread
+                // (the snip itself may come in a later batch): the raw batch keeps them.
+                let hidden = state.store.snipped_uuids_of(tenant, thread_id).await?;
+                let mut entries = batch.entries;
+                entries.retain(|e| e.uuid.as_ref().is_none_or(|uuid| !hidden.contains(uuid)));
                 let normalized =
                     off_the_executor(slot, move || normalize_batch(entries, &options)).await?;
                 (None, Some(normalized))
@@ -369,7 +376,16 @@ pub async fn get_pending(
         .await?;
     let slot = slot_for(&state, &tenant, query.format).await?;
     Ok(Json(
-        PendingResponse::build(batch, query.format, &options, slot.as_ref()).await?,
+        PendingResponse::build(
+            &state,
+            &tenant,
+            &path.thread_id,
+            batch,
+            query.format,
+            &options,
+            slot.as_ref(),
+        )
+        .await?,
     ))
 }
 
@@ -436,7 +452,16 @@ pub async fn claim_cursor(
         )
         .await?;
     Ok(Json(ClaimResponse {
-        batch: PendingResponse::build(claim.batch, query.format, &options, slot.as_ref()).await?,
+        batch: PendingResponse::build(
+            &state,
+            &tenant,
+            &path.thread_id,
+            claim.batch,
+            query.format,
+            &options,
+            slot.as_ref(),
+        )
+        .await?,
         lease: claim.lease.map(|lease| LeaseResponse {
             token: lease.token,
             expires_at: millis_to_datetime(lease.expires_at),

@@ -61,6 +61,8 @@ impl LineDto {
 
 /// What a zoom shows for a half with no text: it covers only entries the model never sees.
 const NOTHING_SENT: &str = "(nothing the model reads: progress or bookkeeping only)";
+/// What zoom shows of a snipped message: that it is hidden, never what it said.
+const HIDDEN_MESSAGE: &str = "(snipped: hidden from the model)";
 
 fn zoom_text(text: String) -> String {
     if text.trim().is_empty() {
@@ -81,7 +83,8 @@ pub struct ZoomResponse {
     /// The two lines, for `n > 1`.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub lines: Vec<LineDto>,
-    /// The stored entry, for `n = 1` (for a client that sends files as blocks, not text).
+    /// The stored entry, for `n = 1` (for a client that sends files as blocks, not text); absent
+    /// for a snipped message, which zoom shows only as hidden.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub message: Option<Entry>,
 }
@@ -132,6 +135,12 @@ pub async fn zoom(
         Ok(ZoomRead::Message(None))
         | Ok(ZoomRead::Halves(None, _))
         | Ok(ZoomRead::Halves(_, None)) => ZoomResponse::error(no_line()),
+        Ok(ZoomRead::Hidden) => ZoomResponse {
+            content: format!("{}+1|{HIDDEN_MESSAGE}", body.id),
+            is_error: false,
+            lines: Vec::new(),
+            message: None,
+        },
         Ok(ZoomRead::Message(Some(entry))) => ZoomResponse {
             content: format!("{}+1|{}", body.id, entry_text(&entry)),
             is_error: false,

@@ -162,6 +162,7 @@ impl JobError {
                 "the database was unavailable".to_owned()
             }
             JobError::Store(StoreError::BoundaryMoved)
+            | JobError::Store(StoreError::SourcesChanged)
             | JobError::Store(StoreError::ThreadNotFound) => self.to_string(),
             JobError::Store(_) => "the job failed on a database error".to_owned(),
             JobError::Summarize(error) => format!("summarizer: {}", public_summarize_text(error)),

@@ -21,7 +21,7 @@ use crate::history::is_sent_to_model;
 use crate::history::model::Content;
 use crate::history::model::{Entry, EntryKind};
 use crate::history::normalize::estimate_entry_tokens;
-use crate::store::{ClaimedJob, NewNode, ThreadKey};
+use crate::store::{ClaimedJob, NewNode, Store, StoreError, TenantId, ThreadId, ThreadKey};
 use crate::summarize::text::{cut_words, squash};
 use crate::summarize::{merge_verbatim, render, Purpose, SummaryRequest};
 use crate::tree::{advance, line_size, next_boundary, NodeId, Outline, OutlineOptions, Tail};
@@ -91,6 +91,17 @@ impl LineContext {
     }
 }
 
+/// Times a run starts over because a snip hid lines while it read, before it fails (and is
+/// retried later).
+const MAX_RESTARTS: u32 = 5;
+
+/// What a run read before its sources: the thread's redaction epoch (checked again where nodes
+/// are written) and the uuids its snips hide.
+struct Sources {
+    epoch: i64,
+    snipped: HashSet<String>,
+}
+
 /// What a run did.
 #[derive(Debug, Default)]
 struct Progress {
@@ -143,6 +154,47 @@ fn thinking_gist(entry: &Entry, line_bytes: usize) -> Option<String> {
     Some(format!("{TAG}{}", cut_words(&thinking, room)))
 }
 
+/// Applies the snips among `appended` (entries just stored in the tenant's thread, or found
+/// stored by a retry) to the summary tree before the append is answered: the lines of the
+/// messages they name go, and the lines above them become stand-ins built without a model
+/// ([`Store::hide_in_tree`]). A thread with no snip among `appended` is not touched. Returns the
+/// lines rewritten.
+pub async fn hide_snipped(
+    store: &Store,
+    tenant: &TenantId,
+    thread_id: &ThreadId,
+    appended: &[Entry],
+) -> Result<u64, StoreError> {
+    let named: Vec<String> = crate::history::normalize::view::snipped_uuids(appended)
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
+    if named.is_empty() {
+        return Ok(0);
+    }
+    let thread_key = store.thread_head(tenant, thread_id).await?.thread_key;
+    let seqs = store.seqs_of_uuids(&thread_key, &named).await?;
+    let options = store
+        .outline_options_of(&thread_key)
+        .await?
+        .unwrap_or_default();
+    let line_bytes = options.line_bytes.max(OutlineOptions::MIN_LINE_BYTES);
+    let stand_in = move |left: &str, right: &str| stand_in_line(left, right, line_bytes);
+    store.hide_in_tree(&thread_key, &seqs, &stand_in).await
+}
+
+/// A parent's line built without a model from its children's: both word for word when they
+/// fit the line, else the extractive summarizer's merge of the two.
+pub fn stand_in_line(left: &str, right: &str, line_bytes: usize) -> String {
+    merge_verbatim(left, right, line_bytes).unwrap_or_else(|| {
+        crate::summarize::extract_without_model(&SummaryRequest::merge(
+            left.to_owned(),
+            right.to_owned(),
+            line_bytes,
+        ))
+    })
+}
+
 /// Finds where rounds start in a run of entries read chunk by chunk: each chunk is grouped with
 /// the last assistant seen before it in front, so a round spanning chunks is seen whole. The
 /// run's first entry is taken as a round start by the caller.
@@ -191,6 +243,7 @@ impl Runner {
         let mut progress = Progress::default();
         let mut next_seq = None;
         let mut outline_version = 0;
+        let mut restarts = 0;
         loop {
             let options = self
                 .store
@@ -204,8 +257,23 @@ impl Runner {
             if next_seq == Some(t) {
                 break;
             }
-            self.build_nodes(&thread_key, t, &options, &mut progress)
-                .await?;
+            // What the run may show: read before its sources, and checked again where it writes.
+            let sources = Sources {
+                epoch: self.store.redaction_epoch(&thread_key).await?,
+                snipped: self.store.thread_snipped_uuids(&thread_key).await?,
+            };
+            match self
+                .build_nodes(&thread_key, t, &options, &sources, &mut progress)
+                .await
+            {
+                // A snip hid lines while the run read: it reads again, hiding them too.
+                Err(JobError::Store(StoreError::SourcesChanged)) if restarts < MAX_RESTARTS => {
+                    restarts += 1;
+                    next_seq = None;
+                    continue;
+                }
+                other => other?,
+            }
             outline_version = self.advance_outline(&thread_key, t, &options).await?;
             // Appends made during the run are built before the job reports done.
             next_seq = Some(t);
@@ -230,12 +298,14 @@ impl Runner {
         Ok(result)
     }
 
-    /// Writes every missing node below `t`, level by level, in index order.
+    /// Writes every missing node below `t`, level by level, in index order. A snipped entry's
+    /// line is empty (it takes no line, and no parent repeats it).
     async fn build_nodes(
         &self,
         thread_key: &ThreadKey,
         t: u64,
         options: &OutlineOptions,
+        sources: &Sources,
         progress: &mut Progress,
     ) -> Result<(), JobError> {
         if t == 0 {
@@ -252,7 +322,16 @@ impl Runner {
             let mut batch = Vec::new();
             for entry in self.store.entries_between(thread_key, next, end).await? {
                 let seq = entry.seq.unwrap_or_default() as u64;
-                let node = match free_leaf_text(&entry, line_bytes) {
+                let snipped = entry
+                    .uuid
+                    .as_ref()
+                    .is_some_and(|uuid| sources.snipped.contains(uuid));
+                let leaf_text = if snipped {
+                    Some(String::new())
+                } else {
+                    free_leaf_text(&entry, line_bytes)
+                };
+                let node = match leaf_text {
                     Some(text) => NewNode::verbatim(NodeId::leaf(seq), text),
                     None => {
                         let mut request =
@@ -263,7 +342,8 @@ impl Runner {
                             Err(error) => {
                                 // What was built before the failure is kept: the retry goes on
                                 // from there.
-                                self.write_nodes(thread_key, &batch, progress).await?;
+                                self.write_nodes(thread_key, sources.epoch, &batch, progress)
+                                    .await?;
                                 return Err(error.into());
                             }
                         }
@@ -272,7 +352,8 @@ impl Runner {
                 context.push(&node.text);
                 batch.push(node);
             }
-            self.write_nodes(thread_key, &batch, progress).await?;
+            self.write_nodes(thread_key, sources.epoch, &batch, progress)
+                .await?;
             next = end;
         }
         for level in 1..=max_level {
@@ -292,7 +373,8 @@ impl Runner {
                     let (Some(left), Some(right)) =
                         (children.get(&(2 * i)), children.get(&(2 * i + 1)))
                     else {
-                        self.write_nodes(thread_key, &batch, progress).await?;
+                        self.write_nodes(thread_key, sources.epoch, &batch, progress)
+                            .await?;
                         return Err(JobError::Invalid(format!(
                             "the children of node {node} are not built"
                         )));
@@ -308,7 +390,8 @@ impl Runner {
                             match self.summarizer.summarize(&request).await {
                                 Ok(summary) => summarized(node, summary),
                                 Err(error) => {
-                                    self.write_nodes(thread_key, &batch, progress).await?;
+                                    self.write_nodes(thread_key, sources.epoch, &batch, progress)
+                                        .await?;
                                     return Err(error.into());
                                 }
                             }
@@ -318,7 +401,8 @@ impl Runner {
                     context.push(right);
                     batch.push(new);
                 }
-                self.write_nodes(thread_key, &batch, progress).await?;
+                self.write_nodes(thread_key, sources.epoch, &batch, progress)
+                    .await?;
                 index = end;
             }
         }
@@ -329,13 +413,14 @@ impl Runner {
     async fn write_nodes(
         &self,
         thread_key: &ThreadKey,
+        epoch: i64,
         batch: &[NewNode],
         progress: &mut Progress,
     ) -> Result<(), JobError> {
         if batch.is_empty() {
             return Ok(());
         }
-        progress.written += self.store.put_tree_nodes(thread_key, batch).await?;
+        progress.written += self.store.put_tree_nodes(thread_key, epoch, batch).await?;
         progress.calls += batch.iter().map(|node| u64::from(node.calls)).sum::<u64>();
         Ok(())
     }

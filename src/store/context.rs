@@ -252,6 +252,39 @@ impl Store {
             .collect())
     }
 
+    /// The uuids every snip entry of the thread removes, wherever in the thread it is: what the
+    /// summary tree and zoom hide (read through the subtype index).
+    pub async fn thread_snipped_uuids(
+        &self,
+        thread_key: &ThreadKey,
+    ) -> Result<HashSet<String>, StoreError> {
+        let mut rows = sqlx::query(
+            "SELECT seq, uuid, created_at, body FROM messages WHERE thread_key = $1 \
+             AND subtype = $2 ORDER BY seq",
+        )
+        .bind(thread_key.as_str())
+        .bind(subtype::SNIP)
+        .fetch(&self.pool);
+        let mut snips = Vec::new();
+        while let Some(row) = rows.try_next().await? {
+            snips.push(entry_from_row(&row)?);
+        }
+        Ok(view::snipped_uuids(&snips)
+            .into_iter()
+            .map(str::to_owned)
+            .collect())
+    }
+
+    /// [`Store::thread_snipped_uuids`] of the tenant's thread.
+    pub async fn snipped_uuids_of(
+        &self,
+        tenant: &TenantId,
+        thread_id: &ThreadId,
+    ) -> Result<HashSet<String>, StoreError> {
+        let thread_key = self.thread_head(tenant, thread_id).await?.thread_key;
+        self.thread_snipped_uuids(&thread_key).await
+    }
+
     /// The thread's [`ContextHead`]: one indexed read.
     pub async fn context_head(
         &self,
@@ -395,6 +428,16 @@ impl Store {
             }
         }
         Ok(())
+    }
+
+    /// The seqs of the thread's messages with these uuids (those it holds; others are skipped).
+    pub async fn seqs_of_uuids(
+        &self,
+        thread_key: &ThreadKey,
+        uuids: &[String],
+    ) -> Result<Vec<u64>, StoreError> {
+        let found = self.messages_where_in(thread_key, "uuid", uuids).await?;
+        Ok(found.into_iter().map(|(seq, _)| seq as u64).collect())
     }
 
     /// Why a named message was not found: the thread holds no such message, or the thread itself

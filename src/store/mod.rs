@@ -143,6 +143,10 @@ pub enum StoreError {
     DuplicateUuid(String),
     #[error("the thread holds no message with {0}")]
     NoSuchMessage(MessageRef),
+    /// A background writer's sources changed since it read them (a snip hid some): it writes
+    /// nothing and runs again.
+    #[error("the thread's messages were hidden or erased since the job read them")]
+    SourcesChanged,
     #[error("the window holds {entries} entries, more than {max}; start it later")]
     WindowTooLarge { entries: i64, max: i64 },
     #[error(

@@ -314,6 +314,43 @@ impl Store {
     }
 }
 
+impl Store {
+    /// The thread's redaction epoch, read in the caller's write transaction (tree writes): `None`
+    /// when the thread is gone. The row is held for the transaction (share-locked on PostgreSQL;
+    /// on SQLite the statement is a write that changes nothing, taking the write lock at once), so
+    /// a snip's redaction either ran first (the epoch moved) or waits for this write and then
+    /// rewrites what it wrote.
+    pub(crate) async fn redaction_epoch_in(
+        tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+        backend: super::Backend,
+        thread_key: &ThreadKey,
+    ) -> Result<Option<i64>, StoreError> {
+        let sql = match backend {
+            super::Backend::Postgres => {
+                "SELECT redaction_epoch FROM threads WHERE thread_key = $1 FOR SHARE"
+            }
+            super::Backend::Sqlite => {
+                "UPDATE threads SET updated_at = updated_at WHERE thread_key = $1 \
+                 RETURNING redaction_epoch"
+            }
+        };
+        Ok(sqlx::query_scalar(sql)
+            .bind(thread_key.as_str())
+            .fetch_optional(&mut **tx)
+            .await?)
+    }
+
+    /// The thread's redaction epoch now (a job reads it before it reads what it summarizes).
+    pub async fn redaction_epoch(&self, thread_key: &ThreadKey) -> Result<i64, StoreError> {
+        let epoch: Option<i64> =
+            sqlx::query_scalar("SELECT redaction_epoch FROM threads WHERE thread_key = $1")
+                .bind(thread_key.as_str())
+                .fetch_optional(&self.pool)
+                .await?;
+        epoch.ok_or(StoreError::ThreadNotFound)
+    }
+}
+
 /// The clause that share-locks a read thread row until the transaction ends (PostgreSQL; SQLite
 /// runs one writer at a time, and its transactions see no row change under them).
 pub(crate) fn share_lock(backend: super::Backend) -> &'static str {

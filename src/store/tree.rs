@@ -33,6 +33,8 @@ pub struct OutlineSnapshot {
 #[derive(Debug, Clone)]
 pub enum ZoomRead {
     Message(Option<Box<Entry>>),
+    /// The message is snipped: hidden from every model-facing view, zoom included.
+    Hidden,
     /// The two halves, each with its text when built.
     Halves(Option<(NodeId, String)>, Option<(NodeId, String)>),
 }
@@ -57,6 +59,12 @@ impl NewNode {
         }
     }
 }
+
+/// Who wrote a level-0 line hidden by a snip (its text is empty: no line).
+pub const HIDDEN: &str = "hidden";
+/// Who wrote a line rebuilt without a model after a line below it was hidden; a tree job may
+/// summarize it again.
+pub const STAND_IN: &str = "stand-in";
 
 /// Rows per multi-row insert (7 parameters each, well under every backend's limit).
 const NODE_INSERT_ROWS: usize = 200;
@@ -144,17 +152,22 @@ impl Store {
     }
 
     /// Writes nodes once, in one transaction; returns how many were new (a node already written
-    /// keeps its stored line).
+    /// keeps its stored line). Fenced by `epoch`, the thread's redaction epoch when the writer
+    /// read its sources: if a snip moved it since, nothing is written
+    /// ([`StoreError::SourcesChanged`]), since the nodes may hold text now hidden.
     pub async fn put_tree_nodes(
         &self,
         thread_key: &ThreadKey,
+        epoch: i64,
         nodes: &[NewNode],
     ) -> Result<u64, StoreError> {
         let now = now_millis();
         let mut written = 0;
         let mut tx = self.writer.begin().await?;
-        if !Store::thread_exists_in(&mut tx, self.backend, thread_key).await? {
-            return Err(StoreError::ThreadNotFound);
+        match Store::redaction_epoch_in(&mut tx, self.backend, thread_key).await? {
+            None => return Err(StoreError::ThreadNotFound),
+            Some(now_epoch) if now_epoch != epoch => return Err(StoreError::SourcesChanged),
+            Some(_) => {}
         }
         for chunk in nodes.chunks(NODE_INSERT_ROWS) {
             let rows: Vec<String> = (0..chunk.len())
@@ -192,6 +205,95 @@ impl Store {
         }
         tx.commit().await?;
         Ok(written)
+    }
+
+    /// Hides the messages at `seqs` from the tree, in one transaction: their level-0 lines become
+    /// empty (no line), and every built ancestor gets a stand-in built without a model from its
+    /// children by `stand_in(left, right)`, bottom up (summarizer [`STAND_IN`]). The redaction
+    /// epoch moves, so a tree job that read its sources before cannot write after, and the
+    /// outline's version moves, so nothing cached from the old lines is reused. Returns the nodes
+    /// rewritten.
+    pub async fn hide_in_tree(
+        &self,
+        thread_key: &ThreadKey,
+        seqs: &[u64],
+        stand_in: &(dyn Fn(&str, &str) -> String + Send + Sync),
+    ) -> Result<u64, StoreError> {
+        let mut tx = self.writer.begin().await?;
+        let bumped: Option<i64> = sqlx::query_scalar(
+            "UPDATE threads SET redaction_epoch = redaction_epoch + 1 WHERE thread_key = $1 \
+             RETURNING redaction_epoch",
+        )
+        .bind(thread_key.as_str())
+        .fetch_optional(&mut *tx)
+        .await?;
+        if bumped.is_none() {
+            return Err(StoreError::ThreadNotFound);
+        }
+        let now = now_millis();
+        let mut rewritten = 0;
+        let mut level_indexes: std::collections::BTreeSet<u64> = seqs.iter().copied().collect();
+        for &seq in &level_indexes {
+            rewritten += sqlx::query(
+                "UPDATE tree_nodes SET text = '', summarizer = $1, calls = 0, created_at = $2 \
+                 WHERE thread_key = $3 AND level = 0 AND idx = $4",
+            )
+            .bind(HIDDEN)
+            .bind(now)
+            .bind(thread_key.as_str())
+            .bind(seq as i64)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        }
+        for level in 1..64_u32 {
+            // A parent is built only once both children are: a path stops at a missing node.
+            let parents: std::collections::BTreeSet<u64> =
+                level_indexes.iter().map(|index| index / 2).collect();
+            let mut built = std::collections::BTreeSet::new();
+            for &index in &parents {
+                let children: Vec<(i64, String)> = sqlx::query_as(
+                    "SELECT idx, text FROM tree_nodes WHERE thread_key = $1 AND level = $2 \
+                     AND idx >= $3 AND idx <= $4 ORDER BY idx",
+                )
+                .bind(thread_key.as_str())
+                .bind(i64::from(level - 1))
+                .bind((index * 2) as i64)
+                .bind((index * 2 + 1) as i64)
+                .fetch_all(&mut *tx)
+                .await?;
+                let [(_, left), (_, right)] = children.as_slice() else {
+                    continue;
+                };
+                let changed = sqlx::query(
+                    "UPDATE tree_nodes SET text = $1, summarizer = $2, calls = 0, created_at = $3 \
+                     WHERE thread_key = $4 AND level = $5 AND idx = $6",
+                )
+                .bind(stand_in(left, right))
+                .bind(STAND_IN)
+                .bind(now)
+                .bind(thread_key.as_str())
+                .bind(i64::from(level))
+                .bind(index as i64)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+                if changed > 0 {
+                    rewritten += changed;
+                    built.insert(index);
+                }
+            }
+            if built.is_empty() {
+                break;
+            }
+            level_indexes = built;
+        }
+        sqlx::query("UPDATE outlines SET version = version + 1 WHERE thread_key = $1")
+            .bind(thread_key.as_str())
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(rewritten)
     }
 
     /// How many nodes the thread has, the model calls they cost, and how many a summarizer
@@ -389,10 +491,19 @@ impl Store {
                 .bind(seq as i64)
                 .fetch_optional(&self.pool)
                 .await?;
-                ZoomRead::Message(
-                    row.map(|row| entry_from_row(&row).map(Box::new))
-                        .transpose()?,
-                )
+                let entry = row.map(|row| entry_from_row(&row)).transpose()?;
+                let snipped = match entry.as_ref().and_then(|entry| entry.uuid.as_ref()) {
+                    Some(uuid) => self
+                        .thread_snipped_uuids(&head.thread_key)
+                        .await?
+                        .contains(uuid),
+                    None => false,
+                };
+                if snipped {
+                    ZoomRead::Hidden
+                } else {
+                    ZoomRead::Message(entry.map(Box::new))
+                }
             }
             crate::tree::ZoomTarget::Halves(left, right) => {
                 let text = |node: NodeId| {

@@ -30,7 +30,7 @@ use async_trait::async_trait;
 use crate::history::model::Entry;
 
 pub use anthropic::AnthropicSummarizer;
-pub use extractive::ExtractiveSummarizer;
+pub use extractive::{extract as extract_without_model, ExtractiveSummarizer};
 pub use fallback::WithFallback;
 pub use openai::OpenAiSummarizer;
 

@@ -22,6 +22,7 @@ on_both_backends!(
     a_panicking_job_is_retried_and_the_worker_lives_on,
     a_tree_job_keeps_its_dedup_key_while_running_and_runs_again_after_an_append,
     a_tree_job_writes_nothing_after_its_thread_was_deleted,
+    a_tree_job_that_read_a_message_before_its_snip_never_writes_it,
     metadata_is_bounded_and_pages_are_cut_by_bytes,
     auto_compaction_tries_again_after_an_unproductive_attempt,
     a_restarted_instance_takes_back_its_own_running_jobs,
@@ -37,6 +38,17 @@ async fn count_rows(app: &TestApp, table: &str) -> i64 {
     sqlx::any::install_default_drivers();
     let pool = sqlx::AnyPool::connect(&app.url).await.unwrap();
     let count: i64 = sqlx::query_scalar(&format!("SELECT COUNT(*) FROM {table}"))
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+    count
+}
+
+async fn count_where(app: &TestApp, table: &str, condition: &str) -> i64 {
+    sqlx::any::install_default_drivers();
+    let pool = sqlx::AnyPool::connect(&app.url).await.unwrap();
+    let count: i64 = sqlx::query_scalar(&format!("SELECT COUNT(*) FROM {table} WHERE {condition}"))
         .fetch_one(&pool)
         .await
         .unwrap();
@@ -360,6 +372,46 @@ async fn a_tree_job_writes_nothing_after_its_thread_was_deleted(app: TestApp) {
     );
     assert_eq!(count_rows(&app, "tree_nodes").await, 0);
     assert_eq!(count_rows(&app, "outlines").await, 0);
+    app.finish().await;
+}
+
+/// The race one peer shipped: a summarizer call that read a message before it was hidden must
+/// not write its line after. The job is held inside its model call while the snip lands; its
+/// write is refused (the thread's redaction epoch moved), and it reads again, hiding the message.
+async fn a_tree_job_that_read_a_message_before_its_snip_never_writes_it(app: TestApp) {
+    const SECRET: &str = "HUNTER2-SECRET";
+    let thread = app.thread("t").await;
+    outline_on(&app, &thread).await;
+    let secret = format!("{SECRET} is my password. {LONG}");
+    app.append(&thread, vec![user("u0", "short"), user("u1", &secret)])
+        .await;
+    let gate = Gate::new();
+    let runner = Arc::new(Runner::new(app.store.clone(), gate.clone(), tree_config()));
+    let running = tokio::spawn({
+        let runner = runner.clone();
+        async move { runner.step(Clock::System).await.unwrap() }
+    });
+    gate.entered.notified().await;
+    let snip = app
+        .post(
+            &format!("/v1/threads/{thread}/snip"),
+            json!({"uuids": ["u1"]}),
+        )
+        .await;
+    assert_eq!(snip.status, StatusCode::CREATED, "{}", snip.body);
+    gate.release();
+    let outcome = running.await.unwrap();
+    assert!(
+        matches!(outcome, StepOutcome::Succeeded { .. }),
+        "the run read again and finished: {outcome:?}"
+    );
+    while !matches!(runner.step(Clock::System).await.unwrap(), StepOutcome::Idle) {}
+    let leaked = count_where(&app, "tree_nodes", &format!("text LIKE '%{SECRET}%'")).await;
+    assert_eq!(leaked, 0, "a line holds the snipped message");
+    assert!(
+        count_rows(&app, "tree_nodes").await >= 2,
+        "the tree was built"
+    );
     app.finish().await;
 }
 

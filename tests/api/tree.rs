@@ -24,6 +24,7 @@ on_both_backends!(
     a_duplicate_run_writes_nothing_and_a_failed_node_is_retried,
     the_outline_prefix_is_stable_between_changes,
     outline_view_needs_outline_mode,
+    a_snipped_message_leaves_the_outline_zoom_and_normalized_batches,
 );
 
 fn config() -> JobsConfig {
@@ -536,5 +537,122 @@ async fn outline_view_needs_outline_mode(app: TestApp) {
             response.body
         );
     }
+    app.finish().await;
+}
+
+/// Every model-facing view of the thread: the context in both views for each provider, the
+/// outline, zoom down every line to the message, and a normalized cursor batch. None holds
+/// `secret`, and every context is valid.
+async fn assert_hidden_everywhere(app: &TestApp, thread: &str, secret: &str) {
+    for view in ["", "&view=outline"] {
+        for provider in ["anthropic", "openai", "openai_responses", "gemini"] {
+            let context = app
+                .get(&format!(
+                    "/v1/threads/{thread}/context?provider={provider}{view}"
+                ))
+                .await;
+            assert_eq!(context.status, StatusCode::OK, "{}", context.body);
+            assert!(
+                !context.body.to_string().contains(secret),
+                "{provider}{view}: {}",
+                context.body
+            );
+            assert_valid(&context.body, provider);
+        }
+    }
+    let outline = app.get(&format!("/v1/threads/{thread}/outline")).await;
+    assert!(
+        !outline.body.to_string().contains(secret),
+        "{}",
+        outline.body
+    );
+    let mut open: Vec<(i64, i64)> = outline.body["lines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| (l["id"].as_i64().unwrap(), l["n"].as_i64().unwrap()))
+        .collect();
+    let mut zooms = 0;
+    while let Some((id, n)) = open.pop() {
+        let answer = zoom(app, thread, id, n).await;
+        zooms += 1;
+        assert!(
+            !answer.to_string().contains(secret),
+            "zoom({id}, {n}): {answer}"
+        );
+        if n > 1 {
+            for line in answer["lines"].as_array().unwrap() {
+                open.push((line["id"].as_i64().unwrap(), line["n"].as_i64().unwrap()));
+            }
+        }
+    }
+    assert!(zooms > 1, "the outline had lines to open");
+    let batch = app
+        .get(&format!(
+            "/v1/threads/{thread}/cursors/reader/pending?format=normalized&limit=1000"
+        ))
+        .await;
+    assert_eq!(batch.status, StatusCode::OK, "{}", batch.body);
+    assert!(!batch.body.to_string().contains(secret), "{}", batch.body);
+}
+
+/// A snip hides a message from every model-facing view at once (lines already summarized
+/// included, before any job runs), and from lines built later; the raw record keeps it.
+async fn a_snipped_message_leaves_the_outline_zoom_and_normalized_batches(app: TestApp) {
+    const SECRET: &str = "NEEDLE-HUNTER2";
+    let runner = runner(&app, Arc::new(NeedleKeeper));
+    let thread = app.thread("snipped").await;
+    outline_on(
+        &app,
+        &thread,
+        json!({"enabled": true, "line_bytes": 96, "budget_bytes": 900, "tail_tokens": 120}),
+    )
+    .await;
+    let filler = "the weather report and other chatter about nothing in particular";
+    for i in 0..32 {
+        let question = if i == 3 {
+            format!("my password is {SECRET}, keep it. {filler}")
+        } else {
+            format!("Question {i}: {filler}")
+        };
+        app.append(
+            &thread,
+            exchange(i, &question, &format!("Answer {i}: {filler}")),
+        )
+        .await;
+        drain(&runner).await;
+    }
+    let outline = app.get(&format!("/v1/threads/{thread}/outline")).await;
+    assert!(
+        outline.body.to_string().contains(SECRET),
+        "planted: {}",
+        outline.body
+    );
+
+    let snip = app
+        .post(
+            &format!("/v1/threads/{thread}/snip"),
+            json!({"uuids": ["u3"]}),
+        )
+        .await;
+    assert_eq!(snip.status, StatusCode::CREATED, "{}", snip.body);
+    assert_hidden_everywhere(&app, &thread, SECRET).await;
+
+    // Lines built after the snip hide it too.
+    for i in 32..40 {
+        app.append(
+            &thread,
+            exchange(i, &format!("Question {i}: {filler}"), "ok"),
+        )
+        .await;
+        drain(&runner).await;
+    }
+    assert_hidden_everywhere(&app, &thread, SECRET).await;
+
+    // A snip is not an erasure: the raw record keeps the message.
+    let messages = app
+        .get(&format!("/v1/threads/{thread}/messages?limit=1000"))
+        .await;
+    assert!(messages.body.to_string().contains(SECRET));
     app.finish().await;
 }
