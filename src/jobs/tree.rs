@@ -180,7 +180,12 @@ pub async fn hide_snipped(
         .unwrap_or_default();
     let line_bytes = options.line_bytes.max(OutlineOptions::MIN_LINE_BYTES);
     let stand_in = move |left: &str, right: &str| stand_in_line(left, right, line_bytes);
-    store.hide_in_tree(&thread_key, &seqs, &stand_in).await
+    let rewritten = store.hide_in_tree(&thread_key, &seqs, &stand_in).await?;
+    if rewritten > 0 {
+        // The tree job summarizes the stand-ins again with the thread's summarizer.
+        store.enqueue_tree(tenant, thread_id).await?;
+    }
+    Ok(rewritten)
 }
 
 /// A parent's line built without a model from its children's: both word for word when they
@@ -262,10 +267,17 @@ impl Runner {
                 epoch: self.store.redaction_epoch(&thread_key).await?,
                 snipped: self.store.thread_snipped_uuids(&thread_key).await?,
             };
-            match self
+            let built = match self
                 .build_nodes(&thread_key, t, &options, &sources, &mut progress)
                 .await
             {
+                Ok(()) => {
+                    self.replace_stand_ins(&thread_key, &options, &sources, &mut progress)
+                        .await
+                }
+                error => error,
+            };
+            match built {
                 // A snip hid lines while the run read: it reads again, hiding them too.
                 Err(JobError::Store(StoreError::SourcesChanged)) if restarts < MAX_RESTARTS => {
                     restarts += 1;
@@ -407,6 +419,57 @@ impl Runner {
             }
         }
         Ok(())
+    }
+
+    /// Summarizes again the lines a snip left as stand-ins (built without a model), lowest level
+    /// first, so that a parent reads its children's new lines. Each is written on its own,
+    /// fenced like any node.
+    async fn replace_stand_ins(
+        &self,
+        thread_key: &ThreadKey,
+        options: &OutlineOptions,
+        sources: &Sources,
+        progress: &mut Progress,
+    ) -> Result<(), JobError> {
+        let line_bytes = options.line_bytes.max(OutlineOptions::MIN_LINE_BYTES);
+        loop {
+            let stand_ins = self.store.stand_in_nodes(thread_key, CHUNK as i64).await?;
+            if stand_ins.is_empty() {
+                return Ok(());
+            }
+            for node in stand_ins {
+                let children = self
+                    .store
+                    .tree_level_texts(
+                        thread_key,
+                        node.level - 1,
+                        node.index * 2,
+                        node.index * 2 + 2,
+                    )
+                    .await?;
+                let (Some(left), Some(right)) = (
+                    children.get(&(node.index * 2)),
+                    children.get(&(node.index * 2 + 1)),
+                ) else {
+                    return Err(JobError::Invalid(format!(
+                        "the children of stand-in node {node} are missing"
+                    )));
+                };
+                let new = match merge_verbatim(left, right, line_bytes) {
+                    Some(text) => NewNode::verbatim(node, text),
+                    None => {
+                        let request =
+                            SummaryRequest::merge(left.clone(), right.clone(), line_bytes);
+                        summarized(node, self.summarizer.summarize(&request).await?)
+                    }
+                };
+                progress.calls += u64::from(new.calls);
+                progress.written += self
+                    .store
+                    .replace_stand_ins(thread_key, sources.epoch, std::slice::from_ref(&new))
+                    .await?;
+            }
+        }
     }
 
     /// Writes a batch of nodes (write-once: nodes another run wrote first are left as they are).

@@ -296,6 +296,66 @@ impl Store {
         Ok(rewritten)
     }
 
+    /// The thread's stand-in lines ([`STAND_IN`]), lowest level first: what a tree job summarizes
+    /// again. At most `limit`.
+    pub async fn stand_in_nodes(
+        &self,
+        thread_key: &ThreadKey,
+        limit: i64,
+    ) -> Result<Vec<NodeId>, StoreError> {
+        let rows: Vec<(i64, i64)> = sqlx::query_as(
+            "SELECT level, idx FROM tree_nodes WHERE thread_key = $1 AND summarizer = $2 \
+             ORDER BY level, idx LIMIT $3",
+        )
+        .bind(thread_key.as_str())
+        .bind(STAND_IN)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(level, idx)| NodeId::new(level as u32, idx as u64))
+            .collect())
+    }
+
+    /// Replaces stand-in lines with their summaries, fenced by the redaction epoch as
+    /// [`Store::put_tree_nodes`] is; a line that is no longer a stand-in is left alone. Returns
+    /// how many were replaced.
+    pub async fn replace_stand_ins(
+        &self,
+        thread_key: &ThreadKey,
+        epoch: i64,
+        nodes: &[NewNode],
+    ) -> Result<u64, StoreError> {
+        let now = now_millis();
+        let mut tx = self.writer.begin().await?;
+        match Store::redaction_epoch_in(&mut tx, self.backend, thread_key).await? {
+            None => return Err(StoreError::ThreadNotFound),
+            Some(now_epoch) if now_epoch != epoch => return Err(StoreError::SourcesChanged),
+            Some(_) => {}
+        }
+        let mut replaced = 0;
+        for node in nodes {
+            replaced += sqlx::query(
+                "UPDATE tree_nodes SET text = $1, summarizer = $2, calls = $3, created_at = $4 \
+                 WHERE thread_key = $5 AND level = $6 AND idx = $7 AND summarizer = $8",
+            )
+            .bind(&node.text)
+            .bind(&node.summarizer)
+            .bind(i64::from(node.calls))
+            .bind(now)
+            .bind(thread_key.as_str())
+            .bind(i64::from(node.node.level))
+            .bind(node.node.index as i64)
+            .bind(STAND_IN)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        }
+        tx.commit().await?;
+        Ok(replaced)
+    }
+
     /// How many nodes the thread has, the model calls they cost, and how many a summarizer
     /// wrote (the rest are free nodes, their source word for word).
     async fn tree_costs(&self, thread_key: &ThreadKey) -> Result<(i64, i64, i64), StoreError> {

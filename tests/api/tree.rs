@@ -540,6 +540,19 @@ async fn outline_view_needs_outline_mode(app: TestApp) {
     app.finish().await;
 }
 
+/// Lines of the test's database rebuilt without a model, waiting for their summarizer.
+async fn stand_ins(app: &TestApp) -> i64 {
+    sqlx::any::install_default_drivers();
+    let pool = sqlx::AnyPool::connect(&app.url).await.unwrap();
+    let count: i64 =
+        sqlx::query_scalar("SELECT COUNT(*) FROM tree_nodes WHERE summarizer = 'stand-in'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    pool.close().await;
+    count
+}
+
 /// Every model-facing view of the thread: the context in both views for each provider, the
 /// outline, zoom down every line to the message, and a normalized cursor batch. None holds
 /// `secret`, and every context is valid.
@@ -636,6 +649,15 @@ async fn a_snipped_message_leaves_the_outline_zoom_and_normalized_batches(app: T
         )
         .await;
     assert_eq!(snip.status, StatusCode::CREATED, "{}", snip.body);
+    assert_hidden_everywhere(&app, &thread, SECRET).await;
+    assert!(
+        stand_ins(&app).await > 0,
+        "the lines above it were rebuilt without a model"
+    );
+
+    // The tree job summarizes the stand-ins again with the thread's summarizer.
+    drain(&runner).await;
+    assert_eq!(stand_ins(&app).await, 0);
     assert_hidden_everywhere(&app, &thread, SECRET).await;
 
     // Lines built after the snip hide it too.
