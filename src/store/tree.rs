@@ -209,7 +209,7 @@ impl Store {
 
     /// Hides the messages at `seqs` from the tree, in one transaction: their level-0 lines become
     /// empty (no line), and every built ancestor gets a stand-in built without a model from its
-    /// children by `stand_in(left, right)`, bottom up (summarizer [`STAND_IN`]). The redaction
+    /// children by `stand_in(left, right)`, bottom up (summarizer `stand-in`). The redaction
     /// epoch moves, so a tree job that read its sources before cannot write after, and the
     /// outline's version moves, so nothing cached from the old lines is reused. Returns the nodes
     /// rewritten.
@@ -296,7 +296,7 @@ impl Store {
         Ok(rewritten)
     }
 
-    /// The thread's stand-in lines ([`STAND_IN`]), lowest level first: what a tree job summarizes
+    /// The thread's stand-in lines (summarizer `stand-in`), lowest level first: what a tree job summarizes
     /// again. At most `limit`.
     pub async fn stand_in_nodes(
         &self,
