@@ -73,13 +73,22 @@ async fn a_delete_racing_writes_under_its_thread_leaves_nothing_behind(app: Test
             &compact_uri,
             json!({"instructions": "SECRET-INSTRUCTIONS keep the invoice numbers"}),
         );
-        let cursor = app.post(&cursor_uri, json!({"to": "m-3", "expected": null}));
+        // Several cursor writes, each holding its cursor and the thread while a delete holds the
+        // thread and then its cursors: the two orders must never deadlock.
+        let cursors = futures_util::future::join_all((0..3).map(|i| {
+            let to = format!("m-{}", 3 + i);
+            app.post(&cursor_uri, json!({"to": to, "expected": null}))
+        }));
         let delete = app.delete(&base);
-        let (settings, compact, cursor, delete) = tokio::join!(settings, compact, cursor, delete);
+        let (settings, compact, cursors, delete) = tokio::join!(settings, compact, cursors, delete);
         assert_eq!(delete.status, StatusCode::NO_CONTENT, "{}", delete.body);
-        for (what, response) in [("settings", &settings), ("cursor", &cursor)] {
+        let written = std::iter::once(("settings", &settings));
+        for (what, response) in written.chain(cursors.iter().map(|c| ("cursor", c))) {
+            // A cursor write that lost to another is a 409 conflict: the caller's state, not a
+            // fault.
             assert!(
-                response.status == StatusCode::OK || response.status == StatusCode::NOT_FOUND,
+                [StatusCode::OK, StatusCode::NOT_FOUND, StatusCode::CONFLICT]
+                    .contains(&response.status),
                 "{what}: {} {}",
                 response.status,
                 response.body
