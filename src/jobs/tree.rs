@@ -267,6 +267,21 @@ impl Runner {
                 epoch: self.store.redaction_epoch(&thread_key).await?,
                 snipped: self.store.thread_snipped_uuids(&thread_key).await?,
             };
+            // A snip whose redaction never ran (the process stopped after its append) is
+            // applied here: its lines go before anything else is built.
+            let named: Vec<String> = sources.snipped.iter().cloned().collect();
+            let seqs = self.store.seqs_of_uuids(&thread_key, &named).await?;
+            let shown = self.store.shown_leaves(&thread_key, &seqs).await?;
+            if !shown.is_empty() {
+                let line_bytes = options.line_bytes.max(OutlineOptions::MIN_LINE_BYTES);
+                let stand_in =
+                    move |left: &str, right: &str| stand_in_line(left, right, line_bytes);
+                self.store
+                    .hide_in_tree(&thread_key, &shown, &stand_in)
+                    .await?;
+                next_seq = None;
+                continue;
+            }
             let built = match self
                 .build_nodes(&thread_key, t, &options, &sources, &mut progress)
                 .await

@@ -296,6 +296,30 @@ impl Store {
         Ok(rewritten)
     }
 
+    /// The seqs among `seqs` whose level-0 line still shows text: snipped messages a snip's own
+    /// redaction did not reach (the process stopped between the snip's append and it).
+    pub async fn shown_leaves(
+        &self,
+        thread_key: &ThreadKey,
+        seqs: &[u64],
+    ) -> Result<Vec<u64>, StoreError> {
+        let mut shown = Vec::new();
+        // Integers from the database, written into the statement: one read per 500.
+        for chunk in seqs.chunks(500) {
+            let list: Vec<String> = chunk.iter().map(u64::to_string).collect();
+            let found: Vec<i64> = sqlx::query_scalar(&format!(
+                "SELECT idx FROM tree_nodes WHERE thread_key = $1 AND level = 0 \
+                 AND text <> '' AND idx IN ({})",
+                list.join(", ")
+            ))
+            .bind(thread_key.as_str())
+            .fetch_all(&self.pool)
+            .await?;
+            shown.extend(found.into_iter().map(|idx| idx as u64));
+        }
+        Ok(shown)
+    }
+
     /// The thread's stand-in lines (summarizer `stand-in`), lowest level first: what a tree job summarizes
     /// again. At most `limit`.
     pub async fn stand_in_nodes(

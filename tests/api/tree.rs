@@ -25,6 +25,7 @@ on_both_backends!(
     the_outline_prefix_is_stable_between_changes,
     outline_view_needs_outline_mode,
     a_snipped_message_leaves_the_outline_zoom_and_normalized_batches,
+    a_snip_whose_redaction_never_ran_is_applied_by_the_next_tree_job,
 );
 
 fn config() -> JobsConfig {
@@ -676,5 +677,55 @@ async fn a_snipped_message_leaves_the_outline_zoom_and_normalized_batches(app: T
         .get(&format!("/v1/threads/{thread}/messages?limit=1000"))
         .await;
     assert!(messages.body.to_string().contains(SECRET));
+    app.finish().await;
+}
+
+/// A snip stored without its redaction (the process stopped between the snip's append and the
+/// rewrite of the tree, or the request was cut off there): the next tree job applies it first.
+async fn a_snip_whose_redaction_never_ran_is_applied_by_the_next_tree_job(app: TestApp) {
+    const SECRET: &str = "NEEDLE-CUTOFF";
+    let runner = runner(&app, Arc::new(NeedleKeeper));
+    let thread = app.thread("cut-off").await;
+    outline_on(
+        &app,
+        &thread,
+        json!({"enabled": true, "line_bytes": 96, "budget_bytes": 900, "tail_tokens": 120}),
+    )
+    .await;
+    let filler = "the weather report and other chatter about nothing in particular";
+    for i in 0..32 {
+        let question = if i == 5 {
+            format!("the vault code is {SECRET}. {filler}")
+        } else {
+            format!("Question {i}: {filler}")
+        };
+        app.append(
+            &thread,
+            exchange(i, &question, &format!("Answer {i}: {filler}")),
+        )
+        .await;
+    }
+    drain(&runner).await;
+    // The snip's append alone, as the store commits it before the handler rewrites the tree.
+    app.store
+        .append(
+            &TenantId("default".to_owned()),
+            &loupe::store::ThreadId::new(thread.as_str()),
+            loupe::store::AppendRequest {
+                entries: vec![loupe::history::model::Entry::snip(vec!["u5".to_owned()])],
+                expected_next_seq: None,
+            },
+        )
+        .await
+        .unwrap();
+    let outline = app.get(&format!("/v1/threads/{thread}/outline")).await;
+    assert!(
+        outline.body.to_string().contains(SECRET),
+        "not yet applied: {}",
+        outline.body
+    );
+    drain(&runner).await;
+    assert_hidden_everywhere(&app, &thread, SECRET).await;
+    assert_eq!(stand_ins(&app).await, 0);
     app.finish().await;
 }
