@@ -178,14 +178,24 @@ pub async fn hide_snipped(
         .outline_options_of(&thread_key)
         .await?
         .unwrap_or_default();
-    let line_bytes = options.line_bytes.max(OutlineOptions::MIN_LINE_BYTES);
-    let stand_in = move |left: &str, right: &str| stand_in_line(left, right, line_bytes);
-    let rewritten = store.hide_in_tree(&thread_key, &seqs, &stand_in).await?;
+    let rewritten = hide_leaves(store, &thread_key, &seqs, &options).await?;
     if rewritten > 0 {
         // The tree job summarizes the stand-ins again with the thread's summarizer.
         store.enqueue_tree(tenant, thread_id).await?;
     }
     Ok(rewritten)
+}
+
+/// Hides the level-0 lines at `seqs` and rebuilds the lines above them without a model.
+async fn hide_leaves(
+    store: &Store,
+    thread_key: &ThreadKey,
+    seqs: &[u64],
+    options: &OutlineOptions,
+) -> Result<u64, StoreError> {
+    let line_bytes = options.line_bytes.max(OutlineOptions::MIN_LINE_BYTES);
+    let stand_in = move |left: &str, right: &str| stand_in_line(left, right, line_bytes);
+    store.hide_in_tree(thread_key, seqs, &stand_in).await
 }
 
 /// A parent's line built without a model from its children's: both word for word when they
@@ -273,12 +283,7 @@ impl Runner {
             let seqs = self.store.seqs_of_uuids(&thread_key, &named).await?;
             let shown = self.store.shown_leaves(&thread_key, &seqs).await?;
             if !shown.is_empty() {
-                let line_bytes = options.line_bytes.max(OutlineOptions::MIN_LINE_BYTES);
-                let stand_in =
-                    move |left: &str, right: &str| stand_in_line(left, right, line_bytes);
-                self.store
-                    .hide_in_tree(&thread_key, &shown, &stand_in)
-                    .await?;
+                hide_leaves(&self.store, &thread_key, &shown, &options).await?;
                 next_seq = None;
                 continue;
             }

@@ -233,37 +233,34 @@ impl Store {
         &self,
         bounds: &WindowBounds,
     ) -> Result<HashSet<String>, StoreError> {
-        let mut rows = sqlx::query(
-            "SELECT seq, uuid, created_at, body FROM messages WHERE thread_key = $1 AND subtype = $2 \
-             AND seq >= $3 AND seq < $4 ORDER BY seq",
-        )
-        .bind(bounds.thread_key.as_str())
-        .bind(subtype::SNIP)
-        .bind(bounds.start_seq)
-        .bind(bounds.next_seq)
-        .fetch(&self.pool);
-        let mut snips = Vec::new();
-        while let Some(row) = rows.try_next().await? {
-            snips.push(entry_from_row(&row)?);
-        }
-        Ok(view::snipped_uuids(&snips)
-            .into_iter()
-            .map(str::to_owned)
-            .collect())
+        self.snipped_between(&bounds.thread_key, bounds.start_seq, bounds.next_seq)
+            .await
     }
 
     /// The uuids every snip entry of the thread removes, wherever in the thread it is: what the
-    /// summary tree and zoom hide (read through the subtype index).
+    /// summary tree and zoom hide.
     pub async fn thread_snipped_uuids(
         &self,
         thread_key: &ThreadKey,
     ) -> Result<HashSet<String>, StoreError> {
+        self.snipped_between(thread_key, 0, i64::MAX).await
+    }
+
+    /// The uuids removed by the snip entries with seqs in `[from, to)`, through the subtype index.
+    async fn snipped_between(
+        &self,
+        thread_key: &ThreadKey,
+        from: i64,
+        to: i64,
+    ) -> Result<HashSet<String>, StoreError> {
         let mut rows = sqlx::query(
-            "SELECT seq, uuid, created_at, body FROM messages WHERE thread_key = $1 \
-             AND subtype = $2 ORDER BY seq",
+            "SELECT seq, uuid, created_at, body FROM messages WHERE thread_key = $1 AND subtype = $2 \
+             AND seq >= $3 AND seq < $4 ORDER BY seq",
         )
         .bind(thread_key.as_str())
         .bind(subtype::SNIP)
+        .bind(from)
+        .bind(to)
         .fetch(&self.pool);
         let mut snips = Vec::new();
         while let Some(row) = rows.try_next().await? {

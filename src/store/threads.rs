@@ -340,6 +340,21 @@ impl Store {
             .await?)
     }
 
+    /// Refuses a background write whose sources were read at `epoch` when the thread's epoch
+    /// moved since ([`StoreError::SourcesChanged`]) or the thread is gone.
+    pub(crate) async fn check_epoch_in(
+        tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+        backend: super::Backend,
+        thread_key: &ThreadKey,
+        epoch: i64,
+    ) -> Result<(), StoreError> {
+        match Store::redaction_epoch_in(tx, backend, thread_key).await? {
+            None => Err(StoreError::ThreadNotFound),
+            Some(now) if now != epoch => Err(StoreError::SourcesChanged),
+            Some(_) => Ok(()),
+        }
+    }
+
     /// The thread's redaction epoch now (a job reads it before it reads what it summarizes).
     pub async fn redaction_epoch(&self, thread_key: &ThreadKey) -> Result<i64, StoreError> {
         let epoch: Option<i64> =

@@ -164,11 +164,7 @@ impl Store {
         let now = now_millis();
         let mut written = 0;
         let mut tx = self.writer.begin().await?;
-        match Store::redaction_epoch_in(&mut tx, self.backend, thread_key).await? {
-            None => return Err(StoreError::ThreadNotFound),
-            Some(now_epoch) if now_epoch != epoch => return Err(StoreError::SourcesChanged),
-            Some(_) => {}
-        }
+        Store::check_epoch_in(&mut tx, self.backend, thread_key, epoch).await?;
         for chunk in nodes.chunks(NODE_INSERT_ROWS) {
             let rows: Vec<String> = (0..chunk.len())
                 .map(|row| {
@@ -353,11 +349,7 @@ impl Store {
     ) -> Result<u64, StoreError> {
         let now = now_millis();
         let mut tx = self.writer.begin().await?;
-        match Store::redaction_epoch_in(&mut tx, self.backend, thread_key).await? {
-            None => return Err(StoreError::ThreadNotFound),
-            Some(now_epoch) if now_epoch != epoch => return Err(StoreError::SourcesChanged),
-            Some(_) => {}
-        }
+        Store::check_epoch_in(&mut tx, self.backend, thread_key, epoch).await?;
         let mut replaced = 0;
         for node in nodes {
             replaced += sqlx::query(
