@@ -24,21 +24,35 @@ use crate::store::{Seq, TenantId, ThreadId, ThreadKey};
 
 /// What a checkpoint is cached under. The tenant is part of the key, so a tenant can only ever
 /// reach its own threads' checkpoints; the options are all of them (the thread's
-/// micro-compaction settings included), since each changes the output.
+/// micro-compaction settings included), since each changes the output. So is the thread's
+/// redaction epoch: an erasure changes entries without appending, and a checkpoint normalized
+/// before it is never read after it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ContextKey {
     tenant: TenantId,
     thread_id: ThreadId,
     options: NormalizeOptions,
+    epoch: i64,
 }
 
 impl ContextKey {
-    pub fn new(tenant: &TenantId, thread_id: &ThreadId, options: &NormalizeOptions) -> ContextKey {
+    pub fn new(
+        tenant: &TenantId,
+        thread_id: &ThreadId,
+        options: &NormalizeOptions,
+        epoch: i64,
+    ) -> ContextKey {
         ContextKey {
             tenant: tenant.clone(),
             thread_id: thread_id.clone(),
             options: options.clone(),
+            epoch,
         }
+    }
+
+    /// The redaction epoch of the thread the checkpoint was read from.
+    pub fn epoch(&self) -> i64 {
+        self.epoch
     }
 
     /// The options the cached prefix was normalized with.
@@ -305,6 +319,7 @@ mod tests {
             &TenantId(tenant.to_owned()),
             &ThreadId::new(thread),
             &NormalizeOptions::default(),
+            0,
         )
     }
 
@@ -326,7 +341,7 @@ mod tests {
         let tenant = TenantId("a".to_owned());
         let gone = ThreadId::new("gone");
         cache.put(key("a", "gone"), cached("k1"));
-        cache.put(ContextKey::new(&tenant, &gone, &stripped), cached("k1"));
+        cache.put(ContextKey::new(&tenant, &gone, &stripped, 3), cached("k1"));
         cache.put(key("a", "kept"), cached("k2"));
         cache.put(key("b", "gone"), cached("k3"));
         let (_, before) = cache.size();
@@ -353,6 +368,7 @@ mod tests {
                 provider: crate::history::Provider::Openai,
                 ..Default::default()
             },
+            0,
         );
         assert!(cache.take(&openai).is_none());
         assert_eq!(cache.take(&key("a", "t")).unwrap().thread_key, "ka");

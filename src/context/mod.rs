@@ -120,7 +120,7 @@ impl<O: Offload> ContextReader<'_, O> {
                 .await
                 .map(ContextRead::Whole);
         }
-        let key = ContextKey::new(tenant, thread_id, &options);
+        let key = ContextKey::new(tenant, thread_id, &options, head.redaction_epoch);
         if let Some(answer) = self.cached_read(&head, &key, &options).await? {
             return Ok(ContextRead::Streamed(answer));
         }
@@ -178,6 +178,10 @@ impl<O: Offload> ContextReader<'_, O> {
         options: &NormalizeOptions,
     ) -> Result<Option<ContextAnswer>, ReadError> {
         let cache = self.cache;
+        // A head read after an erasure never goes on from a checkpoint made before it.
+        if key.epoch() != head.redaction_epoch {
+            return Ok(None);
+        }
         let Some(cached) = cache.get(key) else {
             return Ok(None);
         };

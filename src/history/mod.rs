@@ -10,7 +10,7 @@ pub mod rounds;
 pub mod transcript;
 pub mod visibility;
 
-pub use model::{ApiMessage, Content, Entry, EntryKind, Role, SnipMetadata};
+pub use model::{ApiMessage, Content, Entry, EntryKind, ErasedMark, Role, SnipMetadata};
 pub use normalize::{
     entries_from_messages, estimate_entry_tokens, estimate_tokens, normalize, MicrocompactOptions,
     NormalizeOptions, Normalized, Provider, Repair, RepairKind, ThinkingMode,

@@ -179,6 +179,11 @@ pub struct Entry {
     /// For a `snip` entry: the messages it hides from every later context.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snip_metadata: Option<SnipMetadata>,
+    /// Set on a tombstone: an erasure took this entry's content (`POST
+    /// /v1/threads/{thread_id}/erasures`). A tombstone keeps its seq, uuid, type and role, holds
+    /// no content and is never sent to a model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub erased: Option<ErasedMark>,
     /// When the entry was created; set by the server when omitted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub created_at: Option<DateTime<Utc>>,
@@ -223,6 +228,8 @@ struct EntryWire {
     #[serde(default, alias = "snipMetadata")]
     snip_metadata: Option<SnipMetadata>,
     #[serde(default)]
+    erased: Option<ErasedMark>,
+    #[serde(default)]
     created_at: Option<DateTime<Utc>>,
     #[serde(flatten)]
     extra: Map<String, Value>,
@@ -249,6 +256,7 @@ impl From<EntryWire> for Entry {
             content: wire.content,
             compact_metadata: wire.compact_metadata,
             snip_metadata: wire.snip_metadata,
+            erased: wire.erased,
             created_at: wire.created_at,
             extra,
             sent: None,
@@ -274,11 +282,24 @@ pub fn deserialize_sent_entries<'de, D: Deserializer<'de>>(
     Ok(sent.into_iter().map(|Sent(entry)| entry).collect())
 }
 
+/// The unmodelled fields a tombstone keeps: structure, never content (an [`EntryKind::Other`]
+/// entry's `type` is one).
+const TOMBSTONE_KEEPS: &[&str] = &["type", "parentUuid", "isSidechain"];
+
 /// What a snip entry hides.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct SnipMetadata {
     #[serde(alias = "removedUuids")]
     pub removed_uuids: Vec<String>,
+}
+
+/// What a tombstone says of the erasure that emptied it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ErasedMark {
+    /// The erasure's id (its receipt in `GET /v1/threads/{thread_id}/erasures`).
+    pub erasure_id: String,
+    /// When the content was erased.
+    pub erased_at: DateTime<Utc>,
 }
 
 fn is_false(value: &bool) -> bool {
@@ -323,6 +344,7 @@ impl Entry {
             content: None,
             compact_metadata: None,
             snip_metadata: None,
+            erased: None,
             created_at: None,
             extra: Map::new(),
             sent: None,
@@ -361,6 +383,41 @@ impl Entry {
 
     pub fn is_compact_boundary(&self) -> bool {
         self.kind == EntryKind::System && self.subtype.as_deref() == Some(subtype::COMPACT_BOUNDARY)
+    }
+
+    /// A tombstone left by an erasure: no content, never in a model's view.
+    pub fn is_erased(&self) -> bool {
+        self.erased.is_some()
+    }
+
+    /// The tombstone of this entry: its seq, uuid, type, role (with an empty content), provider
+    /// response id (rounds stay grouped), time, place in the transcript's tree, and what makes
+    /// it a boundary, a summary or a snip (so the view around it stays the same), with
+    /// everything else, content and unmodelled fields alike, gone.
+    pub fn tombstone(&self, mark: ErasedMark) -> Entry {
+        let mut extra = Map::new();
+        for key in TOMBSTONE_KEEPS {
+            if let Some(value) = self.extra.get(*key) {
+                extra.insert((*key).to_owned(), value.clone());
+            }
+        }
+        Entry {
+            seq: self.seq,
+            uuid: self.uuid.clone(),
+            kind: self.kind,
+            message: self.message.as_ref().map(|message| ApiMessage {
+                id: message.id.clone(),
+                ..ApiMessage::new(message.role, Content::Blocks(Vec::new()))
+            }),
+            subtype: self.subtype.clone(),
+            is_compact_summary: self.is_compact_summary,
+            compact_metadata: self.compact_metadata.clone(),
+            snip_metadata: self.snip_metadata.clone(),
+            erased: Some(mark),
+            created_at: self.created_at,
+            extra,
+            ..Entry::new(self.kind)
+        }
     }
 
     pub fn is_snip(&self) -> bool {

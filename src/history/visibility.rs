@@ -11,7 +11,7 @@ use super::model::{subtype, Entry, EntryKind};
 
 /// Whether the entry is ever part of what the model reads.
 pub fn is_sent_to_model(entry: &Entry) -> bool {
-    if entry.is_virtual || entry.is_api_error_message() {
+    if entry.is_virtual || entry.is_api_error_message() || entry.is_erased() {
         return false;
     }
     match entry.kind {

@@ -6,6 +6,7 @@ pub mod context;
 pub mod cursors;
 pub mod docs;
 pub mod document;
+pub mod erasures;
 pub mod guard;
 pub mod health;
 pub mod jobs;
@@ -247,7 +248,7 @@ pub(crate) fn page_limit(requested: Option<u32>, default: u32, max: u32) -> Resu
     tags(
         (name = "threads", description = "Conversation threads"),
         (name = "messages", description = "The append-only history of a thread"),
-        (name = "context", description = "Model-ready views: API rounds, the normalized context, snips"),
+        (name = "context", description = "Model-ready views: API rounds, the normalized context, snips, erasures"),
         (name = "transcripts", description = "Whole transcripts as JSON Lines: import and export"),
         (name = "cursors", description = "Incremental consumers: named bookmarks, pending batches, leases"),
         (name = "jobs", description = "Background jobs: compaction"),
@@ -265,6 +266,7 @@ fn api_router() -> OpenApiRouter<AppState> {
         .merge(threads::router())
         .merge(messages::router())
         .merge(context::router())
+        .merge(erasures::router())
         .merge(cursors::router())
         .merge(admin::router())
         .merge(jobs::router())

@@ -344,6 +344,9 @@ impl From<StoreError> for ApiError {
                 };
                 ApiError::no_such_message(path, error.to_string())
             }
+            StoreError::NoSuchEntries { field, .. } => {
+                ApiError::no_such_message(field, error.to_string())
+            }
             StoreError::WindowTooLarge { .. } => {
                 ApiError::new(ProblemKind::WindowTooLarge, error.to_string())
             }

@@ -63,6 +63,8 @@ impl LineDto {
 const NOTHING_SENT: &str = "(nothing the model reads: progress or bookkeeping only)";
 /// What zoom shows of a snipped message: that it is hidden, never what it said.
 const HIDDEN_MESSAGE: &str = "(snipped: hidden from the model)";
+/// What zoom shows of an erased message.
+const ERASED_MESSAGE: &str = "(erased)";
 
 fn zoom_text(text: String) -> String {
     if text.trim().is_empty() {
@@ -137,6 +139,12 @@ pub async fn zoom(
         | Ok(ZoomRead::Halves(_, None)) => ZoomResponse::error(no_line()),
         Ok(ZoomRead::Hidden) => ZoomResponse {
             content: format!("{}+1|{HIDDEN_MESSAGE}", body.id),
+            is_error: false,
+            lines: Vec::new(),
+            message: None,
+        },
+        Ok(ZoomRead::Erased) => ZoomResponse {
+            content: format!("{}+1|{ERASED_MESSAGE}", body.id),
             is_error: false,
             lines: Vec::new(),
             message: None,

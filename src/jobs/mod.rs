@@ -10,6 +10,7 @@
 //! attempt. A running job whose lease expires (its worker died) is claimed again.
 
 pub mod compaction;
+pub mod erasure;
 pub mod tree;
 pub mod view_reader;
 

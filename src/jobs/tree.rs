@@ -30,8 +30,9 @@ use crate::tree::{advance, line_size, next_boundary, NodeId, Outline, OutlineOpt
 const CHUNK: u64 = 1024;
 
 /// Lines of the outline before a node that its summarizer reads (at most, and within
-/// [`CONTEXT_BYTES`]): what came just before, so the line does not repeat it.
-const CONTEXT_LINES: u64 = 8;
+/// [`CONTEXT_BYTES`]): what came just before, so the line does not repeat it. A hidden line
+/// reaches as far ([`crate::store::LINE_CONTEXT_LINES`]).
+const CONTEXT_LINES: u64 = crate::store::LINE_CONTEXT_LINES as u64;
 const CONTEXT_BYTES: usize = 4096;
 
 /// The lines of one level just before the node being written, oldest first: kept as the run
@@ -193,9 +194,38 @@ async fn hide_leaves(
     seqs: &[u64],
     options: &OutlineOptions,
 ) -> Result<u64, StoreError> {
-    let line_bytes = options.line_bytes.max(OutlineOptions::MIN_LINE_BYTES);
-    let stand_in = move |left: &str, right: &str| stand_in_line(left, right, line_bytes);
-    store.hide_in_tree(thread_key, seqs, &stand_in).await
+    store
+        .hide_in_tree(thread_key, seqs, &LineStandIns::new(options))
+        .await
+}
+
+/// Lines rebuilt without a model, `line_bytes` long at most.
+pub struct LineStandIns {
+    line_bytes: usize,
+}
+
+impl LineStandIns {
+    pub fn new(options: &OutlineOptions) -> Self {
+        LineStandIns {
+            line_bytes: options.line_bytes.max(OutlineOptions::MIN_LINE_BYTES),
+        }
+    }
+}
+
+impl crate::store::StandIns for LineStandIns {
+    fn merge(&self, left: &str, right: &str) -> String {
+        stand_in_line(left, right, self.line_bytes)
+    }
+
+    fn leaf(&self, entry: &Entry) -> String {
+        free_leaf_text(entry, self.line_bytes).unwrap_or_else(|| {
+            crate::summarize::extract_without_model(&SummaryRequest::new(
+                vec![entry.clone()],
+                Purpose::Line,
+                self.line_bytes,
+            ))
+        })
+    }
 }
 
 /// A parent's line built without a model from its children's: both word for word when they
@@ -441,6 +471,37 @@ impl Runner {
         Ok(())
     }
 
+    /// The line of the message at leaf `node`, written again as a tree job writes it.
+    async fn leaf_again(
+        &self,
+        thread_key: &ThreadKey,
+        node: NodeId,
+        sources: &Sources,
+        line_bytes: usize,
+    ) -> Result<NewNode, JobError> {
+        let entries = self
+            .store
+            .entries_between(thread_key, node.index, node.index + 1)
+            .await?;
+        let Some(entry) = entries.into_iter().next() else {
+            return Err(JobError::Store(StoreError::ThreadNotFound));
+        };
+        let snipped = entry
+            .uuid
+            .as_ref()
+            .is_some_and(|uuid| sources.snipped.contains(uuid));
+        if snipped {
+            return Ok(NewNode::verbatim(node, String::new()));
+        }
+        Ok(match free_leaf_text(&entry, line_bytes) {
+            Some(text) => NewNode::verbatim(node, text),
+            None => {
+                let request = SummaryRequest::new(vec![entry], Purpose::Line, line_bytes);
+                summarized(node, self.summarizer.summarize(&request).await?)
+            }
+        })
+    }
+
     /// Summarizes again the lines a snip left as stand-ins (built without a model), lowest level
     /// first, so that a parent reads its children's new lines. Each is written on its own,
     /// fenced like any node.
@@ -458,6 +519,18 @@ impl Runner {
                 return Ok(());
             }
             for node in stand_ins {
+                if node.level == 0 {
+                    // A message's own line (an erasure rebuilt it, or one beside it).
+                    let new = self
+                        .leaf_again(thread_key, node, sources, line_bytes)
+                        .await?;
+                    progress.calls += u64::from(new.calls);
+                    progress.written += self
+                        .store
+                        .replace_stand_ins(thread_key, sources.epoch, std::slice::from_ref(&new))
+                        .await?;
+                    continue;
+                }
                 let children = self
                     .store
                     .tree_level_texts(

@@ -1,6 +1,6 @@
 //! Reads a window in the order of its view, a page at a time: the order
 //! [`view::slice_after_boundary`] puts the window's entries in, without the ones
-//! [`view::hide_snipped`] hides. A compaction plans over this stream and then summarizes from it,
+//! [`view::hide_snipped`] hides, and without tombstones. A compaction plans over this stream and then summarizes from it,
 //! so it never holds its window, whatever the window's length.
 //!
 //! The view of a window whose last compact boundary `b` preserved the segment `[first, last]` is:
@@ -192,6 +192,13 @@ impl<S: WindowSource> ViewReader<S> {
         reader
     }
 
+    /// The same reader, also hiding the entries with these uuids (an erasure reads the window
+    /// before its tombstones are committed).
+    pub fn hiding(mut self, uuids: &HashSet<String>) -> Self {
+        self.removed.extend(uuids.iter().cloned());
+        self
+    }
+
     /// Back to the start of the view, the snips it read kept: a second pass reads only pages.
     pub fn rewind(&mut self) {
         self.head_end = self.shape.start_seq;
@@ -250,6 +257,8 @@ impl<S: WindowSource> ViewReader<S> {
             if !self.removed.is_empty() {
                 page.retain(|e| e.uuid.as_deref().is_none_or(|u| !self.removed.contains(u)));
             }
+            // A tombstone holds nothing to summarize; a boundary's keeps the view's shape.
+            page.retain(|e| !e.is_erased() || e.is_compact_boundary());
             if !page.is_empty() {
                 return Ok(Some(page));
             }

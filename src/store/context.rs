@@ -49,6 +49,8 @@ pub struct ContextHead {
     pub next_seq: i64,
     /// The bytes of the thread's stored bodies: a bound on its window's.
     pub stored_bytes: i64,
+    /// The thread's redaction epoch: moved by every snip and erasure.
+    pub redaction_epoch: i64,
 }
 
 /// Most entries one window read returns; a larger window is refused rather than loaded whole.
@@ -128,6 +130,16 @@ impl Store {
     pub async fn context_bounds(&self, head: &ContextHead) -> Result<WindowBounds, StoreError> {
         self.bounds_below(head.thread_key.clone(), head.next_seq, None)
             .await
+    }
+
+    /// The window's bounds in the thread `thread_key` as it was when it ended at `next_seq`
+    /// (an erasure reads the window a compaction summarized, from that compaction's boundary).
+    pub async fn window_bounds_below(
+        &self,
+        thread_key: &ThreadKey,
+        next_seq: i64,
+    ) -> Result<WindowBounds, StoreError> {
+        self.bounds_below(thread_key.clone(), next_seq, None).await
     }
 
     /// The window's bounds in the thread `thread_key` as it ended at `next_seq`.
@@ -290,7 +302,7 @@ impl Store {
     ) -> Result<ContextHead, StoreError> {
         // No settings row reads as NULLs, which are the defaults.
         let row = sqlx::query(
-            "SELECT t.thread_key, t.next_seq, t.stored_bytes, s.auto_compact_tokens, \
+            "SELECT t.thread_key, t.next_seq, t.stored_bytes, t.redaction_epoch, s.auto_compact_tokens, \
              s.microcompact, s.outline, s.clearing \
              FROM threads t LEFT JOIN thread_settings s ON s.thread_key = t.thread_key \
              WHERE t.tenant_id = $1 AND t.thread_id = $2",
@@ -305,6 +317,7 @@ impl Store {
             thread_key: ThreadKey::from_stored(row.try_get("thread_key")?),
             next_seq: row.try_get("next_seq")?,
             stored_bytes: row.try_get("stored_bytes")?,
+            redaction_epoch: row.try_get("redaction_epoch")?,
         })
     }
 

@@ -124,6 +124,9 @@ pub struct CompactionWrite {
     pub read_next_seq: i64,
     /// Estimated tokens of the new context as of the read (summary + kept rounds).
     pub base_tokens: i64,
+    /// The thread's redaction epoch read before the job read its sources: a snip or an
+    /// erasure since then refuses the write ([`StoreError::SourcesChanged`]).
+    pub epoch: i64,
 }
 
 const JOB_COLUMNS: &str = "job_id, tenant_id, thread_key, kind, state, payload, result, dedup_key, \
@@ -663,8 +666,9 @@ impl Store {
     /// job's result, once the thread is locked and its next seq is known: the preserved segment
     /// runs up to `next_seq - 1`, so entries appended while the job ran are kept. Fails with
     /// [`StoreError::BoundaryMoved`] when another boundary was appended since the job read the
-    /// thread, and with [`StoreError::LeaseLost`] when the claim was taken over (nothing is written
-    /// then). The thread's running token estimate becomes `base_tokens` plus the estimate of the
+    /// thread, with [`StoreError::SourcesChanged`] when a snip or an erasure moved the redaction
+    /// epoch since (the summary may hold what they took out), and with [`StoreError::LeaseLost`]
+    /// when the claim was taken over (nothing is written then). The thread's running token estimate becomes `base_tokens` plus the estimate of the
     /// entries appended while the job ran.
     pub async fn write_compaction<F>(
         &self,
@@ -684,7 +688,7 @@ impl Store {
         let mut tx = self.writer.begin().await?;
         let row = sqlx::query(
             "UPDATE threads SET updated_at = $1 WHERE thread_key = $2 AND tenant_id = $3 \
-             RETURNING next_seq, visible_count",
+             RETURNING next_seq, visible_count, redaction_epoch",
         )
         .bind(now_ms)
         .bind(thread_key.as_str())
@@ -692,6 +696,9 @@ impl Store {
         .fetch_optional(&mut *tx)
         .await?
         .ok_or(StoreError::ThreadNotFound)?;
+        if row.try_get::<i64, _>("redaction_epoch")? != write.epoch {
+            return Err(StoreError::SourcesChanged);
+        }
         let next_seq: i64 = row.try_get("next_seq")?;
         let visible_count: i64 = row.try_get("visible_count")?;
         let last_boundary: Option<i64> = sqlx::query_scalar(&format!(

@@ -25,6 +25,7 @@ mod admin;
 mod append;
 mod context;
 mod cursors;
+mod erasure;
 mod ids;
 mod jobs;
 mod keys;
@@ -49,6 +50,9 @@ pub use context::{ContextHead, ContextTail, ContextWindow, WindowBounds, MAX_WIN
 pub use cursors::{
     AdvanceOutcome, AdvanceRequest, BatchLimit, Bookmark, Claim, CursorState, Lease, PendingBatch,
 };
+pub use erasure::{
+    Erasure, ErasureArtifacts, ErasureTargets, ErasureTx, StoredSummary, MAX_ERASED_ENTRIES,
+};
 pub use ids::{Seq, ThreadId, ThreadKey};
 pub use jobs::{
     ClaimedJob, CompactionWrite, EnqueueOutcome, Job, JobState, NewJob, ThreadJobs, NOTIFY_CHANNEL,
@@ -61,7 +65,7 @@ pub use payloads::{
 pub use rows::fingerprint;
 pub use settings::{ClearingSettings, MicrocompactSettings, ThreadSettings};
 pub use threads::{NewThread, Thread, ThreadPage};
-pub use tree::{NewNode, OutlineSnapshot, TreeStatus, ZoomRead};
+pub use tree::{NewNode, OutlineSnapshot, StandIns, TreeStatus, ZoomRead, LINE_CONTEXT_LINES};
 
 /// How a request named a message: by its seq or by its uuid.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -147,6 +151,13 @@ pub enum StoreError {
     /// nothing and runs again.
     #[error("the thread's messages were hidden or erased since the job read them")]
     SourcesChanged,
+    /// An erasure named entries the thread does not hold.
+    #[error("the thread holds no entry with {field} {}", .names.iter().take(10).map(|n| clip(n, 64).into_owned()).collect::<Vec<_>>().join(", "))]
+    NoSuchEntries {
+        /// `uuids` or `seqs`: how the request named them.
+        field: &'static str,
+        names: Vec<String>,
+    },
     #[error("the window holds {entries} entries, more than {max}; start it later")]
     WindowTooLarge { entries: i64, max: i64 },
     #[error(
@@ -258,6 +269,7 @@ impl StoreError {
 /// Tables of per-thread data, all keyed by `thread_key`; deleting a thread empties them.
 const THREAD_DATA_TABLES: &[&str] = &[
     "messages",
+    "erasures",
     "cursors",
     "jobs",
     "thread_settings",
@@ -559,7 +571,7 @@ async fn checkpoint_wal(pool: AnyPool, scrub: Arc<tokio::sync::Notify>) {
 
 /// Empties the WAL file: the truncating checkpoint copies every frame into the database and
 /// cuts the file to nothing, once no reader holds an older snapshot (tried again meanwhile).
-async fn truncate_wal(pool: &AnyPool) {
+pub(super) async fn truncate_wal(pool: &AnyPool) {
     loop {
         match sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
             .fetch_one(pool)

@@ -35,6 +35,8 @@ pub enum ZoomRead {
     Message(Option<Box<Entry>>),
     /// The message is snipped: hidden from every model-facing view, zoom included.
     Hidden,
+    /// The message was erased: a tombstone.
+    Erased,
     /// The two halves, each with its text when built.
     Halves(Option<(NodeId, String)>, Option<(NodeId, String)>),
 }
@@ -203,17 +205,14 @@ impl Store {
         Ok(written)
     }
 
-    /// Hides the messages at `seqs` from the tree, in one transaction: their level-0 lines become
-    /// empty (no line), and every built ancestor gets a stand-in built without a model from its
-    /// children by `stand_in(left, right)`, bottom up (summarizer `stand-in`). The redaction
-    /// epoch moves, so a tree job that read its sources before cannot write after, and the
-    /// outline's version moves, so nothing cached from the old lines is reused. Returns the nodes
-    /// rewritten.
+    /// Hides the messages at `seqs` from the tree, in one transaction ([`hide_in_tree_in`]).
+    /// The redaction epoch moves, so a tree job that read its sources before cannot write
+    /// after. Returns the nodes rewritten.
     pub async fn hide_in_tree(
         &self,
         thread_key: &ThreadKey,
         seqs: &[u64],
-        stand_in: &(dyn Fn(&str, &str) -> String + Send + Sync),
+        stand_ins: &dyn StandIns,
     ) -> Result<u64, StoreError> {
         let mut tx = self.writer.begin().await?;
         let bumped: Option<i64> = sqlx::query_scalar(
@@ -226,64 +225,8 @@ impl Store {
         if bumped.is_none() {
             return Err(StoreError::ThreadNotFound);
         }
-        let now = now_millis();
-        let mut rewritten = 0;
-        let mut level_indexes: std::collections::BTreeSet<u64> = seqs.iter().copied().collect();
-        for &seq in &level_indexes {
-            rewritten += sqlx::query(
-                "UPDATE tree_nodes SET text = '', summarizer = $1, calls = 0, created_at = $2 \
-                 WHERE thread_key = $3 AND level = 0 AND idx = $4",
-            )
-            .bind(HIDDEN)
-            .bind(now)
-            .bind(thread_key.as_str())
-            .bind(seq as i64)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
-        }
-        for level in 1..64_u32 {
-            // A parent is built only once both children are: a path stops at a missing node.
-            let parents: std::collections::BTreeSet<u64> =
-                level_indexes.iter().map(|index| index / 2).collect();
-            let mut built = std::collections::BTreeSet::new();
-            for &index in &parents {
-                let children: Vec<(i64, String)> = sqlx::query_as(
-                    "SELECT idx, text FROM tree_nodes WHERE thread_key = $1 AND level = $2 \
-                     AND idx >= $3 AND idx <= $4 ORDER BY idx",
-                )
-                .bind(thread_key.as_str())
-                .bind(i64::from(level - 1))
-                .bind((index * 2) as i64)
-                .bind((index * 2 + 1) as i64)
-                .fetch_all(&mut *tx)
-                .await?;
-                let [(_, left), (_, right)] = children.as_slice() else {
-                    continue;
-                };
-                let changed = sqlx::query(
-                    "UPDATE tree_nodes SET text = $1, summarizer = $2, calls = 0, created_at = $3 \
-                     WHERE thread_key = $4 AND level = $5 AND idx = $6",
-                )
-                .bind(stand_in(left, right))
-                .bind(STAND_IN)
-                .bind(now)
-                .bind(thread_key.as_str())
-                .bind(i64::from(level))
-                .bind(index as i64)
-                .execute(&mut *tx)
-                .await?
-                .rows_affected();
-                if changed > 0 {
-                    rewritten += changed;
-                    built.insert(index);
-                }
-            }
-            if built.is_empty() {
-                break;
-            }
-            level_indexes = built;
-        }
+        let rewritten =
+            hide_in_tree_in(&mut tx, thread_key, seqs, &[], stand_ins, now_millis()).await?;
         sqlx::query("UPDATE outlines SET version = version + 1 WHERE thread_key = $1")
             .bind(thread_key.as_str())
             .execute(&mut *tx)
@@ -577,6 +520,8 @@ impl Store {
                 };
                 if snipped {
                     ZoomRead::Hidden
+                } else if entry.as_ref().is_some_and(|entry| entry.is_erased()) {
+                    ZoomRead::Erased
                 } else {
                     ZoomRead::Message(entry.map(Box::new))
                 }
@@ -622,4 +567,227 @@ impl Store {
                 .await?;
         super::settings::outline_column(json.flatten())
     }
+}
+
+/// How lines are rebuilt without a model when text leaves the tree.
+pub trait StandIns: Send + Sync {
+    /// A parent's line from its two children's.
+    fn merge(&self, left: &str, right: &str) -> String;
+    /// A message's own line (empty when the model never sees it).
+    fn leaf(&self, entry: &Entry) -> String;
+}
+
+/// The lines before a line that its summarizer read as context (a tree job gives a model the
+/// non-empty lines just before the one it writes, at the level it reads): a line a model wrote
+/// within this many of a hidden one may quote it.
+pub const LINE_CONTEXT_LINES: usize = 8;
+
+/// Hides the messages at `hidden` from the tree in the caller's transaction, and rebuilds the
+/// lines of the messages at `rewritten` (their text changed in place: a compaction summary
+/// derived again): the hidden level-0 lines become empty (summarizer `hidden`), the rewritten
+/// ones are rebuilt from their messages, and every line that may hold the old text is rebuilt
+/// without a model (summarizer `stand-in`), bottom up: the built ancestors, from their
+/// children; and the lines a model wrote with a changed line among its context
+/// ([`LINE_CONTEXT_LINES`]), a leaf from its message, a parent from its children. Returns the
+/// nodes rewritten.
+pub(crate) async fn hide_in_tree_in(
+    tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+    thread_key: &ThreadKey,
+    hidden: &[u64],
+    rewritten_leaves: &[u64],
+    stand_ins: &dyn StandIns,
+    now: i64,
+) -> Result<u64, StoreError> {
+    use std::collections::BTreeSet;
+    let mut rewritten = 0;
+    let hidden: BTreeSet<u64> = hidden.iter().copied().collect();
+    for &seq in &hidden {
+        rewritten += sqlx::query(
+            "UPDATE tree_nodes SET text = '', summarizer = $1, calls = 0, created_at = $2 \
+             WHERE thread_key = $3 AND level = 0 AND idx = $4",
+        )
+        .bind(HIDDEN)
+        .bind(now)
+        .bind(thread_key.as_str())
+        .bind(seq as i64)
+        .execute(&mut **tx)
+        .await?
+        .rows_affected();
+    }
+    // Leaves rebuilt from their messages: those rewritten (whoever wrote their line), and
+    // those a model wrote with a changed leaf in its context.
+    let mut changed: BTreeSet<u64> = hidden.clone();
+    changed.extend(rewritten_leaves.iter().copied());
+    let mut leaves: Vec<(u64, bool)> = rewritten_leaves
+        .iter()
+        .filter(|seq| !hidden.contains(seq))
+        .map(|&seq| (seq, true))
+        .collect();
+    for index in read_with_context(tx, thread_key, 0, &changed).await? {
+        if !changed.contains(&index) {
+            leaves.push((index, false));
+        }
+    }
+    let mut dirty = hidden.clone();
+    for (index, always) in leaves {
+        let row = sqlx::query(
+            "SELECT seq, uuid, created_at, body FROM messages WHERE thread_key = $1 AND seq = $2",
+        )
+        .bind(thread_key.as_str())
+        .bind(index as i64)
+        .fetch_optional(&mut **tx)
+        .await?;
+        let Some(row) = row else { continue };
+        let text = stand_ins.leaf(&entry_from_row(&row)?);
+        let node = NodeId::leaf(index);
+        let done = if always {
+            rewrite_line(tx, thread_key, node, &text, now).await?
+        } else {
+            rewrite_model_line(tx, thread_key, node, &text, now).await?
+        };
+        if done > 0 {
+            rewritten += done;
+            dirty.insert(index);
+        }
+    }
+    for level in 1..64_u32 {
+        // The built parents of dirty lines, and the lines a model wrote whose context (the
+        // lines before their children) held one.
+        let mut parents: BTreeSet<(u64, bool)> =
+            dirty.iter().map(|index| (index / 2, true)).collect();
+        for child in read_with_context(tx, thread_key, level - 1, &dirty).await? {
+            if child % 2 == 0 {
+                parents.insert((child / 2, false));
+            }
+        }
+        let mut built = BTreeSet::new();
+        for (index, on_path) in parents {
+            if built.contains(&index) {
+                continue;
+            }
+            let children: Vec<(i64, String)> = sqlx::query_as(
+                "SELECT idx, text FROM tree_nodes WHERE thread_key = $1 AND level = $2 \
+                 AND idx >= $3 AND idx <= $4 ORDER BY idx",
+            )
+            .bind(thread_key.as_str())
+            .bind(i64::from(level - 1))
+            .bind((index * 2) as i64)
+            .bind((index * 2 + 1) as i64)
+            .fetch_all(&mut **tx)
+            .await?;
+            // A parent is built only once both children are: a path stops at a missing node.
+            let [(_, left), (_, right)] = children.as_slice() else {
+                continue;
+            };
+            let text = stand_ins.merge(left, right);
+            let node = NodeId::new(level, index);
+            let changed = if on_path {
+                rewrite_line(tx, thread_key, node, &text, now).await?
+            } else {
+                rewrite_model_line(tx, thread_key, node, &text, now).await?
+            };
+            if changed > 0 {
+                rewritten += changed;
+                built.insert(index);
+            }
+        }
+        if built.is_empty() {
+            break;
+        }
+        dirty = built;
+    }
+    Ok(rewritten)
+}
+
+/// Replaces a line with a stand-in.
+async fn rewrite_line(
+    tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+    thread_key: &ThreadKey,
+    node: NodeId,
+    text: &str,
+    now: i64,
+) -> Result<u64, StoreError> {
+    Ok(sqlx::query(
+        "UPDATE tree_nodes SET text = $1, summarizer = $2, calls = 0, created_at = $3 \
+         WHERE thread_key = $4 AND level = $5 AND idx = $6",
+    )
+    .bind(text)
+    .bind(STAND_IN)
+    .bind(now)
+    .bind(thread_key.as_str())
+    .bind(i64::from(node.level))
+    .bind(node.index as i64)
+    .execute(&mut **tx)
+    .await?
+    .rows_affected())
+}
+
+/// Replaces a line a model wrote (it cost calls) with a stand-in; leaves any other alone.
+async fn rewrite_model_line(
+    tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+    thread_key: &ThreadKey,
+    node: NodeId,
+    text: &str,
+    now: i64,
+) -> Result<u64, StoreError> {
+    Ok(sqlx::query(
+        "UPDATE tree_nodes SET text = $1, summarizer = $2, calls = 0, created_at = $3 \
+         WHERE thread_key = $4 AND level = $5 AND idx = $6 AND calls > 0",
+    )
+    .bind(text)
+    .bind(STAND_IN)
+    .bind(now)
+    .bind(thread_key.as_str())
+    .bind(i64::from(node.level))
+    .bind(node.index as i64)
+    .execute(&mut **tx)
+    .await?
+    .rows_affected())
+}
+
+/// The indexes at `level` after each of `dirty` that a summarizer may have read one of `dirty`
+/// as context for: those with fewer than [`LINE_CONTEXT_LINES`] non-empty lines between
+/// (counted as the lines are now, which can only make more of them qualify).
+async fn read_with_context(
+    tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+    thread_key: &ThreadKey,
+    level: u32,
+    dirty: &std::collections::BTreeSet<u64>,
+) -> Result<std::collections::BTreeSet<u64>, StoreError> {
+    let mut reached = std::collections::BTreeSet::new();
+    // Empty lines (entries the model never sees: a progress flood) do not count: read on, a
+    // page at a time, until enough lines or a gap.
+    const PAGE: i64 = 256;
+    for &from in dirty {
+        let mut lines_between = 0;
+        let mut next = from + 1;
+        'pages: loop {
+            let rows: Vec<(i64, String)> = sqlx::query_as(
+                "SELECT idx, text FROM tree_nodes WHERE thread_key = $1 AND level = $2 \
+                 AND idx >= $3 ORDER BY idx LIMIT $4",
+            )
+            .bind(thread_key.as_str())
+            .bind(i64::from(level))
+            .bind(next as i64)
+            .bind(PAGE)
+            .fetch_all(&mut **tx)
+            .await?;
+            let full = rows.len() as i64 == PAGE;
+            for (index, text) in rows {
+                // A gap: nothing was built past it, so nothing read past it either.
+                if index as u64 != next || lines_between >= LINE_CONTEXT_LINES {
+                    break 'pages;
+                }
+                reached.insert(next);
+                if !text.trim().is_empty() && !dirty.contains(&next) {
+                    lines_between += 1;
+                }
+                next += 1;
+            }
+            if !full {
+                break;
+            }
+        }
+    }
+    Ok(reached)
 }

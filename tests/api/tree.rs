@@ -36,12 +36,12 @@ fn config() -> JobsConfig {
     }
 }
 
-fn runner(app: &TestApp, summarizer: Arc<dyn Summarizer>) -> Runner {
+pub(crate) fn runner(app: &TestApp, summarizer: Arc<dyn Summarizer>) -> Runner {
     Runner::new(app.store.clone(), summarizer, config())
 }
 
 /// Runs jobs until none is left; panics on a job that does not succeed.
-async fn drain(runner: &Runner) -> Vec<Value> {
+pub(crate) async fn drain(runner: &Runner) -> Vec<Value> {
     let mut results = Vec::new();
     for _ in 0..1_000 {
         match runner.step(Clock::System).await.unwrap() {
@@ -62,21 +62,21 @@ async fn put_settings(app: &TestApp, thread: &str, settings: Value) -> crate::co
     .await
 }
 
-async fn outline_on(app: &TestApp, thread: &str, options: Value) {
+pub(crate) async fn outline_on(app: &TestApp, thread: &str, options: Value) {
     let response = put_settings(app, thread, json!({ "outline": options })).await;
     assert_eq!(response.status, StatusCode::OK, "{}", response.body);
 }
 
 /// Exchange `i`: a user turn and an assistant answer (its own response id, so every answer
 /// starts a round).
-fn exchange(i: usize, question: &str, answer: &str) -> Vec<Value> {
+pub(crate) fn exchange(i: usize, question: &str, answer: &str) -> Vec<Value> {
     vec![
         user(&format!("u{i}"), question),
         assistant(&format!("a{i}"), &format!("msg_{i}"), answer),
     ]
 }
 
-async fn zoom(app: &TestApp, thread: &str, id: i64, n: i64) -> Value {
+pub(crate) async fn zoom(app: &TestApp, thread: &str, id: i64, n: i64) -> Value {
     let response = app
         .post(
             &format!("/v1/threads/{thread}/zoom"),
@@ -87,7 +87,7 @@ async fn zoom(app: &TestApp, thread: &str, id: i64, n: i64) -> Value {
     response.body
 }
 
-fn assert_valid(context: &Value, provider: &str) {
+pub(crate) fn assert_valid(context: &Value, provider: &str) {
     let messages = context["messages"].as_array().unwrap();
     let violations = match provider {
         "openai" => openai::validate(messages),
@@ -213,13 +213,38 @@ async fn context_boundary(app: &TestApp, thread: &str) -> Value {
 }
 
 /// A deterministic summarizer that keeps every `NEEDLE-<n>` token it reads, then the first words.
-struct NeedleKeeper;
+pub(crate) struct NeedleKeeper;
 
 fn needles(text: &str) -> Vec<String> {
     text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
         .filter(|word| word.starts_with("NEEDLE-"))
         .map(str::to_owned)
         .collect()
+}
+
+/// The text a summarizer reads for `req`: the lines it merges, or its entries rendered.
+pub(crate) fn request_source(req: &SummaryRequest) -> String {
+    match req.purpose {
+        Purpose::Merge => req.lines.join(" "),
+        _ => loupe::summarize::render::transcript_items(&req.entries).join(" "),
+    }
+}
+
+/// The needles of `source` first, then its words, within `max_bytes`.
+pub(crate) fn keep_needles(source: &str, max_bytes: usize) -> String {
+    let mut words = needles(source);
+    words.extend(source.split_whitespace().map(str::to_owned));
+    let mut text = String::new();
+    for word in words {
+        if text.len() + word.len() + 1 > max_bytes {
+            break;
+        }
+        if !text.is_empty() {
+            text.push(' ');
+        }
+        text.push_str(&word);
+    }
+    text
 }
 
 #[async_trait]
@@ -229,24 +254,8 @@ impl Summarizer for NeedleKeeper {
     }
 
     async fn summarize(&self, req: &SummaryRequest) -> Result<Summary, SummarizeError> {
-        let source = match req.purpose {
-            Purpose::Merge => req.lines.join(" "),
-            _ => loupe::summarize::render::transcript_items(&req.entries).join(" "),
-        };
-        let mut words = needles(&source);
-        words.extend(source.split_whitespace().map(str::to_owned));
-        let mut text = String::new();
-        for word in words {
-            if text.len() + word.len() + 1 > req.max_bytes {
-                break;
-            }
-            if !text.is_empty() {
-                text.push(' ');
-            }
-            text.push_str(&word);
-        }
         Ok(Summary {
-            text,
+            text: keep_needles(&request_source(req), req.max_bytes),
             summarizer: self.name(),
             calls: 0,
         })
@@ -557,7 +566,17 @@ async fn stand_ins(app: &TestApp) -> i64 {
 /// Every model-facing view of the thread: the context in both views for each provider, the
 /// outline, zoom down every line to the message, and a normalized cursor batch. None holds
 /// `secret`, and every context is valid.
-async fn assert_hidden_everywhere(app: &TestApp, thread: &str, secret: &str) {
+/// No model-facing view of the thread holds any of `secrets`: its contexts (every provider,
+/// both views, each valid), its outline and every zoom down from it, and a normalized cursor
+/// batch.
+pub(crate) async fn assert_hidden_everywhere(app: &TestApp, thread: &str, secrets: &[&str]) {
+    let holds = |value: &Value| {
+        let text = value.to_string();
+        secrets
+            .iter()
+            .find(|secret| text.contains(**secret))
+            .copied()
+    };
     for view in ["", "&view=outline"] {
         for provider in ["anthropic", "openai", "openai_responses", "gemini"] {
             let context = app
@@ -566,8 +585,9 @@ async fn assert_hidden_everywhere(app: &TestApp, thread: &str, secret: &str) {
                 ))
                 .await;
             assert_eq!(context.status, StatusCode::OK, "{}", context.body);
-            assert!(
-                !context.body.to_string().contains(secret),
+            assert_eq!(
+                holds(&context.body),
+                None,
                 "{provider}{view}: {}",
                 context.body
             );
@@ -575,11 +595,7 @@ async fn assert_hidden_everywhere(app: &TestApp, thread: &str, secret: &str) {
         }
     }
     let outline = app.get(&format!("/v1/threads/{thread}/outline")).await;
-    assert!(
-        !outline.body.to_string().contains(secret),
-        "{}",
-        outline.body
-    );
+    assert_eq!(holds(&outline.body), None, "{}", outline.body);
     let mut open: Vec<(i64, i64)> = outline.body["lines"]
         .as_array()
         .unwrap()
@@ -590,10 +606,7 @@ async fn assert_hidden_everywhere(app: &TestApp, thread: &str, secret: &str) {
     while let Some((id, n)) = open.pop() {
         let answer = zoom(app, thread, id, n).await;
         zooms += 1;
-        assert!(
-            !answer.to_string().contains(secret),
-            "zoom({id}, {n}): {answer}"
-        );
+        assert_eq!(holds(&answer), None, "zoom({id}, {n}): {answer}");
         if n > 1 {
             for line in answer["lines"].as_array().unwrap() {
                 open.push((line["id"].as_i64().unwrap(), line["n"].as_i64().unwrap()));
@@ -607,7 +620,7 @@ async fn assert_hidden_everywhere(app: &TestApp, thread: &str, secret: &str) {
         ))
         .await;
     assert_eq!(batch.status, StatusCode::OK, "{}", batch.body);
-    assert!(!batch.body.to_string().contains(secret), "{}", batch.body);
+    assert_eq!(holds(&batch.body), None, "{}", batch.body);
 }
 
 /// A snip hides a message from every model-facing view at once (lines already summarized
@@ -650,7 +663,7 @@ async fn a_snipped_message_leaves_the_outline_zoom_and_normalized_batches(app: T
         )
         .await;
     assert_eq!(snip.status, StatusCode::CREATED, "{}", snip.body);
-    assert_hidden_everywhere(&app, &thread, SECRET).await;
+    assert_hidden_everywhere(&app, &thread, &[SECRET]).await;
     assert!(
         stand_ins(&app).await > 0,
         "the lines above it were rebuilt without a model"
@@ -659,7 +672,7 @@ async fn a_snipped_message_leaves_the_outline_zoom_and_normalized_batches(app: T
     // The tree job summarizes the stand-ins again with the thread's summarizer.
     drain(&runner).await;
     assert_eq!(stand_ins(&app).await, 0);
-    assert_hidden_everywhere(&app, &thread, SECRET).await;
+    assert_hidden_everywhere(&app, &thread, &[SECRET]).await;
 
     // Lines built after the snip hide it too.
     for i in 32..40 {
@@ -670,7 +683,7 @@ async fn a_snipped_message_leaves_the_outline_zoom_and_normalized_batches(app: T
         .await;
         drain(&runner).await;
     }
-    assert_hidden_everywhere(&app, &thread, SECRET).await;
+    assert_hidden_everywhere(&app, &thread, &[SECRET]).await;
 
     // A snip is not an erasure: the raw record keeps the message.
     let messages = app
@@ -725,7 +738,7 @@ async fn a_snip_whose_redaction_never_ran_is_applied_by_the_next_tree_job(app: T
         outline.body
     );
     drain(&runner).await;
-    assert_hidden_everywhere(&app, &thread, SECRET).await;
+    assert_hidden_everywhere(&app, &thread, &[SECRET]).await;
     assert_eq!(stand_ins(&app).await, 0);
     app.finish().await;
 }

@@ -13,7 +13,8 @@
 //! § Incremental reads).
 //! 1. [`view::slice_after_boundary`] (a): the last compact boundary and what follows it; Loupe's
 //!    `preserved_segment {first_seq, last_seq}` re-inserts the kept range after the summaries.
-//! 2. [`view::hide_snipped`] (b): every `snip` entry of the input hides its `removed_uuids`.
+//! 2. [`view::hide_snipped`] (b): every `snip` entry of the input hides its `removed_uuids`;
+//!    [`view::hide_erased`] (b') hides tombstones.
 //! 3. [`view::reorder_attachments`] (c): `reorderAttachmentsForAPI`.
 //! 4. [`view::drop_virtual`] (d).
 //! 5. [`media::build_strip_map`] (e): media-error → target message map (interactive and `-p` texts).
@@ -296,6 +297,9 @@ pub enum RepairKind {
     ThinkingLoopClosed,
     /// An OpenAI reasoning item not immediately followed by the item it produced was dropped.
     ReasoningDropped,
+    /// An entry an erasure emptied (a tombstone) was left out; a `tool_use` or `tool_result` it
+    /// held is repaired as a missing one is.
+    Erased,
 }
 
 /// One repair applied to the history, naming the stored entries involved.

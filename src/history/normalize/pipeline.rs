@@ -55,6 +55,7 @@ pub fn run(
 ) -> Result<(Vec<Msg>, Option<i64>), Fallback> {
     let (view, boundary) = seam.view(entries)?;
     let view = view::hide_snipped(entries, view);
+    let view = view::hide_erased(entries, view, ctx);
     seam.check_view(entries, &view)?;
     let view = view::reorder_attachments(entries, view, ctx);
     ctx.end_stage();

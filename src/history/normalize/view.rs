@@ -72,6 +72,30 @@ pub fn hide_snipped(entries: &[Entry], view: Vec<usize>) -> Vec<usize> {
         .collect()
 }
 
+/// Step b' — hides tombstones ([`Entry::is_erased`]): an erasure took their content. Reports
+/// `erased` for each one a model would have read; the passes after it repair what their absence
+/// leaves (a `tool_use` without its result, a result without its use) as they repair a missing
+/// entry.
+pub fn hide_erased(entries: &[Entry], view: Vec<usize>, ctx: &mut Ctx) -> Vec<usize> {
+    if !view.iter().any(|&i| entries[i].is_erased()) {
+        return view;
+    }
+    let mut kept = Vec::with_capacity(view.len());
+    for i in view {
+        let entry = &entries[i];
+        if !entry.is_erased() {
+            kept.push(i);
+        } else if entry.kind.is_model_visible() || entry.kind == EntryKind::Attachment {
+            ctx.report(
+                RepairKind::Erased,
+                [i as u32],
+                "an erased entry was left out".to_owned(),
+            );
+        }
+    }
+    kept
+}
+
 /// A stopping point of `reorderAttachmentsForAPI`: an assistant, or a user whose array content
 /// starts with a `tool_result`.
 fn is_stopping_point(e: &Entry) -> bool {

@@ -22,7 +22,7 @@ use super::{Clock, JobError, Runner};
 use crate::history::estimate_entry_tokens;
 use crate::history::model::Entry;
 use crate::history::normalize::tokens::rough;
-use crate::store::{ClaimedJob, CompactionWrite, TenantId};
+use crate::store::{ClaimedJob, CompactionWrite, StoreError, TenantId};
 use crate::summarize::{Purpose, SummaryRequest};
 use plan::{
     boundary_entry, preserved_segment, summary_entry, BoundaryInfo, CompactionPlan, PageCutter,
@@ -31,7 +31,9 @@ use plan::{
 /// The job's steps: read the window and plan the cut, summarize what lies before it a page at a
 /// time, then write the boundary and the summary with the job's completion.
 impl Runner {
-    /// Runs one compaction job to its write (or to "nothing to summarize").
+    /// Runs one compaction job to its write (or to "nothing to summarize"). A snip or an
+    /// erasure while it ran refuses its write, since the summary may hold what they took out:
+    /// it reads and summarizes again, a few times, then fails (and is retried later).
     pub(super) async fn compact(
         &self,
         claimed: &ClaimedJob,
@@ -39,6 +41,23 @@ impl Runner {
     ) -> Result<Value, JobError> {
         let payload: CompactionPayload = serde_json::from_value(claimed.job.payload.clone())
             .map_err(|e| JobError::Invalid(format!("bad compaction payload: {e}")))?;
+        let mut restarts = 0;
+        loop {
+            match self.compact_once(claimed, clock, &payload).await {
+                Err(JobError::Store(StoreError::SourcesChanged)) if restarts < MAX_RESTARTS => {
+                    restarts += 1;
+                }
+                done => return done,
+            }
+        }
+    }
+
+    async fn compact_once(
+        &self,
+        claimed: &ClaimedJob,
+        clock: Clock,
+        payload: &CompactionPayload,
+    ) -> Result<Value, JobError> {
         let tenant = TenantId(claimed.job.tenant_id.clone());
         // Read (no transaction stays open past here) a page at a time, twice: once to plan, and
         // again to summarize, a summarizer request's worth of entries at a time. The window is
@@ -47,6 +66,8 @@ impl Runner {
             .store
             .window_bounds(&tenant, &payload.thread_id, None)
             .await?;
+        // Before any source is read: a snip or an erasure after this moves it.
+        let epoch = self.store.redaction_epoch(&bounds.thread_key).await?;
         let window = StoreWindow {
             store: &self.store,
             bounds: &bounds,
@@ -72,7 +93,7 @@ impl Runner {
         let messages_summarized = plan.messages_summarized;
         let (boundary_seq, read_next_seq) = (bounds.boundary_seq(), bounds.next_seq);
         let to_summarize = ToSummarize::new(reader, &plan);
-        let summary = self.summarize_window(to_summarize, &plan, &payload).await?;
+        let summary = self.summarize_window(to_summarize, &plan, payload).await?;
         let summary_entry = summary_entry(&summary.text);
         let summary_tokens = rough(summary_entry.first_text().unwrap_or_default());
         // Write the boundary and the summary, and complete the job, in one transaction.
@@ -80,6 +101,7 @@ impl Runner {
             expected_boundary_seq: boundary_seq,
             read_next_seq,
             base_tokens: (summary_tokens + plan.kept_tokens) as i64,
+            epoch,
         };
         let job_id = claimed.job.id.clone();
         let (_, result) = self
@@ -183,6 +205,9 @@ struct PageSummaries {
     calls: u32,
     summary: Option<crate::summarize::Summary>,
 }
+
+/// Times a compaction starts over because a snip or an erasure changed its sources.
+const MAX_RESTARTS: u32 = 5;
 
 /// Most entries in one summarizer request of a compaction, whatever their tokens.
 pub const SUMMARY_PAGE_ENTRIES: usize = 4_096;

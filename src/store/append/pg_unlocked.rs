@@ -127,8 +127,9 @@ pub(super) enum Unlocked {
 }
 
 /// Values each moved thread binds: its key, its new `updated_at` and counters, then what the
-/// write checks is unchanged (`next_seq` as read, the settings columns).
-const THREAD_WIDTH: usize = 9;
+/// write checks is unchanged (`next_seq` as read, the settings columns, `stored_bytes` as read,
+/// which an erasure changes without appending).
+const THREAD_WIDTH: usize = 10;
 
 /// The group's one statement for `threads` moved and `rows` inserted. The threads' rows are
 /// locked first, in (tenant, thread) order as the locked group takes them: the update alone
@@ -149,6 +150,7 @@ pub(super) fn unlocked_write_sql(threads: usize, rows: usize) -> String {
          AND threads.thread_key IN (SELECT thread_key FROM locked) \
          AND s.auto_compact_tokens IS NOT DISTINCT FROM v.column8 \
          AND s.outline IS NOT DISTINCT FROM v.column9 \
+         AND threads.stored_bytes = v.column10 \
          RETURNING threads.thread_key), \
          inserted AS (INSERT INTO messages (thread_key, seq, uuid, kind, subtype, visible_rank, \
          body, content_hash, created_at) SELECT r.* FROM (VALUES {}) AS r(thread_key, seq, \
@@ -230,7 +232,8 @@ impl Store {
                 .bind(thread.stored_bytes)
                 .bind(thread.read_next_seq)
                 .bind(columns.auto_compact_tokens)
-                .bind(columns.outline.clone());
+                .bind(columns.outline.clone())
+                .bind(thread.read_stored_bytes);
         }
         let query = bind_rows(query, &rows).bind(moved.len() as i64);
         match query.execute(&mut *conn).await {

@@ -104,6 +104,8 @@ pub(super) struct GroupThread {
     pub(super) visible_count: i64,
     pub(super) context_tokens: i64,
     pub(super) stored_bytes: i64,
+    /// `stored_bytes` as read: an erasure changes it without moving `next_seq`.
+    pub(super) read_stored_bytes: i64,
     pub(super) triggers: AppendTriggers,
     /// When an append of the group last wrote to it; `None` leaves the row as it was.
     pub(super) updated_at: Option<i64>,
@@ -124,6 +126,7 @@ impl GroupThread {
             visible_count,
             context_tokens,
             stored_bytes,
+            read_stored_bytes: stored_bytes,
             triggers,
             updated_at: None,
             known: HashMap::new(),

@@ -1,0 +1,246 @@
+//! `/v1/threads/{thread_id}/erasures`: erase entries for good, and list the receipts.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::Json;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+use utoipa_axum::{router::OpenApiRouter, routes};
+
+use super::answers::{MalformedJson, Overloaded, ThreadNotFound};
+use super::guard::ExpensiveSlot;
+use super::problem::{ApiError, ApiJson, ApiPath, Problem};
+use super::threads::ThreadPath;
+use super::{AppState, Tenant};
+use crate::history::ingest::MAX_UUID_LEN;
+use crate::jobs::erasure::{erase, ErasureRequest};
+use crate::jobs::JobsConfig;
+use crate::store::{
+    Erasure, ErasureArtifacts, ErasureTargets, Store, ThreadId, MAX_ERASED_ENTRIES,
+};
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(create_erasure, list_erasures))
+}
+
+/// Longest `reason`, in characters.
+const MAX_REASON_CHARS: usize = 500;
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"uuids": ["m-0193"], "reason": "user request 2026-12-04"}))]
+pub struct ErasureRequestBody {
+    /// The entries to erase, by uuid. Name them by `uuids` or by `seqs`, not both: 1 to 1,000
+    /// entries, each in the thread (409 `no-such-message` otherwise, and nothing changes).
+    #[schema(max_items = 1000)]
+    pub uuids: Option<Vec<String>>,
+    /// The entries to erase, by seq.
+    #[schema(max_items = 1000)]
+    pub seqs: Option<Vec<i64>>,
+    /// Why, kept in the receipt (at most 500 characters). Never the erased content.
+    #[schema(max_length = 500)]
+    pub reason: Option<String>,
+}
+
+/// How many copies of each kind an erasure took the text out of.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErasureArtifactsResponse {
+    /// Entries made tombstones (one already erased is not counted again).
+    pub messages: u64,
+    /// Summary-tree nodes, that is outline lines, emptied or rebuilt without a model.
+    pub tree_nodes: u64,
+    /// Compaction summaries derived again, without a model, from what remains.
+    pub compaction_summaries: u64,
+    /// Running jobs that read the thread before the erasure: they cannot write their output.
+    pub jobs_fenced: u64,
+    /// Cached normalized contexts (incremental checkpoints) dropped.
+    pub cached_contexts: u64,
+}
+
+impl From<ErasureArtifacts> for ErasureArtifactsResponse {
+    fn from(a: ErasureArtifacts) -> Self {
+        ErasureArtifactsResponse {
+            messages: a.messages,
+            tree_nodes: a.tree_nodes,
+            compaction_summaries: a.compaction_summaries,
+            jobs_fenced: a.jobs_fenced,
+            cached_contexts: a.cached_contexts,
+        }
+    }
+}
+
+/// An erasure's receipt: what went, never what it said.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!({
+    "erasure_id": "0193a1f0-7c2e-7d4a-9b61-2f0c1d7e8a90", "thread_id": "support-4711",
+    "seqs": [4], "reason": "user request 2026-12-04",
+    "artifacts": {"messages": 1, "tree_nodes": 3, "compaction_summaries": 1, "jobs_fenced": 0,
+        "cached_contexts": 2},
+    "created_at": "2026-12-04T10:00:00Z", "storage_scrubbed_at": null
+}))]
+pub struct ErasureReceipt {
+    pub erasure_id: String,
+    pub thread_id: String,
+    /// The erased entries' seqs, ascending. Each is now a tombstone: the entry keeps its seq,
+    /// uuid, `type` and role, its `message.content` is empty, and `erased` names this erasure.
+    pub seqs: Vec<i64>,
+    pub reason: Option<String>,
+    pub artifacts: ErasureArtifactsResponse,
+    pub created_at: DateTime<Utc>,
+    /// When the database files stopped holding the erased text: SQLite's write-ahead log
+    /// emptied, or PostgreSQL's tables vacuumed. `null` until then (it runs after the answer;
+    /// no read serves the text meanwhile).
+    pub storage_scrubbed_at: Option<DateTime<Utc>>,
+}
+
+impl ErasureReceipt {
+    fn new(thread_id: ThreadId, erasure: Erasure) -> Self {
+        ErasureReceipt {
+            erasure_id: erasure.erasure_id,
+            thread_id: thread_id.into_string(),
+            seqs: erasure.seqs,
+            reason: erasure.reason,
+            artifacts: erasure.artifacts.into(),
+            created_at: erasure.created_at,
+            storage_scrubbed_at: erasure.scrubbed_at,
+        }
+    }
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErasureList {
+    /// The thread's erasures, oldest first.
+    pub erasures: Vec<ErasureReceipt>,
+}
+
+/// Erase entries: their content goes from the record and from every copy derived from it, for
+/// good. Unlike a snip, which only hides, an erasure leaves a tombstone in the raw record too
+/// (the messages API, export, cursors).
+///
+/// In one transaction, each entry becomes a tombstone (seq, uuid, `type` and role kept, content
+/// and any hash of it gone); the outline lines that may hold it are rebuilt without a model
+/// (a tree job summarizes them again later); each compaction summary that covered it is derived
+/// again, without a model, from what remains; and any job that read the thread before can no
+/// longer write. Cached contexts are dropped. From the answer on, no read serves the erased
+/// text, and every context stays valid: an erased `tool_use` or `tool_result` is repaired as a
+/// missing one is, and reported with the repair `erased`. The database files are scrubbed
+/// after the answer (`storage_scrubbed_at` in the receipt says when).
+#[utoipa::path(
+    post, path = "/v1/threads/{thread_id}/erasures", tag = "context", operation_id = "createErasure",
+    params(ThreadPath),
+    request_body = ErasureRequestBody,
+    responses(
+        (status = 201, description = "Erased; the receipt", body = ErasureReceipt),
+        MalformedJson,
+        ThreadNotFound,
+        (status = 409, description = "The thread holds no entry with a uuid or seq the request names (`no-such-message`; `errors[0].field` is `uuids` or `seqs`); nothing was erased", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Nothing named, both `uuids` and `seqs`, more than 1,000 entries, or an invalid uuid or reason (`validation`; `errors[0].field` names it)", body = Problem, content_type = "application/problem+json"),
+        Overloaded,
+    )
+)]
+pub async fn create_erasure(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    ApiPath(path): ApiPath<ThreadPath>,
+    ApiJson(body): ApiJson<ErasureRequestBody>,
+) -> Result<(StatusCode, Json<ErasureReceipt>), ApiError> {
+    let targets = match (body.uuids, body.seqs) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::invalid_field(
+                "seqs",
+                "name the entries by uuids or by seqs, not both",
+            ))
+        }
+        (Some(uuids), None) => {
+            for (index, uuid) in uuids.iter().enumerate() {
+                super::check_key_field(&format!("uuids[{index}]"), uuid, MAX_UUID_LEN)?;
+            }
+            ErasureTargets::Uuids(uuids)
+        }
+        (None, Some(seqs)) => ErasureTargets::Seqs(seqs),
+        (None, None) => {
+            return Err(ApiError::invalid_field(
+                "uuids",
+                "name at least one entry by uuids or seqs",
+            ))
+        }
+    };
+    let (field, count) = match &targets {
+        ErasureTargets::Uuids(uuids) => ("uuids", uuids.len()),
+        ErasureTargets::Seqs(seqs) => ("seqs", seqs.len()),
+    };
+    if count == 0 || count > MAX_ERASED_ENTRIES {
+        return Err(ApiError::invalid_field(
+            field,
+            format!("name 1 to {MAX_ERASED_ENTRIES} entries"),
+        ));
+    }
+    if let Some(reason) = &body.reason {
+        super::check_key_field("reason", reason, MAX_REASON_CHARS)?;
+    }
+    // Rebuilding summaries reads what they covered: one of the tenant's expensive slots.
+    let _slot = ExpensiveSlot::acquire(&state.guards, &tenant.0).await?;
+    // Dropped before and after: a read that started before the erasure may put its checkpoint
+    // back meanwhile (never served: the epoch in its key is an old one).
+    let mut dropped = state.context_cache.forget_thread(&tenant, &path.thread_id);
+    let request = ErasureRequest {
+        targets,
+        reason: body.reason,
+    };
+    let mut erasure = erase(
+        &state.store,
+        JobsConfig::DEFAULT.summary_max_bytes,
+        &tenant,
+        &path.thread_id,
+        request,
+    )
+    .await?;
+    dropped += state.context_cache.forget_thread(&tenant, &path.thread_id);
+    erasure.artifacts.cached_contexts = dropped as u64;
+    spawn_scrub(state.store.clone(), erasure.erasure_id.clone());
+    // A tree job summarizes the stand-ins again with the thread's summarizer.
+    if erasure.artifacts.tree_nodes > 0 {
+        state.store.enqueue_tree(&tenant, &path.thread_id).await?;
+    }
+    Ok((
+        StatusCode::CREATED,
+        Json(ErasureReceipt::new(path.thread_id, erasure)),
+    ))
+}
+
+/// Scrubs the database files after an erasure, then says so in its receipt.
+fn spawn_scrub(store: Store, erasure_id: String) {
+    tokio::spawn(async move {
+        let scrubbed = match store.scrub_storage().await {
+            Ok(()) => store.mark_erasure_scrubbed(&erasure_id).await,
+            Err(error) => Err(error),
+        };
+        if let Err(error) = scrubbed {
+            tracing::warn!(%error, erasure_id, "scrubbing after an erasure failed");
+        }
+    });
+}
+
+/// List a thread's erasures: their receipts, oldest first, without content.
+#[utoipa::path(
+    get, path = "/v1/threads/{thread_id}/erasures", tag = "context", operation_id = "listErasures",
+    params(ThreadPath),
+    responses(
+        (status = 200, description = "The receipts", body = ErasureList),
+        ThreadNotFound,
+    )
+)]
+pub async fn list_erasures(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    ApiPath(path): ApiPath<ThreadPath>,
+) -> Result<Json<ErasureList>, ApiError> {
+    let erasures = state.store.erasures(&tenant, &path.thread_id).await?;
+    Ok(Json(ErasureList {
+        erasures: erasures
+            .into_iter()
+            .map(|erasure| ErasureReceipt::new(path.thread_id.clone(), erasure))
+            .collect(),
+    }))
+}

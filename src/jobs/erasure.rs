@@ -1,0 +1,149 @@
+//! Erasure (`POST /v1/threads/{thread_id}/erasures`): the named entries' content goes from the
+//! record and from every copy derived from it, in one transaction, so no read after the answer
+//! serves it.
+//!
+//! In [`erase`]'s transaction, in order:
+//! 1. the thread's redaction epoch moves: a tree or compaction job that read before cannot
+//!    write after (each checks the epoch where it writes);
+//! 2. each entry becomes a tombstone ([`crate::history::Entry::tombstone`]);
+//! 3. each compaction summary that covered it, directly or through the summary before it, is
+//!    derived again, without a model, from the entries it covered that remain;
+//! 4. the summary tree loses it: its line is emptied, the lines of the summaries derived again
+//!    are rebuilt from them, and every line that may hold the old text is rebuilt without a
+//!    model ([`crate::store::StandIns`]); a tree job summarizes them again later;
+//! 5. the receipt is stored.
+//!
+//! After the commit the caller drops the thread's cached contexts and scrubs the database files
+//! ([`crate::store::Store::scrub_storage`]).
+
+use std::collections::HashSet;
+
+use super::compaction::plan::{is_superseded, summary_entry};
+use super::tree::LineStandIns;
+use super::view_reader::{StoreWindow, ViewReader, WindowShape};
+use crate::history::model::{Content, Entry};
+use crate::store::{
+    Erasure, ErasureTargets, ErasureTx, Store, StoreError, StoredSummary, TenantId, ThreadId,
+};
+use crate::summarize::{extract_without_model, Purpose, SummaryRequest};
+
+/// What to erase, and why (the reason is kept in the receipt, never the content).
+#[derive(Debug, Clone)]
+pub struct ErasureRequest {
+    pub targets: ErasureTargets,
+    pub reason: Option<String>,
+}
+
+/// Erases the named entries (see the module docs). Fails with
+/// [`StoreError::NoSuchEntries`] when the thread does not hold one of them; nothing changes then.
+pub async fn erase(
+    store: &Store,
+    summary_max_bytes: usize,
+    tenant: &TenantId,
+    thread_id: &ThreadId,
+    request: ErasureRequest,
+) -> Result<Erasure, StoreError> {
+    let mut tx = store.begin_erasure(tenant, thread_id).await?;
+    let erased = tx.tombstone(&request.targets).await?;
+    let seqs: Vec<i64> = erased.iter().filter_map(|entry| entry.seq).collect();
+    let leaves: Vec<u64> = seqs.iter().map(|&seq| seq as u64).collect();
+    let uuids: HashSet<String> = erased.iter().filter_map(|e| e.uuid.clone()).collect();
+    if let Some(&first) = seqs.first() {
+        rederive_summaries(store, &mut tx, summary_max_bytes, first, &seqs, &uuids).await?;
+    }
+    let options = store
+        .outline_options_of(&tx.thread_key)
+        .await?
+        .unwrap_or_default();
+    let rewritten = tx.rewritten.clone();
+    tx.hide_in_tree(&leaves, &rewritten, &LineStandIns::new(&options))
+        .await?;
+    tx.commit(seqs, request.reason).await
+}
+
+/// Derives again, without a model, every compaction summary an erased entry reached: a summary
+/// at boundary `b` covered every entry before `b` outside its preserved segment (the ones before
+/// its window through the summary it folded in). Each is rebuilt from the summary before it (as
+/// it now stands) and the entries of its window it covered, less the erased ones.
+async fn rederive_summaries(
+    store: &Store,
+    tx: &mut ErasureTx,
+    summary_max_bytes: usize,
+    first_erased: i64,
+    erased_seqs: &[i64],
+    erased_uuids: &HashSet<String>,
+) -> Result<(), StoreError> {
+    // Each summary folds in the one before it: read them all, in order, to know which.
+    let mut previous: Option<String> = None;
+    for StoredSummary { boundary, summary } in tx.summaries().await? {
+        let boundary_seq = boundary.seq.unwrap_or_default();
+        let Some(summary) = summary.filter(|summary| !summary.is_erased()) else {
+            // No summary, or one erased itself: the next folds in nothing before it.
+            previous = None;
+            continue;
+        };
+        if boundary_seq <= first_erased {
+            previous = summary_text(&summary);
+            continue;
+        }
+        let segment = boundary.preserved_segment();
+        let covered =
+            |seq: i64| seq < boundary_seq && !segment.is_some_and(|(a, b)| (a..=b).contains(&seq));
+        if !erased_seqs.iter().any(|&seq| covered(seq)) {
+            previous = summary_text(&summary);
+            continue;
+        }
+        let bounds = store
+            .window_bounds_below(&tx.thread_key, boundary_seq)
+            .await?;
+        let window = StoreWindow {
+            store,
+            bounds: &bounds,
+        };
+        let mut reader = ViewReader::new(window, WindowShape::of_bounds(&bounds))
+            .await?
+            .hiding(erased_uuids);
+        let mut text = previous.clone();
+        while let Some(page) = reader.next_page().await? {
+            let entries: Vec<Entry> = page
+                .into_iter()
+                .filter(|entry| {
+                    let seq = entry.seq.unwrap_or_default();
+                    covered(seq) && !is_superseded(entry) && !entry.is_compact_summary
+                })
+                .collect();
+            if entries.is_empty() {
+                continue;
+            }
+            let mut request = SummaryRequest::new(entries, Purpose::Compaction, summary_max_bytes);
+            request.previous_summary = text.take();
+            text = Some(extract_without_model(&request));
+        }
+        let text = text.unwrap_or_default();
+        tx.rewrite_summary(&summary, &summary_content(&text))
+            .await?;
+        previous = Some(text);
+    }
+    Ok(())
+}
+
+/// A summary entry's text without the prefix every summary opens with.
+fn summary_text(summary: &Entry) -> Option<String> {
+    let text = match &summary.message.as_ref()?.content {
+        Content::Text(text) => text.clone(),
+        Content::Blocks(_) => summary.first_text()?.to_owned(),
+    };
+    Some(
+        text.strip_prefix(super::compaction::SUMMARY_PREFIX)
+            .map(str::to_owned)
+            .unwrap_or(text),
+    )
+}
+
+/// The content a summary entry holds for `text`, as a compaction writes it.
+fn summary_content(text: &str) -> String {
+    summary_entry(text)
+        .first_text()
+        .unwrap_or_default()
+        .to_owned()
+}

@@ -1,0 +1,504 @@
+//! Erasure reaches every copy (issue 33): canaries planted in user text, assistant text, a tool
+//! result, a thinking block and a document, in outlined and compacted threads whose summarizer
+//! quotes everything it reads (its context lines and the summary before too), are erased while
+//! a writer keeps appending. From the answer on no surface serves them, every context stays
+//! valid, no acknowledged append is lost, and once the erasure's scrub is done the database
+//! files hold none of them.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use crate::common::{assistant, user, Backend, TestApp};
+use crate::tree::{
+    assert_hidden_everywhere, assert_valid, drain, exchange, keep_needles, outline_on,
+    request_source, runner,
+};
+use async_trait::async_trait;
+use axum::http::StatusCode;
+use loupe::summarize::{SummarizeError, Summarizer, Summary, SummaryRequest};
+use serde_json::{json, Value};
+
+on_both_backends!(
+    erased_canaries_leave_every_surface_and_the_database_files,
+    an_erasure_answers_with_a_receipt_and_refuses_what_it_cannot_do,
+);
+
+/// A summarizer as leaky as a model can be: it keeps every `NEEDLE-` word of what it reads,
+/// its context lines and the summary it folds in included.
+struct Leaky;
+
+#[async_trait]
+impl Summarizer for Leaky {
+    fn name(&self) -> String {
+        "leaky".to_owned()
+    }
+
+    async fn summarize(&self, req: &SummaryRequest) -> Result<Summary, SummarizeError> {
+        let mut source = req.context.join(" ");
+        if let Some(previous) = &req.previous_summary {
+            source = format!("{source} {previous}");
+        }
+        source = format!("{source} {}", request_source(req));
+        Ok(Summary {
+            text: keep_needles(&source, req.max_bytes),
+            summarizer: self.name(),
+            // A model's line: it cost a call.
+            calls: 1,
+        })
+    }
+}
+
+/// The canaries of thread `tag`, and the entries that carry them (uuids `c-<tag>-…`).
+fn canaries(tag: &str) -> (Vec<String>, Vec<Value>, Vec<String>) {
+    let c = |kind: &str| format!("NEEDLE-{kind}-{tag}");
+    let names = ["USER", "ASSISTANT", "TOOL", "THINK", "DOC"]
+        .map(c)
+        .to_vec();
+    let id = |what: &str| format!("c-{tag}-{what}");
+    let entries = vec![
+        user(&id("user"), &format!("my password is {} keep it", names[0])),
+        assistant(
+            &id("assistant"),
+            &format!("msg_{tag}_a"),
+            &format!("noted, the key is {}", names[1]),
+        ),
+        user(&format!("p-{tag}-tool"), "run the report"),
+        json!({"type": "assistant", "uuid": id("tool-use"), "message": {"role": "assistant",
+            "id": format!("msg_{tag}_t"), "content": [{"type": "tool_use", "id": format!("toolu_{tag}"),
+            "name": "Bash", "input": {"command": "cat report"}}]}}),
+        json!({"type": "user", "uuid": id("tool"), "message": {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": format!("toolu_{tag}"),
+             "content": format!("report says {}", names[2])}]}}),
+        json!({"type": "assistant", "uuid": id("think"), "message": {"role": "assistant",
+            "id": format!("msg_{tag}_k"), "content": [
+            {"type": "thinking", "thinking": format!("the user wants {}", names[3]),
+             "signature": "c2lnbmF0dXJl"},
+            {"type": "text", "text": "the report is fine"}]}}),
+        json!({"type": "user", "uuid": id("doc"), "message": {"role": "user", "content": [
+            {"type": "document", "source": {"type": "text", "media_type": "text/plain",
+             "data": format!("contract clause {}", names[4])}},
+            {"type": "text", "text": "read this contract"}]}}),
+        assistant(&format!("p-{tag}-read"), &format!("msg_{tag}_r"), "read it"),
+    ];
+    let erased = ["user", "assistant", "tool", "think", "doc"]
+        .map(id)
+        .to_vec();
+    (names, entries, erased)
+}
+
+const FILLER: &str = "the weather report and other chatter about nothing in particular";
+
+/// A thread with its canaries among exchanges, outlined, its tree built; compacted too when
+/// `compacted` (twice, so a summary folds in the one before).
+async fn planted_thread(app: &TestApp, tag: &str, compacted: bool) -> (Vec<String>, Vec<String>) {
+    let runner = runner(app, Arc::new(Leaky));
+    let thread = app.thread(tag).await;
+    outline_on(
+        app,
+        &thread,
+        json!({"enabled": true, "line_bytes": 96, "budget_bytes": 900, "tail_tokens": 120}),
+    )
+    .await;
+    let (names, planted, erased) = canaries(tag);
+    for i in 0..12 {
+        app.append(
+            &thread,
+            exchange(i, &format!("Question {i}: {FILLER}"), "ok"),
+        )
+        .await;
+    }
+    app.append(&thread, planted).await;
+    // A progress flood (lines of their own, all empty), then a line long enough for a model:
+    // the summarizer read the canaries' lines as its context across the flood.
+    let flood: Vec<Value> = (0..300)
+        .map(|i| json!({"type": "progress", "uuid": format!("f-{tag}-{i}"), "data": {"tick": i}}))
+        .collect();
+    app.append(&thread, flood).await;
+    app.append(
+        &thread,
+        exchange(
+            99,
+            &format!("After the flood, a long question: {FILLER}, {FILLER}"),
+            "ok",
+        ),
+    )
+    .await;
+    for i in 12..30 {
+        app.append(
+            &thread,
+            exchange(i, &format!("Question {i}: {FILLER}"), "ok"),
+        )
+        .await;
+        if compacted && (i == 20 || i == 29) {
+            let compact = app
+                .post(
+                    &format!("/v1/threads/{thread}/compact"),
+                    json!({"keep_recent_rounds": 2}),
+                )
+                .await;
+            assert_eq!(compact.status, StatusCode::ACCEPTED, "{}", compact.body);
+        }
+        drain(&runner).await;
+    }
+    (names, erased)
+}
+
+/// Every surface of the thread: model-facing ones (through [`assert_hidden_everywhere`]) and the
+/// raw record (messages, export, rounds, a raw cursor batch, the thread's jobs).
+async fn assert_gone_everywhere(app: &TestApp, thread: &str, secrets: &[&str]) {
+    assert_hidden_everywhere(app, thread, secrets).await;
+    let holds = |text: String| secrets.iter().find(|s| text.contains(**s)).copied();
+    let mut surfaces = vec![
+        format!("/v1/threads/{thread}/export"),
+        format!("/v1/threads/{thread}/rounds"),
+        format!("/v1/threads/{thread}/cursors/raw-reader/pending?limit=1000"),
+        format!("/v1/threads/{thread}/jobs"),
+        format!("/v1/threads/{thread}/erasures"),
+    ];
+    let mut after = String::new();
+    loop {
+        let page = app
+            .get(&format!("/v1/threads/{thread}/messages?limit=200{after}"))
+            .await;
+        assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+        assert_eq!(holds(page.body.to_string()), None, "messages page");
+        match page.body["next_after_seq"].as_i64() {
+            Some(next) => after = format!("&after_seq={next}"),
+            None => break,
+        }
+    }
+    let jobs = app.get(&format!("/v1/threads/{thread}/jobs")).await;
+    for job in jobs.body["jobs"].as_array().into_iter().flatten() {
+        surfaces.push(format!("/v1/jobs/{}", job["id"].as_str().unwrap()));
+    }
+    for uri in surfaces {
+        let response = app.get(&uri).await;
+        assert_eq!(response.status, StatusCode::OK, "{uri}: {}", response.body);
+        assert_eq!(
+            holds(response.body.to_string()),
+            None,
+            "{uri}: {}",
+            response.body
+        );
+    }
+}
+
+/// Whether any of `secrets` is in the bytes of `file`.
+fn file_holds(file: &str, secrets: &[String]) -> bool {
+    std::fs::read(file).is_ok_and(|bytes| {
+        secrets.iter().any(|secret| {
+            bytes
+                .windows(secret.len())
+                .any(|window| window == secret.as_bytes())
+        })
+    })
+}
+
+/// What the database holds of `secrets` once every erasure says its scrub is done: the SQLite
+/// file and WAL, or a `pg_dump` of the database.
+async fn stored_copies(app: &TestApp, threads: &[&str], secrets: &[String]) -> Vec<String> {
+    // The scrub runs after the answer: wait for the receipts to say it is done (a bound on
+    // waiting, not a timing under test).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    for thread in threads {
+        loop {
+            let list = app.get(&format!("/v1/threads/{thread}/erasures")).await;
+            let erasures = list.body["erasures"].as_array().unwrap().clone();
+            if erasures.iter().all(|e| !e["storage_scrubbed_at"].is_null()) {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "never scrubbed: {}",
+                list.body
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+    match app.backend {
+        Backend::Sqlite => {
+            let path = app
+                .url
+                .strip_prefix("sqlite://")
+                .unwrap()
+                .split('?')
+                .next()
+                .unwrap();
+            [path.to_owned(), format!("{path}-wal")]
+                .into_iter()
+                .filter(|file| file_holds(file, secrets))
+                .collect()
+        }
+        Backend::Postgres => {
+            let dump = std::process::Command::new(pg_dump())
+                .arg("--data-only")
+                .arg(format!("--dbname={}", app.url))
+                .output()
+                .expect("run pg_dump");
+            assert!(
+                dump.status.success(),
+                "{}",
+                String::from_utf8_lossy(&dump.stderr)
+            );
+            let text = String::from_utf8_lossy(&dump.stdout);
+            secrets
+                .iter()
+                .filter(|secret| text.contains(secret.as_str()))
+                .cloned()
+                .collect()
+        }
+    }
+}
+
+/// `pg_dump` on the PATH, or the newest one Debian installs.
+fn pg_dump() -> String {
+    let installed = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|dir| dir.path().join("bin/pg_dump"))
+        .filter(|path| path.exists())
+        .max();
+    installed.map_or("pg_dump".to_owned(), |path| path.display().to_string())
+}
+
+async fn erased_canaries_leave_every_surface_and_the_database_files(app: TestApp) {
+    let (outlined_names, outlined_erased) = planted_thread(&app, "outlined", false).await;
+    let (compacted_names, compacted_erased) = planted_thread(&app, "compacted", true).await;
+    let all: Vec<String> = outlined_names
+        .iter()
+        .chain(&compacted_names)
+        .cloned()
+        .collect();
+    // Planted: the outline quotes them, and the compaction summary carries them.
+    let outline = app.get("/v1/threads/outlined/outline").await;
+    assert!(
+        outline.body.to_string().contains(&outlined_names[0]),
+        "{}",
+        outline.body
+    );
+    let context = app.get("/v1/threads/compacted/context").await;
+    assert!(
+        context.body.to_string().contains(&compacted_names[0]),
+        "{}",
+        context.body
+    );
+    for cursor in ["reader", "raw-reader"] {
+        for thread in ["outlined", "compacted"] {
+            // Bookmarks at the start: their pending batches hold the whole thread.
+            let response = app
+                .get(&format!(
+                    "/v1/threads/{thread}/cursors/{cursor}/pending?limit=1"
+                ))
+                .await;
+            assert_eq!(response.status, StatusCode::OK, "{}", response.body);
+        }
+    }
+    let before = stored_copies(&app, &["outlined", "compacted"], &all).await;
+    assert!(!before.is_empty(), "planted in the files");
+
+    // A writer appends to both threads while the erasures run.
+    let stop = AtomicBool::new(false);
+    let writer = async {
+        let mut acknowledged = Vec::new();
+        let mut i = 100;
+        while !stop.load(Ordering::SeqCst) {
+            for thread in ["outlined", "compacted"] {
+                let uuid = format!("w-{thread}-{i}");
+                let response = app
+                    .post(
+                        &format!("/v1/threads/{thread}/messages"),
+                        json!({"messages": [user(&uuid, "more"), assistant(&format!("{uuid}-a"), &format!("msg_w{i}"), "ok")]}),
+                    )
+                    .await;
+                if response.status == StatusCode::CREATED {
+                    acknowledged.push((thread, uuid));
+                }
+            }
+            i += 1;
+            tokio::task::yield_now().await;
+        }
+        acknowledged
+    };
+    let erase_and_scan = async {
+        for (thread, erased, names) in [
+            ("outlined", &outlined_erased, &outlined_names),
+            ("compacted", &compacted_erased, &compacted_names),
+        ] {
+            let receipt = app
+                .post(
+                    &format!("/v1/threads/{thread}/erasures"),
+                    json!({"uuids": erased, "reason": "user request"}),
+                )
+                .await;
+            assert_eq!(receipt.status, StatusCode::CREATED, "{}", receipt.body);
+            assert_eq!(
+                receipt.body["seqs"].as_array().unwrap().len(),
+                5,
+                "{}",
+                receipt.body
+            );
+            assert_eq!(receipt.body["artifacts"]["messages"], 5, "{}", receipt.body);
+            assert!(
+                receipt.body["artifacts"]["tree_nodes"].as_u64().unwrap() > 0,
+                "{}",
+                receipt.body
+            );
+            if thread == "compacted" {
+                assert_eq!(
+                    receipt.body["artifacts"]["compaction_summaries"], 2,
+                    "both summaries covered them: {}",
+                    receipt.body
+                );
+            }
+            // From the answer on, nothing serves them.
+            let names: Vec<&str> = names.iter().map(String::as_str).collect();
+            assert_gone_everywhere(&app, thread, &names).await;
+        }
+        stop.store(true, Ordering::SeqCst);
+    };
+    let (acknowledged, ()) = tokio::join!(writer, erase_and_scan);
+    assert!(!acknowledged.is_empty(), "the writer ran alongside");
+    for (thread, uuid) in &acknowledged {
+        let export = app.get(&format!("/v1/threads/{thread}/export")).await;
+        assert!(
+            export.body.to_string().contains(uuid.as_str()),
+            "lost {uuid}"
+        );
+    }
+
+    // The tree job summarizes the stand-ins again; the summaries stay clean.
+    let runner = runner(&app, Arc::new(Leaky));
+    drain(&runner).await;
+    let secrets: Vec<&str> = all.iter().map(String::as_str).collect();
+    for thread in ["outlined", "compacted"] {
+        assert_gone_everywhere(&app, thread, &secrets).await;
+        // The tombstones: seq, uuid, type and role kept, content gone, the erasure named.
+        let page = app
+            .get(&format!("/v1/threads/{thread}/messages?limit=1000"))
+            .await;
+        let tombstone = page.body["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["uuid"] == format!("c-{thread}-tool"))
+            .unwrap()
+            .clone();
+        assert_eq!(tombstone["type"], "user", "{tombstone}");
+        assert_eq!(tombstone["message"]["role"], "user", "{tombstone}");
+        assert_eq!(tombstone["message"]["content"], json!([]), "{tombstone}");
+        assert!(tombstone["erased"]["erasure_id"].is_string(), "{tombstone}");
+        app.assert_stored_bytes_counted(thread).await;
+    }
+    let left = stored_copies(&app, &["outlined", "compacted"], &all).await;
+    assert!(left.is_empty(), "still on disk: {left:?}");
+    app.finish().await;
+}
+
+/// The receipt names the erased seqs and is listed; a repeated erasure answers the same seqs
+/// without counting them again; unknown names, both kinds of names, or none are refused and
+/// change nothing.
+async fn an_erasure_answers_with_a_receipt_and_refuses_what_it_cannot_do(app: TestApp) {
+    let thread = app.thread("receipts").await;
+    app.append(&thread, exchange(0, "my pin is NEEDLE-PIN", "ok"))
+        .await;
+    app.append(&thread, exchange(1, "thanks", "ok")).await;
+    let uri = format!("/v1/threads/{thread}/erasures");
+    let refused = [
+        (json!({"uuids": ["u0", "nope"]}), StatusCode::CONFLICT),
+        (json!({"seqs": [99]}), StatusCode::CONFLICT),
+        (
+            json!({"uuids": ["u0"], "seqs": [0]}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (json!({}), StatusCode::UNPROCESSABLE_ENTITY),
+        (json!({"seqs": []}), StatusCode::UNPROCESSABLE_ENTITY),
+        (
+            json!({"seqs": (0..1001).collect::<Vec<_>>()}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
+            json!({"seqs": [0], "reason": "x".repeat(501)}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+    ];
+    for (body, status) in refused {
+        let response = app.post(&uri, body.clone()).await;
+        assert_eq!(response.status, status, "{body}: {}", response.body);
+        assert_eq!(
+            response.headers["content-type"], "application/problem+json",
+            "{}",
+            response.body
+        );
+    }
+    let missing = app
+        .post("/v1/threads/nope/erasures", json!({"seqs": [0]}))
+        .await;
+    assert_eq!(missing.status, StatusCode::NOT_FOUND, "{}", missing.body);
+    let page = app.get(&format!("/v1/threads/{thread}/messages")).await;
+    assert!(
+        page.body.to_string().contains("NEEDLE-PIN"),
+        "nothing changed"
+    );
+
+    let first = app
+        .post(&uri, json!({"seqs": [0], "reason": "asked"}))
+        .await;
+    assert_eq!(first.status, StatusCode::CREATED, "{}", first.body);
+    assert_eq!(first.body["seqs"], json!([0]));
+    assert_eq!(first.body["reason"], "asked");
+    assert_eq!(first.body["artifacts"]["messages"], 1);
+    let again = app.post(&uri, json!({"uuids": ["u0"]})).await;
+    assert_eq!(again.status, StatusCode::CREATED, "{}", again.body);
+    assert_eq!(again.body["seqs"], json!([0]));
+    assert_eq!(
+        again.body["artifacts"]["messages"], 0,
+        "already a tombstone"
+    );
+    let list = app.get(&uri).await;
+    let ids: Vec<&Value> = list.body["erasures"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| &e["erasure_id"])
+        .collect();
+    assert_eq!(ids, [&first.body["erasure_id"], &again.body["erasure_id"]]);
+    let page = app.get(&format!("/v1/threads/{thread}/messages")).await;
+    assert_eq!(
+        page.body["messages"][0]["erased"]["erasure_id"],
+        first.body["erasure_id"]
+    );
+    assert!(!list.body.to_string().contains("NEEDLE-PIN"));
+    let page = app.get(&format!("/v1/threads/{thread}/messages")).await;
+    assert!(
+        !page.body.to_string().contains("NEEDLE-PIN"),
+        "{}",
+        page.body
+    );
+    // The rest of the thread works: appends, contexts. An erased tool result is repaired as a
+    // missing one is, and reported, for every provider.
+    app.append(&thread, canaries("receipts").1).await;
+    let erased = app.post(&uri, json!({"uuids": ["c-receipts-tool"]})).await;
+    assert_eq!(erased.status, StatusCode::CREATED, "{}", erased.body);
+    for provider in ["anthropic", "openai", "openai_responses", "gemini"] {
+        let context = app
+            .get(&format!("/v1/threads/{thread}/context?provider={provider}"))
+            .await;
+        assert_eq!(context.status, StatusCode::OK, "{}", context.body);
+        assert_valid(&context.body, provider);
+        assert!(!context.body.to_string().contains("NEEDLE-TOOL-receipts"));
+        let kinds: Vec<&str> = context.body["repairs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|r| r["kind"].as_str())
+            .collect();
+        assert!(kinds.contains(&"erased"), "{provider}: {kinds:?}");
+        assert!(
+            kinds.contains(&"synthetic_tool_result"),
+            "{provider}: {kinds:?}"
+        );
+    }
+    app.assert_stored_bytes_counted(&thread).await;
+    app.finish().await;
+}
