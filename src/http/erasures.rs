@@ -15,7 +15,6 @@ use super::threads::ThreadPath;
 use super::{AppState, Tenant};
 use crate::history::ingest::MAX_UUID_LEN;
 use crate::jobs::erasure::{erase, ErasureRequest};
-use crate::jobs::JobsConfig;
 use crate::store::{
     Erasure, ErasureArtifacts, ErasureTargets, Store, ThreadId, MAX_ERASED_ENTRIES,
 };
@@ -188,14 +187,7 @@ pub async fn create_erasure(
         targets,
         reason: body.reason,
     };
-    let mut erasure = erase(
-        &state.store,
-        JobsConfig::DEFAULT.summary_max_bytes,
-        &tenant,
-        &path.thread_id,
-        request,
-    )
-    .await?;
+    let mut erasure = erase(&state.store, &tenant, &path.thread_id, request).await?;
     dropped += state.context_cache.forget_thread(&tenant, &path.thread_id);
     erasure.artifacts.cached_contexts = dropped as u64;
     spawn_scrub(state.store.clone(), erasure.erasure_id.clone());

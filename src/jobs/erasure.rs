@@ -34,11 +34,13 @@ pub struct ErasureRequest {
     pub reason: Option<String>,
 }
 
+/// The byte budget of a summary derived again without a model: a compaction's.
+const REDERIVED_SUMMARY_BYTES: usize = super::JobsConfig::DEFAULT.summary_max_bytes;
+
 /// Erases the named entries (see the module docs). Fails with
 /// [`StoreError::NoSuchEntries`] when the thread does not hold one of them; nothing changes then.
 pub async fn erase(
     store: &Store,
-    summary_max_bytes: usize,
     tenant: &TenantId,
     thread_id: &ThreadId,
     request: ErasureRequest,
@@ -49,7 +51,7 @@ pub async fn erase(
     let leaves: Vec<u64> = seqs.iter().map(|&seq| seq as u64).collect();
     let uuids: HashSet<String> = erased.iter().filter_map(|e| e.uuid.clone()).collect();
     if let Some(&first) = seqs.first() {
-        rederive_summaries(store, &mut tx, summary_max_bytes, first, &seqs, &uuids).await?;
+        rederive_summaries(store, &mut tx, first, &seqs, &uuids).await?;
     }
     let options = store
         .outline_options_of(&tx.thread_key)
@@ -61,6 +63,35 @@ pub async fn erase(
     tx.commit(seqs, request.reason).await
 }
 
+/// A snip's redaction: what is derived from the thread stops holding the snipped entries at
+/// `seqs` (uuids `uuids`), in one transaction that moves the redaction epoch: the compaction
+/// summaries that covered them are derived again without a model, and the outline loses them as
+/// an erasure's does. The record keeps them (a snip hides; it does not erase). Returns the
+/// outline lines rewritten.
+pub async fn redact_snipped(
+    store: &Store,
+    tenant: &TenantId,
+    thread_id: &ThreadId,
+    seqs: &[u64],
+    uuids: &[String],
+) -> Result<u64, StoreError> {
+    let mut tx = store.begin_erasure(tenant, thread_id).await?;
+    let mut snipped: Vec<i64> = seqs.iter().map(|&seq| seq as i64).collect();
+    snipped.sort_unstable();
+    let uuids: HashSet<String> = uuids.iter().cloned().collect();
+    if let Some(&first) = snipped.first() {
+        rederive_summaries(store, &mut tx, first, &snipped, &uuids).await?;
+    }
+    let options = store
+        .outline_options_of(&tx.thread_key)
+        .await?
+        .unwrap_or_default();
+    let rewritten = tx.rewritten.clone();
+    tx.hide_in_tree(seqs, &rewritten, &LineStandIns::new(&options))
+        .await?;
+    tx.commit_redaction().await
+}
+
 /// Derives again, without a model, every compaction summary an erased entry reached: a summary
 /// at boundary `b` covered every entry before `b` outside its preserved segment (the ones before
 /// its window through the summary it folded in). Each is rebuilt from the summary before it (as
@@ -68,14 +99,14 @@ pub async fn erase(
 async fn rederive_summaries(
     store: &Store,
     tx: &mut ErasureTx,
-    summary_max_bytes: usize,
     first_erased: i64,
     erased_seqs: &[i64],
     erased_uuids: &HashSet<String>,
 ) -> Result<(), StoreError> {
-    // Each summary folds in the one before it: read them all, in order, to know which.
+    // Each summary folds in the one before it: read them in order, from the one before the
+    // first erased entry.
     let mut previous: Option<String> = None;
-    for StoredSummary { boundary, summary } in tx.summaries().await? {
+    for StoredSummary { boundary, summary } in tx.summaries_from(first_erased).await? {
         let boundary_seq = boundary.seq.unwrap_or_default();
         let Some(summary) = summary.filter(|summary| !summary.is_erased()) else {
             // No summary, or one erased itself: the next folds in nothing before it.
@@ -115,7 +146,8 @@ async fn rederive_summaries(
             if entries.is_empty() {
                 continue;
             }
-            let mut request = SummaryRequest::new(entries, Purpose::Compaction, summary_max_bytes);
+            let mut request =
+                SummaryRequest::new(entries, Purpose::Compaction, REDERIVED_SUMMARY_BYTES);
             request.previous_summary = text.take();
             text = Some(extract_without_model(&request));
         }

@@ -156,10 +156,11 @@ fn thinking_gist(entry: &Entry, line_bytes: usize) -> Option<String> {
 }
 
 /// Applies the snips among `appended` (entries just stored in the tenant's thread, or found
-/// stored by a retry) to the summary tree before the append is answered: the lines of the
-/// messages they name go, and the lines above them become stand-ins built without a model
-/// ([`Store::hide_in_tree`]). A thread with no snip among `appended` is not touched. Returns the
-/// lines rewritten.
+/// stored by a retry) to what is derived from the thread before the append is answered: the
+/// lines of the messages they name go, the lines that may quote them become stand-ins built
+/// without a model, and compaction summaries that covered them are derived again without them
+/// ([`super::erasure::redact_snipped`]). A thread with no snip among `appended` is not touched.
+/// Returns the lines rewritten.
 pub async fn hide_snipped(
     store: &Store,
     tenant: &TenantId,
@@ -175,11 +176,7 @@ pub async fn hide_snipped(
     }
     let thread_key = store.thread_head(tenant, thread_id).await?.thread_key;
     let seqs = store.seqs_of_uuids(&thread_key, &named).await?;
-    let options = store
-        .outline_options_of(&thread_key)
-        .await?
-        .unwrap_or_default();
-    let rewritten = hide_leaves(store, &thread_key, &seqs, &options).await?;
+    let rewritten = super::erasure::redact_snipped(store, tenant, thread_id, &seqs, &named).await?;
     if rewritten > 0 {
         // The tree job summarizes the stand-ins again with the thread's summarizer.
         store.enqueue_tree(tenant, thread_id).await?;

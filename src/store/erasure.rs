@@ -267,16 +267,20 @@ impl ErasureTx {
         Ok(())
     }
 
-    /// The thread's compact boundaries, oldest first, each with the summary right after it
-    /// (`None` when the entry after it is not one).
-    pub async fn summaries(&mut self) -> Result<Vec<StoredSummary>, StoreError> {
+    /// The thread's compact boundaries from the last one at or before `seq` on, oldest first,
+    /// each with the summary right after it (`None` when the entry after it is not one): the
+    /// summaries an entry at `seq` or later may have reached, and the one they fold in.
+    pub async fn summaries_from(&mut self, seq: i64) -> Result<Vec<StoredSummary>, StoreError> {
         let boundaries = super::rows::BOUNDARY_ROWS;
         let rows = sqlx::query(&format!(
             "SELECT seq, uuid, created_at, body FROM messages WHERE thread_key = $1 \
+             AND seq >= COALESCE((SELECT MAX(seq) FROM messages WHERE thread_key = $1 \
+             AND {boundaries} AND seq <= $2), 0) \
              AND ({boundaries} OR seq IN (SELECT seq + 1 FROM messages \
              WHERE thread_key = $1 AND {boundaries})) ORDER BY seq"
         ))
         .bind(self.thread_key.as_str())
+        .bind(seq)
         .fetch_all(&mut *self.tx)
         .await?;
         let mut summaries: Vec<StoredSummary> = Vec::new();
@@ -345,6 +349,17 @@ impl ErasureTx {
         .fetch_one(&mut *self.tx)
         .await?;
         Ok(running as u64)
+    }
+
+    /// Commits a snip's redaction (no tombstone, no receipt). Returns the outline lines
+    /// rewritten.
+    pub async fn commit_redaction(mut self) -> Result<u64, StoreError> {
+        sqlx::query("UPDATE outlines SET version = version + 1 WHERE thread_key = $1")
+            .bind(self.thread_key.as_str())
+            .execute(&mut *self.tx)
+            .await?;
+        self.tx.commit().await?;
+        Ok(self.artifacts.tree_nodes)
     }
 
     /// Records the receipt and commits. `cached_contexts` is filled in by the caller, which

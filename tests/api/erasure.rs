@@ -21,6 +21,7 @@ use serde_json::{json, Value};
 on_both_backends!(
     erased_canaries_leave_every_surface_and_the_database_files,
     an_erasure_answers_with_a_receipt_and_refuses_what_it_cannot_do,
+    a_snip_reaches_the_compaction_summaries_that_covered_it,
 );
 
 /// A summarizer as leaky as a model can be: it keeps every `NEEDLE-` word of what it reads,
@@ -500,5 +501,73 @@ async fn an_erasure_answers_with_a_receipt_and_refuses_what_it_cannot_do(app: Te
         );
     }
     app.assert_stored_bytes_counted(&thread).await;
+    app.finish().await;
+}
+
+/// A snip hides a message from the context, the summary a compaction wrote of it included: the
+/// summary is derived again without it before the answer. The record keeps the message.
+async fn a_snip_reaches_the_compaction_summaries_that_covered_it(app: TestApp) {
+    let runner = runner(&app, Arc::new(Leaky));
+    let thread = app.thread("snip-summary").await;
+    app.append(
+        &thread,
+        exchange(0, "the door code is NEEDLE-DOOR", "noted"),
+    )
+    .await;
+    for i in 1..8 {
+        app.append(
+            &thread,
+            exchange(i, &format!("Question {i}: {FILLER}"), "ok"),
+        )
+        .await;
+    }
+    let compact = app
+        .post(
+            &format!("/v1/threads/{thread}/compact"),
+            json!({"keep_recent_rounds": 2}),
+        )
+        .await;
+    assert_eq!(compact.status, StatusCode::ACCEPTED, "{}", compact.body);
+    drain(&runner).await;
+    let context = app.get(&format!("/v1/threads/{thread}/context")).await;
+    assert!(
+        context.body.to_string().contains("NEEDLE-DOOR"),
+        "planted: {}",
+        context.body
+    );
+
+    let snip = app
+        .post(
+            &format!("/v1/threads/{thread}/snip"),
+            json!({"uuids": ["u0"]}),
+        )
+        .await;
+    assert_eq!(snip.status, StatusCode::CREATED, "{}", snip.body);
+    for provider in ["anthropic", "openai", "openai_responses", "gemini"] {
+        let context = app
+            .get(&format!("/v1/threads/{thread}/context?provider={provider}"))
+            .await;
+        assert!(
+            !context.body.to_string().contains("NEEDLE-DOOR"),
+            "{provider}: {}",
+            context.body
+        );
+        assert_valid(&context.body, provider);
+    }
+    let messages = app
+        .get(&format!("/v1/threads/{thread}/messages?limit=1000"))
+        .await;
+    let holders: Vec<&Value> = messages.body["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m.to_string().contains("NEEDLE-DOOR"))
+        .collect();
+    assert_eq!(
+        holders.len(),
+        1,
+        "only the snipped message itself: {holders:?}"
+    );
+    assert_eq!(holders[0]["uuid"], "u0");
     app.finish().await;
 }

@@ -23,6 +23,7 @@ on_both_backends!(
     a_tree_job_keeps_its_dedup_key_while_running_and_runs_again_after_an_append,
     a_tree_job_writes_nothing_after_its_thread_was_deleted,
     a_tree_job_that_read_a_message_before_its_snip_never_writes_it,
+    a_compaction_that_read_a_message_before_its_erasure_never_writes_it,
     metadata_is_bounded_and_pages_are_cut_by_bytes,
     auto_compaction_tries_again_after_an_unproductive_attempt,
     a_restarted_instance_takes_back_its_own_running_jobs,
@@ -404,6 +405,71 @@ async fn a_tree_job_that_read_a_message_before_its_snip_never_writes_it(app: Tes
     assert!(
         count_rows(&app, "tree_nodes").await >= 2,
         "the tree was built"
+    );
+    app.finish().await;
+}
+
+/// The same race for a compaction: its summarizer read the message, the erasure lands while
+/// the call is in flight, and the summary it then writes would quote erased text. The write is
+/// refused (the epoch moved); the job reads again, without the message.
+async fn a_compaction_that_read_a_message_before_its_erasure_never_writes_it(app: TestApp) {
+    const SECRET: &str = "HUNTER2-ERASED";
+    let thread = app.thread("t").await;
+    let mut batch = vec![user("u0", &format!("{SECRET} is my password"))];
+    for i in 1..8 {
+        batch.push(user(&format!("u{i}"), &format!("question {i}")));
+        batch.push(crate::common::assistant(
+            &format!("a{i}"),
+            &format!("msg_{i}"),
+            "ok",
+        ));
+    }
+    app.append(&thread, batch).await;
+    let compact = app
+        .post(
+            &format!("/v1/threads/{thread}/compact"),
+            json!({"keep_recent_rounds": 1}),
+        )
+        .await;
+    assert_eq!(compact.status, StatusCode::ACCEPTED, "{}", compact.body);
+    let gate = Gate::new();
+    let runner = Arc::new(Runner::new(app.store.clone(), gate.clone(), tree_config()));
+    let running = tokio::spawn({
+        let runner = runner.clone();
+        async move { runner.step(Clock::System).await.unwrap() }
+    });
+    gate.entered.notified().await;
+    let erased = app
+        .post(
+            &format!("/v1/threads/{thread}/erasures"),
+            json!({"uuids": ["u0"]}),
+        )
+        .await;
+    assert_eq!(erased.status, StatusCode::CREATED, "{}", erased.body);
+    assert_eq!(
+        erased.body["artifacts"]["jobs_fenced"], 1,
+        "{}",
+        erased.body
+    );
+    gate.release();
+    let outcome = running.await.unwrap();
+    assert!(
+        matches!(outcome, StepOutcome::Succeeded { .. }),
+        "the job read again and finished: {outcome:?}"
+    );
+    assert_eq!(
+        count_where(&app, "messages", &format!("body LIKE '%{SECRET}%'")).await,
+        0,
+        "a summary quotes the erased message"
+    );
+    let context = app.get(&format!("/v1/threads/{thread}/context")).await;
+    assert!(
+        context
+            .body
+            .to_string()
+            .contains("This session is being continued"),
+        "compacted: {}",
+        context.body
     );
     app.finish().await;
 }

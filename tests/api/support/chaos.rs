@@ -179,6 +179,8 @@ pub enum Mutation {
     CompactBoundary(Index, Option<(Index, Index)>),
     /// A `snip` entry hiding up to a few earlier entries.
     Snip(Index, Vec<Index>),
+    /// An entry an erasure made a tombstone (its content gone, its place kept).
+    Erase(Index),
     /// A user prompt with media a provider refuses (variant 0..6): a BMP, JPEG bytes declared
     /// PNG, over 5 MB of base64, 9000 px wide, 25 images of 3000 px, a "PDF" without `%PDF-`.
     BadMedia(Index, u8),
@@ -186,7 +188,10 @@ pub enum Mutation {
 
 impl Mutation {
     fn is_late(&self) -> bool {
-        matches!(self, Mutation::CompactBoundary(..) | Mutation::Snip(..))
+        matches!(
+            self,
+            Mutation::CompactBoundary(..) | Mutation::Snip(..) | Mutation::Erase(..)
+        )
     }
 }
 
@@ -318,6 +323,7 @@ fn mutation() -> impl Strategy<Value = Mutation> {
         1 => i().prop_map(Mutation::SyntheticAssistant),
         2 => (i(), prop::option::of((i(), i()))).prop_map(|(a, p)| Mutation::CompactBoundary(a, p)),
         1 => (i(), prop::collection::vec(i(), 1..4)).prop_map(|(a, v)| Mutation::Snip(a, v)),
+        1 => i().prop_map(Mutation::Erase),
         2 => (i(), 0u8..6).prop_map(|(a, v)| Mutation::BadMedia(a, v)),
     ]
 }
@@ -994,6 +1000,16 @@ impl Builder {
                 });
                 self.entries.insert(pos, e);
             }
+            Mutation::Erase(at) => {
+                if !self.entries.is_empty() {
+                    let pos = at.index(self.entries.len());
+                    let mark = loupe::history::ErasedMark {
+                        erasure_id: "erasure-1".into(),
+                        erased_at: chrono::DateTime::from_timestamp(1_800_000_000, 0).unwrap(),
+                    };
+                    self.entries[pos] = self.entries[pos].tombstone(mark);
+                }
+            }
         }
     }
 
@@ -1119,7 +1135,7 @@ pub fn entry_texts(e: &Entry) -> Vec<String> {
 /// The non-whitespace texts (trimmed) of the user / assistant entries that should reach the
 /// model: after the last compact boundary (plus that boundary's preserved segment, without older
 /// compact summaries in it), not virtual,
-/// not snipped, not synthetic API error assistants. Tool-result texts count as user text.
+/// not snipped, not erased, not synthetic API error assistants. Tool-result texts count as user text.
 pub fn text_inventory(entries: &[Entry]) -> Vec<(i64, String)> {
     let snipped = snipped_uuids(entries);
     let boundary = entries.iter().rposition(Entry::is_compact_boundary);
@@ -1141,6 +1157,7 @@ pub fn text_inventory(entries: &[Entry]) -> Vec<(i64, String)> {
             || !e.kind.is_model_visible()
             || e.is_virtual
             || (e.kind == EntryKind::Assistant && e.is_api_error)
+            || e.is_erased()
             || e.uuid.as_ref().is_some_and(|u| snipped.contains(u))
         {
             continue;
