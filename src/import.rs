@@ -319,7 +319,7 @@ impl Importer {
                         self.report.stored += count;
                     }
                     // Snips among them hide their messages' lines in the summary tree too.
-                    crate::jobs::tree::hide_snipped(
+                    crate::jobs::erasure::hide_snipped(
                         &self.store,
                         &self.tenant,
                         thread,

@@ -328,7 +328,7 @@ pub async fn snip_messages(
         )
         .await?;
     // Before the answer: from then on no outline line or zoom shows the snipped messages.
-    crate::jobs::tree::hide_snipped(&state.store, &tenant, &path.thread_id, &outcome.messages)
+    crate::jobs::erasure::hide_snipped(&state.store, &tenant, &path.thread_id, &outcome.messages)
         .await?;
     let status = if outcome.replayed {
         StatusCode::OK

@@ -133,7 +133,7 @@ pub async fn append_messages(
         .await?;
     // A snip appended here hides its messages from the summary tree before the answer, as one
     // sent to `/snip` does (a retry applies it again, in case the first was cut short).
-    crate::jobs::tree::hide_snipped(&state.store, &tenant, &path.thread_id, &outcome.messages)
+    crate::jobs::erasure::hide_snipped(&state.store, &tenant, &path.thread_id, &outcome.messages)
         .await?;
     let status = if outcome.replayed {
         StatusCode::OK

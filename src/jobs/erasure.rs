@@ -63,6 +63,35 @@ pub async fn erase(
     tx.commit(seqs, request.reason).await
 }
 
+/// Applies the snips among `appended` (entries just stored in the tenant's thread, or found
+/// stored by a retry) to what is derived from the thread before the append is answered: the
+/// lines of the messages they name go, the lines that may quote them become stand-ins built
+/// without a model, and compaction summaries that covered them are derived again without them
+/// ([`redact_snipped`]). A thread with no snip among `appended` is not touched.
+/// Returns the lines rewritten.
+pub async fn hide_snipped(
+    store: &Store,
+    tenant: &TenantId,
+    thread_id: &ThreadId,
+    appended: &[Entry],
+) -> Result<u64, StoreError> {
+    let named: Vec<String> = crate::history::normalize::view::snipped_uuids(appended)
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
+    if named.is_empty() {
+        return Ok(0);
+    }
+    let thread_key = store.thread_head(tenant, thread_id).await?.thread_key;
+    let seqs = store.seqs_of_uuids(&thread_key, &named).await?;
+    let rewritten = redact_snipped(store, tenant, thread_id, &seqs, &named).await?;
+    if rewritten > 0 {
+        // The tree job summarizes the stand-ins again with the thread's summarizer.
+        store.enqueue_tree(tenant, thread_id).await?;
+    }
+    Ok(rewritten)
+}
+
 /// A snip's redaction: what is derived from the thread stops holding the snipped entries at
 /// `seqs` (uuids `uuids`), in one transaction that moves the redaction epoch: the compaction
 /// summaries that covered them are derived again without a model, and the outline loses them as

@@ -21,7 +21,7 @@ use crate::history::is_sent_to_model;
 use crate::history::model::Content;
 use crate::history::model::{Entry, EntryKind};
 use crate::history::normalize::estimate_entry_tokens;
-use crate::store::{ClaimedJob, NewNode, Store, StoreError, TenantId, ThreadId, ThreadKey};
+use crate::store::{ClaimedJob, NewNode, Store, StoreError, ThreadKey};
 use crate::summarize::text::{cut_words, squash};
 use crate::summarize::{merge_verbatim, render, Purpose, SummaryRequest};
 use crate::tree::{advance, line_size, next_boundary, NodeId, Outline, OutlineOptions, Tail};
@@ -153,35 +153,6 @@ fn thinking_gist(entry: &Entry, line_bytes: usize) -> Option<String> {
     const TAG: &str = "assistant (thinking): ";
     let room = (line_bytes / 4).max(TAG.len() + 16) - TAG.len();
     Some(format!("{TAG}{}", cut_words(&thinking, room)))
-}
-
-/// Applies the snips among `appended` (entries just stored in the tenant's thread, or found
-/// stored by a retry) to what is derived from the thread before the append is answered: the
-/// lines of the messages they name go, the lines that may quote them become stand-ins built
-/// without a model, and compaction summaries that covered them are derived again without them
-/// ([`super::erasure::redact_snipped`]). A thread with no snip among `appended` is not touched.
-/// Returns the lines rewritten.
-pub async fn hide_snipped(
-    store: &Store,
-    tenant: &TenantId,
-    thread_id: &ThreadId,
-    appended: &[Entry],
-) -> Result<u64, StoreError> {
-    let named: Vec<String> = crate::history::normalize::view::snipped_uuids(appended)
-        .into_iter()
-        .map(str::to_owned)
-        .collect();
-    if named.is_empty() {
-        return Ok(0);
-    }
-    let thread_key = store.thread_head(tenant, thread_id).await?.thread_key;
-    let seqs = store.seqs_of_uuids(&thread_key, &named).await?;
-    let rewritten = super::erasure::redact_snipped(store, tenant, thread_id, &seqs, &named).await?;
-    if rewritten > 0 {
-        // The tree job summarizes the stand-ins again with the thread's summarizer.
-        store.enqueue_tree(tenant, thread_id).await?;
-    }
-    Ok(rewritten)
 }
 
 /// Hides the level-0 lines at `seqs` and rebuilds the lines above them without a model.
