@@ -571,3 +571,83 @@ async fn a_snip_reaches_the_compaction_summaries_that_covered_it(app: TestApp) {
     assert_eq!(holders[0]["uuid"], "u0");
     app.finish().await;
 }
+
+/// BENCHMARKS.md's erasure figures: on a thread of `N` messages, compacted once and outlined, the
+/// time an erasure takes to answer and from its answer to "no copy on disk" (the receipt's
+/// `storage_scrubbed_at`, then the files scanned), beside an append of one message to the same
+/// thread and a delete of a thread as large, in the same run. Prints; asserts only that the
+/// text is gone.
+/// `cargo test --release --test api erasure_figures -- --ignored --nocapture`
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement, run by hand"]
+async fn erasure_figures() {
+    let mut backends = vec![Backend::Sqlite];
+    if std::env::var("TEST_DATABASE_URL").is_ok() {
+        backends.push(Backend::Postgres);
+    }
+    println!("| backend | messages | append of 1 | erasure answered | answer → scrubbed | delete of as many |");
+    for backend in backends {
+        for n in [1_000_usize, 10_000] {
+            let app = TestApp::new(backend).await;
+            let runner = runner(
+                &app,
+                Arc::new(loupe::summarize::ExtractiveSummarizer::new()),
+            );
+            for thread in ["erased", "deleted"] {
+                app.thread(thread).await;
+                outline_on(&app, thread, json!({"enabled": true})).await;
+                for chunk in (0..n / 2).collect::<Vec<_>>().chunks(250) {
+                    let batch: Vec<Value> = chunk
+                        .iter()
+                        .flat_map(|&i| {
+                            let planted = thread == "erased" && i == n / 8;
+                            let secret = if planted { " NEEDLE-FIGURE" } else { "" };
+                            exchange(i, &format!("Question {i}: {FILLER}{secret}"), FILLER)
+                        })
+                        .collect();
+                    app.append(thread, batch).await;
+                }
+                let compact = app
+                    .post(&format!("/v1/threads/{thread}/compact"), json!({}))
+                    .await;
+                assert_eq!(compact.status, StatusCode::ACCEPTED, "{}", compact.body);
+                drain(&runner).await;
+            }
+            let started = std::time::Instant::now();
+            app.append("erased", exchange(n, "one more", "ok")).await;
+            let append = started.elapsed();
+            let started = std::time::Instant::now();
+            let receipt = app
+                .post(
+                    "/v1/threads/erased/erasures",
+                    json!({"uuids": [format!("u{}", n / 8)]}),
+                )
+                .await;
+            let answered = started.elapsed();
+            assert_eq!(receipt.status, StatusCode::CREATED, "{}", receipt.body);
+            let started = std::time::Instant::now();
+            while app.get("/v1/threads/erased/erasures").await.body["erasures"][0]
+                ["storage_scrubbed_at"]
+                .is_null()
+            {
+                tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+            }
+            let scrubbed = started.elapsed();
+            let left = stored_copies(&app, &["erased"], &["NEEDLE-FIGURE".to_owned()]).await;
+            let started = std::time::Instant::now();
+            let deleted = app.delete("/v1/threads/deleted").await;
+            let delete = started.elapsed();
+            assert_eq!(deleted.status, StatusCode::NO_CONTENT);
+            println!(
+                "| {backend:?} | {n} | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} ms | {}",
+                append.as_secs_f64() * 1e3,
+                answered.as_secs_f64() * 1e3,
+                scrubbed.as_secs_f64() * 1e3,
+                delete.as_secs_f64() * 1e3,
+                receipt.body["artifacts"],
+            );
+            assert!(left.is_empty(), "{left:?}");
+            app.finish().await;
+        }
+    }
+}
