@@ -179,22 +179,30 @@ pub async fn create_erasure(
         super::check_key_field("reason", reason, MAX_REASON_CHARS)?;
     }
     // Rebuilding summaries reads what they covered: one of the tenant's expensive slots.
-    let _slot = ExpensiveSlot::acquire(&state.guards, &tenant.0).await?;
-    // Dropped before and after: a read that started before the erasure may put its checkpoint
-    // back meanwhile (never served: the epoch in its key is an old one).
-    let mut dropped = state.context_cache.forget_thread(&tenant, &path.thread_id);
+    let slot = ExpensiveSlot::acquire(&state.guards, &tenant.0).await?;
+    let thread_id = path.thread_id.clone();
     let request = ErasureRequest {
         targets,
         reason: body.reason,
     };
-    let mut erasure = erase(&state.store, &tenant, &path.thread_id, request).await?;
-    dropped += state.context_cache.forget_thread(&tenant, &path.thread_id);
-    erasure.artifacts.cached_contexts = dropped as u64;
-    spawn_scrub(state.store.clone(), erasure.erasure_id.clone());
-    // A tree job summarizes the stand-ins again with the thread's summarizer.
-    if erasure.artifacts.tree_nodes > 0 {
-        state.store.enqueue_tree(&tenant, &path.thread_id).await?;
-    }
+    // On a task of its own, holding the slot: a client that goes away after the commit does not
+    // stop what follows it (the cache dropped, the files scrubbed, the tree job enqueued).
+    let erasure = tokio::spawn(async move {
+        let _slot = slot;
+        // Dropped before and after: a read that started before the erasure may put its
+        // checkpoint back meanwhile (never served: the epoch in its key is an old one).
+        let dropped = state.context_cache.forget_thread(&tenant, &thread_id) as u64;
+        let erasure = erase(&state.store, &tenant, &thread_id, request, dropped).await?;
+        state.context_cache.forget_thread(&tenant, &thread_id);
+        spawn_scrub(state.store.clone(), erasure.erasure_id.clone());
+        // A tree job summarizes the stand-ins again with the thread's summarizer.
+        if erasure.artifacts.tree_nodes > 0 {
+            state.store.enqueue_tree(&tenant, &thread_id).await?;
+        }
+        Ok::<_, crate::store::StoreError>(erasure)
+    })
+    .await
+    .map_err(|_| ApiError::new(super::problem::ProblemKind::Internal, "the erasure stopped"))??;
     Ok((
         StatusCode::CREATED,
         Json(ErasureReceipt::new(path.thread_id, erasure)),

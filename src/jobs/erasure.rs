@@ -37,15 +37,18 @@ pub struct ErasureRequest {
 /// The byte budget of a summary derived again without a model: a compaction's.
 const REDERIVED_SUMMARY_BYTES: usize = super::JobsConfig::DEFAULT.summary_max_bytes;
 
-/// Erases the named entries (see the module docs). Fails with
-/// [`StoreError::NoSuchEntries`] when the thread does not hold one of them; nothing changes then.
+/// Erases the named entries (see the module docs); `cached_contexts` is how many cached contexts
+/// the caller dropped, for the receipt. Fails with [`StoreError::NoSuchEntries`] when the thread
+/// does not hold one of them; nothing changes then.
 pub async fn erase(
     store: &Store,
     tenant: &TenantId,
     thread_id: &ThreadId,
     request: ErasureRequest,
+    cached_contexts: u64,
 ) -> Result<Erasure, StoreError> {
     let mut tx = store.begin_erasure(tenant, thread_id).await?;
+    tx.count_cached_contexts(cached_contexts);
     let erased = tx.tombstone(&request.targets).await?;
     let seqs: Vec<i64> = erased.iter().filter_map(|entry| entry.seq).collect();
     let leaves: Vec<u64> = seqs.iter().map(|&seq| seq as u64).collect();
@@ -82,14 +85,22 @@ pub async fn hide_snipped(
     if named.is_empty() {
         return Ok(0);
     }
-    let thread_key = store.thread_head(tenant, thread_id).await?.thread_key;
-    let seqs = store.seqs_of_uuids(&thread_key, &named).await?;
-    let rewritten = redact_snipped(store, tenant, thread_id, &seqs, &named).await?;
-    if rewritten > 0 {
-        // The tree job summarizes the stand-ins again with the thread's summarizer.
-        store.enqueue_tree(tenant, thread_id).await?;
-    }
-    Ok(rewritten)
+    // On a task of its own: a caller that goes away (a client disconnecting after the snip was
+    // stored) does not stop the redaction halfway.
+    let (store, tenant, thread_id) = (store.clone(), tenant.clone(), thread_id.clone());
+    let redaction = tokio::spawn(async move {
+        let thread_key = store.thread_head(&tenant, &thread_id).await?.thread_key;
+        let seqs = store.seqs_of_uuids(&thread_key, &named).await?;
+        let rewritten = redact_snipped(&store, &tenant, &thread_id, &seqs, &named).await?;
+        if rewritten > 0 {
+            // The tree job summarizes the stand-ins again with the thread's summarizer.
+            store.enqueue_tree(&tenant, &thread_id).await?;
+        }
+        Ok(rewritten)
+    });
+    redaction
+        .await
+        .map_err(|error| StoreError::Corrupt(format!("the snip's redaction stopped: {error}")))?
 }
 
 /// A snip's redaction: what is derived from the thread stops holding the snipped entries at

@@ -340,6 +340,11 @@ impl ErasureTx {
         Ok(())
     }
 
+    /// Records how many cached contexts the caller dropped.
+    pub fn count_cached_contexts(&mut self, dropped: u64) {
+        self.artifacts.cached_contexts = dropped;
+    }
+
     /// Counts the thread's running jobs: the redaction epoch fences their writes.
     async fn count_fenced_jobs(&mut self) -> Result<u64, StoreError> {
         let running: i64 = sqlx::query_scalar(
@@ -362,8 +367,7 @@ impl ErasureTx {
         Ok(self.artifacts.tree_nodes)
     }
 
-    /// Records the receipt and commits. `cached_contexts` is filled in by the caller, which
-    /// drops them once the transaction is in.
+    /// Records the receipt and commits.
     pub async fn commit(
         mut self,
         seqs: Vec<i64>,

@@ -442,10 +442,24 @@ async fn an_erasure_answers_with_a_receipt_and_refuses_what_it_cannot_do(app: Te
         "nothing changed"
     );
 
+    // A read leaves a cached context: the erasure drops it, and says so.
+    let context = app.get(&format!("/v1/threads/{thread}/context")).await;
+    assert!(context.body.to_string().contains("NEEDLE-PIN"));
     let first = app
         .post(&uri, json!({"seqs": [0], "reason": "asked"}))
         .await;
     assert_eq!(first.status, StatusCode::CREATED, "{}", first.body);
+    assert_eq!(
+        first.body["artifacts"]["cached_contexts"], 1,
+        "{}",
+        first.body
+    );
+    let context = app.get(&format!("/v1/threads/{thread}/context")).await;
+    assert!(
+        !context.body.to_string().contains("NEEDLE-PIN"),
+        "{}",
+        context.body
+    );
     assert_eq!(first.body["seqs"], json!([0]));
     assert_eq!(first.body["reason"], "asked");
     assert_eq!(first.body["artifacts"]["messages"], 1);
@@ -464,6 +478,12 @@ async fn an_erasure_answers_with_a_receipt_and_refuses_what_it_cannot_do(app: Te
         .map(|e| &e["erasure_id"])
         .collect();
     assert_eq!(ids, [&first.body["erasure_id"], &again.body["erasure_id"]]);
+    // The stored receipt is the one answered (the scrub's time aside).
+    let mut listed = list.body["erasures"][0].clone();
+    let mut answered = first.body.clone();
+    listed["storage_scrubbed_at"] = Value::Null;
+    answered["storage_scrubbed_at"] = Value::Null;
+    assert_eq!(listed, answered);
     let page = app.get(&format!("/v1/threads/{thread}/messages")).await;
     assert_eq!(
         page.body["messages"][0]["erased"]["erasure_id"],
