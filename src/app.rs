@@ -62,6 +62,13 @@ pub async fn run(
         }
     });
 
+    // Erasures whose scrub a stop cut short: their text may still be in the files.
+    match store.resume_scrubs().await {
+        Ok(0) => {}
+        Ok(queued) => tracing::info!(queued, "scrubbing after erasures a stop cut short"),
+        Err(error) => tracing::warn!(%error, "cannot read the erasures left to scrub"),
+    }
+
     let mut handles = Vec::new();
     if workers > 0 {
         // Jobs this instance held when it stopped (a crash, a kill) are given back now rather

@@ -282,9 +282,42 @@ pub fn deserialize_sent_entries<'de, D: Deserializer<'de>>(
     Ok(sent.into_iter().map(|Sent(entry)| entry).collect())
 }
 
-/// The unmodelled fields a tombstone keeps: structure, never content (an [`EntryKind::Other`]
-/// entry's `type` is one).
-const TOMBSTONE_KEEPS: &[&str] = &["type", "parentUuid", "isSidechain"];
+/// Whether a value is shaped like an id (a uuid, a provider response id): 1–200 characters of
+/// `[A-Za-z0-9_.:-]`, room for no sentence. A tombstone keeps only such ids.
+fn is_id_like(value: &Value) -> bool {
+    value.as_str().is_some_and(|id| {
+        (1..=200).contains(&id.len())
+            && id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'-'))
+    })
+}
+
+/// What a tombstone keeps of a compact boundary's metadata: its preserved segment, by seqs or by
+/// id-shaped uuids.
+fn boundary_shape(metadata: &Value) -> Value {
+    let mut kept = Map::new();
+    if let Some(segment) = metadata.get("preserved_segment") {
+        let seq = |key: &str| segment.get(key).and_then(Value::as_i64);
+        if let (Some(first), Some(last)) = (seq("first_seq"), seq("last_seq")) {
+            kept.insert(
+                "preserved_segment".to_owned(),
+                serde_json::json!({"first_seq": first, "last_seq": last}),
+            );
+        }
+    }
+    if let Some(segment) = metadata.get("preservedSegment") {
+        let ids: Map<String, Value> = ["headUuid", "anchorUuid", "tailUuid"]
+            .into_iter()
+            .filter_map(|key| {
+                let id = segment.get(key).filter(|v| is_id_like(v))?;
+                Some((key.to_owned(), id.clone()))
+            })
+            .collect();
+        kept.insert("preservedSegment".to_owned(), Value::Object(ids));
+    }
+    Value::Object(kept)
+}
 
 /// What a snip entry hides.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -390,29 +423,47 @@ impl Entry {
         self.erased.is_some()
     }
 
-    /// The tombstone of this entry: its seq, uuid, type, role (with an empty content), provider
-    /// response id (rounds stay grouped), time, place in the transcript's tree, and what makes
-    /// it a boundary, a summary or a snip (so the view around it stays the same), with
-    /// everything else, content and unmodelled fields alike, gone.
+    /// The tombstone of this entry: its seq, uuid, type, role (with an empty content), time,
+    /// and only what keeps the thread's shape, each kept only in the form it takes when it
+    /// carries no text: a provider response id shaped like one (rounds stay grouped), its place
+    /// in the transcript's tree (`parentUuid` as an id, `isSidechain` as a flag), and what makes
+    /// a compact boundary (its preserved segment) or a snip (the uuids it hides). Everything
+    /// else, content and unmodelled fields alike, goes.
     pub fn tombstone(&self, mark: ErasedMark) -> Entry {
         let mut extra = Map::new();
-        for key in TOMBSTONE_KEEPS {
-            if let Some(value) = self.extra.get(*key) {
-                extra.insert((*key).to_owned(), value.clone());
-            }
+        if let Some(kind) = self
+            .extra
+            .get("type")
+            .filter(|_| self.kind == EntryKind::Other)
+        {
+            extra.insert("type".to_owned(), kind.clone());
         }
+        if let Some(parent) = self.extra.get("parentUuid").filter(|v| is_id_like(v)) {
+            extra.insert("parentUuid".to_owned(), parent.clone());
+        }
+        if let Some(flag) = self.extra.get("isSidechain").filter(|v| v.is_boolean()) {
+            extra.insert("isSidechain".to_owned(), flag.clone());
+        }
+        let structural = self.is_compact_boundary() || self.is_snip();
         Entry {
             seq: self.seq,
             uuid: self.uuid.clone(),
             kind: self.kind,
             message: self.message.as_ref().map(|message| ApiMessage {
-                id: message.id.clone(),
+                id: message
+                    .id
+                    .clone()
+                    .filter(|id| is_id_like(&Value::String(id.clone()))),
                 ..ApiMessage::new(message.role, Content::Blocks(Vec::new()))
             }),
-            subtype: self.subtype.clone(),
+            subtype: self.subtype.clone().filter(|_| structural),
             is_compact_summary: self.is_compact_summary,
-            compact_metadata: self.compact_metadata.clone(),
-            snip_metadata: self.snip_metadata.clone(),
+            compact_metadata: self
+                .compact_metadata
+                .as_ref()
+                .filter(|_| self.is_compact_boundary())
+                .map(boundary_shape),
+            snip_metadata: self.snip_metadata.clone().filter(|_| self.is_snip()),
             erased: Some(mark),
             created_at: self.created_at,
             extra,
@@ -462,5 +513,63 @@ impl Entry {
                 .and_then(|b| b.get("text"))
                 .and_then(Value::as_str),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn mark() -> ErasedMark {
+        ErasedMark {
+            erasure_id: "e-1".into(),
+            erased_at: DateTime::from_timestamp(1_800_000_000, 0).unwrap(),
+        }
+    }
+
+    /// Every free-form place a client can write text goes; only id-shaped structure stays.
+    #[test]
+    fn a_tombstone_keeps_structure_and_no_text() {
+        let entries = [
+            json!({"type": "user", "uuid": "u1", "parentUuid": "a secret parent",
+                "isSidechain": "a secret flag", "subtype": "a secret subtype",
+                "compact_metadata": {"note": "a secret note"},
+                "snip_metadata": {"removed_uuids": ["a secret uuid"]},
+                "toolUseResult": {"stdout": "a secret output"},
+                "message": {"role": "user", "content": "a secret", "id": "msg a secret id"}}),
+            json!({"type": "system", "uuid": "b1", "subtype": "compact_boundary",
+                "content": "a secret boundary text",
+                "compact_metadata": {"trigger": "a secret trigger",
+                    "preserved_segment": {"first_seq": 1, "last_seq": 2},
+                    "preservedSegment": {"headUuid": "h-1", "tailUuid": "a secret tail"}}}),
+            json!({"type": "assistant", "uuid": "a1", "parentUuid": "u1", "isSidechain": true,
+                "message": {"role": "assistant", "id": "msg_01abc", "model": "a secret model",
+                    "content": [{"type": "text", "text": "a secret"}]}}),
+        ];
+        for value in entries {
+            let entry: Entry = serde_json::from_value(value).unwrap();
+            let tombstone = entry.tombstone(mark());
+            let text = serde_json::to_string(&tombstone).unwrap();
+            assert!(!text.contains("secret"), "{text}");
+            assert_eq!(tombstone.kind, entry.kind);
+            assert_eq!(tombstone.uuid, entry.uuid);
+            assert_eq!(
+                tombstone.message.as_ref().map(|m| m.role),
+                entry.message.as_ref().map(|m| m.role)
+            );
+            assert_eq!(tombstone.is_compact_boundary(), entry.is_compact_boundary());
+            assert_eq!(tombstone.preserved_segment(), entry.preserved_segment());
+        }
+        let assistant: Entry = serde_json::from_value(json!({"type": "assistant", "uuid": "a1",
+            "parentUuid": "u1", "isSidechain": true,
+            "message": {"role": "assistant", "id": "msg_01abc", "content": "x"}}))
+        .unwrap();
+        let tombstone = assistant.tombstone(mark());
+        assert_eq!(tombstone.response_id(), Some("msg_01abc"));
+        assert_eq!(tombstone.extra["parentUuid"], "u1");
+        assert_eq!(tombstone.extra["isSidechain"], true);
+        // A tombstone's tombstone is itself: erasing again changes nothing.
+        assert_eq!(tombstone.tombstone(mark()), tombstone);
     }
 }

@@ -15,9 +15,7 @@ use super::threads::ThreadPath;
 use super::{AppState, Tenant};
 use crate::history::ingest::MAX_UUID_LEN;
 use crate::jobs::erasure::{erase, ErasureRequest};
-use crate::store::{
-    Erasure, ErasureArtifacts, ErasureTargets, Store, ThreadId, MAX_ERASED_ENTRIES,
-};
+use crate::store::{Erasure, ErasureArtifacts, ErasureTargets, ThreadId, MAX_ERASED_ENTRIES};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(create_erasure, list_erasures))
@@ -153,7 +151,14 @@ pub async fn create_erasure(
         }
         (Some(uuids), None) => {
             for (index, uuid) in uuids.iter().enumerate() {
-                super::check_key_field(&format!("uuids[{index}]"), uuid, MAX_UUID_LEN)?;
+                let path = format!("uuids[{index}]");
+                super::check_key_field(&path, uuid, MAX_UUID_LEN)?;
+                if uuid.is_empty() {
+                    return Err(ApiError::invalid_field(
+                        &path,
+                        "a uuid is 1 to 200 characters",
+                    ));
+                }
             }
             ErasureTargets::Uuids(uuids)
         }
@@ -194,7 +199,7 @@ pub async fn create_erasure(
         let dropped = state.context_cache.forget_thread(&tenant, &thread_id) as u64;
         let erasure = erase(&state.store, &tenant, &thread_id, request, dropped).await?;
         state.context_cache.forget_thread(&tenant, &thread_id);
-        spawn_scrub(state.store.clone(), erasure.erasure_id.clone());
+        state.store.queue_scrub(erasure.erasure_id.clone());
         // A tree job summarizes the stand-ins again with the thread's summarizer.
         if erasure.artifacts.tree_nodes > 0 {
             state.store.enqueue_tree(&tenant, &thread_id).await?;
@@ -207,19 +212,6 @@ pub async fn create_erasure(
         StatusCode::CREATED,
         Json(ErasureReceipt::new(path.thread_id, erasure)),
     ))
-}
-
-/// Scrubs the database files after an erasure, then says so in its receipt.
-fn spawn_scrub(store: Store, erasure_id: String) {
-    tokio::spawn(async move {
-        let scrubbed = match store.scrub_storage().await {
-            Ok(()) => store.mark_erasure_scrubbed(&erasure_id).await,
-            Err(error) => Err(error),
-        };
-        if let Err(error) = scrubbed {
-            tracing::warn!(%error, erasure_id, "scrubbing after an erasure failed");
-        }
-    });
 }
 
 /// List a thread's erasures: their receipts, oldest first, without content.

@@ -377,6 +377,13 @@ impl From<StoreError> for ApiError {
             } => ApiError::new(ProblemKind::CursorBackward, error.to_string())
                 .with("current_seq", current_seq)
                 .with("target_seq", target_seq),
+            // The thread kept changing under the request (erasures, snips, compactions racing
+            // it): the same request can succeed once they settle.
+            StoreError::SourcesChanged => ApiError::retry_after(
+                ProblemKind::Unavailable,
+                "the thread kept changing while the request read it; retry shortly",
+                1,
+            ),
             // The request's content, not a fault: 422, so no client retries it forever.
             error if error.refuses_content() => {
                 ApiError::new(ProblemKind::Validation, error.to_string())

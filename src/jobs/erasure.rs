@@ -1,29 +1,34 @@
 //! Erasure (`POST /v1/threads/{thread_id}/erasures`): the named entries' content goes from the
 //! record and from every copy derived from it, in one transaction, so no read after the answer
-//! serves it.
+//! serves it. A snip's redaction is the same without the tombstones.
 //!
-//! In [`erase`]'s transaction, in order:
-//! 1. the thread's redaction epoch moves: a tree or compaction job that read before cannot
-//!    write after (each checks the epoch where it writes);
+//! First the plan, read with no transaction open (the thread's epoch first, then what is erased
+//! and every compaction summary it reached, each derived again without a model from what
+//! remains). Then one transaction, which uses its own connection only (so erasures waiting on
+//! the thread's row never starve it of the pool):
+//! 1. the thread's redaction epoch moves, if it is still the plan's: a snip or erasure since
+//!    sends the plan back (as does a compaction written since, found by its summary); a tree or
+//!    compaction job that read before cannot write after (each checks the epoch where it
+//!    writes);
 //! 2. each entry becomes a tombstone ([`crate::history::Entry::tombstone`]);
-//! 3. each compaction summary that covered it, directly or through the summary before it, is
-//!    derived again, without a model, from the entries it covered that remain;
-//! 4. the summary tree loses it: its line is emptied, the lines of the summaries derived again
-//!    are rebuilt from them, and every line that may hold the old text is rebuilt without a
-//!    model ([`crate::store::StandIns`]); a tree job summarizes them again later;
+//! 3. the summaries the plan derived again replace theirs, in place;
+//! 4. the summary tree loses the entries: their lines are emptied, the lines of the summaries
+//!    derived again are rebuilt from them, and every line that may hold the old text is rebuilt
+//!    without a model ([`crate::store::StandIns`]); a tree job summarizes them again later;
 //! 5. the receipt is stored.
 //!
-//! After the commit the caller drops the thread's cached contexts and scrubs the database files
-//! ([`crate::store::Store::scrub_storage`]).
+//! After the commit the caller drops the thread's cached contexts and queues the scrub of the
+//! database files ([`crate::store::Store::queue_scrub`]).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
-use super::compaction::plan::{is_superseded, summary_entry};
+use super::compaction::plan::{is_superseded, summary_entry, PageCutter};
 use super::tree::LineStandIns;
 use super::view_reader::{StoreWindow, ViewReader, WindowShape};
+use crate::history::estimate_entry_tokens;
 use crate::history::model::{Content, Entry};
 use crate::store::{
-    Erasure, ErasureTargets, ErasureTx, Store, StoreError, StoredSummary, TenantId, ThreadId,
+    Erasure, ErasureRead, ErasureTargets, ErasureTx, Store, StoreError, TenantId, ThreadId,
 };
 use crate::summarize::{extract_without_model, Purpose, SummaryRequest};
 
@@ -37,9 +42,85 @@ pub struct ErasureRequest {
 /// The byte budget of a summary derived again without a model: a compaction's.
 const REDERIVED_SUMMARY_BYTES: usize = super::JobsConfig::DEFAULT.summary_max_bytes;
 
+/// Times a plan is read again because the thread changed before its transaction began.
+const PLAN_ATTEMPTS: u32 = 5;
+
+/// What an erasure or a redaction will write, read before its transaction.
+struct Plan {
+    read: ErasureRead,
+    /// The seqs and uuids taken out, in seq order.
+    seqs: Vec<i64>,
+    /// The seqs of the boundaries and summaries the plan read: the transaction finds the same.
+    summary_seqs: Vec<i64>,
+    /// Each summary derived again, and its new text.
+    rewrites: Vec<(Entry, String)>,
+    stand_ins: LineStandIns,
+}
+
+impl Plan {
+    async fn read(
+        store: &Store,
+        tenant: &TenantId,
+        thread_id: &ThreadId,
+        targets: &ErasureTargets,
+    ) -> Result<Plan, StoreError> {
+        // The epoch first: whatever changes the thread's text after it moves it.
+        let read = store.erasure_read(tenant, thread_id).await?;
+        let named = store.entries_named(&read.thread_key, targets).await?;
+        let seqs: Vec<i64> = named.iter().map(|(seq, _)| *seq).collect();
+        let uuids: HashSet<String> = named.into_iter().map(|(_, uuid)| uuid).collect();
+        let first = seqs.first().copied().unwrap_or(i64::MAX);
+        let summaries = store.summary_rows(&read.thread_key, first).await?;
+        let summary_seqs = summaries.iter().filter_map(|entry| entry.seq).collect();
+        let rewrites = rederive_summaries(store, &read, summaries, &seqs, &uuids).await?;
+        let options = store
+            .outline_options_of(&read.thread_key)
+            .await?
+            .unwrap_or_default();
+        Ok(Plan {
+            read,
+            seqs,
+            summary_seqs,
+            rewrites,
+            stand_ins: LineStandIns::new(&options),
+        })
+    }
+
+    /// Opens the plan's transaction: `None` when the thread changed since the plan was read.
+    async fn begin(
+        &self,
+        store: &Store,
+        tenant: &TenantId,
+        thread_id: &ThreadId,
+    ) -> Result<Option<ErasureTx>, StoreError> {
+        let mut tx = match store.begin_erasure(tenant, thread_id, &self.read).await {
+            Err(StoreError::SourcesChanged) => return Ok(None),
+            other => other?,
+        };
+        let first = self.seqs.first().copied().unwrap_or(i64::MAX);
+        if tx.summary_seqs(first).await? != self.summary_seqs {
+            // A compaction wrote a summary since: it may quote what goes.
+            return Ok(None);
+        }
+        Ok(Some(tx))
+    }
+
+    /// Writes the plan's summaries and outline lines in `tx`.
+    async fn write_derived(&self, tx: &mut ErasureTx) -> Result<(), StoreError> {
+        let mut rewritten = Vec::with_capacity(self.rewrites.len());
+        for (summary, text) in &self.rewrites {
+            tx.rewrite_summary(summary, &summary_content(text)).await?;
+            rewritten.extend(summary.seq.map(|seq| seq as u64));
+        }
+        let leaves: Vec<u64> = self.seqs.iter().map(|&seq| seq as u64).collect();
+        tx.hide_in_tree(&leaves, &rewritten, &self.stand_ins).await
+    }
+}
+
 /// Erases the named entries (see the module docs); `cached_contexts` is how many cached contexts
 /// the caller dropped, for the receipt. Fails with [`StoreError::NoSuchEntries`] when the thread
-/// does not hold one of them; nothing changes then.
+/// does not hold one of them (nothing changes then), and with [`StoreError::SourcesChanged`]
+/// when the thread kept changing under its plan.
 pub async fn erase(
     store: &Store,
     tenant: &TenantId,
@@ -47,23 +128,18 @@ pub async fn erase(
     request: ErasureRequest,
     cached_contexts: u64,
 ) -> Result<Erasure, StoreError> {
-    let mut tx = store.begin_erasure(tenant, thread_id).await?;
-    tx.count_cached_contexts(cached_contexts);
-    let erased = tx.tombstone(&request.targets).await?;
-    let seqs: Vec<i64> = erased.iter().filter_map(|entry| entry.seq).collect();
-    let leaves: Vec<u64> = seqs.iter().map(|&seq| seq as u64).collect();
-    let uuids: HashSet<String> = erased.iter().filter_map(|e| e.uuid.clone()).collect();
-    if let Some(&first) = seqs.first() {
-        rederive_summaries(store, &mut tx, first, &seqs, &uuids).await?;
+    let _turn = store.erasure_turn(tenant, thread_id).await;
+    for _ in 0..PLAN_ATTEMPTS {
+        let plan = Plan::read(store, tenant, thread_id, &request.targets).await?;
+        let Some(mut tx) = plan.begin(store, tenant, thread_id).await? else {
+            continue;
+        };
+        tx.count_cached_contexts(cached_contexts);
+        tx.tombstone(&plan.seqs).await?;
+        plan.write_derived(&mut tx).await?;
+        return tx.commit(plan.seqs.clone(), request.reason).await;
     }
-    let options = store
-        .outline_options_of(&tx.thread_key)
-        .await?
-        .unwrap_or_default();
-    let rewritten = tx.rewritten.clone();
-    tx.hide_in_tree(&leaves, &rewritten, &LineStandIns::new(&options))
-        .await?;
-    tx.commit(seqs, request.reason).await
+    Err(StoreError::SourcesChanged)
 }
 
 /// Applies the snips among `appended` (entries just stored in the tenant's thread, or found
@@ -91,7 +167,7 @@ pub async fn hide_snipped(
     let redaction = tokio::spawn(async move {
         let thread_key = store.thread_head(&tenant, &thread_id).await?.thread_key;
         let seqs = store.seqs_of_uuids(&thread_key, &named).await?;
-        let rewritten = redact_snipped(&store, &tenant, &thread_id, &seqs, &named).await?;
+        let rewritten = redact_snipped(&store, &tenant, &thread_id, &seqs).await?;
         if rewritten > 0 {
             // The tree job summarizes the stand-ins again with the thread's summarizer.
             store.enqueue_tree(&tenant, &thread_id).await?;
@@ -104,99 +180,138 @@ pub async fn hide_snipped(
 }
 
 /// A snip's redaction: what is derived from the thread stops holding the snipped entries at
-/// `seqs` (uuids `uuids`), in one transaction that moves the redaction epoch: the compaction
-/// summaries that covered them are derived again without a model, and the outline loses them as
-/// an erasure's does. The record keeps them (a snip hides; it does not erase). Returns the
-/// outline lines rewritten.
+/// `seqs`, in one transaction that moves the redaction epoch: the compaction summaries that
+/// covered them are derived again without a model, and the outline loses them as an erasure's
+/// does. The record keeps them (a snip hides; it does not erase). Returns the outline lines
+/// rewritten.
 pub async fn redact_snipped(
     store: &Store,
     tenant: &TenantId,
     thread_id: &ThreadId,
     seqs: &[u64],
-    uuids: &[String],
 ) -> Result<u64, StoreError> {
-    let mut tx = store.begin_erasure(tenant, thread_id).await?;
-    let mut snipped: Vec<i64> = seqs.iter().map(|&seq| seq as i64).collect();
-    snipped.sort_unstable();
-    let uuids: HashSet<String> = uuids.iter().cloned().collect();
-    if let Some(&first) = snipped.first() {
-        rederive_summaries(store, &mut tx, first, &snipped, &uuids).await?;
+    let targets = ErasureTargets::Seqs(seqs.iter().map(|&seq| seq as i64).collect());
+    let _turn = store.erasure_turn(tenant, thread_id).await;
+    for _ in 0..PLAN_ATTEMPTS {
+        let plan = Plan::read(store, tenant, thread_id, &targets).await?;
+        let Some(mut tx) = plan.begin(store, tenant, thread_id).await? else {
+            continue;
+        };
+        plan.write_derived(&mut tx).await?;
+        return tx.commit_redaction().await;
     }
-    let options = store
-        .outline_options_of(&tx.thread_key)
-        .await?
-        .unwrap_or_default();
-    let rewritten = tx.rewritten.clone();
-    tx.hide_in_tree(seqs, &rewritten, &LineStandIns::new(&options))
-        .await?;
-    tx.commit_redaction().await
+    Err(StoreError::SourcesChanged)
 }
 
-/// Derives again, without a model, every compaction summary an erased entry reached: a summary
-/// at boundary `b` covered every entry before `b` outside its preserved segment (the ones before
-/// its window through the summary it folded in). Each is rebuilt from the summary before it (as
-/// it now stands) and the entries of its window it covered, less the erased ones.
+/// Derives again, without a model, every compaction summary an entry at `seqs` reached, in seq
+/// order, from `summaries` (the boundaries and summaries from the last boundary at or before the
+/// first of them on). A summary after boundary `b` covered every entry before `b` outside its
+/// preserved segment (those before its window through the summary it folded in: the last one
+/// before `b`); one with no boundary before it covered everything before it. Each reached is
+/// rebuilt from the summary before it (as it now stands) and the entries of its window it
+/// covered, less the ones taken out (`seqs`, `uuids`).
 async fn rederive_summaries(
     store: &Store,
-    tx: &mut ErasureTx,
-    first_erased: i64,
-    erased_seqs: &[i64],
-    erased_uuids: &HashSet<String>,
-) -> Result<(), StoreError> {
-    // Each summary folds in the one before it: read them in order, from the one before the
-    // first erased entry.
-    let mut previous: Option<String> = None;
-    for StoredSummary { boundary, summary } in tx.summaries_from(first_erased).await? {
-        let boundary_seq = boundary.seq.unwrap_or_default();
-        let Some(summary) = summary.filter(|summary| !summary.is_erased()) else {
-            // No summary, or one erased itself: the next folds in nothing before it.
-            previous = None;
-            continue;
-        };
-        if boundary_seq <= first_erased {
-            previous = summary_text(&summary);
+    read: &ErasureRead,
+    summaries: Vec<Entry>,
+    seqs: &[i64],
+    uuids: &HashSet<String>,
+) -> Result<Vec<(Entry, String)>, StoreError> {
+    let mut rewrites = Vec::new();
+    // Each summary's text as it will stand, by seq, and those rebuilt.
+    let mut texts: Vec<(i64, String)> = Vec::new();
+    let mut rebuilt: HashSet<i64> = HashSet::new();
+    // What each boundary's summaries are rebuilt to (computed once per boundary).
+    let mut by_boundary: HashMap<Option<i64>, Option<String>> = HashMap::new();
+    let mut boundary: Option<Entry> = None;
+    for entry in summaries {
+        if entry.is_compact_boundary() {
+            boundary = Some(entry);
             continue;
         }
-        let segment = boundary.preserved_segment();
+        let seq = entry.seq.unwrap_or_default();
+        if entry.is_erased() || seqs.contains(&seq) {
+            // Going itself: the next summary folds in nothing of it.
+            continue;
+        }
+        let boundary_seq = boundary.as_ref().and_then(|b| b.seq);
+        let end = boundary_seq.unwrap_or(seq);
+        let segment = boundary.as_ref().and_then(Entry::preserved_segment);
         let covered =
-            |seq: i64| seq < boundary_seq && !segment.is_some_and(|(a, b)| (a..=b).contains(&seq));
-        if !erased_seqs.iter().any(|&seq| covered(seq)) {
-            previous = summary_text(&summary);
+            |s: i64| s < end && !segment.is_some_and(|(first, last)| (first..=last).contains(&s));
+        // The summary it folded in: the last one before its boundary.
+        let previous = boundary_seq.and_then(|b| texts.iter().rev().find(|(s, _)| *s < b));
+        let reached =
+            seqs.iter().any(|&s| covered(s)) || previous.is_some_and(|(s, _)| rebuilt.contains(s));
+        if !reached {
+            texts.extend(summary_text(&entry).map(|text| (seq, text)));
             continue;
         }
-        let bounds = store
-            .window_bounds_below(&tx.thread_key, boundary_seq)
-            .await?;
-        let window = StoreWindow {
-            store,
-            bounds: &bounds,
+        let previous = previous.map(|(_, text)| text.clone());
+        let text = match by_boundary.get(&boundary_seq) {
+            Some(text) => text.clone(),
+            None => {
+                let text = summarize_covered(store, read, end, previous, &covered, uuids).await?;
+                by_boundary.insert(boundary_seq, text.clone());
+                text
+            }
         };
-        let mut reader = ViewReader::new(window, WindowShape::of_bounds(&bounds))
-            .await?
-            .hiding(erased_uuids);
-        let mut text = previous.clone();
-        while let Some(page) = reader.next_page().await? {
-            let entries: Vec<Entry> = page
-                .into_iter()
-                .filter(|entry| {
-                    let seq = entry.seq.unwrap_or_default();
-                    covered(seq) && !is_superseded(entry) && !entry.is_compact_summary
-                })
-                .collect();
-            if entries.is_empty() {
+        let text = text.unwrap_or_default();
+        rebuilt.insert(seq);
+        texts.push((seq, text.clone()));
+        rewrites.push((entry, text));
+    }
+    Ok(rewrites)
+}
+
+/// The summary, without a model, of `previous` and the entries of the window that ended at
+/// `end` which `covered` holds, less those with `uuids`; read a page at a time and summarized in
+/// pages as a compaction's are. `None` when there is nothing to summarize.
+async fn summarize_covered(
+    store: &Store,
+    read: &ErasureRead,
+    end: i64,
+    previous: Option<String>,
+    covered: &(dyn Fn(i64) -> bool + Sync),
+    uuids: &HashSet<String>,
+) -> Result<Option<String>, StoreError> {
+    // Unbounded: a window a client's own boundary left longer than a context read's bound is
+    // still read, a page at a time.
+    let bounds = store.window_bounds_below(&read.thread_key, end).await?;
+    let window = StoreWindow {
+        store,
+        bounds: &bounds,
+    };
+    let mut reader = ViewReader::new(window, WindowShape::of_bounds(&bounds))
+        .await?
+        .hiding(uuids);
+    let mut cutter = PageCutter::new(
+        super::JobsConfig::DEFAULT.compaction_page_tokens,
+        super::compaction::SUMMARY_PAGE_ENTRIES,
+    );
+    let mut text = previous;
+    let mut page: Vec<Entry> = Vec::new();
+    let summarize = |page: Vec<Entry>, text: Option<String>| {
+        if page.is_empty() {
+            return text;
+        }
+        let mut request = SummaryRequest::new(page, Purpose::Compaction, REDERIVED_SUMMARY_BYTES);
+        request.previous_summary = text;
+        Some(extract_without_model(&request))
+    };
+    while let Some(entries) = reader.next_page().await? {
+        for entry in entries {
+            let seq = entry.seq.unwrap_or_default();
+            if !covered(seq) || is_superseded(&entry) || entry.is_compact_summary {
                 continue;
             }
-            let mut request =
-                SummaryRequest::new(entries, Purpose::Compaction, REDERIVED_SUMMARY_BYTES);
-            request.previous_summary = text.take();
-            text = Some(extract_without_model(&request));
+            if cutter.starts_page(estimate_entry_tokens(&entry)) {
+                text = summarize(std::mem::take(&mut page), text);
+            }
+            page.push(entry);
         }
-        let text = text.unwrap_or_default();
-        tx.rewrite_summary(&summary, &summary_content(&text))
-            .await?;
-        previous = Some(text);
     }
-    Ok(())
+    Ok(summarize(page, text))
 }
 
 /// A summary entry's text without the prefix every summary opens with.

@@ -134,12 +134,15 @@ impl Store {
 
     /// The window's bounds in the thread `thread_key` as it was when it ended at `next_seq`
     /// (an erasure reads the window a compaction summarized, from that compaction's boundary).
+    /// Unlike a context read's, not bounded by [`MAX_WINDOW_ENTRIES`]: the caller reads it a
+    /// page at a time.
     pub async fn window_bounds_below(
         &self,
         thread_key: &ThreadKey,
         next_seq: i64,
     ) -> Result<WindowBounds, StoreError> {
-        self.bounds_below(thread_key.clone(), next_seq, None).await
+        self.bounds_within(thread_key.clone(), next_seq, None, i64::MAX)
+            .await
     }
 
     /// The window's bounds in the thread `thread_key` as it ended at `next_seq`.
@@ -148,6 +151,18 @@ impl Store {
         thread_key: ThreadKey,
         next_seq: i64,
         from_seq: Option<Seq>,
+    ) -> Result<WindowBounds, StoreError> {
+        self.bounds_within(thread_key, next_seq, from_seq, MAX_WINDOW_ENTRIES)
+            .await
+    }
+
+    /// [`Store::bounds_below`], refusing a window of more than `max_entries`.
+    async fn bounds_within(
+        &self,
+        thread_key: ThreadKey,
+        next_seq: i64,
+        from_seq: Option<Seq>,
+        max_entries: i64,
     ) -> Result<WindowBounds, StoreError> {
         // Below `next_seq`: a boundary committed after the head was read belongs to a later read
         // (else the window would start past its own end).
@@ -175,10 +190,10 @@ impl Store {
                 None => 0,
             },
         };
-        if next_seq - start > MAX_WINDOW_ENTRIES {
+        if next_seq - start > max_entries {
             return Err(StoreError::WindowTooLarge {
                 entries: next_seq - start,
-                max: MAX_WINDOW_ENTRIES,
+                max: max_entries,
             });
         }
         Ok(WindowBounds {
@@ -500,7 +515,7 @@ impl Store {
 
     /// (seq, uuid) of the thread's messages whose `column` is one of `values`, in chunks that keep
     /// the bind count under every backend's limit.
-    async fn messages_where_in<T>(
+    pub(super) async fn messages_where_in<T>(
         &self,
         thread_key: &ThreadKey,
         column: &str,

@@ -4,6 +4,10 @@
 //! store holds the transaction, the tombstones, the receipts, and the scrubbing of the files
 //! afterwards.
 
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
 use serde_json::Value;
 use sqlx::{Any, Row, Transaction};
 
@@ -50,11 +54,11 @@ pub struct Erasure {
     pub scrubbed_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
-/// A compact boundary in the thread, and the summary right after it.
+/// What an erasure's plan read of its thread first: the thread, and its redaction epoch then.
 #[derive(Debug, Clone)]
-pub struct StoredSummary {
-    pub boundary: Entry,
-    pub summary: Option<Entry>,
+pub struct ErasureRead {
+    pub thread_key: ThreadKey,
+    pub epoch: i64,
 }
 
 /// Most entries one erasure names.
@@ -68,30 +72,108 @@ pub struct ErasureTx {
     pub thread_key: ThreadKey,
     pub mark: ErasedMark,
     artifacts: ErasureArtifacts,
-    /// The seqs of the summaries derived again.
-    pub rewritten: Vec<u64>,
 }
 
 impl Store {
-    /// Opens an erasure on the tenant's thread: takes its row (the write lock on SQLite) and
-    /// moves its redaction epoch.
+    /// The thread and its redaction epoch: what an erasure's plan reads first.
+    pub async fn erasure_read(
+        &self,
+        tenant: &TenantId,
+        thread_id: &ThreadId,
+    ) -> Result<ErasureRead, StoreError> {
+        let row = sqlx::query(
+            "SELECT thread_key, redaction_epoch FROM threads WHERE tenant_id = $1 AND thread_id = $2",
+        )
+        .bind(&tenant.0)
+        .bind(thread_id.as_str())
+        .fetch_optional(&self.pool)
+        .await?
+        .ok_or(StoreError::ThreadNotFound)?;
+        Ok(ErasureRead {
+            thread_key: ThreadKey::from_stored(row.try_get("thread_key")?),
+            epoch: row.try_get("redaction_epoch")?,
+        })
+    }
+
+    /// The (seq, uuid) of the entries `targets` names, in seq order, each once; fails with
+    /// [`StoreError::NoSuchEntries`] naming those the thread does not hold.
+    pub async fn entries_named(
+        &self,
+        thread_key: &ThreadKey,
+        targets: &ErasureTargets,
+    ) -> Result<Vec<(i64, String)>, StoreError> {
+        let (field, mut found, names): (&'static str, Vec<(i64, String)>, Vec<String>) =
+            match targets {
+                ErasureTargets::Uuids(uuids) => (
+                    "uuids",
+                    self.messages_where_in(thread_key, "uuid", uuids).await?,
+                    uuids.clone(),
+                ),
+                ErasureTargets::Seqs(seqs) => (
+                    "seqs",
+                    self.messages_where_in(thread_key, "seq", seqs).await?,
+                    seqs.iter().map(i64::to_string).collect(),
+                ),
+            };
+        let missing: Vec<String> = names
+            .into_iter()
+            .filter(|name| {
+                !found.iter().any(|(seq, uuid)| {
+                    uuid == name || (field == "seqs" && seq.to_string() == *name)
+                })
+            })
+            .collect();
+        if !missing.is_empty() {
+            return Err(StoreError::NoSuchEntries {
+                field,
+                names: missing,
+            });
+        }
+        found.sort_unstable();
+        found.dedup();
+        Ok(found)
+    }
+
+    /// The thread's compact boundaries and compaction summaries (user entries marked so, wherever
+    /// after a boundary they are) from the last boundary at or before `seq` on, in seq order.
+    pub async fn summary_rows(
+        &self,
+        thread_key: &ThreadKey,
+        seq: i64,
+    ) -> Result<Vec<Entry>, StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        summary_rows_in(&mut conn, thread_key, seq).await
+    }
+
+    /// Opens an erasure on the tenant's thread as its plan read it: takes its row (the write
+    /// lock on SQLite) and moves its redaction epoch. Fails with [`StoreError::SourcesChanged`]
+    /// when the epoch moved since `read` (or the thread was made again under its id).
     pub async fn begin_erasure(
         &self,
         tenant: &TenantId,
         thread_id: &ThreadId,
+        read: &ErasureRead,
     ) -> Result<ErasureTx, StoreError> {
         let mut tx = self.writer.begin().await?;
         let now = now_millis();
         let key: Option<String> = sqlx::query_scalar(
             "UPDATE threads SET redaction_epoch = redaction_epoch + 1, updated_at = $3 \
-             WHERE tenant_id = $1 AND thread_id = $2 RETURNING thread_key",
+             WHERE tenant_id = $1 AND thread_id = $2 AND thread_key = $4 \
+             AND redaction_epoch = $5 RETURNING thread_key",
         )
         .bind(&tenant.0)
         .bind(thread_id.as_str())
         .bind(now)
+        .bind(read.thread_key.as_str())
+        .bind(read.epoch)
         .fetch_optional(&mut *tx)
         .await?;
-        let thread_key = ThreadKey::from_stored(key.ok_or(StoreError::ThreadNotFound)?);
+        let Some(key) = key else {
+            drop(tx);
+            self.thread_head(tenant, thread_id).await?;
+            return Err(StoreError::SourcesChanged);
+        };
+        let thread_key = ThreadKey::from_stored(key);
         Ok(ErasureTx {
             tx,
             thread_key,
@@ -100,7 +182,6 @@ impl Store {
                 erased_at: millis_to_datetime(now),
             },
             artifacts: ErasureArtifacts::default(),
-            rewritten: Vec::new(),
         })
     }
 
@@ -123,8 +204,11 @@ impl Store {
 
     /// Empties what the database files keep of rows changed or deleted (after an erasure or a
     /// delete): on an SQLite file, the WAL (its pages as they were) is checkpointed and cut to
-    /// nothing, waiting for older readers; on PostgreSQL the thread tables are vacuumed, which
-    /// removes the dead row versions that hold the old text. Returns once done.
+    /// nothing, once older readers are done (freed cells are zeroed as they go, `secure_delete`);
+    /// on PostgreSQL the thread tables are vacuumed and analyzed, which removes the dead row
+    /// versions that hold the old text from the tables and from the planner's statistics (their
+    /// bytes stay in free space until it is reused; `docs/ARCHITECTURE.md` § Forgetting).
+    /// Returns once done.
     pub async fn scrub_storage(&self) -> Result<(), StoreError> {
         match self.backend {
             Backend::Sqlite => {
@@ -133,8 +217,10 @@ impl Store {
                 }
             }
             Backend::Postgres => {
+                // ANALYZE too: the planner's statistics sample column values (a histogram of
+                // `body`), and would keep erased ones until the next analysis.
                 for table in SCRUBBED_TABLES {
-                    sqlx::query(&format!("VACUUM {table}"))
+                    sqlx::query(&format!("VACUUM (ANALYZE) {table}"))
                         .execute(&self.pool)
                         .await?;
                 }
@@ -143,14 +229,155 @@ impl Store {
         Ok(())
     }
 
-    /// Records that the erasure's text is out of the database files.
-    pub async fn mark_erasure_scrubbed(&self, erasure_id: &str) -> Result<(), StoreError> {
-        sqlx::query("UPDATE erasures SET scrubbed_at = $1 WHERE erasure_id = $2")
-            .bind(now_millis())
-            .bind(erasure_id)
-            .execute(&self.writer)
-            .await?;
+    /// Queues the scrub of every erasure whose receipt says it was not done (the process
+    /// stopped before it ran): called at start.
+    pub async fn resume_scrubs(&self) -> Result<usize, StoreError> {
+        let pending: Vec<String> = sqlx::query_scalar(
+            "SELECT erasure_id FROM erasures WHERE scrubbed_at IS NULL ORDER BY erasure_id LIMIT 100000",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        let count = pending.len();
+        for erasure_id in pending {
+            self.queue_scrub(erasure_id);
+        }
+        Ok(count)
+    }
+
+    /// Scrubs the files after the erasure `erasure_id` ([`Store::scrub_storage`]), in the
+    /// background, then records it in the receipt. One scrub runs at a time in a process, and
+    /// each covers every erasure queued before it started: a burst of erasures costs a few
+    /// scrubs, never one connection (and, on PostgreSQL, one waiting `VACUUM`) each.
+    pub fn queue_scrub(&self, erasure_id: String) {
+        self.scrubs.lock().push(erasure_id);
+        if self.scrubs.running.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let store = self.clone();
+        tokio::spawn(async move { store.run_scrubs().await });
+    }
+
+    async fn run_scrubs(&self) {
+        loop {
+            let batch = std::mem::take(&mut *self.scrubs.lock());
+            if batch.is_empty() {
+                self.scrubs.running.store(false, Ordering::SeqCst);
+                // One queued between the take and the store finds `running` set and leaves it
+                // to this loop: look once more.
+                if self.scrubs.lock().is_empty() || self.scrubs.running.swap(true, Ordering::SeqCst)
+                {
+                    return;
+                }
+                continue;
+            }
+            let scrubbed = match self.scrub_storage().await {
+                Ok(()) => self.mark_erasures_scrubbed(&batch).await,
+                Err(error) => Err(error),
+            };
+            if let Err(error) = scrubbed {
+                if self.pool.is_closed() {
+                    self.scrubs.running.store(false, Ordering::SeqCst);
+                    return;
+                }
+                tracing::warn!(%error, erasures = batch.len(), "scrubbing after erasures failed; trying again");
+                self.scrubs.lock().extend(batch);
+                tokio::time::sleep(SCRUB_RETRY).await;
+            }
+        }
+    }
+
+    /// Records that the erasures' text is out of the database files.
+    async fn mark_erasures_scrubbed(&self, erasure_ids: &[String]) -> Result<(), StoreError> {
+        let now = now_millis();
+        for chunk in erasure_ids.chunks(500) {
+            let sql = format!(
+                "UPDATE erasures SET scrubbed_at = $1 WHERE erasure_id IN ({})",
+                list_placeholders(2, chunk.len())
+            );
+            let mut query = sqlx::query(&sql).bind(now);
+            for id in chunk {
+                query = query.bind(id.as_str());
+            }
+            query.execute(&self.writer).await?;
+        }
         Ok(())
+    }
+}
+
+/// Erasures and snip redactions of one thread take turns in a process: each moves the thread's
+/// epoch, which sends back the plan of any other read meanwhile, so side by side they would only
+/// make each other read again.
+#[derive(Debug, Default)]
+pub(super) struct ThreadTurns {
+    turns: std::sync::Mutex<TurnMap>,
+}
+
+/// Each (tenant, thread id) with a turn held or waited for.
+type TurnMap = HashMap<(String, String), Arc<tokio::sync::Mutex<()>>>;
+
+/// A thread's turn ([`Store::erasure_turn`]), given back when dropped.
+pub struct ErasureTurn {
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+    key: (String, String),
+    turns: Arc<ThreadTurns>,
+}
+
+impl Drop for ErasureTurn {
+    fn drop(&mut self) {
+        let mut turns = self.turns.lock();
+        drop(self.guard.take());
+        // Only the map's is left: nobody holds the turn or waits for it.
+        if turns
+            .get(&self.key)
+            .is_some_and(|turn| Arc::strong_count(turn) == 1)
+        {
+            turns.remove(&self.key);
+        }
+    }
+}
+
+impl ThreadTurns {
+    fn lock(&self) -> std::sync::MutexGuard<'_, TurnMap> {
+        self.turns
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl Store {
+    /// Waits for the tenant's thread's turn to erase or redact in this process.
+    pub async fn erasure_turn(&self, tenant: &TenantId, thread_id: &ThreadId) -> ErasureTurn {
+        let key = (tenant.0.clone(), thread_id.as_str().to_owned());
+        let turn = self
+            .erasure_turns
+            .lock()
+            .entry(key.clone())
+            .or_default()
+            .clone();
+        let guard = turn.lock_owned().await;
+        ErasureTurn {
+            guard: Some(guard),
+            key,
+            turns: self.erasure_turns.clone(),
+        }
+    }
+}
+
+/// How long a failed scrub waits before it runs again.
+const SCRUB_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The erasures waiting for a scrub, and whether one is running.
+#[derive(Debug, Default)]
+pub(super) struct ScrubQueue {
+    pending: std::sync::Mutex<Vec<String>>,
+    running: AtomicBool,
+}
+
+impl ScrubQueue {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<String>> {
+        self.pending
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -158,91 +385,56 @@ impl Store {
 const SCRUBBED_TABLES: &[&str] = &["messages", "tree_nodes"];
 
 impl ErasureTx {
-    /// Makes the named entries tombstones ([`Entry::tombstone`]): content gone, the hash of
-    /// it too, the thread's stored bytes lowered. Returns the erased entries (already erased
-    /// ones included, so a repeated erasure answers the same seqs). Names not found fail with
-    /// [`StoreError::NoSuchEntries`].
-    pub async fn tombstone(&mut self, targets: &ErasureTargets) -> Result<Vec<Entry>, StoreError> {
-        let (column, names): (&str, Vec<String>) = match targets {
-            ErasureTargets::Uuids(uuids) => ("uuid", uuids.clone()),
-            ErasureTargets::Seqs(seqs) => ("seq", seqs.iter().map(i64::to_string).collect()),
-        };
-        let mut found = Vec::new();
-        for chunk in names.chunks(500) {
+    /// Makes the entries at `seqs` tombstones ([`Entry::tombstone`]): content gone, the hash
+    /// of it too, the thread's stored bytes lowered. An entry already a tombstone is left as it
+    /// is (and not counted); one that only claims to be (an `erased` field sent with content)
+    /// is emptied like any other.
+    pub async fn tombstone(&mut self, seqs: &[i64]) -> Result<(), StoreError> {
+        for chunk in seqs.chunks(500) {
             let sql = format!(
                 "SELECT seq, uuid, created_at, body FROM messages WHERE thread_key = $1 \
-                 AND {column} IN ({}) ORDER BY seq",
+                 AND seq IN ({}) ORDER BY seq",
                 list_placeholders(2, chunk.len())
             );
             let mut query = sqlx::query(&sql).bind(self.thread_key.as_str());
-            for name in chunk {
-                query = match targets {
-                    ErasureTargets::Uuids(_) => query.bind(name.as_str()),
-                    ErasureTargets::Seqs(_) => query.bind(name.parse::<i64>().unwrap_or(i64::MIN)),
-                };
+            for seq in chunk {
+                query = query.bind(*seq);
             }
-            for row in query.fetch_all(&mut *self.tx).await? {
+            let rows = query.fetch_all(&mut *self.tx).await?;
+            for row in rows {
                 let body: String = row.try_get("body")?;
-                found.push((entry_from_row(&row)?, body.len() as i64));
+                let entry = entry_from_row(&row)?;
+                let seq = entry.seq.unwrap_or_default();
+                let mark = entry.erased.clone().unwrap_or_else(|| self.mark.clone());
+                let mut tombstone = entry.tombstone(mark);
+                if entry.is_erased() && tombstone == entry {
+                    continue;
+                }
+                tombstone.seq = None;
+                let new_body = serde_json::to_string(&tombstone)
+                    .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+                sqlx::query(
+                    "UPDATE messages SET body = $1, content_hash = $2, subtype = $3 \
+                     WHERE thread_key = $4 AND seq = $5",
+                )
+                .bind(&new_body)
+                .bind(fingerprint(&tombstone)?)
+                .bind(tombstone.subtype.as_deref())
+                .bind(self.thread_key.as_str())
+                .bind(seq)
+                .execute(&mut *self.tx)
+                .await?;
+                sqlx::query(
+                    "UPDATE threads SET stored_bytes = stored_bytes - $1 WHERE thread_key = $2",
+                )
+                .bind(body.len() as i64 - new_body.len() as i64)
+                .bind(self.thread_key.as_str())
+                .execute(&mut *self.tx)
+                .await?;
+                self.artifacts.messages += 1;
             }
         }
-        let missing: Vec<String> = names
-            .iter()
-            .filter(|name| {
-                !found.iter().any(|(entry, _)| match targets {
-                    ErasureTargets::Uuids(_) => entry.uuid.as_deref() == Some(name.as_str()),
-                    ErasureTargets::Seqs(_) => {
-                        entry.seq.map(|s| s.to_string()) == Some(name.to_string())
-                    }
-                })
-            })
-            .cloned()
-            .collect();
-        if !missing.is_empty() {
-            let field = match targets {
-                ErasureTargets::Uuids(_) => "uuids",
-                ErasureTargets::Seqs(_) => "seqs",
-            };
-            return Err(StoreError::NoSuchEntries {
-                field,
-                names: missing,
-            });
-        }
-        found.sort_by_key(|(entry, _)| entry.seq);
-        found.dedup_by_key(|(entry, _)| entry.seq);
-        let mut erased = Vec::with_capacity(found.len());
-        for (entry, old_bytes) in found {
-            if entry.is_erased() {
-                erased.push(entry);
-                continue;
-            }
-            let seq = entry.seq.unwrap_or_default();
-            let mut tombstone = entry.tombstone(self.mark.clone());
-            tombstone.seq = None;
-            let body = serde_json::to_string(&tombstone)
-                .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-            let hash = fingerprint(&tombstone)?;
-            sqlx::query(
-                "UPDATE messages SET body = $1, content_hash = $2 WHERE thread_key = $3 AND seq = $4",
-            )
-            .bind(&body)
-            .bind(&hash)
-            .bind(self.thread_key.as_str())
-            .bind(seq)
-            .execute(&mut *self.tx)
-            .await?;
-            sqlx::query(
-                "UPDATE threads SET stored_bytes = stored_bytes - $1 WHERE thread_key = $2",
-            )
-            .bind(old_bytes - body.len() as i64)
-            .bind(self.thread_key.as_str())
-            .execute(&mut *self.tx)
-            .await?;
-            self.artifacts.messages += 1;
-            tombstone.seq = Some(seq);
-            erased.push(tombstone);
-        }
-        Ok(erased)
+        Ok(())
     }
 
     /// Takes the erased seqs out of the summary tree, and rebuilds the lines of the summaries
@@ -267,40 +459,13 @@ impl ErasureTx {
         Ok(())
     }
 
-    /// The thread's compact boundaries from the last one at or before `seq` on, oldest first,
-    /// each with the summary right after it (`None` when the entry after it is not one): the
-    /// summaries an entry at `seq` or later may have reached, and the one they fold in.
-    pub async fn summaries_from(&mut self, seq: i64) -> Result<Vec<StoredSummary>, StoreError> {
-        let boundaries = super::rows::BOUNDARY_ROWS;
-        let rows = sqlx::query(&format!(
-            "SELECT seq, uuid, created_at, body FROM messages WHERE thread_key = $1 \
-             AND seq >= COALESCE((SELECT MAX(seq) FROM messages WHERE thread_key = $1 \
-             AND {boundaries} AND seq <= $2), 0) \
-             AND ({boundaries} OR seq IN (SELECT seq + 1 FROM messages \
-             WHERE thread_key = $1 AND {boundaries})) ORDER BY seq"
-        ))
-        .bind(self.thread_key.as_str())
-        .bind(seq)
-        .fetch_all(&mut *self.tx)
-        .await?;
-        let mut summaries: Vec<StoredSummary> = Vec::new();
-        for row in &rows {
-            let entry = entry_from_row(row)?;
-            if entry.is_compact_boundary() {
-                summaries.push(StoredSummary {
-                    boundary: entry,
-                    summary: None,
-                });
-                continue;
-            }
-            if let Some(last) = summaries.last_mut() {
-                let follows = last.boundary.seq.map(|seq| seq + 1) == entry.seq;
-                if follows && entry.is_compact_summary {
-                    last.summary = Some(entry);
-                }
-            }
-        }
-        Ok(summaries)
+    /// The seqs of [`Store::summary_rows`], read in this transaction: the plan's must match.
+    pub async fn summary_seqs(&mut self, seq: i64) -> Result<Vec<i64>, StoreError> {
+        Ok(summary_rows_in(&mut self.tx, &self.thread_key, seq)
+            .await?
+            .iter()
+            .filter_map(|entry| entry.seq)
+            .collect())
     }
 
     /// Replaces a compaction summary's text with `text`, in place: the entry keeps its seq,
@@ -336,7 +501,6 @@ impl ErasureTx {
         .execute(&mut *self.tx)
         .await?;
         self.artifacts.compaction_summaries += 1;
-        self.rewritten.push(seq as u64);
         Ok(())
     }
 
@@ -405,6 +569,37 @@ impl ErasureTx {
             scrubbed_at: None,
         })
     }
+}
+
+/// [`Store::summary_rows`] on `conn`. A summary is found by a marker in its body (a body
+/// holding the words is read and parsed, then kept only when it is one): the column does not
+/// exist, and a summary need not follow its boundary directly (an imported transcript puts
+/// other entries between them).
+async fn summary_rows_in(
+    conn: &mut sqlx::AnyConnection,
+    thread_key: &ThreadKey,
+    seq: i64,
+) -> Result<Vec<Entry>, StoreError> {
+    let boundaries = super::rows::BOUNDARY_ROWS;
+    let rows = sqlx::query(&format!(
+        "SELECT seq, uuid, created_at, body FROM messages WHERE thread_key = $1 \
+         AND seq >= COALESCE((SELECT MAX(seq) FROM messages WHERE thread_key = $1 \
+         AND {boundaries} AND seq <= $2), 0) \
+         AND ({boundaries} OR (kind = 'user' AND (body LIKE '%ompactSummary%' \
+         OR body LIKE '%ompact_summary%'))) ORDER BY seq"
+    ))
+    .bind(thread_key.as_str())
+    .bind(seq)
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut entries = Vec::new();
+    for row in &rows {
+        let entry = entry_from_row(row)?;
+        if entry.is_compact_boundary() || entry.is_compact_summary {
+            entries.push(entry);
+        }
+    }
+    Ok(entries)
 }
 
 fn erasure_from_row(row: &sqlx::any::AnyRow) -> Result<Erasure, StoreError> {

@@ -51,7 +51,8 @@ pub use cursors::{
     AdvanceOutcome, AdvanceRequest, BatchLimit, Bookmark, Claim, CursorState, Lease, PendingBatch,
 };
 pub use erasure::{
-    Erasure, ErasureArtifacts, ErasureTargets, ErasureTx, StoredSummary, MAX_ERASED_ENTRIES,
+    Erasure, ErasureArtifacts, ErasureRead, ErasureTargets, ErasureTurn, ErasureTx,
+    MAX_ERASED_ENTRIES,
 };
 pub use ids::{Seq, ThreadId, ThreadKey};
 pub use jobs::{
@@ -306,6 +307,10 @@ pub struct Store {
     group_commit: Arc<append::GroupCommit>,
     /// PostgreSQL: how this process's last groups left their threads (`append/pg_unlocked`).
     thread_cache: Arc<append::ThreadCache>,
+    /// Erasures waiting for their files to be scrubbed: one scrub at a time (`store/erasure`).
+    scrubs: Arc<erasure::ScrubQueue>,
+    /// Erasures and snip redactions of a thread, one at a time in this process.
+    erasure_turns: Arc<erasure::ThreadTurns>,
     /// SQLite's group writer, on a thread of its own (a file database only).
     sqlite_writer: Option<Arc<append::SqliteWriter>>,
     /// Asks the WAL task to empty the WAL file (SQLite file databases only): after a delete, the
@@ -466,6 +471,8 @@ impl Store {
             sqlite_writer,
             wal_scrub,
             thread_cache: Arc::default(),
+            scrubs: Arc::default(),
+            erasure_turns: Arc::default(),
         })
     }
 
@@ -573,12 +580,9 @@ async fn checkpoint_wal(pool: AnyPool, scrub: Arc<tokio::sync::Notify>) {
 /// cuts the file to nothing, once no reader holds an older snapshot (tried again meanwhile).
 pub(super) async fn truncate_wal(pool: &AnyPool) {
     loop {
-        match sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
-            .fetch_one(pool)
-            .await
-        {
-            Ok(row) if sqlx::Row::try_get::<i64, _>(&row, 0).is_ok_and(|busy| busy == 0) => return,
-            Ok(_) => {}
+        match try_truncate_wal(pool).await {
+            Ok(true) => return,
+            Ok(false) => {}
             Err(error) => {
                 if pool.is_closed() {
                     return;
@@ -587,6 +591,33 @@ pub(super) async fn truncate_wal(pool: &AnyPool) {
             }
         }
         tokio::time::sleep(WAL_CHECKPOINT_INTERVAL).await;
+    }
+}
+
+/// One truncating checkpoint, which gives up at once when a reader holds an older snapshot:
+/// waiting for it (the busy handler) would hold off every writer meanwhile. Whether the WAL was
+/// emptied.
+async fn try_truncate_wal(pool: &AnyPool) -> Result<bool, sqlx::Error> {
+    let mut conn = pool.acquire().await?;
+    let timeout: i64 = sqlx::query_scalar("PRAGMA busy_timeout")
+        .fetch_one(&mut *conn)
+        .await?;
+    sqlx::query("PRAGMA busy_timeout = 0")
+        .execute(&mut *conn)
+        .await?;
+    let checkpoint = sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
+        .fetch_one(&mut *conn)
+        .await;
+    sqlx::query(&format!("PRAGMA busy_timeout = {timeout}"))
+        .execute(&mut *conn)
+        .await?;
+    match checkpoint {
+        Ok(row) => Ok(sqlx::Row::try_get::<i64, _>(&row, 0).is_ok_and(|busy| busy == 0)),
+        // Busy: another connection holds what the checkpoint needs.
+        Err(sqlx::Error::Database(error)) if error.code().is_some_and(|c| c.starts_with('5')) => {
+            Ok(false)
+        }
+        Err(error) => Err(error),
     }
 }
 

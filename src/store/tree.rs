@@ -205,7 +205,7 @@ impl Store {
         Ok(written)
     }
 
-    /// Hides the messages at `seqs` from the tree, in one transaction ([`hide_in_tree_in`]).
+    /// Hides the messages at `seqs` from the tree, in one transaction (`hide_in_tree_in`).
     /// The redaction epoch moves, so a tree job that read its sources before cannot write
     /// after. Returns the nodes rewritten.
     pub async fn hide_in_tree(

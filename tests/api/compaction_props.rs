@@ -29,7 +29,12 @@ pub struct PlainPlan {
 pub fn reference_plan(entries: &[Entry], keep: u32) -> Option<PlainPlan> {
     let (indices, _) = view::slice_after_boundary(entries);
     let indices = view::hide_snipped(entries, indices);
-    let view: Vec<Entry> = indices.iter().map(|&i| entries[i].clone()).collect();
+    // Tombstones hold nothing to summarize (a boundary's keeps its place).
+    let view: Vec<Entry> = indices
+        .iter()
+        .map(|&i| entries[i].clone())
+        .filter(|e| !e.is_erased() || e.is_compact_boundary())
+        .collect();
     let rounds = group_rounds(&view);
     if rounds.len() <= keep as usize {
         return None;

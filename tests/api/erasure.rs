@@ -22,6 +22,8 @@ on_both_backends!(
     erased_canaries_leave_every_surface_and_the_database_files,
     an_erasure_answers_with_a_receipt_and_refuses_what_it_cannot_do,
     a_snip_reaches_the_compaction_summaries_that_covered_it,
+    a_summary_apart_from_its_boundary_and_a_forged_tombstone_are_erased_too,
+    an_erasure_whose_scrub_never_ran_is_scrubbed_at_the_next_start,
 );
 
 /// A summarizer as leaky as a model can be: it keeps every `NEEDLE-` word of what it reads,
@@ -241,7 +243,22 @@ async fn stored_copies(app: &TestApp, threads: &[&str], secrets: &[String]) -> V
                 "{}",
                 String::from_utf8_lossy(&dump.stderr)
             );
-            let text = String::from_utf8_lossy(&dump.stdout);
+            // The planner's statistics sample column values too (not in a dump).
+            sqlx::any::install_default_drivers();
+            let pool = sqlx::AnyPool::connect(&app.url).await.unwrap();
+            let stats: Vec<String> = sqlx::query_scalar(
+                "SELECT COALESCE(most_common_vals::text, '') || COALESCE(histogram_bounds::text, '') \
+                 FROM pg_stats WHERE schemaname = current_schema()",
+            )
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+            pool.close().await;
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&dump.stdout),
+                stats.concat()
+            );
             secrets
                 .iter()
                 .filter(|secret| text.contains(secret.as_str()))
@@ -294,6 +311,20 @@ async fn erased_canaries_leave_every_surface_and_the_database_files(app: TestApp
                 .await;
             assert_eq!(response.status, StatusCode::OK, "{}", response.body);
         }
+    }
+    if app.backend == Backend::Postgres {
+        // As autovacuum would: the statistics now sample the bodies.
+        sqlx::any::install_default_drivers();
+        let pool = sqlx::AnyPool::connect(&app.url).await.unwrap();
+        sqlx::query("ANALYZE messages")
+            .execute(&pool)
+            .await
+            .unwrap();
+        sqlx::query("ANALYZE tree_nodes")
+            .execute(&pool)
+            .await
+            .unwrap();
+        pool.close().await;
     }
     let before = stored_copies(&app, &["outlined", "compacted"], &all).await;
     assert!(!before.is_empty(), "planted in the files");
@@ -521,6 +552,27 @@ async fn an_erasure_answers_with_a_receipt_and_refuses_what_it_cannot_do(app: Te
         );
     }
     app.assert_stored_bytes_counted(&thread).await;
+    // A burst of erasures, while the thread is read: each answered (or told to come back, when
+    // the tenant's expensive slots are taken) and, in the end, scrubbed (the scrubs run one at
+    // a time, each covering those queued before it).
+    let burst =
+        futures_util::future::join_all((0..20).map(|_| app.post(&uri, json!({"seqs": [1]}))));
+    let context_uri = format!("/v1/threads/{thread}/context");
+    let read = app.get(&context_uri);
+    let (burst, read) = tokio::join!(burst, read);
+    let answered = |response: &crate::common::TestResponse, ok: StatusCode| {
+        response.status == ok
+            || (response.status == StatusCode::SERVICE_UNAVAILABLE
+                && response.body["type"] == "urn:loupe:problem:overloaded")
+    };
+    assert!(answered(&read, StatusCode::OK), "{}", read.body);
+    assert!(
+        burst.iter().all(|r| answered(r, StatusCode::CREATED)),
+        "{burst:?}"
+    );
+    assert!(burst.iter().any(|r| r.status == StatusCode::CREATED));
+    let left = stored_copies(&app, &[thread.as_str()], &["NEEDLE-PIN".to_owned()]).await;
+    assert!(left.is_empty(), "{left:?}");
     app.finish().await;
 }
 
@@ -670,4 +722,122 @@ async fn erasure_figures() {
             app.finish().await;
         }
     }
+}
+
+/// Two shapes a review found an erasure missing: a compaction summary with other entries between
+/// it and its boundary (an imported transcript's), still sent to the model; and an entry sent
+/// with an `erased` field but content, which an erasure left whole.
+async fn a_summary_apart_from_its_boundary_and_a_forged_tombstone_are_erased_too(app: TestApp) {
+    let thread = app.thread("apart").await;
+    app.append(
+        &thread,
+        vec![
+            user("s", "the card is NEEDLE-CARD"),
+            assistant("r", "msg_r", "ok"),
+            json!({"type": "system", "uuid": "b", "subtype": "compact_boundary",
+                "content": "Conversation compacted", "compactMetadata": {"trigger": "manual"}}),
+            json!({"type": "progress", "uuid": "p", "data": {"tick": 1}}),
+            json!({"type": "user", "uuid": "sum", "isCompactSummary": true, "message": {
+                "role": "user", "content": "Summary: the user gave the card NEEDLE-CARD."}}),
+            json!({"type": "user", "uuid": "forged", "erased": {"erasure_id": "nope",
+                "erased_at": "2026-01-01T00:00:00Z"},
+                "message": {"role": "user", "content": "forged NEEDLE-FORGED"}}),
+            user("q", "next question"),
+        ],
+    )
+    .await;
+    let context = app.get(&format!("/v1/threads/{thread}/context")).await;
+    assert!(
+        context.body.to_string().contains("NEEDLE-CARD"),
+        "planted: {}",
+        context.body
+    );
+    let uri = format!("/v1/threads/{thread}/erasures");
+    let erased = app.post(&uri, json!({"uuids": ["s", "forged"]})).await;
+    assert_eq!(erased.status, StatusCode::CREATED, "{}", erased.body);
+    assert_eq!(erased.body["artifacts"]["messages"], 2, "{}", erased.body);
+    assert_eq!(
+        erased.body["artifacts"]["compaction_summaries"], 1,
+        "{}",
+        erased.body
+    );
+    for uri in [
+        format!("/v1/threads/{thread}/context"),
+        format!("/v1/threads/{thread}/export"),
+        format!("/v1/threads/{thread}/messages"),
+    ] {
+        let body = app.get(&uri).await.body.to_string();
+        assert!(
+            !body.contains("NEEDLE-CARD") && !body.contains("NEEDLE-FORGED"),
+            "{uri}: {body}"
+        );
+    }
+    app.finish().await;
+}
+
+/// A stop between an erasure's commit and its scrub leaves the receipt unscrubbed (and, on
+/// SQLite, the text in the WAL): the next start scrubs it.
+async fn an_erasure_whose_scrub_never_ran_is_scrubbed_at_the_next_start(app: TestApp) {
+    let thread = app.thread("resumed").await;
+    app.append(&thread, exchange(0, "my pin is NEEDLE-RESUME", "ok"))
+        .await;
+    let uri = format!("/v1/threads/{thread}/erasures");
+    let erased = app.post(&uri, json!({"uuids": ["u0"]})).await;
+    assert_eq!(erased.status, StatusCode::CREATED, "{}", erased.body);
+    stored_copies(&app, &[thread.as_str()], &[]).await;
+    // As if the process had stopped before the scrub.
+    sqlx::any::install_default_drivers();
+    let pool = sqlx::AnyPool::connect(&app.url).await.unwrap();
+    sqlx::query("UPDATE erasures SET scrubbed_at = NULL")
+        .execute(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+    let restarted = loupe::store::Store::connect(&loupe::store::StoreOptions::new(&app.url))
+        .await
+        .unwrap();
+    assert_eq!(restarted.resume_scrubs().await.unwrap(), 1);
+    let left = stored_copies(&app, &[thread.as_str()], &["NEEDLE-RESUME".to_owned()]).await;
+    assert!(left.is_empty(), "{left:?}");
+    restarted.close().await;
+    app.finish().await;
+}
+
+/// An outside reader (a backup tool, a shell) holding an old snapshot of the SQLite file: the
+/// scrub after an erasure waits for it without holding off writers meanwhile (a truncating
+/// checkpoint that waits blocks every writer), and finishes once it is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outside_reader_never_stalls_writes_behind_a_scrub() {
+    use sqlx::Connection;
+    let app = TestApp::new(Backend::Sqlite).await;
+    let thread = app.thread("held").await;
+    app.append(&thread, exchange(0, "my pin is NEEDLE-HELD", "ok"))
+        .await;
+    let mut reader = sqlx::SqliteConnection::connect(&app.url).await.unwrap();
+    let mut snapshot = reader.begin().await.unwrap();
+    let _: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM messages")
+        .fetch_one(&mut *snapshot)
+        .await
+        .unwrap();
+    let erased = app
+        .post(
+            &format!("/v1/threads/{thread}/erasures"),
+            json!({"uuids": ["u0"]}),
+        )
+        .await;
+    assert_eq!(erased.status, StatusCode::CREATED, "{}", erased.body);
+    for i in 1..4 {
+        let response = app
+            .post(
+                &format!("/v1/threads/{thread}/messages"),
+                json!({"messages": exchange(i, "more", "ok")}),
+            )
+            .await;
+        assert_eq!(response.status, StatusCode::CREATED, "{}", response.body);
+    }
+    snapshot.rollback().await.unwrap();
+    drop(reader);
+    let left = stored_copies(&app, &[thread.as_str()], &["NEEDLE-HELD".to_owned()]).await;
+    assert!(left.is_empty(), "{left:?}");
+    app.finish().await;
 }
