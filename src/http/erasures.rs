@@ -5,12 +5,12 @@ use axum::http::StatusCode;
 use axum::Json;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
+use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::{router::OpenApiRouter, routes};
 
 use super::answers::{MalformedJson, Overloaded, ThreadNotFound};
 use super::guard::ExpensiveSlot;
-use super::problem::{ApiError, ApiJson, ApiPath, Problem};
+use super::problem::{ApiError, ApiJson, ApiPath, ApiQuery, Problem};
 use super::threads::ThreadPath;
 use super::{AppState, Tenant};
 use crate::history::ingest::MAX_UUID_LEN;
@@ -85,9 +85,12 @@ pub struct ErasureReceipt {
     pub reason: Option<String>,
     pub artifacts: ErasureArtifactsResponse,
     pub created_at: DateTime<Utc>,
-    /// When the database files stopped holding the erased text: SQLite's write-ahead log
-    /// emptied, or PostgreSQL's tables vacuumed. `null` until then (it runs after the answer;
-    /// no read serves the text meanwhile).
+    /// When the scrub after the erasure was done: on SQLite, the write-ahead log emptied (the
+    /// file's freed cells are zeroed as they go), so the files hold no copy; on PostgreSQL, the
+    /// tables vacuumed and analyzed, so no row version or statistic holds it (the dead rows'
+    /// bytes can stay in the tables' free space until reused, and in WAL archives and backups:
+    /// the README's Forgetting section). `null` until then: it runs after the answer, and no
+    /// read serves the text meanwhile.
     pub storage_scrubbed_at: Option<DateTime<Utc>>,
 }
 
@@ -107,8 +110,22 @@ impl ErasureReceipt {
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ErasureList {
-    /// The thread's erasures, oldest first.
+    /// A page of the thread's erasures, oldest first.
     pub erasures: Vec<ErasureReceipt>,
+    /// Where the next page starts (`after`), when there is one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_after: Option<String>,
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ListErasuresQuery {
+    /// Return the erasures after this one (from the first when omitted).
+    #[param(max_length = 64)]
+    pub after: Option<String>,
+    /// Page size, 1–1000 (default 100).
+    #[param(minimum = 1, maximum = 1000)]
+    pub limit: Option<u32>,
 }
 
 /// Erase entries: their content goes from the record and from every copy derived from it, for
@@ -217,9 +234,9 @@ pub async fn create_erasure(
 /// List a thread's erasures: their receipts, oldest first, without content.
 #[utoipa::path(
     get, path = "/v1/threads/{thread_id}/erasures", tag = "context", operation_id = "listErasures",
-    params(ThreadPath),
+    params(ThreadPath, ListErasuresQuery),
     responses(
-        (status = 200, description = "The receipts", body = ErasureList),
+        (status = 200, description = "A page of receipts; go on from `next_after`", body = ErasureList),
         ThreadNotFound,
     )
 )]
@@ -227,12 +244,26 @@ pub async fn list_erasures(
     State(state): State<AppState>,
     Tenant(tenant): Tenant,
     ApiPath(path): ApiPath<ThreadPath>,
+    ApiQuery(query): ApiQuery<ListErasuresQuery>,
 ) -> Result<Json<ErasureList>, ApiError> {
-    let erasures = state.store.erasures(&tenant, &path.thread_id).await?;
+    let limit = super::page_limit(query.limit, 100, 1_000)?;
+    if let Some(after) = &query.after {
+        super::check_key_field("after", after, 64)?;
+    }
+    let mut erasures = state
+        .store
+        .erasures(&tenant, &path.thread_id, query.after.as_deref(), limit + 1)
+        .await?;
+    let more = erasures.len() > limit as usize;
+    erasures.truncate(limit as usize);
+    let next_after = more
+        .then(|| erasures.last().map(|erasure| erasure.erasure_id.clone()))
+        .flatten();
     Ok(Json(ErasureList {
         erasures: erasures
             .into_iter()
             .map(|erasure| ErasureReceipt::new(path.thread_id.clone(), erasure))
             .collect(),
+        next_after,
     }))
 }

@@ -185,18 +185,23 @@ impl Store {
         })
     }
 
-    /// The thread's erasures, oldest first.
+    /// The thread's erasures after `after` (an erasure id; ids grow with time), oldest first,
+    /// at most `limit`.
     pub async fn erasures(
         &self,
         tenant: &TenantId,
         thread_id: &ThreadId,
+        after: Option<&str>,
+        limit: u32,
     ) -> Result<Vec<Erasure>, StoreError> {
         let thread_key = self.thread_head(tenant, thread_id).await?.thread_key;
         let rows = sqlx::query(
             "SELECT erasure_id, seqs, reason, artifacts, created_at, scrubbed_at FROM erasures \
-             WHERE thread_key = $1 ORDER BY created_at, erasure_id",
+             WHERE thread_key = $1 AND erasure_id > $2 ORDER BY erasure_id LIMIT $3",
         )
         .bind(thread_key.as_str())
+        .bind(after.unwrap_or(""))
+        .bind(i64::from(limit))
         .fetch_all(&self.pool)
         .await?;
         rows.iter().map(erasure_from_row).collect()

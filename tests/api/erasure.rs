@@ -573,6 +573,21 @@ async fn an_erasure_answers_with_a_receipt_and_refuses_what_it_cannot_do(app: Te
     assert!(burst.iter().any(|r| r.status == StatusCode::CREATED));
     let left = stored_copies(&app, &[thread.as_str()], &["NEEDLE-PIN".to_owned()]).await;
     assert!(left.is_empty(), "{left:?}");
+    // The receipts page: two at a time, the same list in the same order.
+    let all = app.get(&format!("{uri}?limit=1000")).await.body["erasures"].clone();
+    let mut paged = Vec::new();
+    let mut next = String::new();
+    loop {
+        let page = app.get(&format!("{uri}?limit=2{next}")).await;
+        assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+        paged.extend(page.body["erasures"].as_array().unwrap().iter().cloned());
+        match page.body["next_after"].as_str() {
+            Some(after) => next = format!("&after={after}"),
+            None => break,
+        }
+    }
+    assert!(paged.len() > 3, "{paged:?}");
+    assert_eq!(Value::Array(paged), all);
     app.finish().await;
 }
 
