@@ -856,3 +856,69 @@ async fn an_outside_reader_never_stalls_writes_behind_a_scrub() {
     assert!(left.is_empty(), "{left:?}");
     app.finish().await;
 }
+
+/// A boundary a client wrote more than 100,000 entries in (past the bound a context read
+/// refuses): the entries its summary covered can still be erased, and the summary is derived
+/// again, its window read a page at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entries_before_a_boundary_past_the_window_bound_can_be_erased() {
+    let app = TestApp::new(Backend::Sqlite).await;
+    let thread = app.thread("long").await;
+    let tenant = loupe::store::TenantId::default_tenant();
+    let id = loupe::store::ThreadId::new(thread.as_str());
+    let total = loupe::store::MAX_WINDOW_ENTRIES as usize + 10;
+    for start in (0..total).step_by(5_000) {
+        let entries = (start..(start + 5_000).min(total))
+            .map(|i| {
+                let text = if i == 5 {
+                    "the code is NEEDLE-LONG".to_owned()
+                } else {
+                    format!("q{i}")
+                };
+                serde_json::from_value(user(&format!("e{i}"), &text)).unwrap()
+            })
+            .collect();
+        app.store
+            .append(
+                &tenant,
+                &id,
+                loupe::store::AppendRequest {
+                    entries,
+                    expected_next_seq: None,
+                },
+            )
+            .await
+            .unwrap();
+    }
+    app.append(
+        &thread,
+        vec![
+            json!({"type": "system", "uuid": "b", "subtype": "compact_boundary",
+                "content": "Conversation compacted"}),
+            json!({"type": "user", "uuid": "sum", "isCompactSummary": true, "message": {
+                "role": "user", "content": "Summary: the code is NEEDLE-LONG."}}),
+            user("after", "next"),
+        ],
+    )
+    .await;
+    let erased = app
+        .post(
+            &format!("/v1/threads/{thread}/erasures"),
+            json!({"seqs": [5]}),
+        )
+        .await;
+    assert_eq!(erased.status, StatusCode::CREATED, "{}", erased.body);
+    assert_eq!(
+        erased.body["artifacts"]["compaction_summaries"], 1,
+        "{}",
+        erased.body
+    );
+    let context = app.get(&format!("/v1/threads/{thread}/context")).await;
+    assert_eq!(context.status, StatusCode::OK, "{}", context.body);
+    assert!(
+        !context.body.to_string().contains("NEEDLE-LONG"),
+        "{}",
+        context.body
+    );
+    app.finish().await;
+}
