@@ -247,8 +247,12 @@ pub async fn list_erasures(
     ApiQuery(query): ApiQuery<ListErasuresQuery>,
 ) -> Result<Json<ErasureList>, ApiError> {
     let limit = super::page_limit(query.limit, 100, 1_000)?;
-    if let Some(after) = &query.after {
-        super::check_key_field("after", after, 64)?;
+    if query
+        .after
+        .as_ref()
+        .is_some_and(|after| after.len() > 64 || after.contains('\0'))
+    {
+        return Err(ApiError::bad_request("after must be an erasure id"));
     }
     let mut erasures = state
         .store
