@@ -56,6 +56,9 @@ pub fn run(
     let (view, boundary) = seam.view(entries)?;
     let view = view::hide_snipped(entries, view);
     let view = view::hide_erased(entries, view, ctx);
+    // A stage of its own: a run resumed from a checkpoint reports the prefix's repairs, then
+    // the tail's, stage by stage, so the plain run's order is kept only between stages.
+    ctx.end_stage();
     seam.check_view(entries, &view)?;
     let view = view::reorder_attachments(entries, view, ctx);
     ctx.end_stage();
