@@ -16,3 +16,4 @@ pub mod store;
 pub mod summarize;
 pub mod telemetry;
 pub mod tree;
+pub mod turns;

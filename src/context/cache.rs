@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex};
 use crate::history::normalize::incremental::Checkpoint;
 use crate::history::NormalizeOptions;
 use crate::store::{Seq, TenantId, ThreadId, ThreadKey};
+use crate::turns::{KeyedTurns, Turn};
 
 /// What a checkpoint is cached under. The tenant is part of the key, so a tenant can only ever
 /// reach its own threads' checkpoints; the options are all of them (the thread's
@@ -89,51 +90,12 @@ pub struct ContextCache {
     /// Reads that found a checkpoint.
     hits: AtomicU64,
     /// The keys being read without a checkpoint, each with the turn its readers wait for.
-    first_reads: Mutex<HashMap<ContextKey, Arc<tokio::sync::Mutex<()>>>>,
+    first_reads: Arc<KeyedTurns<ContextKey>>,
 }
 
 /// A read's turn to read a key's window without a checkpoint ([`ContextCache::first_read_turn`]).
 /// Given back when dropped.
-pub struct FirstReadTurn {
-    turn: Option<tokio::sync::OwnedMutexGuard<()>>,
-    _reader: FirstReader,
-}
-
-impl Drop for FirstReadTurn {
-    fn drop(&mut self) {
-        // The turn first, so that the reader's count below no longer includes it.
-        drop(self.turn.take());
-    }
-}
-
-/// A read that holds or waits for a key's turn. The last one to go, turn holder or waiter (a
-/// cancelled one too), removes the key's entry: each lets its reference go under the map's
-/// lock, where every reference is also taken.
-struct FirstReader {
-    cache: Arc<ContextCache>,
-    key: ContextKey,
-    flight: Option<Arc<tokio::sync::Mutex<()>>>,
-}
-
-impl FirstReader {
-    fn flight(&self) -> &Arc<tokio::sync::Mutex<()>> {
-        self.flight.as_ref().expect("held until dropped")
-    }
-}
-
-impl Drop for FirstReader {
-    fn drop(&mut self) {
-        let mut first_reads = self.cache.first_reads_lock();
-        drop(self.flight.take());
-        // Only the map's is left: nobody else holds the turn or waits for it.
-        if first_reads
-            .get(&self.key)
-            .is_some_and(|flight| Arc::strong_count(flight) == 1)
-        {
-            first_reads.remove(&self.key);
-        }
-    }
-}
+pub type FirstReadTurn = Turn<ContextKey>;
 
 #[derive(Debug, Default)]
 struct Lru {
@@ -159,47 +121,20 @@ impl ContextCache {
             budget,
             lru: Mutex::new(Lru::default()),
             hits: AtomicU64::new(0),
-            first_reads: Mutex::new(HashMap::new()),
+            first_reads: Arc::default(),
         }
     }
 
     /// The key's turn to read its window without a checkpoint, when no other read of the key is
     /// under way; otherwise waits until that read ends and returns `None`, so that the caller
     /// looks again for the checkpoint it left instead of reading the whole window too.
-    pub async fn first_read_turn(self: &Arc<Self>, key: &ContextKey) -> Option<FirstReadTurn> {
-        let flight = self
-            .first_reads_lock()
-            .entry(key.clone())
-            .or_default()
-            .clone();
-        let reader = FirstReader {
-            cache: self.clone(),
-            key: key.clone(),
-            flight: Some(flight),
-        };
-        if let Ok(turn) = reader.flight().clone().try_lock_owned() {
-            return Some(FirstReadTurn {
-                turn: Some(turn),
-                _reader: reader,
-            });
-        }
-        // Taken and given back at once: the waiters after this one go on together.
-        drop(reader.flight().lock().await);
-        None
+    pub async fn first_read_turn(&self, key: &ContextKey) -> Option<FirstReadTurn> {
+        self.first_reads.turn_or_wait(key).await
     }
 
     /// Keys being read without a checkpoint (for tests: none once every read is done).
     pub fn first_reads(&self) -> usize {
-        self.first_reads_lock().len()
-    }
-
-    fn first_reads_lock(
-        &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<ContextKey, Arc<tokio::sync::Mutex<()>>>> {
-        // Every update completes before anything can panic.
-        self.first_reads
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.first_reads.len()
     }
 
     pub fn is_enabled(&self) -> bool {

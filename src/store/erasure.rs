@@ -4,9 +4,7 @@
 //! store holds the transaction, the tombstones, the receipts, and the scrubbing of the files
 //! afterwards.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 
 use serde_json::Value;
 use sqlx::{Any, Row, Transaction};
@@ -18,6 +16,7 @@ use super::{
     ThreadId, ThreadKey,
 };
 use crate::history::model::{Entry, ErasedMark};
+use crate::turns::Turn;
 
 /// What an erasure names: entries by uuid, or by seq.
 #[derive(Debug, Clone)]
@@ -309,62 +308,16 @@ impl Store {
     }
 }
 
-/// Erasures and snip redactions of one thread take turns in a process: each moves the thread's
-/// epoch, which sends back the plan of any other read meanwhile, so side by side they would only
-/// make each other read again.
-#[derive(Debug, Default)]
-pub(super) struct ThreadTurns {
-    turns: std::sync::Mutex<TurnMap>,
-}
-
-/// Each (tenant, thread id) with a turn held or waited for.
-type TurnMap = HashMap<(String, String), Arc<tokio::sync::Mutex<()>>>;
-
-/// A thread's turn ([`Store::erasure_turn`]), given back when dropped.
-pub struct ErasureTurn {
-    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
-    key: (String, String),
-    turns: Arc<ThreadTurns>,
-}
-
-impl Drop for ErasureTurn {
-    fn drop(&mut self) {
-        let mut turns = self.turns.lock();
-        drop(self.guard.take());
-        // Only the map's is left: nobody holds the turn or waits for it.
-        if turns
-            .get(&self.key)
-            .is_some_and(|turn| Arc::strong_count(turn) == 1)
-        {
-            turns.remove(&self.key);
-        }
-    }
-}
-
-impl ThreadTurns {
-    fn lock(&self) -> std::sync::MutexGuard<'_, TurnMap> {
-        self.turns
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-}
+/// A thread's turn to erase or redact ([`Store::erasure_turn`]), given back when dropped.
+pub type ErasureTurn = Turn<(String, String)>;
 
 impl Store {
-    /// Waits for the tenant's thread's turn to erase or redact in this process.
+    /// Waits for the tenant's thread's turn to erase or redact in this process. Each moves the
+    /// thread's epoch, which sends back the plan of any other read meanwhile, so side by side
+    /// they would only make each other read again.
     pub async fn erasure_turn(&self, tenant: &TenantId, thread_id: &ThreadId) -> ErasureTurn {
         let key = (tenant.0.clone(), thread_id.as_str().to_owned());
-        let turn = self
-            .erasure_turns
-            .lock()
-            .entry(key.clone())
-            .or_default()
-            .clone();
-        let guard = turn.lock_owned().await;
-        ErasureTurn {
-            guard: Some(guard),
-            key,
-            turns: self.erasure_turns.clone(),
-        }
+        self.erasure_turns.turn(&key).await
     }
 }
 

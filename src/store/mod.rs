@@ -310,7 +310,7 @@ pub struct Store {
     /// Erasures waiting for their files to be scrubbed: one scrub at a time (`store/erasure`).
     scrubs: Arc<erasure::ScrubQueue>,
     /// Erasures and snip redactions of a thread, one at a time in this process.
-    erasure_turns: Arc<erasure::ThreadTurns>,
+    erasure_turns: Arc<crate::turns::KeyedTurns<(String, String)>>,
     /// SQLite's group writer, on a thread of its own (a file database only).
     sqlite_writer: Option<Arc<append::SqliteWriter>>,
     /// Asks the WAL task to empty the WAL file (SQLite file databases only): after a delete, the

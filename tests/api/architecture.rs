@@ -26,7 +26,7 @@ const LAYERS: &[&[&str]] = &[
     &["store"],
     &["tree"],
     &["history"],
-    &["auth", "metrics", "telemetry", "shutdown"],
+    &["auth", "metrics", "telemetry", "shutdown", "turns"],
 ];
 
 type ModPath = Vec<String>;
