@@ -26,7 +26,7 @@ use super::compaction::plan::{is_superseded, summary_entry, PageCutter};
 use super::tree::LineStandIns;
 use super::view_reader::{StoreWindow, ViewReader, WindowShape};
 use crate::history::estimate_entry_tokens;
-use crate::history::model::{Content, Entry};
+use crate::history::model::Entry;
 use crate::store::{
     Erasure, ErasureRead, ErasureTargets, ErasureTx, Store, StoreError, TenantId, ThreadId,
 };
@@ -316,15 +316,9 @@ async fn summarize_covered(
 
 /// A summary entry's text without the prefix every summary opens with.
 fn summary_text(summary: &Entry) -> Option<String> {
-    let text = match &summary.message.as_ref()?.content {
-        Content::Text(text) => text.clone(),
-        Content::Blocks(_) => summary.first_text()?.to_owned(),
-    };
-    Some(
-        text.strip_prefix(super::compaction::SUMMARY_PREFIX)
-            .map(str::to_owned)
-            .unwrap_or(text),
-    )
+    let text = summary.first_text()?;
+    let prefix = super::compaction::SUMMARY_PREFIX;
+    Some(text.strip_prefix(prefix).unwrap_or(text).to_owned())
 }
 
 /// The content a summary entry holds for `text`, as a compaction writes it.

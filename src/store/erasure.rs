@@ -348,6 +348,7 @@ impl ErasureTx {
     /// is (and not counted); one that only claims to be (an `erased` field sent with content)
     /// is emptied like any other.
     pub async fn tombstone(&mut self, seqs: &[i64]) -> Result<(), StoreError> {
+        let mut freed = 0_i64;
         for chunk in seqs.chunks(500) {
             let sql = format!(
                 "SELECT seq, uuid, created_at, body FROM messages WHERE thread_key = $1 \
@@ -382,16 +383,15 @@ impl ErasureTx {
                 .bind(seq)
                 .execute(&mut *self.tx)
                 .await?;
-                sqlx::query(
-                    "UPDATE threads SET stored_bytes = stored_bytes - $1 WHERE thread_key = $2",
-                )
-                .bind(body.len() as i64 - new_body.len() as i64)
-                .bind(self.thread_key.as_str())
-                .execute(&mut *self.tx)
-                .await?;
+                freed += body.len() as i64 - new_body.len() as i64;
                 self.artifacts.messages += 1;
             }
         }
+        sqlx::query("UPDATE threads SET stored_bytes = stored_bytes - $1 WHERE thread_key = $2")
+            .bind(freed)
+            .bind(self.thread_key.as_str())
+            .execute(&mut *self.tx)
+            .await?;
         Ok(())
     }
 
@@ -480,11 +480,7 @@ impl ErasureTx {
 
     /// Commits a snip's redaction (no tombstone, no receipt). Returns the outline lines
     /// rewritten.
-    pub async fn commit_redaction(mut self) -> Result<u64, StoreError> {
-        sqlx::query("UPDATE outlines SET version = version + 1 WHERE thread_key = $1")
-            .bind(self.thread_key.as_str())
-            .execute(&mut *self.tx)
-            .await?;
+    pub async fn commit_redaction(self) -> Result<u64, StoreError> {
         self.tx.commit().await?;
         Ok(self.artifacts.tree_nodes)
     }
@@ -500,11 +496,6 @@ impl ErasureTx {
         let artifacts_json = serde_json::to_string(&self.artifacts)
             .map_err(|e| StoreError::Corrupt(e.to_string()))?;
         let created_at = self.mark.erased_at.timestamp_millis();
-        // Outline reads built from the old lines are not reused.
-        sqlx::query("UPDATE outlines SET version = version + 1 WHERE thread_key = $1")
-            .bind(self.thread_key.as_str())
-            .execute(&mut *self.tx)
-            .await?;
         sqlx::query(
             "INSERT INTO erasures (erasure_id, thread_key, seqs, reason, artifacts, created_at) \
              VALUES ($1, $2, $3, $4, $5, $6)",

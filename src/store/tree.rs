@@ -227,10 +227,6 @@ impl Store {
         }
         let rewritten =
             hide_in_tree_in(&mut tx, thread_key, seqs, &[], stand_ins, now_millis()).await?;
-        sqlx::query("UPDATE outlines SET version = version + 1 WHERE thread_key = $1")
-            .bind(thread_key.as_str())
-            .execute(&mut *tx)
-            .await?;
         tx.commit().await?;
         Ok(rewritten)
     }
@@ -618,18 +614,18 @@ pub(crate) async fn hide_in_tree_in(
     // those a model wrote with a changed leaf in its context.
     let mut changed: BTreeSet<u64> = hidden.clone();
     changed.extend(rewritten_leaves.iter().copied());
-    let mut leaves: Vec<(u64, bool)> = rewritten_leaves
+    let mut leaves: Vec<(u64, Rewrite)> = rewritten_leaves
         .iter()
         .filter(|seq| !hidden.contains(seq))
-        .map(|&seq| (seq, true))
+        .map(|&seq| (seq, Rewrite::Any))
         .collect();
     for index in read_with_context(tx, thread_key, 0, &changed).await? {
         if !changed.contains(&index) {
-            leaves.push((index, false));
+            leaves.push((index, Rewrite::ModelWritten));
         }
     }
     let mut dirty = hidden.clone();
-    for (index, always) in leaves {
+    for (index, which) in leaves {
         let row = sqlx::query(
             "SELECT seq, uuid, created_at, body FROM messages WHERE thread_key = $1 AND seq = $2",
         )
@@ -640,11 +636,7 @@ pub(crate) async fn hide_in_tree_in(
         let Some(row) = row else { continue };
         let text = stand_ins.leaf(&entry_from_row(&row)?);
         let node = NodeId::leaf(index);
-        let done = if always {
-            rewrite_line(tx, thread_key, node, &text, now).await?
-        } else {
-            rewrite_model_line(tx, thread_key, node, &text, now).await?
-        };
+        let done = rewrite_line(tx, thread_key, node, &text, now, which).await?;
         if done > 0 {
             rewritten += done;
             dirty.insert(index);
@@ -653,15 +645,17 @@ pub(crate) async fn hide_in_tree_in(
     for level in 1..64_u32 {
         // The built parents of dirty lines, and the lines a model wrote whose context (the
         // lines before their children) held one.
-        let mut parents: BTreeSet<(u64, bool)> =
-            dirty.iter().map(|index| (index / 2, true)).collect();
+        let mut parents: BTreeSet<(u64, Rewrite)> = dirty
+            .iter()
+            .map(|index| (index / 2, Rewrite::Any))
+            .collect();
         for child in read_with_context(tx, thread_key, level - 1, &dirty).await? {
             if child % 2 == 0 {
-                parents.insert((child / 2, false));
+                parents.insert((child / 2, Rewrite::ModelWritten));
             }
         }
         let mut built = BTreeSet::new();
-        for (index, on_path) in parents {
+        for (index, which) in parents {
             if built.contains(&index) {
                 continue;
             }
@@ -681,11 +675,7 @@ pub(crate) async fn hide_in_tree_in(
             };
             let text = stand_ins.merge(left, right);
             let node = NodeId::new(level, index);
-            let changed = if on_path {
-                rewrite_line(tx, thread_key, node, &text, now).await?
-            } else {
-                rewrite_model_line(tx, thread_key, node, &text, now).await?
-            };
+            let changed = rewrite_line(tx, thread_key, node, &text, now, which).await?;
             if changed > 0 {
                 rewritten += changed;
                 built.insert(index);
@@ -696,44 +686,42 @@ pub(crate) async fn hide_in_tree_in(
         }
         dirty = built;
     }
+    // Outline reads built from the old lines are not reused.
+    sqlx::query("UPDATE outlines SET version = version + 1 WHERE thread_key = $1")
+        .bind(thread_key.as_str())
+        .execute(&mut **tx)
+        .await?;
     Ok(rewritten)
 }
 
-/// Replaces a line with a stand-in.
+/// Which lines [`rewrite_line`] replaces.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Rewrite {
+    /// The line, whoever wrote it.
+    Any,
+    /// Only a line a model wrote (it cost calls): a free or extractive line quotes nothing
+    /// from its context.
+    ModelWritten,
+}
+
+/// Replaces the line of `node` with a stand-in; returns 1 when it did.
 async fn rewrite_line(
     tx: &mut sqlx::Transaction<'static, sqlx::Any>,
     thread_key: &ThreadKey,
     node: NodeId,
     text: &str,
     now: i64,
+    which: Rewrite,
 ) -> Result<u64, StoreError> {
-    Ok(sqlx::query(
+    let only_model = if which == Rewrite::ModelWritten {
+        " AND calls > 0"
+    } else {
+        ""
+    };
+    Ok(sqlx::query(&format!(
         "UPDATE tree_nodes SET text = $1, summarizer = $2, calls = 0, created_at = $3 \
-         WHERE thread_key = $4 AND level = $5 AND idx = $6",
-    )
-    .bind(text)
-    .bind(STAND_IN)
-    .bind(now)
-    .bind(thread_key.as_str())
-    .bind(i64::from(node.level))
-    .bind(node.index as i64)
-    .execute(&mut **tx)
-    .await?
-    .rows_affected())
-}
-
-/// Replaces a line a model wrote (it cost calls) with a stand-in; leaves any other alone.
-async fn rewrite_model_line(
-    tx: &mut sqlx::Transaction<'static, sqlx::Any>,
-    thread_key: &ThreadKey,
-    node: NodeId,
-    text: &str,
-    now: i64,
-) -> Result<u64, StoreError> {
-    Ok(sqlx::query(
-        "UPDATE tree_nodes SET text = $1, summarizer = $2, calls = 0, created_at = $3 \
-         WHERE thread_key = $4 AND level = $5 AND idx = $6 AND calls > 0",
-    )
+         WHERE thread_key = $4 AND level = $5 AND idx = $6{only_model}"
+    ))
     .bind(text)
     .bind(STAND_IN)
     .bind(now)
