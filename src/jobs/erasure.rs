@@ -50,8 +50,8 @@ struct Plan {
     read: ErasureRead,
     /// The seqs and uuids taken out, in seq order.
     seqs: Vec<i64>,
-    /// The seqs of the boundaries and summaries the plan read: the transaction finds the same.
-    summary_seqs: Vec<i64>,
+    /// The seqs of the rows the plan read summaries from: the transaction finds the same.
+    summary_rows: Vec<i64>,
     /// Each summary derived again, and its new text.
     rewrites: Vec<(Entry, String)>,
     stand_ins: LineStandIns,
@@ -63,16 +63,18 @@ impl Plan {
         tenant: &TenantId,
         thread_id: &ThreadId,
         targets: &ErasureTargets,
+        must_exist: bool,
     ) -> Result<Plan, StoreError> {
         // The epoch first: whatever changes the thread's text after it moves it.
         let read = store.erasure_read(tenant, thread_id).await?;
-        let named = store.entries_named(&read.thread_key, targets).await?;
+        let named = store
+            .entries_named(&read.thread_key, targets, must_exist)
+            .await?;
         let seqs: Vec<i64> = named.iter().map(|(seq, _)| *seq).collect();
         let uuids: HashSet<String> = named.into_iter().map(|(_, uuid)| uuid).collect();
         let first = seqs.first().copied().unwrap_or(i64::MAX);
         let summaries = store.summary_rows(&read.thread_key, first).await?;
-        let summary_seqs = summaries.iter().filter_map(|entry| entry.seq).collect();
-        let rewrites = rederive_summaries(store, &read, summaries, &seqs, &uuids).await?;
+        let rewrites = rederive_summaries(store, &read, summaries.entries, &seqs, &uuids).await?;
         let options = store
             .outline_options_of(&read.thread_key)
             .await?
@@ -80,7 +82,7 @@ impl Plan {
         Ok(Plan {
             read,
             seqs,
-            summary_seqs,
+            summary_rows: summaries.candidates,
             rewrites,
             stand_ins: LineStandIns::new(&options),
         })
@@ -98,7 +100,7 @@ impl Plan {
             other => other?,
         };
         let first = self.seqs.first().copied().unwrap_or(i64::MAX);
-        if tx.summary_seqs(first).await? != self.summary_seqs {
+        if tx.summary_candidates(first).await? != self.summary_rows {
             // A compaction wrote a summary since: it may quote what goes.
             return Ok(None);
         }
@@ -130,7 +132,7 @@ pub async fn erase(
 ) -> Result<Erasure, StoreError> {
     let _turn = store.erasure_turn(tenant, thread_id).await;
     for _ in 0..PLAN_ATTEMPTS {
-        let plan = Plan::read(store, tenant, thread_id, &request.targets).await?;
+        let plan = Plan::read(store, tenant, thread_id, &request.targets, true).await?;
         let Some(mut tx) = plan.begin(store, tenant, thread_id).await? else {
             continue;
         };
@@ -165,9 +167,7 @@ pub async fn hide_snipped(
     // stored) does not stop the redaction halfway.
     let (store, tenant, thread_id) = (store.clone(), tenant.clone(), thread_id.clone());
     let redaction = tokio::spawn(async move {
-        let thread_key = store.thread_head(&tenant, &thread_id).await?.thread_key;
-        let seqs = store.seqs_of_uuids(&thread_key, &named).await?;
-        let rewritten = redact_snipped(&store, &tenant, &thread_id, &seqs).await?;
+        let rewritten = redact_snipped(&store, &tenant, &thread_id, named).await?;
         if rewritten > 0 {
             // The tree job summarizes the stand-ins again with the thread's summarizer.
             store.enqueue_tree(&tenant, &thread_id).await?;
@@ -179,8 +179,8 @@ pub async fn hide_snipped(
         .map_err(|error| StoreError::Corrupt(format!("the snip's redaction stopped: {error}")))?
 }
 
-/// A snip's redaction: what is derived from the thread stops holding the snipped entries at
-/// `seqs`, in one transaction that moves the redaction epoch: the compaction summaries that
+/// A snip's redaction: what is derived from the thread stops holding the entries with the
+/// snipped `uuids` (those it holds), in one transaction that moves the redaction epoch: the compaction summaries that
 /// covered them are derived again without a model, and the outline loses them as an erasure's
 /// does. The record keeps them (a snip hides; it does not erase). Returns the outline lines
 /// rewritten.
@@ -188,12 +188,12 @@ pub async fn redact_snipped(
     store: &Store,
     tenant: &TenantId,
     thread_id: &ThreadId,
-    seqs: &[u64],
+    uuids: Vec<String>,
 ) -> Result<u64, StoreError> {
-    let targets = ErasureTargets::Seqs(seqs.iter().map(|&seq| seq as i64).collect());
+    let targets = ErasureTargets::Uuids(uuids);
     let _turn = store.erasure_turn(tenant, thread_id).await;
     for _ in 0..PLAN_ATTEMPTS {
-        let plan = Plan::read(store, tenant, thread_id, &targets).await?;
+        let plan = Plan::read(store, tenant, thread_id, &targets, false).await?;
         let Some(mut tx) = plan.begin(store, tenant, thread_id).await? else {
             continue;
         };

@@ -94,12 +94,14 @@ impl Store {
         })
     }
 
-    /// The (seq, uuid) of the entries `targets` names, in seq order, each once; fails with
-    /// [`StoreError::NoSuchEntries`] naming those the thread does not hold.
+    /// The (seq, uuid) of the entries `targets` names, in seq order, each once. With
+    /// `must_exist` (an erasure), fails with [`StoreError::NoSuchEntries`] naming those the
+    /// thread does not hold; without (a snip, which may name uuids never stored), skips them.
     pub async fn entries_named(
         &self,
         thread_key: &ThreadKey,
         targets: &ErasureTargets,
+        must_exist: bool,
     ) -> Result<Vec<(i64, String)>, StoreError> {
         let (field, mut found, names): (&'static str, Vec<(i64, String)>, Vec<String>) =
             match targets {
@@ -122,7 +124,7 @@ impl Store {
                 })
             })
             .collect();
-        if !missing.is_empty() {
+        if must_exist && !missing.is_empty() {
             return Err(StoreError::NoSuchEntries {
                 field,
                 names: missing,
@@ -134,14 +136,27 @@ impl Store {
     }
 
     /// The thread's compact boundaries and compaction summaries (user entries marked so, wherever
-    /// after a boundary they are) from the last boundary at or before `seq` on, in seq order.
+    /// after a boundary they are) from the last boundary at or before `seq` on (from `seq` when
+    /// there is none: a summary covers only what came before it), in seq order.
     pub async fn summary_rows(
         &self,
         thread_key: &ThreadKey,
         seq: i64,
-    ) -> Result<Vec<Entry>, StoreError> {
-        let mut conn = self.pool.acquire().await?;
-        summary_rows_in(&mut conn, thread_key, seq).await
+    ) -> Result<SummaryRows, StoreError> {
+        let rows = sqlx::query(&summary_rows_sql("seq, uuid, created_at, body"))
+            .bind(thread_key.as_str())
+            .bind(seq)
+            .fetch_all(&self.pool)
+            .await?;
+        let mut summaries = SummaryRows::default();
+        for row in &rows {
+            let entry = entry_from_row(row)?;
+            summaries.candidates.extend(entry.seq);
+            if entry.is_compact_boundary() || entry.is_compact_summary {
+                summaries.entries.push(entry);
+            }
+        }
+        Ok(summaries)
     }
 
     /// Opens an erasure on the tenant's thread as its plan read it: takes its row (the write
@@ -417,13 +432,14 @@ impl ErasureTx {
         Ok(())
     }
 
-    /// The seqs of [`Store::summary_rows`], read in this transaction: the plan's must match.
-    pub async fn summary_seqs(&mut self, seq: i64) -> Result<Vec<i64>, StoreError> {
-        Ok(summary_rows_in(&mut self.tx, &self.thread_key, seq)
-            .await?
-            .iter()
-            .filter_map(|entry| entry.seq)
-            .collect())
+    /// The seqs of the rows [`Store::summary_rows`] reads (its `candidates`), read in this
+    /// transaction without their bodies: the plan's must match.
+    pub async fn summary_candidates(&mut self, seq: i64) -> Result<Vec<i64>, StoreError> {
+        Ok(sqlx::query_scalar(&summary_rows_sql("seq"))
+            .bind(self.thread_key.as_str())
+            .bind(seq)
+            .fetch_all(&mut *self.tx)
+            .await?)
     }
 
     /// Replaces a compaction summary's text with `text`, in place: the entry keeps its seq,
@@ -520,35 +536,28 @@ impl ErasureTx {
     }
 }
 
-/// [`Store::summary_rows`] on `conn`. A summary is found by a marker in its body (a body
-/// holding the words is read and parsed, then kept only when it is one): the column does not
-/// exist, and a summary need not follow its boundary directly (an imported transcript puts
-/// other entries between them).
-async fn summary_rows_in(
-    conn: &mut sqlx::AnyConnection,
-    thread_key: &ThreadKey,
-    seq: i64,
-) -> Result<Vec<Entry>, StoreError> {
+/// What [`Store::summary_rows`] read.
+#[derive(Debug, Default)]
+pub struct SummaryRows {
+    /// Every row the statement matched, a summary or not: what a later read must find again.
+    pub candidates: Vec<i64>,
+    /// The boundaries and summaries among them.
+    pub entries: Vec<Entry>,
+}
+
+/// The statement behind [`Store::summary_rows`], reading `columns`. A summary is found by a
+/// marker in its body (a body holding the words is then parsed, and kept only when it is one):
+/// no column says it, and a summary need not follow its boundary directly (an imported
+/// transcript puts other entries between them).
+fn summary_rows_sql(columns: &str) -> String {
     let boundaries = super::rows::BOUNDARY_ROWS;
-    let rows = sqlx::query(&format!(
-        "SELECT seq, uuid, created_at, body FROM messages WHERE thread_key = $1 \
+    format!(
+        "SELECT {columns} FROM messages WHERE thread_key = $1 \
          AND seq >= COALESCE((SELECT MAX(seq) FROM messages WHERE thread_key = $1 \
-         AND {boundaries} AND seq <= $2), 0) \
+         AND {boundaries} AND seq <= $2), $2) \
          AND ({boundaries} OR (kind = 'user' AND (body LIKE '%ompactSummary%' \
          OR body LIKE '%ompact_summary%'))) ORDER BY seq"
-    ))
-    .bind(thread_key.as_str())
-    .bind(seq)
-    .fetch_all(&mut *conn)
-    .await?;
-    let mut entries = Vec::new();
-    for row in &rows {
-        let entry = entry_from_row(row)?;
-        if entry.is_compact_boundary() || entry.is_compact_summary {
-            entries.push(entry);
-        }
-    }
-    Ok(entries)
+    )
 }
 
 fn erasure_from_row(row: &sqlx::any::AnyRow) -> Result<Erasure, StoreError> {

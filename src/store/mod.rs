@@ -51,7 +51,7 @@ pub use cursors::{
     AdvanceOutcome, AdvanceRequest, BatchLimit, Bookmark, Claim, CursorState, Lease, PendingBatch,
 };
 pub use erasure::{
-    Erasure, ErasureArtifacts, ErasureRead, ErasureTargets, ErasureTurn, ErasureTx,
+    Erasure, ErasureArtifacts, ErasureRead, ErasureTargets, ErasureTurn, ErasureTx, SummaryRows,
     MAX_ERASED_ENTRIES,
 };
 pub use ids::{Seq, ThreadId, ThreadKey};
