@@ -281,6 +281,21 @@ impl Summarizer for Gate {
 const LONG: &str = "a long message that does not fit in one line of sixty-four bytes at all, \
     so the summarizer writes its line";
 
+/// A worker's step, held inside its summarizer's call: the gate, the runner (to step again)
+/// and the step's outcome once the gate is released.
+async fn step_held_in_its_summarizer(
+    app: &TestApp,
+) -> (Arc<Gate>, Arc<Runner>, tokio::task::JoinHandle<StepOutcome>) {
+    let gate = Gate::new();
+    let runner = Arc::new(Runner::new(app.store.clone(), gate.clone(), tree_config()));
+    let running = tokio::spawn({
+        let runner = runner.clone();
+        async move { runner.step(Clock::System).await.unwrap() }
+    });
+    gate.entered.notified().await;
+    (gate, runner, running)
+}
+
 async fn outline_on(app: &TestApp, thread: &str) {
     let response = app
         .request(
@@ -303,13 +318,7 @@ async fn a_tree_job_keeps_its_dedup_key_while_running_and_runs_again_after_an_ap
     let thread = app.thread("t").await;
     outline_on(&app, &thread).await;
     app.append(&thread, vec![user("u0", LONG)]).await;
-    let gate = Gate::new();
-    let runner = Arc::new(Runner::new(app.store.clone(), gate.clone(), tree_config()));
-    let running = tokio::spawn({
-        let runner = runner.clone();
-        async move { runner.step(Clock::System).await.unwrap() }
-    });
-    gate.entered.notified().await;
+    let (gate, runner, running) = step_held_in_its_summarizer(&app).await;
     // An append while the job runs: no second tree job, the running one is marked instead.
     app.append(&thread, vec![user("u1", LONG)]).await;
     let jobs = app
@@ -349,13 +358,7 @@ async fn a_tree_job_writes_nothing_after_its_thread_was_deleted(app: TestApp) {
     outline_on(&app, &thread).await;
     app.append(&thread, vec![user("u0", "short"), user("u1", LONG)])
         .await;
-    let gate = Gate::new();
-    let runner = Arc::new(Runner::new(app.store.clone(), gate.clone(), tree_config()));
-    let running = tokio::spawn({
-        let runner = runner.clone();
-        async move { runner.step(Clock::System).await.unwrap() }
-    });
-    gate.entered.notified().await;
+    let (gate, _, running) = step_held_in_its_summarizer(&app).await;
     let deleted = app.delete(&format!("/v1/threads/{thread}")).await;
     assert_eq!(deleted.status, StatusCode::NO_CONTENT, "{}", deleted.body);
     gate.release();
@@ -379,13 +382,7 @@ async fn a_tree_job_that_read_a_message_before_its_snip_never_writes_it(app: Tes
     let secret = format!("{SECRET} is my password. {LONG}");
     app.append(&thread, vec![user("u0", "short"), user("u1", &secret)])
         .await;
-    let gate = Gate::new();
-    let runner = Arc::new(Runner::new(app.store.clone(), gate.clone(), tree_config()));
-    let running = tokio::spawn({
-        let runner = runner.clone();
-        async move { runner.step(Clock::System).await.unwrap() }
-    });
-    gate.entered.notified().await;
+    let (gate, runner, running) = step_held_in_its_summarizer(&app).await;
     let snip = app
         .post(
             &format!("/v1/threads/{thread}/snip"),
@@ -415,30 +412,14 @@ async fn a_tree_job_that_read_a_message_before_its_snip_never_writes_it(app: Tes
 async fn a_compaction_that_read_a_message_before_its_erasure_never_writes_it(app: TestApp) {
     const SECRET: &str = "HUNTER2-ERASED";
     let thread = app.thread("t").await;
-    let mut batch = vec![user("u0", &format!("{SECRET} is my password"))];
-    for i in 1..8 {
-        batch.push(user(&format!("u{i}"), &format!("question {i}")));
-        batch.push(crate::common::assistant(
-            &format!("a{i}"),
-            &format!("msg_{i}"),
-            "ok",
-        ));
-    }
-    app.append(&thread, batch).await;
-    let compact = app
-        .post(
-            &format!("/v1/threads/{thread}/compact"),
-            json!({"keep_recent_rounds": 1}),
-        )
-        .await;
-    assert_eq!(compact.status, StatusCode::ACCEPTED, "{}", compact.body);
-    let gate = Gate::new();
-    let runner = Arc::new(Runner::new(app.store.clone(), gate.clone(), tree_config()));
-    let running = tokio::spawn({
-        let runner = runner.clone();
-        async move { runner.step(Clock::System).await.unwrap() }
-    });
-    gate.entered.notified().await;
+    app.append(
+        &thread,
+        vec![user("u0", &format!("{SECRET} is my password"))],
+    )
+    .await;
+    rounds(&app, &thread, 1, 4).await;
+    compaction_job(&app, &thread).await;
+    let (gate, _, running) = step_held_in_its_summarizer(&app).await;
     let erased = app
         .post(
             &format!("/v1/threads/{thread}/erasures"),
