@@ -318,6 +318,26 @@ fn add_history_rules(document: &mut Value) {
         "then".to_owned(),
         json!({"required": ["uuids"], "properties": {"uuids": {"minItems": 1}}}),
     );
+    *at(
+        document,
+        "/components/schemas/ErasureRequestBody/properties/uuids/items",
+    ) = json!({
+        "type": "string",
+        "maxLength": MAX_UUID_LEN,
+        "pattern": r"^[^\u0000]*$",
+    });
+    // An erasure names at least one entry, by uuids, seqs or both (null or absent lists are empty).
+    let erasure = at(document, "/components/schemas/ErasureRequestBody")
+        .as_object_mut()
+        .expect("ErasureRequestBody is an object");
+    erasure.insert(
+        "if".to_owned(),
+        json!({"properties": {"seqs": {"anyOf": [{"type": "null"}, {"maxItems": 0}]}}}),
+    );
+    erasure.insert(
+        "then".to_owned(),
+        json!({"required": ["uuids"], "properties": {"uuids": {"type": "array", "minItems": 1}}}),
+    );
     for list in [
         "/components/schemas/NormalizeRequest/properties/tools/items",
         "/components/schemas/MicrocompactBody/properties/tools/items",

@@ -28,15 +28,15 @@ const MAX_REASON_CHARS: usize = 500;
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({"uuids": ["m-0193"], "reason": "user request 2026-12-04"}))]
 pub struct ErasureRequestBody {
-    /// The entries to erase, by uuid. Name them by `uuids` or by `seqs`, not both: 1 to 1,000
-    /// entries, each in the thread (409 `no-such-message` otherwise, and nothing changes).
+    /// The entries to erase, by uuid. `uuids` and `seqs` (at most 1,000 each) name at least one
+    /// entry between them (the union of both), each in the thread (409 `no-such-message` otherwise, and nothing changes).
     #[schema(max_items = 1000)]
     pub uuids: Option<Vec<String>>,
     /// The entries to erase, by seq.
     #[schema(max_items = 1000)]
     pub seqs: Option<Vec<i64>>,
     /// Why, kept in the receipt (at most 500 characters). Never the erased content.
-    #[schema(max_length = 500)]
+    #[schema(max_length = 500, pattern = r"^[^\u0000]*$")]
     pub reason: Option<String>,
 }
 
@@ -121,7 +121,7 @@ pub struct ErasureList {
 #[into_params(parameter_in = Query)]
 pub struct ListErasuresQuery {
     /// Return the erasures after this one (from the first when omitted).
-    #[param(max_length = 64)]
+    #[param(max_length = 64, pattern = r"^[^\u0000]*$")]
     pub after: Option<String>,
     /// Page size, 1–1000 (default 100).
     #[param(minimum = 1, maximum = 1000)]
@@ -149,7 +149,7 @@ pub struct ListErasuresQuery {
         MalformedJson,
         ThreadNotFound,
         (status = 409, description = "The thread holds no entry with a uuid or seq the request names (`no-such-message`; `errors[0].field` is `uuids` or `seqs`); nothing was erased", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Nothing named, both `uuids` and `seqs`, more than 1,000 entries, or an invalid uuid or reason (`validation`; `errors[0].field` names it)", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Nothing named, more than 1,000 in one list, or an invalid uuid or reason (`validation`; `errors[0].field` names it)", body = Problem, content_type = "application/problem+json"),
         Overloaded,
     )
 )]
@@ -159,43 +159,27 @@ pub async fn create_erasure(
     ApiPath(path): ApiPath<ThreadPath>,
     ApiJson(body): ApiJson<ErasureRequestBody>,
 ) -> Result<(StatusCode, Json<ErasureReceipt>), ApiError> {
-    let targets = match (body.uuids, body.seqs) {
-        (Some(_), Some(_)) => {
-            return Err(ApiError::invalid_field(
-                "seqs",
-                "name the entries by uuids or by seqs, not both",
-            ))
-        }
-        (Some(uuids), None) => {
-            for (index, uuid) in uuids.iter().enumerate() {
-                let path = format!("uuids[{index}]");
-                super::check_key_field(&path, uuid, MAX_UUID_LEN)?;
-                if uuid.is_empty() {
-                    return Err(ApiError::invalid_field(
-                        &path,
-                        "a uuid is 1 to 200 characters",
-                    ));
-                }
-            }
-            ErasureTargets::Uuids(uuids)
-        }
-        (None, Some(seqs)) => ErasureTargets::Seqs(seqs),
-        (None, None) => {
-            return Err(ApiError::invalid_field(
-                "uuids",
-                "name at least one entry by uuids or seqs",
-            ))
-        }
+    let targets = ErasureTargets {
+        uuids: body.uuids.unwrap_or_default(),
+        seqs: body.seqs.unwrap_or_default(),
     };
-    let (field, count) = match &targets {
-        ErasureTargets::Uuids(uuids) => ("uuids", uuids.len()),
-        ErasureTargets::Seqs(seqs) => ("seqs", seqs.len()),
-    };
-    if count == 0 || count > MAX_ERASED_ENTRIES {
+    for (index, uuid) in targets.uuids.iter().enumerate() {
+        // An empty uuid names no entry: 409 `no-such-message`, as any uuid the thread lacks.
+        super::check_key_field(&format!("uuids[{index}]"), uuid, MAX_UUID_LEN)?;
+    }
+    if targets.is_empty() {
         return Err(ApiError::invalid_field(
-            field,
-            format!("name 1 to {MAX_ERASED_ENTRIES} entries"),
+            "uuids",
+            "name at least one entry, by uuids, seqs or both",
         ));
+    }
+    for (field, count) in [("uuids", targets.uuids.len()), ("seqs", targets.seqs.len())] {
+        if count > MAX_ERASED_ENTRIES {
+            return Err(ApiError::invalid_field(
+                field,
+                format!("name at most {MAX_ERASED_ENTRIES} entries in one list"),
+            ));
+        }
     }
     if let Some(reason) = &body.reason {
         super::check_key_field("reason", reason, MAX_REASON_CHARS)?;

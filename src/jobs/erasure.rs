@@ -190,7 +190,10 @@ pub async fn redact_snipped(
     thread_id: &ThreadId,
     uuids: Vec<String>,
 ) -> Result<u64, StoreError> {
-    let targets = ErasureTargets::Uuids(uuids);
+    let targets = ErasureTargets {
+        uuids,
+        seqs: Vec::new(),
+    };
     let _turn = store.erasure_turn(tenant, thread_id).await;
     for _ in 0..PLAN_ATTEMPTS {
         let plan = Plan::read(store, tenant, thread_id, &targets, false).await?;

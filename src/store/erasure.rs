@@ -18,11 +18,22 @@ use super::{
 use crate::history::model::{Entry, ErasedMark};
 use crate::turns::Turn;
 
-/// What an erasure names: entries by uuid, or by seq.
-#[derive(Debug, Clone)]
-pub enum ErasureTargets {
-    Uuids(Vec<String>),
-    Seqs(Vec<i64>),
+/// What an erasure names: entries by uuid, by seq, or both (the union).
+#[derive(Debug, Clone, Default)]
+pub struct ErasureTargets {
+    pub uuids: Vec<String>,
+    pub seqs: Vec<i64>,
+}
+
+impl ErasureTargets {
+    /// How many names it holds (an entry named twice counts twice).
+    pub fn len(&self) -> usize {
+        self.uuids.len() + self.seqs.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// How many copies of each kind an erasure took text out of.
@@ -60,7 +71,7 @@ pub struct ErasureRead {
     pub epoch: i64,
 }
 
-/// Most entries one erasure names.
+/// Most entries one erasure names in one list (by uuid, or by seq).
 pub const MAX_ERASED_ENTRIES: usize = 1_000;
 
 /// An erasure in progress: one write transaction on the thread, whose redaction epoch has
@@ -103,32 +114,42 @@ impl Store {
         targets: &ErasureTargets,
         must_exist: bool,
     ) -> Result<Vec<(i64, String)>, StoreError> {
-        let (field, mut found, names): (&'static str, Vec<(i64, String)>, Vec<String>) =
-            match targets {
-                ErasureTargets::Uuids(uuids) => (
-                    "uuids",
-                    self.messages_where_in(thread_key, "uuid", uuids).await?,
-                    uuids.clone(),
-                ),
-                ErasureTargets::Seqs(seqs) => (
-                    "seqs",
-                    self.messages_where_in(thread_key, "seq", seqs).await?,
-                    seqs.iter().map(i64::to_string).collect(),
-                ),
-            };
-        let missing: Vec<String> = names
-            .into_iter()
-            .filter(|name| {
-                !found.iter().any(|(seq, uuid)| {
-                    uuid == name || (field == "seqs" && seq.to_string() == *name)
-                })
-            })
-            .collect();
-        if must_exist && !missing.is_empty() {
-            return Err(StoreError::NoSuchEntries {
-                field,
-                names: missing,
-            });
+        let mut found = Vec::new();
+        if !targets.uuids.is_empty() {
+            let by_uuid = self
+                .messages_where_in(thread_key, "uuid", &targets.uuids)
+                .await?;
+            let missing: Vec<String> = targets
+                .uuids
+                .iter()
+                .filter(|name| !by_uuid.iter().any(|(_, uuid)| uuid == *name))
+                .cloned()
+                .collect();
+            if must_exist && !missing.is_empty() {
+                return Err(StoreError::NoSuchEntries {
+                    field: "uuids",
+                    names: missing,
+                });
+            }
+            found.extend(by_uuid);
+        }
+        if !targets.seqs.is_empty() {
+            let by_seq = self
+                .messages_where_in(thread_key, "seq", &targets.seqs)
+                .await?;
+            let missing: Vec<String> = targets
+                .seqs
+                .iter()
+                .filter(|name| !by_seq.iter().any(|(seq, _)| seq == *name))
+                .map(i64::to_string)
+                .collect();
+            if must_exist && !missing.is_empty() {
+                return Err(StoreError::NoSuchEntries {
+                    field: "seqs",
+                    names: missing,
+                });
+            }
+            found.extend(by_seq);
         }
         found.sort_unstable();
         found.dedup();
