@@ -3,11 +3,12 @@
 //! # Mapping
 //! - Assistant turn → `{"role":"model","parts":[…]}`: text → `{text}`, `tool_use` →
 //!   `{functionCall: {id, name, args}}`; a stored `thought_signature` goes on the same part as
-//!   `thoughtSignature`. Server tool blocks have no equivalent (`unsupported_block_dropped`). A turn
-//!   left with no part gets `(no content)`.
+//!   `thoughtSignature`. Server tool and MCP blocks have no equivalent: they are text parts where
+//!   they stood (`block_rendered_as_text`). A turn left with no part gets `(no content)`.
 //! - User turn → `{"role":"user","parts":[…]}`: text, base64 images and PDFs as
-//!   `{inlineData: {mimeType, data}}`, text documents and search results as text, URL media as
-//!   `[image: <url>]` / `[document: <url>]` text. Its `tool_result`s become one user turn of
+//!   `{inlineData: {mimeType, data}}`, URL media whose URL names its type as
+//!   `{fileData: {fileUri, mimeType}}` (Gemini fetches it); other blocks (text documents, search
+//!   results, Files-API media, other URLs) as text. Its `tool_result`s become one user turn of
 //!   `{functionResponse: {id, name, response: {output | error}}}` parts in the order of the calls
 //!   (the text as for Chat Completions); a functionResponse turn holds nothing else, so the turn's
 //!   other blocks follow as a user turn of their own after a `(no content)` model turn
@@ -27,8 +28,8 @@ use super::blocks::{
     block_type, str_field, DUMMY_THOUGHT_SIGNATURE, NO_CONTENT, THOUGHT_SIGNATURE,
 };
 use super::render_shared::{
-    assistant_entry, report_dropped, split_data_url, split_user_turn, tool_result_block, tool_text,
-    tool_use_block, user_entry, ToolCall,
+    assistant_entry, media_source, rendered_or_dropped, split_user_turn, tool_result_block,
+    tool_text, tool_use_block, user_entry, MediaSource, ToolCall,
 };
 use super::{Ctx, Msg, RepairKind};
 use crate::history::model::{Content, Entry, Role};
@@ -52,30 +53,33 @@ fn signed(mut part: Value, block: &Value) -> Value {
     part
 }
 
-/// A Chat Completions user part in its Gemini form.
-fn gemini_part(chat: Value) -> Value {
-    match block_type(&chat) {
-        Some("image_url") => {
-            let url = chat
-                .get("image_url")
-                .and_then(|u| str_field(u, "url"))
-                .unwrap_or("");
-            match split_data_url(url) {
-                Some((media, data)) => json!({"inlineData": {"mimeType": media, "data": data}}),
-                None => text_part(&format!("[image: {url}]")),
-            }
+/// The media type a URL's file name implies, for Gemini's `fileData` (which needs one).
+fn media_type_of_url(url: &str) -> Option<&'static str> {
+    let path = url.split(['?', '#']).next()?.to_ascii_lowercase();
+    let (_, extension) = path.rsplit_once('.')?;
+    Some(match extension {
+        "png" => "image/png",
+        "jpg" | "jpeg" => "image/jpeg",
+        "gif" => "image/gif",
+        "webp" => "image/webp",
+        "pdf" => "application/pdf",
+        _ => return None,
+    })
+}
+
+/// A stored user block in its Gemini form, when it has one: text; base64 media as `inlineData`;
+/// URL media as `fileData`, which Gemini fetches itself, when the URL names its media type.
+fn gemini_part(v: &Value) -> Option<Value> {
+    match (block_type(v)?, media_source(v)) {
+        ("text", _) => Some(text_part(str_field(v, "text").unwrap_or(""))),
+        ("image" | "document", Some(MediaSource::Base64 { media_type, data })) => {
+            Some(json!({"inlineData": {"mimeType": media_type, "data": data}}))
         }
-        Some("file") => {
-            let data = chat
-                .get("file")
-                .and_then(|f| str_field(f, "file_data"))
-                .unwrap_or("");
-            match split_data_url(data) {
-                Some((media, data)) => json!({"inlineData": {"mimeType": media, "data": data}}),
-                None => text_part("[document]"),
-            }
+        ("image" | "document", Some(MediaSource::Url(url))) => {
+            let media_type = media_type_of_url(url)?;
+            Some(json!({"fileData": {"fileUri": url, "mimeType": media_type}}))
         }
-        _ => text_part(str_field(&chat, "text").unwrap_or("")),
+        _ => None,
     }
 }
 
@@ -117,7 +121,10 @@ pub fn unsigned_contents(msgs: Vec<Msg>, ctx: &mut Ctx) -> Vec<Value> {
                         ));
                     }
                     Some("thinking" | "redacted_thinking" | "reasoning") => {}
-                    _ => report_dropped(ctx, Role::Assistant, &b, GEMINI),
+                    _ => parts.extend(
+                        rendered_or_dropped(ctx, Role::Assistant, &b, GEMINI)
+                            .map(|t| text_part(&t)),
+                    ),
                 }
             }
             if parts.is_empty() {
@@ -126,7 +133,7 @@ pub fn unsigned_contents(msgs: Vec<Msg>, ctx: &mut Ctx) -> Vec<Value> {
             out.push(content("model", parts));
             continue;
         }
-        let (results, parts) = split_user_turn(m.blocks, GEMINI, ctx);
+        let (results, parts) = split_user_turn(m.blocks, GEMINI, gemini_part, text_part, ctx);
         let mut responses: Vec<(usize, Value)> = Vec::with_capacity(results.len());
         for r in &results {
             let id = str_field(r, "tool_use_id").unwrap_or("");
@@ -146,7 +153,7 @@ pub fn unsigned_contents(msgs: Vec<Msg>, ctx: &mut Ctx) -> Vec<Value> {
                 json!({"functionResponse": {"id": id, "name": name, "response": response}}),
             ));
         }
-        let mut parts: Vec<Value> = parts.into_iter().map(gemini_part).collect();
+        let mut parts = parts;
         if !responses.is_empty() {
             responses.sort_by_key(|(at, _)| *at);
             out.push(content(
@@ -252,6 +259,13 @@ fn part_block(p: &Value) -> Option<Value> {
             "document"
         };
         json!({"type": ty, "source": {"type": "base64", "media_type": media, "data": str_field(inline, "data").unwrap_or("")}})
+    } else if let Some(file) = p.get("fileData") {
+        let ty = if str_field(file, "mimeType").is_some_and(|m| m.starts_with("image/")) {
+            "image"
+        } else {
+            "document"
+        };
+        json!({"type": ty, "source": {"type": "url", "url": str_field(file, "fileUri").unwrap_or("")}})
     } else {
         return None;
     };

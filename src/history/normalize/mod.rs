@@ -105,6 +105,7 @@ pub mod output;
 pub mod pairing;
 pub mod pipeline;
 pub mod render_shared;
+pub mod render_text;
 pub mod responses;
 pub mod thinking;
 pub mod tokens;
@@ -283,6 +284,11 @@ pub enum RepairKind {
     LeadingUserInserted,
     /// A `(no content)` user turn was inserted between two assistant turns.
     PlaceholderTurnInserted,
+    /// A block the target API has no form for was sent as the text a model reads in its place
+    /// (a server tool call and its result, an MCP call, a document's title and text, media the
+    /// target cannot fetch): what it says is kept, its shape is not. Encrypted fields and
+    /// signatures stay out.
+    BlockRenderedAsText,
     /// A block the provider does not accept was dropped: an unknown or unhandled beta block type
     /// (both providers), or a block with no Chat Completions equivalent (OpenAI conversion).
     UnsupportedBlockDropped,

@@ -6,17 +6,18 @@
 //!   `tool_calls[] {id, type:"function", function:{name, arguments: JSON string}}` (no key when
 //!   none). `content` is `null` only when there are tool calls and no text; otherwise a turn with
 //!   no text gets `(no content)`. Thinking is dropped silently (earlier); other assistant blocks
-//!   (`server_tool_use`, server results, `container_upload`) have no equivalent and are dropped
-//!   (`unsupported_block_dropped`; unknown types were already dropped by the block hygiene).
+//!   (`server_tool_use`, server results, MCP calls and results, `container_upload`) have no
+//!   equivalent and are sent as text where they stood ([`super::render_text`];
+//!   `block_rendered_as_text`), or dropped when nothing of them is readable
+//!   (`unsupported_block_dropped`).
 //! - User: each `tool_result` → `{"role":"tool","tool_call_id","content": string}` right after the
 //!   assistant, in order; the string is the result's string content, or its array rendered as text
-//!   (texts joined by `"\n\n"`, `[image]`, `[document]`, `[tool_reference: <name>]`); an empty result
-//!   becomes `(<ToolName> completed with no output)`. The remaining blocks form a user message
-//!   (a string when it is one text part): text → text part; image → `image_url` (a `data:` URL for
-//!   base64, else the URL); document → a `file` part (`file_data` data URL, `filename` = title or
-//!   `document.pdf`) for base64 PDFs, a text part for text documents, `[document: <url>]` for URL
-//!   documents, `[document]` otherwise; `search_result` → its texts; other types are dropped
-//!   (`unsupported_block_dropped`).
+//!   (texts joined by `"\n\n"`, other blocks as [`super::render_text`] renders them,
+//!   `[tool_reference: <name>]`); an empty result becomes `(<ToolName> completed with no output)`.
+//!   The remaining blocks form a user message (a string when it is one text part): text → text
+//!   part; image → `image_url` (a `data:` URL for base64, else the URL); a base64 PDF → a `file`
+//!   part (`file_data` data URL, `filename` = title or `document.pdf`); every other block (text
+//!   and content documents, URL and Files-API media, search results) is sent as text.
 
 use std::collections::HashMap;
 
@@ -24,8 +25,8 @@ use serde_json::{json, Map, Value};
 
 use super::blocks::{block_type, is_type, str_field, NO_CONTENT};
 use super::render_shared::{
-    assistant_entry, parse_arguments, part_to_block, report_dropped, role_str, split_user_turn,
-    tool_result_block, tool_text, tool_use_block, user_entry, ToolCall,
+    assistant_entry, chat_part, parse_arguments, part_to_block, rendered_or_dropped, role_str,
+    split_user_turn, tool_result_block, tool_text, tool_use_block, user_entry, ToolCall,
 };
 use super::{Ctx, Msg, Provider};
 use crate::history::model::{Content, Entry, Role};
@@ -64,7 +65,12 @@ pub fn to_openai(msgs: Vec<Msg>, ctx: &mut Ctx) -> Vec<Value> {
                         calls.push(json!({"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments()}}));
                     }
                     Some("thinking" | "redacted_thinking") => {}
-                    _ => report_dropped(ctx, Role::Assistant, &b, CHAT_COMPLETIONS),
+                    _ => texts.extend(rendered_or_dropped(
+                        ctx,
+                        Role::Assistant,
+                        &b,
+                        CHAT_COMPLETIONS,
+                    )),
                 }
             }
             let content = if !texts.is_empty() {
@@ -83,7 +89,13 @@ pub fn to_openai(msgs: Vec<Msg>, ctx: &mut Ctx) -> Vec<Value> {
             out.push(Value::Object(obj));
             continue;
         }
-        let (results, mut parts) = split_user_turn(m.blocks, CHAT_COMPLETIONS, ctx);
+        let (results, mut parts) = split_user_turn(
+            m.blocks,
+            CHAT_COMPLETIONS,
+            chat_part,
+            |text| json!({"type": "text", "text": text}),
+            ctx,
+        );
         for r in &results {
             let id = str_field(r, "tool_use_id").unwrap_or("");
             let name = names.get(id).map_or("tool", String::as_str);

@@ -7,7 +7,7 @@
 use serde_json::{json, Value};
 
 use super::blocks::{block_type, completed_with_no_output, is_type, str_field};
-use super::{Block, Ctx, RepairKind};
+use super::{render_text, Block, Ctx, RepairKind};
 use crate::history::model::{ApiMessage, Content, Entry, EntryKind, Role};
 
 pub(super) fn role_str(role: Role) -> &'static str {
@@ -22,27 +22,18 @@ fn texts_of(items: &[Value]) -> Vec<String> {
         .iter()
         .filter_map(|x| match block_type(x) {
             Some("text") => str_field(x, "text").map(String::from),
-            Some("image") => Some("[image]".into()),
-            Some("document") => Some("[document]".into()),
             Some("tool_reference") => Some(format!(
                 "[tool_reference: {}]",
                 str_field(x, "tool_name").unwrap_or("")
             )),
-            Some("search_result") => Some(search_result_text(x)),
-            _ => Some(x.to_string()),
+            _ => render_text::rendered(x).or_else(|| Some(x.to_string())),
         })
         .collect()
 }
 
-fn search_result_text(v: &Value) -> String {
-    match v.get("content") {
-        Some(Value::Array(items)) => texts_of(items).join("\n\n"),
-        Some(Value::String(s)) => s.clone(),
-        _ => String::new(),
-    }
-}
-
-/// A tool result's content as the string of an OpenAI tool message.
+/// A tool result's content as the string of an OpenAI tool message: its text, and what is
+/// readable of its other blocks (a document's title and text, a search result's title, source
+/// and text, where an image or document is).
 pub(super) fn tool_text(v: &Value, name: &str) -> String {
     let s = match v.get("content") {
         Some(Value::String(s)) => s.clone(),
@@ -57,51 +48,83 @@ pub(super) fn tool_text(v: &Value, name: &str) -> String {
     }
 }
 
-/// One user block as an OpenAI content part; `None` when it has no equivalent.
-pub(super) fn user_part(v: &Value) -> Option<Value> {
-    let source = v.get("source");
-    let src_type = source.and_then(|s| str_field(s, "type"));
-    match block_type(v)? {
-        "text" => Some(json!({"type": "text", "text": str_field(v, "text").unwrap_or("")})),
-        "image" => {
-            let url = match src_type {
-                Some("base64") => {
-                    let s = source?;
-                    format!(
-                        "data:{};base64,{}",
-                        str_field(s, "media_type").unwrap_or("image/png"),
-                        str_field(s, "data").unwrap_or("")
-                    )
-                }
-                Some("url") => str_field(source?, "url")?.to_string(),
-                _ => return Some(json!({"type": "text", "text": "[image]"})),
-            };
+/// Where a stored image or document is, when the target can take it natively: its bytes, or
+/// a URL the target fetches itself.
+pub(super) enum MediaSource<'a> {
+    Base64 { media_type: &'a str, data: &'a str },
+    Url(&'a str),
+}
+
+impl MediaSource<'_> {
+    /// Base64 media as a `data:` URL.
+    pub fn data_url(media_type: &str, data: &str) -> String {
+        format!("data:{media_type};base64,{data}")
+    }
+}
+
+/// The source of a stored image or document, unless it is a Files-API id or a text document.
+pub(super) fn media_source(v: &Value) -> Option<MediaSource<'_>> {
+    let source = v.get("source")?;
+    match str_field(source, "type")? {
+        "base64" => Some(MediaSource::Base64 {
+            media_type: str_field(source, "media_type")?,
+            data: str_field(source, "data")?,
+        }),
+        "url" => str_field(source, "url").map(MediaSource::Url),
+        _ => None,
+    }
+}
+
+/// One user block as a Chat Completions content part, when it has one: text, an image by data
+/// URL or URL, a base64 PDF as a `file` part (named by its title).
+pub(super) fn chat_part(v: &Value) -> Option<Value> {
+    match (block_type(v)?, media_source(v)) {
+        ("text", _) => Some(json!({"type": "text", "text": str_field(v, "text").unwrap_or("")})),
+        ("image", Some(MediaSource::Base64 { media_type, data })) => Some(
+            json!({"type": "image_url", "image_url": {"url": MediaSource::data_url(media_type, data)}}),
+        ),
+        ("image", Some(MediaSource::Url(url))) => {
             Some(json!({"type": "image_url", "image_url": {"url": url}}))
         }
-        "document" => {
-            let s = source;
-            match src_type {
-                Some("base64")
-                    if s.and_then(|s| str_field(s, "media_type")) == Some("application/pdf") =>
-                {
-                    let data = str_field(s?, "data").unwrap_or("");
-                    let filename = str_field(v, "title").unwrap_or("document.pdf");
-                    Some(json!({"type": "file", "file": {
-                        "filename": filename,
-                        "file_data": format!("data:application/pdf;base64,{data}"),
-                    }}))
-                }
-                Some("text") => {
-                    Some(json!({"type": "text", "text": str_field(s?, "data").unwrap_or("")}))
-                }
-                Some("url") => Some(
-                    json!({"type": "text", "text": format!("[document: {}]", str_field(s?, "url").unwrap_or(""))}),
-                ),
-                _ => Some(json!({"type": "text", "text": "[document]"})),
-            }
-        }
-        "search_result" => Some(json!({"type": "text", "text": search_result_text(v)})),
+        (
+            "document",
+            Some(MediaSource::Base64 {
+                media_type: media @ "application/pdf",
+                data,
+            }),
+        ) => Some(json!({"type": "file", "file": {
+            "filename": str_field(v, "title").unwrap_or("document.pdf"),
+            "file_data": MediaSource::data_url(media, data),
+        }})),
         _ => None,
+    }
+}
+
+/// The block as text for a target `api` with no form for it, reported
+/// (`block_rendered_as_text`); `None`, reported dropped, when nothing of it is readable.
+pub(super) fn rendered_or_dropped(
+    ctx: &mut Ctx,
+    role: Role,
+    block: &Block,
+    api: &str,
+) -> Option<String> {
+    match render_text::rendered(&block.v) {
+        Some(text) => {
+            ctx.report(
+                RepairKind::BlockRenderedAsText,
+                [block.src],
+                format!(
+                    "{} {} block sent as text: no {api} equivalent",
+                    role_str(role),
+                    block_type(&block.v).unwrap_or("?")
+                ),
+            );
+            Some(text)
+        }
+        None => {
+            report_dropped(ctx, role, block, api);
+            None
+        }
     }
 }
 
@@ -147,11 +170,14 @@ impl<'a> ToolCall<'a> {
 }
 
 /// A user turn's blocks as the OpenAI and Gemini renderers take them: its `tool_result` blocks in
-/// order, and its other blocks as Chat Completions parts ([`user_part`]). A block with neither
-/// form is reported dropped (no `api` equivalent).
+/// order, and its other blocks as the target's parts: `native` gives a block's own form, and a
+/// block with none is sent as text in its place (`block_rendered_as_text`), or dropped when
+/// nothing of it is readable.
 pub(super) fn split_user_turn(
     blocks: Vec<Block>,
     api: &str,
+    native: impl Fn(&Value) -> Option<Value>,
+    as_text: impl Fn(&str) -> Value,
     ctx: &mut Ctx,
 ) -> (Vec<Value>, Vec<Value>) {
     let mut results = Vec::new();
@@ -159,10 +185,10 @@ pub(super) fn split_user_turn(
     for b in blocks {
         if is_type(&b.v, "tool_result") {
             results.push(b.v);
-        } else if let Some(p) = user_part(&b.v) {
+        } else if let Some(p) = native(&b.v) {
             parts.push(p);
-        } else {
-            report_dropped(ctx, Role::User, &b, api);
+        } else if let Some(text) = rendered_or_dropped(ctx, Role::User, &b, api) {
+            parts.push(as_text(&text));
         }
     }
     (results, parts)

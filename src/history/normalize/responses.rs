@@ -1,19 +1,20 @@
 //! Rendering for the OpenAI Responses API: the `input` item list, and its inverse.
 //!
 //! # Mapping
-//! - Assistant turn, block by block in order, except that its texts form one
-//!   `{"type":"message","role":"assistant","content":[{"type":"output_text","text","annotations":[]}…]}`
-//!   placed before its first call (the calls' outputs must come before the next message item);
-//!   `tool_use` → `{"type":"function_call","call_id","name","arguments": JSON string}`; a stored
-//!   `reasoning` block → the `reasoning` item as stored (its encrypted content is verified), kept
-//!   only when the next item of the turn is not another reasoning item (`reasoning_dropped`
-//!   otherwise; a trailing one was already removed by the cleanup). Server tool blocks have no
-//!   equivalent (`unsupported_block_dropped`). A turn left with no item gets a `(no content)`
-//!   assistant message.
+//! - Assistant turn, block by block in order, except that its texts form one message in the
+//!   easy input form, `{"type":"message","role":"assistant","content":"<texts joined by a blank
+//!   line>"}`, placed before its first call (the calls' outputs must come before the next message
+//!   item); `tool_use` → `{"type":"function_call","call_id","name","arguments": JSON string}`; a
+//!   stored `reasoning` block → the `reasoning` item as stored (its encrypted content is
+//!   verified), kept only when the next item of the turn is not another reasoning item
+//!   (`reasoning_dropped` otherwise; a trailing one was already removed by the cleanup). Server
+//!   tool and MCP blocks have no equivalent: they are texts of the turn
+//!   (`block_rendered_as_text`). A turn left with no item gets a `(no content)` assistant message.
 //! - User turn: each `tool_result` → `{"type":"function_call_output","call_id","output": string}`
 //!   (the text as for Chat Completions), right after the calls; then the other blocks as one
 //!   `{"type":"message","role":"user","content":[…]}` of `input_text`, `input_image` (`image_url`:
-//!   a data URL for base64, else the URL; `detail: "auto"`) and `input_file` (base64 PDFs) parts.
+//!   a data URL for base64, else the URL; `detail: "auto"`) and `input_file` (base64 PDFs by
+//!   `file_data`, URL documents by `file_url`) parts; other blocks are sent as text.
 
 use std::collections::HashMap;
 
@@ -21,8 +22,9 @@ use serde_json::{json, Value};
 
 use super::blocks::{block_type, str_field, NO_CONTENT};
 use super::render_shared::{
-    assistant_entry, parse_arguments, part_to_block, report_dropped, split_user_turn,
-    tool_result_block, tool_text, tool_use_block, user_entry, ToolCall,
+    assistant_entry, media_source, parse_arguments, part_to_block, rendered_or_dropped,
+    split_user_turn, tool_result_block, tool_text, tool_use_block, user_entry, MediaSource,
+    ToolCall,
 };
 use super::{Ctx, Msg, RepairKind};
 use crate::history::model::{Content, Entry, Role};
@@ -30,40 +32,51 @@ use crate::history::model::{Content, Entry, Role};
 /// The API [`to_responses`] renders for, as its repairs name it.
 const RESPONSES: &str = "Responses";
 
-fn output_text(text: &str) -> Value {
-    json!({"type": "output_text", "text": text, "annotations": []})
+/// An assistant message in the easy input form (string content): the output-message form with
+/// `output_text` parts is typed to need the `id` and `status` of a stored response, which
+/// servers validating against the SDK types require.
+fn assistant_message(texts: &[String]) -> Value {
+    json!({"type": "message", "role": "assistant", "content": texts.join("\n\n")})
 }
 
-fn assistant_message(parts: Vec<Value>) -> Value {
-    json!({"type": "message", "role": "assistant", "content": parts})
+fn input_text(text: &str) -> Value {
+    json!({"type": "input_text", "text": text})
 }
 
-/// A Chat Completions user part in its Responses form.
-fn input_part(chat: Value) -> Value {
-    match block_type(&chat) {
-        Some("image_url") => {
-            let url = chat
-                .get("image_url")
-                .and_then(|u| str_field(u, "url"))
-                .unwrap_or("");
-            json!({"type": "input_image", "image_url": url, "detail": "auto"})
+/// A stored user block in its Responses form, when it has one: text, an image by data URL or
+/// URL, a base64 PDF as a named file, a URL document as a file the API fetches.
+fn input_part(v: &Value) -> Option<Value> {
+    match (block_type(v)?, media_source(v)) {
+        ("text", _) => Some(input_text(str_field(v, "text").unwrap_or(""))),
+        ("image", Some(MediaSource::Base64 { media_type, data })) => Some(json!({
+            "type": "input_image", "image_url": MediaSource::data_url(media_type, data),
+            "detail": "auto",
+        })),
+        ("image", Some(MediaSource::Url(url))) => {
+            Some(json!({"type": "input_image", "image_url": url, "detail": "auto"}))
         }
-        Some("file") => {
-            let f = chat.get("file").cloned().unwrap_or_default();
-            json!({
-                "type": "input_file",
-                "filename": str_field(&f, "filename").unwrap_or("document.pdf"),
-                "file_data": str_field(&f, "file_data").unwrap_or(""),
-            })
+        (
+            "document",
+            Some(MediaSource::Base64 {
+                media_type: media @ "application/pdf",
+                data,
+            }),
+        ) => Some(json!({
+            "type": "input_file",
+            "filename": str_field(v, "title").unwrap_or("document.pdf"),
+            "file_data": MediaSource::data_url(media, data),
+        })),
+        ("document", Some(MediaSource::Url(url))) => {
+            Some(json!({"type": "input_file", "file_url": url}))
         }
-        _ => json!({"type": "input_text", "text": str_field(&chat, "text").unwrap_or("")}),
+        _ => None,
     }
 }
 
 enum Item {
     Reasoning(Value, u32),
-    /// An `output_text` part.
-    Text(Value),
+    /// A text of the turn.
+    Text(String),
     Message(Value),
     Call(Value),
 }
@@ -78,9 +91,9 @@ pub fn to_responses(msgs: Vec<Msg>, ctx: &mut Ctx) -> Vec<Value> {
             let mut items = Vec::with_capacity(m.blocks.len());
             for b in m.blocks {
                 match block_type(&b.v) {
-                    Some("text") => items.push(Item::Text(output_text(
-                        str_field(&b.v, "text").unwrap_or(""),
-                    ))),
+                    Some("text") => {
+                        items.push(Item::Text(str_field(&b.v, "text").unwrap_or("").to_owned()))
+                    }
                     Some("reasoning") => items.push(Item::Reasoning(b.v, b.src)),
                     Some("tool_use") => {
                         let call = ToolCall::of(&b.v);
@@ -91,7 +104,9 @@ pub fn to_responses(msgs: Vec<Msg>, ctx: &mut Ctx) -> Vec<Value> {
                         })));
                     }
                     Some("thinking" | "redacted_thinking") => {}
-                    _ => report_dropped(ctx, Role::Assistant, &b, RESPONSES),
+                    _ => items.extend(
+                        rendered_or_dropped(ctx, Role::Assistant, &b, RESPONSES).map(Item::Text),
+                    ),
                 }
             }
             let before = out.len();
@@ -99,16 +114,16 @@ pub fn to_responses(msgs: Vec<Msg>, ctx: &mut Ctx) -> Vec<Value> {
             // in the user turn: the turn's texts form one message item placed before its first
             // call (or where its first text was, if earlier).
             let has_text = items.iter().any(|i| matches!(i, Item::Text(_)));
-            let mut texts: Vec<Value> = Vec::new();
+            let mut texts: Vec<String> = Vec::new();
             let mut rest: Vec<Item> = Vec::with_capacity(items.len());
             let mut message_at = None;
             for item in items {
                 match item {
-                    Item::Text(part) => {
+                    Item::Text(text) => {
                         if message_at.is_none() {
                             message_at = Some(rest.len());
                         }
-                        texts.push(part);
+                        texts.push(text);
                     }
                     Item::Call(_) if has_text => {
                         if message_at.is_none() {
@@ -120,7 +135,7 @@ pub fn to_responses(msgs: Vec<Msg>, ctx: &mut Ctx) -> Vec<Value> {
                 }
             }
             if let Some(at) = message_at.filter(|_| !texts.is_empty()) {
-                rest.insert(at, Item::Message(assistant_message(texts)));
+                rest.insert(at, Item::Message(assistant_message(&texts)));
             }
             let mut it = rest.into_iter().peekable();
             while let Some(item) = it.next() {
@@ -139,15 +154,17 @@ pub fn to_responses(msgs: Vec<Msg>, ctx: &mut Ctx) -> Vec<Value> {
                             );
                         }
                     }
-                    Item::Message(v) | Item::Call(v) | Item::Text(v) => out.push(v),
+                    Item::Message(v) | Item::Call(v) => out.push(v),
+                    Item::Text(_) => unreachable!("texts were gathered into the message"),
                 }
             }
             if out.len() == before {
-                out.push(assistant_message(vec![output_text(NO_CONTENT)]));
+                out.push(assistant_message(&[NO_CONTENT.to_owned()]));
             }
             continue;
         }
-        let (results, parts) = split_user_turn(m.blocks, RESPONSES, ctx);
+        let (results, mut parts) =
+            split_user_turn(m.blocks, RESPONSES, input_part, input_text, ctx);
         for r in &results {
             let id = str_field(r, "tool_use_id").unwrap_or("");
             let name = names.get(id).map_or("tool", String::as_str);
@@ -155,12 +172,11 @@ pub fn to_responses(msgs: Vec<Msg>, ctx: &mut Ctx) -> Vec<Value> {
                 "type": "function_call_output", "call_id": id, "output": tool_text(r, name),
             }));
         }
-        let mut parts: Vec<Value> = parts.into_iter().map(input_part).collect();
         if parts.is_empty() {
             if !results.is_empty() {
                 continue;
             }
-            parts.push(json!({"type": "input_text", "text": NO_CONTENT}));
+            parts.push(input_text(NO_CONTENT));
         }
         out.push(json!({"type": "message", "role": "user", "content": parts}));
     }
@@ -199,11 +215,10 @@ pub fn entries_from_items(items: &[Value]) -> Vec<Entry> {
     for (i, item) in items.iter().enumerate() {
         let ty = str_field(item, "type").unwrap_or("");
         let role = str_field(item, "role").unwrap_or("");
-        let parts = || {
-            item.get("content")
-                .and_then(Value::as_array)
-                .map(|ps| ps.iter().map(part_block).collect::<Vec<_>>())
-                .unwrap_or_default()
+        let parts = || match item.get("content") {
+            Some(Value::String(text)) => vec![json!({"type": "text", "text": text})],
+            Some(Value::Array(ps)) => ps.iter().map(part_block).collect(),
+            _ => Vec::new(),
         };
         let assistant_side: Option<Vec<Value>> = match (ty, role) {
             ("message", "assistant") => Some(parts()),
@@ -278,7 +293,7 @@ mod tests {
             vec![
                 json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "go"}]}),
                 reasoning("rs_1"),
-                json!({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "running", "annotations": []}]}),
+                json!({"type": "message", "role": "assistant", "content": "running"}),
                 json!({"type": "function_call", "call_id": "c1", "name": "Bash", "arguments": "{\"command\":\"ls\"}"}),
                 reasoning("rs_2"),
                 json!({"type": "function_call", "call_id": "c2", "name": "Bash", "arguments": "{\"command\":\"ls\"}"}),
@@ -352,9 +367,19 @@ mod tests {
             n.messages[0]["content"][1],
             json!({"type": "input_image", "image_url": format!("data:image/png;base64,{PNG}"), "detail": "auto"})
         );
+        // The web search has no Responses form: its call is sent as text, its empty result
+        // (nothing a model could read) is dropped; both are reported.
         assert_eq!(
             n.messages[1],
-            json!({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": NO_CONTENT, "annotations": []}]})
+            json!({"type": "message", "role": "assistant", "content": "[web_search call]"})
+        );
+        let kinds: Vec<RepairKind> = n.repairs.iter().map(|r| r.kind).collect();
+        assert_eq!(
+            kinds,
+            [
+                RepairKind::BlockRenderedAsText,
+                RepairKind::UnsupportedBlockDropped
+            ]
         );
         assert_round_trips(&n, &opts());
     }
