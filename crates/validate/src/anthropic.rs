@@ -323,10 +323,17 @@ fn check_roles(msgs: &[Msg<'_>], _: &AnthropicRules, out: &mut Vec<Violation>) {
     }
 }
 
-/// D1.3: the first message is `user`.
+/// D1.3: the first message is `user`, unless it is an assistant message that opens with a
+/// server-side `compaction` block: that block must be the first one sent, and stands for
+/// everything before it (A9.1, § F).
 fn check_first_is_user(msgs: &[Msg<'_>], _: &AnthropicRules, out: &mut Vec<Violation>) {
     if let Some(first) = msgs.first() {
-        if !first.is_user() {
+        let opens_with_compaction = first.is_assistant()
+            && first
+                .typed()
+                .next()
+                .is_some_and(|(j, t, _)| j == 0 && t == "compaction");
+        if !first.is_user() && !opens_with_compaction {
             out.push(Violation::at(
                 "D1.3",
                 0,

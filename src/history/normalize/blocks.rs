@@ -119,6 +119,30 @@ pub fn is_supported_type(t: &str) -> bool {
     )
 }
 
+/// What a `compaction` block stands for: everything before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compaction<'a> {
+    /// Anthropic's server-side compaction: its `content` is the summary a model reads.
+    Summary(&'a str),
+    /// An OpenAI Responses `compaction` item: only its own provider can read it.
+    Opaque,
+}
+
+/// The compaction a block is, if any. A `content: null` Anthropic block is a compaction that
+/// failed (a no-op), and stands for nothing.
+pub fn compaction(v: &Value) -> Option<Compaction<'_>> {
+    if !is_type(v, "compaction") {
+        return None;
+    }
+    match v.get("content") {
+        Some(Value::String(s)) if !s.is_empty() => Some(Compaction::Summary(s)),
+        None if v.get("encrypted_content").is_some_and(Value::is_string) => {
+            Some(Compaction::Opaque)
+        }
+        _ => None,
+    }
+}
+
 /// A text block whose text is empty or whitespace only.
 pub fn is_blank_text(v: &Value) -> bool {
     is_type(v, "text") && str_field(v, "text").is_none_or(|t| t.trim().is_empty())

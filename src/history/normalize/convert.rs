@@ -5,10 +5,11 @@ use std::collections::HashMap;
 use serde_json::{Map, Value};
 
 use super::blocks::{
-    block_type, is_server_result, is_supported_type, preview, str_field, text_block,
+    block_type, is_server_result, is_supported_type, preview, str_field, text_block, Compaction,
     THOUGHT_SIGNATURE,
 };
 use super::media::strip_media_types;
+use super::view::compaction_applies;
 use super::{Block, Ctx, Msg, NormalizeOptions, Provider, RepairKind, ThinkingMode};
 use crate::history::model::{subtype, Content, Entry, EntryKind, Role};
 
@@ -87,7 +88,42 @@ pub fn to_messages(
                 }
             }
         }
+        // A server-side compaction: the blocks before it are what it summarizes.
+        let at = (role == Role::Assistant)
+            .then(|| {
+                blocks
+                    .iter()
+                    .rposition(|b| compaction_applies(&b.v, opts.provider))
+            })
+            .flatten();
+        let compaction = at.map(|at| {
+            let kept = blocks.split_off(at);
+            let mut rest = kept.into_iter();
+            let block = rest.next().expect("the compaction block");
+            blocks = rest.collect();
+            block
+        });
         sanitize_blocks(&mut blocks, role, opts, ctx);
+        if let Some(block) = compaction {
+            match super::blocks::compaction(&block.v) {
+                // Another provider reads the summary as Loupe's own is read: a user turn.
+                Some(Compaction::Summary(summary)) if opts.provider != Provider::Anthropic => {
+                    let mut turn = Msg::text(Role::User, summary, src);
+                    turn.is_meta = true;
+                    out.push(turn);
+                    ctx.report(
+                        RepairKind::BlockRenderedAsText,
+                        [src],
+                        "server-side compaction summary sent as a user turn".to_owned(),
+                    );
+                    if blocks.is_empty() {
+                        continue;
+                    }
+                }
+                // Its own provider takes it first, as it was sent.
+                _ => blocks.insert(0, block),
+            }
+        }
         if blocks.is_empty() {
             match role {
                 Role::User => {
@@ -529,7 +565,7 @@ mod tests {
             asst(
                 1,
                 "A",
-                json!([{"type": "compaction", "content": "summary"}, text("a")]),
+                json!([{"type": "tool_addition", "tool_name": "Bash"}, text("a")]),
             ),
             user(2, json!([{"type": "future_block"}])),
         ];

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use serde_json::json;
 
 use super::blocks::{
-    completed_with_no_output, is_type, str_field, tool_result_is_empty, NO_CONTENT,
+    compaction, completed_with_no_output, is_type, str_field, tool_result_is_empty, NO_CONTENT,
 };
 use super::cleanup::{ensure_non_empty_assistants, fill_empty_turns, filter_trailing_thinking};
 use super::ids::{report_rewrites, rewrite_ids};
@@ -91,7 +91,11 @@ pub fn enforce_shape_after(msgs: Vec<Msg>, after_user: bool, ctx: &mut Ctx) -> V
     for m in msgs {
         let src = m.primary_src();
         match out.last_mut() {
-            None if m.is_assistant() && !after_user => {
+            // A server-side compaction block stands for everything before it: it goes first.
+            None if m.is_assistant()
+                && !after_user
+                && m.blocks.first().is_none_or(|b| compaction(&b.v).is_none()) =>
+            {
                 let mut u = Msg::text(Role::User, NO_CONTENT, src);
                 u.is_meta = true;
                 out.push(u);

@@ -45,7 +45,7 @@ use serde::ser::{Serialize, SerializeSeq, SerializeStruct, Serializer};
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-use super::blocks::{fnv1a, is_server_use, is_type, str_field};
+use super::blocks::{compaction, fnv1a, is_server_use, is_type, str_field};
 use super::media::{self, RequestMedia, MANY_IMAGES, MAX_MEDIA_ITEMS, MAX_REQUEST_BYTES};
 use super::thinking::{self, LoopOpener};
 use super::tokens::{estimate_context, estimate_tokens, ContextEstimate, EstimateBasis};
@@ -53,7 +53,7 @@ use super::{
     gemini, pipeline, view, Ctx, Fallback, MicrocompactOptions, Msg, NormalizeOptions, Normalized,
     PassEnd, Provider, Repair,
 };
-use crate::history::model::{Entry, EntryKind};
+use crate::history::model::{Content, Entry, EntryKind};
 
 /// [`TailRun::advance`]'s error when a run from the new cut ran but gave another tail: the split
 /// is wrong somewhere, so the caller drops the checkpoint (the property tests look for this).
@@ -969,6 +969,10 @@ impl pipeline::Seam for CheckpointSeam<'_> {
         }
         let plain_assistant =
             |e: &Entry| e.kind == EntryKind::Assistant && !e.is_api_error && !e.is_virtual;
+        // A server-side compaction in the tail stands for the prefix too.
+        if entries.iter().any(holds_compaction) {
+            return Err(Fallback("a server-side compaction in the tail"));
+        }
         match view.first() {
             Some(&0) if plain_assistant(&entries[0]) => Ok(()),
             _ => Err(Fallback("the tail does not start with a response")),
@@ -1185,6 +1189,14 @@ fn check_tail(prefix: &Prefix, tail: &[Entry]) -> Result<(), Fallback> {
     Ok(())
 }
 
+/// Whether an entry holds a `compaction` block (of any provider: conservative).
+fn holds_compaction(e: &Entry) -> bool {
+    matches!(
+        e.message.as_ref().map(|m| &m.content),
+        Some(Content::Blocks(blocks)) if blocks.iter().any(|b| compaction(b).is_some())
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::ids::mint;
@@ -1249,6 +1261,45 @@ mod tests {
                 ..Default::default()
             };
             assert!(read_after(&e, 3, &opts).is_some(), "{provider:?}");
+        }
+    }
+
+    /// A server-side compaction stands for everything before it: wherever a checkpoint is cut,
+    /// before or after it, a read from the checkpoint equals the plain read, which starts at it.
+    #[test]
+    fn reads_around_a_server_side_compaction_equal_the_plain_read() {
+        let e = vec![
+            user(0, json!("go")),
+            asst(1, "A", json!([text("long answer")])),
+            user(2, json!("more")),
+            asst(
+                3,
+                "B",
+                json!([{"type": "compaction", "content": "summary"}, text("on")]),
+            ),
+            user(4, json!("next")),
+            asst(5, "C", json!([text("fine")])),
+            user(6, json!("last")),
+        ];
+        for provider in [Provider::Anthropic, Provider::Openai, Provider::Gemini] {
+            let opts = NormalizeOptions {
+                provider,
+                ..Default::default()
+            };
+            let plain = serde_json::to_value(normalize(&e, &opts)).unwrap();
+            assert!(!plain.to_string().contains("long answer"), "{plain}");
+            for first in 1..e.len() {
+                let mut cp = Checkpoint::start();
+                let run = cp.continue_with(&e[..first], &opts).unwrap();
+                if run.advance(&mut cp, &e[..first]).1 != Advance::Moved {
+                    continue;
+                }
+                let at = e.iter().position(|x| x.seq == cp.resume_seq()).unwrap();
+                if let Ok(run) = cp.continue_with(&e[at..], &opts) {
+                    let read = serde_json::to_value(run.normalized(&cp)).unwrap();
+                    assert_eq!(read, plain, "{provider:?}, cut after {first}");
+                }
+            }
         }
     }
 

@@ -56,6 +56,7 @@ pub fn run(
     let (view, boundary) = seam.view(entries)?;
     let view = view::hide_snipped(entries, view);
     let view = view::hide_erased(entries, view, ctx);
+    let view = view::cut_at_server_compaction(entries, view, opts.provider);
     // A stage of its own: a run resumed from a checkpoint reports the prefix's repairs, then
     // the tail's, stage by stage, so the plain run's order is kept only between stages.
     ctx.end_stage();
@@ -74,7 +75,8 @@ pub fn run(
     let msgs = cleanup::run_passes(msgs, ctx, seam)?;
     let mut msgs = pairing::ensure_tool_result_pairing(msgs, ctx);
     seam.pass_done(&msgs, ctx)?;
-    if !opts.advisor {
+    // Other providers read the advisor's answers as text, where they stood.
+    if !opts.advisor && opts.provider == Provider::Anthropic {
         advisor::strip_advisor_blocks(&mut msgs, ctx);
     }
     seam.pass_done(&msgs, ctx)?;

@@ -160,7 +160,11 @@ mod tests {
             ),
             user(2, json!("thanks")),
         ];
-        for provider in [Provider::Openai, Provider::OpenaiResponses, Provider::Gemini] {
+        for provider in [
+            Provider::Openai,
+            Provider::OpenaiResponses,
+            Provider::Gemini,
+        ] {
             let n = normalize(
                 &entries,
                 &NormalizeOptions {

@@ -79,6 +79,8 @@ enum Item {
     Text(String),
     Message(Value),
     Call(Value),
+    /// An item sent as it was stored.
+    Verbatim(Value),
 }
 
 /// The Responses `input` items (see the module docs for the mapping).
@@ -95,6 +97,8 @@ pub fn to_responses(msgs: Vec<Msg>, ctx: &mut Ctx) -> Vec<Value> {
                         items.push(Item::Text(str_field(&b.v, "text").unwrap_or("").to_owned()))
                     }
                     Some("reasoning") => items.push(Item::Reasoning(b.v, b.src)),
+                    // Only its own compaction item reaches here, first, as it was returned.
+                    Some("compaction") => items.push(Item::Verbatim(b.v)),
                     Some("tool_use") => {
                         let call = ToolCall::of(&b.v);
                         names.insert(call.id.to_string(), call.name.to_string());
@@ -154,7 +158,7 @@ pub fn to_responses(msgs: Vec<Msg>, ctx: &mut Ctx) -> Vec<Value> {
                             );
                         }
                     }
-                    Item::Message(v) | Item::Call(v) => out.push(v),
+                    Item::Message(v) | Item::Call(v) | Item::Verbatim(v) => out.push(v),
                     Item::Text(_) => unreachable!("texts were gathered into the message"),
                 }
             }

@@ -5,7 +5,8 @@ use std::collections::HashSet;
 
 use serde_json::Value;
 
-use super::{Ctx, RepairKind};
+use super::blocks::{compaction, Compaction};
+use super::{Ctx, Provider, RepairKind};
 use crate::history::model::{Content, Entry, EntryKind};
 
 /// Step a — `getMessagesAfterCompactBoundary` with Loupe's preserved segment.
@@ -44,6 +45,44 @@ pub fn slice_after_boundary(entries: &[Entry]) -> (Vec<usize>, Option<i64>) {
     view.extend(kept);
     view.extend(rest);
     (view, boundary_seq)
+}
+
+/// Where the last compaction block `provider` reads stands, in an assistant entry: its entry and
+/// the block's place in it. Anthropic's server-side summary is read by every provider (as a
+/// summary turn by the others); a Responses compaction item by OpenAI Responses only.
+pub fn server_compaction(entry: &Entry, provider: Provider) -> Option<usize> {
+    if entry.kind != EntryKind::Assistant {
+        return None;
+    }
+    let Some(Content::Blocks(blocks)) = entry.message.as_ref().map(|m| &m.content) else {
+        return None;
+    };
+    blocks.iter().rposition(|b| compaction_applies(b, provider))
+}
+
+/// Whether `provider` reads the compaction block `v` stands for.
+pub fn compaction_applies(v: &Value, provider: Provider) -> bool {
+    match compaction(v) {
+        Some(Compaction::Summary(_)) => true,
+        Some(Compaction::Opaque) => provider == Provider::OpenaiResponses,
+        None => false,
+    }
+}
+
+/// Step b'' — a server-side compaction stands for everything before it, as a compact boundary
+/// does: the view starts at the last entry holding one the provider reads.
+pub fn cut_at_server_compaction(
+    entries: &[Entry],
+    view: Vec<usize>,
+    provider: Provider,
+) -> Vec<usize> {
+    match view
+        .iter()
+        .rposition(|&i| server_compaction(&entries[i], provider).is_some())
+    {
+        Some(at) if at > 0 => view[at..].to_vec(),
+        _ => view,
+    }
 }
 
 /// The uuids the snip entries among `entries` remove.
@@ -324,5 +363,115 @@ mod tests {
         v.is_virtual = true;
         let e = vec![user(0, json!("a")), v];
         assert_eq!(drop_virtual(&e, vec![0, 1]), vec![0]);
+    }
+
+    /// Anthropic's server-side compaction stands for what came before it: its own provider gets
+    /// the block first, verbatim; the others read its summary as a user turn. A compaction that
+    /// failed (`content: null`) stands for nothing.
+    #[test]
+    fn a_server_side_compaction_replaces_what_it_summarizes() {
+        use super::super::testutil::{asst, text, user};
+        use super::super::{normalize, NormalizeOptions, RepairKind};
+        let compaction = json!({"type": "compaction", "content": "We chose SQLite for the cache."});
+        let entries = vec![
+            user(0, json!("Which database for the cache?")),
+            asst(
+                1,
+                "msg_1",
+                json!([text("Let me compare SQLite and Redis at length.")]),
+            ),
+            user(2, json!("Go on.")),
+            asst(
+                3,
+                "msg_2",
+                json!([compaction.clone(), text("Next, the schema.")]),
+            ),
+            user(4, json!("And the schema?")),
+        ];
+        let anthropic = normalize(&entries, &NormalizeOptions::default());
+        assert_eq!(
+            anthropic.messages,
+            [
+                json!({"role": "assistant", "content": [compaction, text("Next, the schema.")]}),
+                json!({"role": "user", "content": [text("And the schema?")]}),
+            ]
+        );
+        assert!(anthropic.repairs.is_empty(), "{:?}", anthropic.repairs);
+        for provider in [
+            Provider::Openai,
+            Provider::OpenaiResponses,
+            Provider::Gemini,
+        ] {
+            let n = normalize(
+                &entries,
+                &NormalizeOptions {
+                    provider,
+                    ..Default::default()
+                },
+            );
+            let sent = serde_json::to_string(&n.messages).unwrap();
+            assert!(sent.contains("We chose SQLite for the cache."), "{sent}");
+            assert!(sent.contains("Next, the schema."), "{sent}");
+            assert!(
+                !sent.contains("at length"),
+                "{provider:?} re-sent the summarized: {sent}"
+            );
+            assert!(
+                n.repairs
+                    .iter()
+                    .any(|r| r.kind == RepairKind::BlockRenderedAsText && r.seqs == [3]),
+                "{:?}",
+                n.repairs
+            );
+        }
+        let mut failed = entries.clone();
+        failed[3] = asst(
+            3,
+            "msg_2",
+            json!([{"type": "compaction", "content": null}, text("Next.")]),
+        );
+        let n = normalize(&failed, &NormalizeOptions::default());
+        assert!(serde_json::to_string(&n.messages)
+            .unwrap()
+            .contains("at length"));
+    }
+
+    /// An OpenAI Responses compaction item is opaque: Responses gets it first, verbatim; to
+    /// another provider it means nothing, so the history it stands for is sent instead.
+    #[test]
+    fn a_responses_compaction_item_is_read_by_responses_only() {
+        use super::super::testutil::{asst, text, user};
+        use super::super::{normalize, NormalizeOptions};
+        let item =
+            json!({"type": "compaction", "id": "cmp_1", "encrypted_content": "gAAAA-opaque"});
+        let entries = vec![
+            user(0, json!("Summarize the incident.")),
+            asst(1, "msg_1", json!([text("The outage began at 09:12.")])),
+            asst(2, "msg_2", json!([item.clone(), text("Continuing.")])),
+            user(3, json!("What next?")),
+        ];
+        let responses = normalize(
+            &entries,
+            &NormalizeOptions {
+                provider: Provider::OpenaiResponses,
+                ..Default::default()
+            },
+        );
+        assert_eq!(responses.messages[0], item);
+        assert!(!serde_json::to_string(&responses.messages)
+            .unwrap()
+            .contains("09:12"));
+        for provider in [Provider::Anthropic, Provider::Openai, Provider::Gemini] {
+            let n = normalize(
+                &entries,
+                &NormalizeOptions {
+                    provider,
+                    ..Default::default()
+                },
+            );
+            let sent = serde_json::to_string(&n.messages).unwrap();
+            assert!(sent.contains("09:12"), "{provider:?}: {sent}");
+            assert!(!sent.contains("gAAAA-opaque"), "{provider:?}: {sent}");
+        }
     }
 }
