@@ -30,6 +30,7 @@ mod normalize_smoke_props;
 mod openapi;
 mod problems;
 mod providers;
+mod sdk_fidelity;
 mod summarize_extractive;
 mod summarize_models;
 mod tenants;
