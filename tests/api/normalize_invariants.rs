@@ -188,8 +188,8 @@ fn violations(
 }
 
 /// Every text the output carries: string content, text blocks / parts, tool_result content
-/// (string or text blocks), OpenAI tool message content, Responses outputs, Gemini text parts and
-/// function responses.
+/// (string or text blocks), OpenAI tool message content, Responses outputs (a string or parts),
+/// Gemini text parts and function responses.
 fn output_texts(messages: &[Value]) -> Vec<String> {
     fn collect(content: &Value, out: &mut Vec<String>) {
         match content {
@@ -214,8 +214,9 @@ fn output_texts(messages: &[Value]) -> Vec<String> {
         if let Some(c) = m.get("content") {
             collect(c, &mut out);
         }
-        if let Some(o) = m.get("output").and_then(Value::as_str) {
-            out.push(o.to_string());
+        // A Responses tool output: a string, or input parts (text, then media).
+        if let Some(o) = m.get("output") {
+            collect(o, &mut out);
         }
         for p in m
             .get("parts")

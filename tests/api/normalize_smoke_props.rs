@@ -302,6 +302,7 @@ fn check_anthropic(msgs: &[Value]) -> Result<(), String> {
                         if !content
                             .iter()
                             .any(|r| ty(r) != "tool_result" && r["tool_use_id"] == b["id"])
+                            && !deferred(msgs, i, id)
                         {
                             return Err("server use without result".into());
                         }
@@ -312,7 +313,8 @@ fn check_anthropic(msgs: &[Value]) -> Result<(), String> {
                     }
                     _ => {
                         if let Some(id) = b.get("tool_use_id").and_then(Value::as_str) {
-                            if !srv.contains(id) {
+                            let deferred_result = i >= 2 && deferred(msgs, i - 2, id);
+                            if !srv.contains(id) && !deferred_result {
                                 return Err("orphan server result".into());
                             }
                         }
@@ -488,4 +490,26 @@ fn empty_history_gives_empty_messages() {
         assert!(n.messages.is_empty() && n.repairs.is_empty());
         assert_eq!(n.estimated_tokens, 0);
     }
+}
+
+/// D1.10: the server call `id` of assistant turn `i` is answered two turns later, after a user
+/// turn of tool results only (a code-execution call that made a client call).
+fn deferred(msgs: &[Value], i: usize, id: &str) -> bool {
+    let only_results = msgs.get(i + 1).is_some_and(|m| {
+        m["role"] == "user"
+            && m["content"]
+                .as_array()
+                .is_some_and(|c| c.iter().all(|b| b["type"] == "tool_result"))
+    });
+    let called = msgs[i]["content"].as_array().is_some_and(|c| {
+        c.iter()
+            .any(|b| b["type"] == "server_tool_use" && b["id"] == id)
+    });
+    let answered = msgs.get(i + 2).is_some_and(|m| {
+        m["content"].as_array().is_some_and(|c| {
+            c.iter()
+                .any(|b| b["type"] != "tool_result" && b["tool_use_id"] == id)
+        })
+    });
+    only_results && called && answered
 }

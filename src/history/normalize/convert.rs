@@ -367,7 +367,14 @@ fn drop_unsupported_nested(b: &mut Block, ctx: &mut Ctx) {
     items.retain(|x| {
         matches!(
             block_type(x),
-            Some("text" | "image" | "document" | "search_result" | "tool_reference")
+            Some(
+                "text"
+                    | "image"
+                    | "document"
+                    | "search_result"
+                    | "tool_reference"
+                    | "browser_state"
+            )
         )
     });
     let n = before - items.len();

@@ -25,13 +25,13 @@ use std::collections::HashMap;
 use serde_json::{json, Map, Value};
 
 use super::blocks::{
-    block_type, str_field, DUMMY_THOUGHT_SIGNATURE, NO_CONTENT, THOUGHT_SIGNATURE,
+    block_type, is_media, str_field, DUMMY_THOUGHT_SIGNATURE, NO_CONTENT, THOUGHT_SIGNATURE,
 };
 use super::render_shared::{
-    assistant_entry, media_source, rendered_or_dropped, split_user_turn, tool_result_block,
-    tool_text, tool_use_block, user_entry, MediaSource, ToolCall,
+    assistant_entry, media_source, rendered_or_dropped, split_user_turn, tool_output,
+    tool_result_block, tool_use_block, user_entry, MediaSource, ToolCall,
 };
-use super::{Ctx, Msg, RepairKind};
+use super::{Block, Ctx, Msg, RepairKind};
 use crate::history::model::{Content, Entry, Role};
 
 /// The API [`to_gemini`] renders for, as its repairs name it.
@@ -81,6 +81,26 @@ fn gemini_part(v: &Value) -> Option<Value> {
         }
         _ => None,
     }
+}
+
+/// Gemini's `inlineData` carries no name: a titled document sent inline is preceded by a text
+/// part naming it, so the model reads the title it was given.
+fn with_titles(blocks: Vec<Block>) -> Vec<Block> {
+    let mut out = Vec::with_capacity(blocks.len());
+    for b in blocks {
+        let title = str_field(&b.v, "title").filter(|_| {
+            block_type(&b.v) == Some("document")
+                && matches!(media_source(&b.v), Some(MediaSource::Base64 { .. }))
+        });
+        if let Some(title) = title {
+            out.push(Block {
+                v: json!({"type": "text", "text": format!("[document: {title}]")}),
+                src: b.src,
+            });
+        }
+        out.push(b);
+    }
+    out
 }
 
 fn is_function_response(p: &Value) -> bool {
@@ -133,14 +153,19 @@ pub fn unsigned_contents(msgs: Vec<Msg>, ctx: &mut Ctx) -> Vec<Value> {
             out.push(content("model", parts));
             continue;
         }
-        let (results, parts) = split_user_turn(m.blocks, GEMINI, gemini_part, text_part, ctx);
+        let (results, parts) =
+            split_user_turn(with_titles(m.blocks), GEMINI, gemini_part, text_part, ctx);
         let mut responses: Vec<(usize, Value)> = Vec::with_capacity(results.len());
         for r in &results {
+            let (r_block, r) = (r, &r.v);
             let id = str_field(r, "tool_use_id").unwrap_or("");
             let (name, at) = calls
                 .get(id)
                 .map_or(("tool", usize::MAX), |(name, at)| (name.as_str(), *at));
-            let text = tool_text(r, name);
+            // Media a tool returned go natively, as the response's parts.
+            let (text, media) = tool_output(ctx, r_block, name, GEMINI, |item| {
+                is_media(item).then(|| gemini_part(item)).flatten()
+            });
             let key = if r.get("is_error") == Some(&json!(true)) {
                 "error"
             } else {
@@ -148,10 +173,11 @@ pub fn unsigned_contents(msgs: Vec<Msg>, ctx: &mut Ctx) -> Vec<Value> {
             };
             let mut response = Map::new();
             response.insert(key.into(), json!(text));
-            responses.push((
-                at,
-                json!({"functionResponse": {"id": id, "name": name, "response": response}}),
-            ));
+            let mut function_response = json!({"id": id, "name": name, "response": response});
+            if !media.is_empty() {
+                function_response["parts"] = Value::Array(media);
+            }
+            responses.push((at, json!({"functionResponse": function_response})));
         }
         let mut parts = parts;
         if !responses.is_empty() {
@@ -246,7 +272,22 @@ fn part_block(p: &Value) -> Option<Value> {
             .or_else(|| response.and_then(|r| r.get("output")))
             .cloned()
             .unwrap_or_else(|| json!(""));
-        let mut b = tool_result_block(str_field(resp, "id").unwrap_or(""), text);
+        // Media the tool returned come back as the result's blocks after its text.
+        let media: Vec<Value> = resp
+            .get("parts")
+            .and_then(Value::as_array)
+            .map(|parts| parts.iter().filter_map(part_block).collect())
+            .unwrap_or_default();
+        let content = if media.is_empty() {
+            text
+        } else {
+            let text = text
+                .as_str()
+                .filter(|t| !t.is_empty())
+                .map(|t| json!({"type": "text", "text": t}));
+            Value::Array(text.into_iter().chain(media).collect())
+        };
+        let mut b = tool_result_block(str_field(resp, "id").unwrap_or(""), content);
         if error.is_some() {
             b["is_error"] = json!(true);
         }

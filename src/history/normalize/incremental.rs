@@ -45,7 +45,7 @@ use serde::ser::{Serialize, SerializeSeq, SerializeStruct, Serializer};
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-use super::blocks::{compaction, fnv1a, is_server_use, is_type, str_field};
+use super::blocks::{compaction, fnv1a, is_server_result, is_server_use, is_type, str_field};
 use super::media::{self, RequestMedia, MANY_IMAGES, MAX_MEDIA_ITEMS, MAX_REQUEST_BYTES};
 use super::thinking::{self, LoopOpener};
 use super::tokens::{estimate_context, estimate_tokens, ContextEstimate, EstimateBasis};
@@ -982,6 +982,11 @@ impl pipeline::Seam for CheckpointSeam<'_> {
     /// After conversion: fragments merge by `message.id`, and pairing removes a repeated tool id,
     /// across the whole request; after a checkpoint, neither may be one of the prefix's.
     fn converted(&mut self, msgs: &[Msg]) -> Result<(), Fallback> {
+        // A server result answering a call of the prefix (a deferred result) decides whether
+        // the prefix keeps that call.
+        if self.prefix.is_some() && answers_an_earlier_call(msgs) {
+            return Err(Fallback("a server result answers a call before the tail"));
+        }
         if !self.counts() {
             return Ok(());
         }
@@ -1189,6 +1194,18 @@ fn check_tail(prefix: &Prefix, tail: &[Entry]) -> Result<(), Fallback> {
     Ok(())
 }
 
+/// Whether a server result among `msgs` answers a server call that is not among them.
+fn answers_an_earlier_call(msgs: &[Msg]) -> bool {
+    let blocks = || msgs.iter().flat_map(|m| m.blocks.iter());
+    let calls: HashSet<&str> = blocks()
+        .filter(|b| is_server_use(&b.v))
+        .filter_map(|b| str_field(&b.v, "id"))
+        .collect();
+    blocks()
+        .filter(|b| is_server_result(&b.v))
+        .any(|b| str_field(&b.v, "tool_use_id").is_none_or(|id| !calls.contains(id)))
+}
+
 /// Whether an entry holds a `compaction` block (of any provider: conservative).
 fn holds_compaction(e: &Entry) -> bool {
     matches!(
@@ -1281,13 +1298,56 @@ mod tests {
             asst(5, "C", json!([text("fine")])),
             user(6, json!("last")),
         ];
-        for provider in [Provider::Anthropic, Provider::Openai, Provider::Gemini] {
+        every_cut_reads_as_the_plain_read(&e, "long answer");
+    }
+
+    /// Programmatic tool calling: whether the prefix keeps a code-execution call depends on the
+    /// next response, which answers it; a read from any checkpoint equals the plain read.
+    #[test]
+    fn reads_around_a_deferred_server_result_equal_the_plain_read() {
+        let e = vec![
+            user(0, json!("count the rows")),
+            asst(
+                1,
+                "A",
+                json!([{"type": "server_tool_use", "id": "srvtoolu_1", "name": "code_execution",
+                    "input": {"code": "rows = await query_db()"}},
+                {"type": "tool_use", "id": "toolu_1", "name": "query_db", "input": {},
+                    "caller": {"type": "code_execution_20250825", "tool_id": "srvtoolu_1"}}]),
+            ),
+            user(
+                2,
+                json!([{"type": "tool_result", "tool_use_id": "toolu_1", "content": "[1,2,3]"}]),
+            ),
+            asst(
+                3,
+                "B",
+                json!([{"type": "code_execution_tool_result", "tool_use_id": "srvtoolu_1",
+                    "content": {"type": "code_execution_result", "stdout": "3 rows", "stderr": "",
+                        "return_code": 0, "content": []}}, text("There are 3 rows.")]),
+            ),
+            user(4, json!("thanks")),
+            asst(5, "C", json!([text("You are welcome.")])),
+            user(6, json!("bye")),
+        ];
+        every_cut_reads_as_the_plain_read(&e, "no such text");
+    }
+
+    /// For every provider and every place a checkpoint can be cut in `e`, a read resumed from
+    /// it equals the plain read, which never holds `absent`.
+    fn every_cut_reads_as_the_plain_read(e: &[Entry], absent: &str) {
+        for provider in [
+            Provider::Anthropic,
+            Provider::Openai,
+            Provider::OpenaiResponses,
+            Provider::Gemini,
+        ] {
             let opts = NormalizeOptions {
                 provider,
                 ..Default::default()
             };
-            let plain = serde_json::to_value(normalize(&e, &opts)).unwrap();
-            assert!(!plain.to_string().contains("long answer"), "{plain}");
+            let plain = serde_json::to_value(normalize(e, &opts)).unwrap();
+            assert!(!plain.to_string().contains(absent), "{plain}");
             for first in 1..e.len() {
                 let mut cp = Checkpoint::start();
                 let run = cp.continue_with(&e[..first], &opts).unwrap();

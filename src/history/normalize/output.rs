@@ -26,7 +26,7 @@ use serde_json::{json, Map, Value};
 use super::blocks::{block_type, is_type, str_field, NO_CONTENT};
 use super::render_shared::{
     assistant_entry, chat_part, parse_arguments, part_to_block, rendered_or_dropped, role_str,
-    split_user_turn, tool_result_block, tool_text, tool_use_block, user_entry, ToolCall,
+    split_user_turn, tool_output, tool_result_block, tool_use_block, user_entry, ToolCall,
 };
 use super::{Ctx, Msg, Provider};
 use crate::history::model::{Content, Entry, Role};
@@ -97,9 +97,11 @@ pub fn to_openai(msgs: Vec<Msg>, ctx: &mut Ctx) -> Vec<Value> {
             ctx,
         );
         for r in &results {
-            let id = str_field(r, "tool_use_id").unwrap_or("");
+            let id = str_field(&r.v, "tool_use_id").unwrap_or("");
             let name = names.get(id).map_or("tool", String::as_str);
-            out.push(json!({"role": "tool", "tool_call_id": id, "content": tool_text(r, name)}));
+            // A Chat Completions tool message is text only.
+            let (text, _) = tool_output(ctx, r, name, CHAT_COMPLETIONS, |_| None);
+            out.push(json!({"role": "tool", "tool_call_id": id, "content": text}));
         }
         let content = match parts.len() {
             0 if !results.is_empty() => continue,

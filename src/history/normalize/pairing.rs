@@ -1,6 +1,6 @@
 //! Step j — `ensureToolResultPairing` (`docs/NORMALIZATION.md` § Pipeline), extended.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use serde_json::json;
 
@@ -33,6 +33,8 @@ pub fn synthetic_result(id: &str) -> serde_json::Value {
 /// - no next user message (end of list or another assistant) and missing results → a new user
 ///   message with only the synthetic results is inserted.
 pub fn ensure_tool_result_pairing(msgs: Vec<Msg>, ctx: &mut Ctx) -> Vec<Msg> {
+    let deferred = deferred_server_results(&msgs);
+    let none = HashSet::new();
     let mut out: Vec<Msg> = Vec::with_capacity(msgs.len() + 1);
     let mut seen: HashSet<String> = HashSet::new();
     let mut iter = msgs.into_iter().peekable();
@@ -47,7 +49,13 @@ pub fn ensure_tool_result_pairing(msgs: Vec<Msg>, ctx: &mut Ctx) -> Vec<Msg> {
             }
             continue;
         }
-        fix_assistant(&mut m, &mut seen, ctx);
+        let src = m.primary_src();
+        let kept_open = deferred.get(&src).map_or(&none, |d| &d.0);
+        let answered_here = deferred
+            .values()
+            .find(|d| d.1 == src)
+            .map_or(&none, |d| &d.0);
+        fix_assistant(&mut m, &mut seen, kept_open, answered_here, ctx);
         let uses: Vec<(String, u32)> = m
             .blocks
             .iter()
@@ -132,11 +140,69 @@ fn remove_orphans(m: &mut Msg, first: bool, ctx: &mut Ctx) -> bool {
 /// needs its use earlier in the turn (`orphan_server_result_removed`) and answers it once (a second
 /// result for the same use is `duplicate_tool_result_removed`); a server use left without a result
 /// is then removed (`server_tool_use_removed`).
-fn fix_assistant(m: &mut Msg, seen: &mut HashSet<String>, ctx: &mut Ctx) {
+/// Server calls whose result arrives in the next response, after the client's tool results
+/// (programmatic tool calling, D1.10): for an assistant turn, the ids of its server uses left
+/// unanswered in it that the assistant turn after a tool-result-only user turn answers, with
+/// that later turn's source.
+fn deferred_server_results(msgs: &[Msg]) -> HashMap<u32, (HashSet<String>, u32)> {
+    let mut out = HashMap::new();
+    for w in msgs.windows(3) {
+        let [first, between, then] = w else { continue };
+        // The turn between holds the results of the client calls of the first, and nothing
+        // else: pairing leaves it as it is, as D1.10 needs it.
+        let ids_of = |m: &Msg, ty: &str, field: &str| -> HashSet<String> {
+            m.blocks
+                .iter()
+                .filter(|b| is_type(&b.v, ty))
+                .filter_map(|b| str_field(&b.v, field).map(String::from))
+                .collect()
+        };
+        let calls = ids_of(first, "tool_use", "id");
+        let answers_them = !calls.is_empty()
+            && between.blocks.iter().all(|b| is_type(&b.v, "tool_result"))
+            && between.blocks.len() == calls.len()
+            && ids_of(between, "tool_result", "tool_use_id") == calls;
+        if !(first.is_assistant() && between.is_user() && then.is_assistant() && answers_them) {
+            continue;
+        }
+        let results_of = |m: &Msg| -> HashSet<String> {
+            m.blocks
+                .iter()
+                .filter(|b| is_server_result(&b.v))
+                .filter_map(|b| str_field(&b.v, "tool_use_id").map(String::from))
+                .collect()
+        };
+        let answered_in_turn = results_of(first);
+        let answered_later = results_of(then);
+        let ids: HashSet<String> = first
+            .blocks
+            .iter()
+            .filter(|b| is_server_use(&b.v))
+            .filter_map(|b| str_field(&b.v, "id"))
+            .filter(|id| !answered_in_turn.contains(*id) && answered_later.contains(*id))
+            .map(String::from)
+            .collect();
+        if !ids.is_empty() {
+            out.insert(first.primary_src(), (ids, then.primary_src()));
+        }
+    }
+    out
+}
+
+/// Pairs the server calls and results of an assistant turn. `kept_open`: its server calls
+/// answered in a later turn; `answered_here`: the calls of an earlier turn it answers.
+fn fix_assistant(
+    m: &mut Msg,
+    seen: &mut HashSet<String>,
+    kept_open: &HashSet<String>,
+    answered_here: &HashSet<String>,
+    ctx: &mut Ctx,
+) {
     let had_blocks = !m.blocks.is_empty();
     let id_of = |b: &Block, f: &str| str_field(&b.v, f).unwrap_or("").to_string();
-    // Server uses kept in this turn, and those already answered.
-    let mut uses: HashSet<String> = HashSet::new();
+    // Server uses kept in this turn (and those of an earlier turn it answers), and those
+    // already answered.
+    let mut uses: HashSet<String> = answered_here.clone();
     let mut answered: HashSet<String> = HashSet::new();
     m.blocks.retain(|b| {
         let is_use = is_server_use(&b.v);
@@ -185,7 +251,7 @@ fn fix_assistant(m: &mut Msg, seen: &mut HashSet<String>, ctx: &mut Ctx) {
                 return true;
             }
             let id = id_of(b, "id");
-            if answered.contains(&id) {
+            if answered.contains(&id) || kept_open.contains(&id) {
                 return true;
             }
             ctx.report(
@@ -469,5 +535,47 @@ mod tests {
         let (s, ctx) = run(&e);
         assert_eq!(s[1].1, vec![tr("A"), text("hi")]);
         assert_eq!(kinds(&ctx), vec![RepairKind::ToolResultHoisted]);
+    }
+
+    /// Programmatic tool calling: a code-execution call makes a client tool call, and its own
+    /// result arrives in the next response, after the client's result (D1.10). Both stay, and
+    /// the `caller` of the client call still names a call that is sent.
+    #[test]
+    fn a_deferred_server_result_keeps_its_call() {
+        let call = json!({"type": "server_tool_use", "id": "srvtoolu_1", "name": "code_execution",
+            "input": {"code": "rows = await query_db()"}});
+        let client = json!({"type": "tool_use", "id": "toolu_1", "name": "query_db", "input": {},
+            "caller": {"type": "code_execution_20250825", "tool_id": "srvtoolu_1"}});
+        let result = json!({"type": "code_execution_tool_result", "tool_use_id": "srvtoolu_1",
+            "content": {"type": "code_execution_result", "stdout": "3 rows", "stderr": "",
+                "return_code": 0, "content": []}});
+        let e = vec![
+            user(0, json!("count the rows")),
+            asst(1, "A", json!([call.clone(), client.clone()])),
+            user(
+                2,
+                json!([{"type": "tool_result", "tool_use_id": "toolu_1", "content": "[1,2,3]"}]),
+            ),
+            asst(3, "B", json!([result.clone(), text("There are 3 rows.")])),
+            user(4, json!("thanks")),
+        ];
+        let (m, ctx) = run(&e);
+        assert!(kinds(&ctx).is_empty(), "{:?}", kinds(&ctx));
+        assert_eq!(m[1].1, [call, client]);
+        assert_eq!(m[3].1[0], result);
+        for provider in [
+            super::super::Provider::Anthropic,
+            super::super::Provider::Openai,
+            super::super::Provider::Gemini,
+        ] {
+            let opts = super::super::NormalizeOptions {
+                provider,
+                ..Default::default()
+            };
+            let sent = serde_json::to_string(&super::super::normalize(&e, &opts).messages).unwrap();
+            for read in ["rows = await query_db()", "3 rows", "There are 3 rows."] {
+                assert!(sent.contains(read), "{provider:?} lost {read:?}: {sent}");
+            }
+        }
     }
 }

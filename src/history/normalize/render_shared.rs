@@ -48,6 +48,63 @@ pub(super) fn tool_text(v: &Value, name: &str) -> String {
     }
 }
 
+/// A tool result's output for a target whose tool output is text, plus media in the target's
+/// own form where it has one (`native`; Chat Completions has none): the text, with what is
+/// readable of the items that have no native form, and the native items in order. An item sent
+/// as text is reported (`block_rendered_as_text`).
+pub(super) fn tool_output(
+    ctx: &mut Ctx,
+    result: &Block,
+    name: &str,
+    api: &str,
+    native: impl Fn(&Value) -> Option<Value>,
+) -> (String, Vec<Value>) {
+    let Some(Value::Array(items)) = result.v.get("content") else {
+        return (tool_text(&result.v, name), Vec::new());
+    };
+    let mut texts = Vec::with_capacity(items.len());
+    let mut media = Vec::new();
+    let mut rendered = Vec::new();
+    for item in items {
+        match block_type(item) {
+            Some("text") => texts.extend(str_field(item, "text").map(String::from)),
+            Some("tool_reference") => texts.push(format!(
+                "[tool_reference: {}]",
+                str_field(item, "tool_name").unwrap_or("")
+            )),
+            kind => match native(item) {
+                Some(part) => {
+                    // Not every target's media part carries a name: the text does.
+                    if let Some(title) = str_field(item, "title") {
+                        texts.push(format!("[{}: {title}]", kind.unwrap_or("media")));
+                    }
+                    media.push(part);
+                }
+                None => {
+                    rendered.push(kind.unwrap_or("?"));
+                    texts.push(render_text::rendered(item).unwrap_or_else(|| item.to_string()));
+                }
+            },
+        }
+    }
+    if !rendered.is_empty() {
+        ctx.report(
+            RepairKind::BlockRenderedAsText,
+            [result.src],
+            format!(
+                "tool_result {}: {} sent as text: no {api} form in a tool result",
+                str_field(&result.v, "tool_use_id").unwrap_or(""),
+                rendered.join(", ")
+            ),
+        );
+    }
+    let text = texts.join("\n\n");
+    if text.trim().is_empty() && media.is_empty() {
+        return (completed_with_no_output(name), media);
+    }
+    (text, media)
+}
+
 /// Where a stored image or document is, when the target can take it natively: its bytes, or
 /// a URL the target fetches itself.
 pub(super) enum MediaSource<'a> {
@@ -179,12 +236,12 @@ pub(super) fn split_user_turn(
     native: impl Fn(&Value) -> Option<Value>,
     as_text: impl Fn(&str) -> Value,
     ctx: &mut Ctx,
-) -> (Vec<Value>, Vec<Value>) {
+) -> (Vec<Block>, Vec<Value>) {
     let mut results = Vec::new();
     let mut parts = Vec::new();
     for b in blocks {
         if is_type(&b.v, "tool_result") {
-            results.push(b.v);
+            results.push(b);
         } else if let Some(p) = native(&b.v) {
             parts.push(p);
         } else if let Some(text) = rendered_or_dropped(ctx, Role::User, &b, api) {

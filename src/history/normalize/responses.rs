@@ -20,10 +20,10 @@ use std::collections::HashMap;
 
 use serde_json::{json, Value};
 
-use super::blocks::{block_type, str_field, NO_CONTENT};
+use super::blocks::{block_type, is_media, str_field, NO_CONTENT};
 use super::render_shared::{
     assistant_entry, media_source, parse_arguments, part_to_block, rendered_or_dropped,
-    split_user_turn, tool_result_block, tool_text, tool_use_block, user_entry, MediaSource,
+    split_user_turn, tool_output, tool_result_block, tool_use_block, user_entry, MediaSource,
     ToolCall,
 };
 use super::{Ctx, Msg, RepairKind};
@@ -170,11 +170,19 @@ pub fn to_responses(msgs: Vec<Msg>, ctx: &mut Ctx) -> Vec<Value> {
         let (results, mut parts) =
             split_user_turn(m.blocks, RESPONSES, input_part, input_text, ctx);
         for r in &results {
-            let id = str_field(r, "tool_use_id").unwrap_or("");
+            let id = str_field(&r.v, "tool_use_id").unwrap_or("");
             let name = names.get(id).map_or("tool", String::as_str);
-            out.push(json!({
-                "type": "function_call_output", "call_id": id, "output": tool_text(r, name),
-            }));
+            // Media a tool returned go natively, as a list of input parts.
+            let (text, media) = tool_output(ctx, r, name, RESPONSES, |item| {
+                is_media(item).then(|| input_part(item)).flatten()
+            });
+            let output = if media.is_empty() {
+                json!(text)
+            } else {
+                let text = (!text.is_empty()).then(|| input_text(&text));
+                Value::Array(text.into_iter().chain(media).collect())
+            };
+            out.push(json!({"type": "function_call_output", "call_id": id, "output": output}));
         }
         if parts.is_empty() {
             if !results.is_empty() {
@@ -243,10 +251,19 @@ pub fn entries_from_items(items: &[Value]) -> Vec<Entry> {
         }
         flush(&mut asst, asst_at, &mut out);
         let blocks = match (ty, role) {
-            ("function_call_output", _) => vec![tool_result_block(
-                str_field(item, "call_id").unwrap_or(""),
-                item.get("output").cloned().unwrap_or_else(|| json!("")),
-            )],
+            ("function_call_output", _) => {
+                let output = match item.get("output") {
+                    Some(Value::Array(parts)) => {
+                        Value::Array(parts.iter().map(part_block).collect())
+                    }
+                    Some(other) => other.clone(),
+                    None => json!(""),
+                };
+                vec![tool_result_block(
+                    str_field(item, "call_id").unwrap_or(""),
+                    output,
+                )]
+            }
             ("message", "user") => parts(),
             _ => continue,
         };
