@@ -1337,3 +1337,257 @@ fn blocks_not_sent_natively_are_reported() {
         panic!("{table}");
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// The table of docs/NORMALIZATION.md § Block fidelity, row by row
+
+/// One row's history: the entries, the seqs whose blocks the row is about, and the provider
+/// whose own block it is (sent as stored there).
+struct Row {
+    entries: Vec<Entry>,
+    seqs: Vec<i64>,
+    own: Provider,
+}
+
+fn stored(seq: i64, role: &str, content: Value) -> Entry {
+    let mut message = json!({"role": role, "content": content});
+    if role == "assistant" {
+        message["id"] = json!(format!("msg_{seq}"));
+        message["model"] = json!(MODEL);
+    }
+    serde_json::from_value(json!({"seq": seq, "uuid": format!("u{seq}"), "type": role,
+        "message": message}))
+    .expect("an entry")
+}
+
+/// A prompt holding `block`, answered.
+fn prompt_with(block: Value) -> Row {
+    Row {
+        entries: vec![
+            stored(
+                0,
+                "user",
+                json!([{"type": "text", "text": "Look at this."}, block]),
+            ),
+            stored(1, "assistant", json!([{"type": "text", "text": "Seen."}])),
+            stored(2, "user", json!("next")),
+        ],
+        seqs: vec![0],
+        own: Provider::Anthropic,
+    }
+}
+
+/// A response made of `blocks` and a closing text.
+fn response_with(mut blocks: Vec<Value>) -> Row {
+    blocks.push(json!({"type": "text", "text": "Done."}));
+    Row {
+        entries: vec![
+            stored(0, "user", json!("go")),
+            stored(1, "assistant", Value::Array(blocks)),
+            stored(2, "user", json!("next")),
+        ],
+        seqs: vec![1],
+        own: Provider::Anthropic,
+    }
+}
+
+/// A tool call answered by a result whose content is `content`.
+fn tool_call_returning(content: Value) -> Row {
+    Row {
+        entries: vec![
+            stored(0, "user", json!("go")),
+            stored(
+                1,
+                "assistant",
+                json!([{"type": "tool_use", "id": "toolu_1", "name": "Read", "input": {"path": "a.md"}}]),
+            ),
+            stored(
+                2,
+                "user",
+                json!([{"type": "tool_result", "tool_use_id": "toolu_1", "content": content}]),
+            ),
+            stored(
+                3,
+                "assistant",
+                json!([{"type": "text", "text": "Read it."}]),
+            ),
+            stored(4, "user", json!("next")),
+        ],
+        seqs: vec![1, 2],
+        own: Provider::Anthropic,
+    }
+}
+
+/// A response that opens with `compaction` after an earlier exchange.
+fn compacted_by(compaction: Value, own: Provider) -> Row {
+    Row {
+        entries: vec![
+            stored(0, "user", json!("go")),
+            stored(
+                1,
+                "assistant",
+                json!([{"type": "text", "text": "A long first answer."}]),
+            ),
+            stored(2, "user", json!("more")),
+            stored(
+                3,
+                "assistant",
+                json!([compaction, {"type": "text", "text": "Continuing."}]),
+            ),
+            stored(4, "user", json!("next")),
+        ],
+        seqs: vec![3],
+        own,
+    }
+}
+
+fn row(name: &str) -> Row {
+    let png = PNG_1PX;
+    let pdf = PDF_STUB;
+    let signed = |text: &str| json!({"type": "thinking", "thinking": text, "signature": format!("sig-{text}")});
+    match name {
+        "text" => prompt_with(json!({"type": "text", "text": "More text."})),
+        "image (base64)" => prompt_with(
+            json!({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": png}}),
+        ),
+        "image (url)" => prompt_with(
+            json!({"type": "image", "source": {"type": "url", "url": "https://example.com/cat.png"}}),
+        ),
+        "image (file)" => prompt_with(
+            json!({"type": "image", "source": {"type": "file", "file_id": "file_011CImage"}}),
+        ),
+        "document (base64 pdf)" => prompt_with(json!({"type": "document", "title": "Paper",
+            "source": {"type": "base64", "media_type": "application/pdf", "data": pdf}})),
+        "document (url pdf)" => prompt_with(
+            json!({"type": "document", "source": {"type": "url", "url": "https://example.com/paper.pdf"}}),
+        ),
+        "document (text)" => prompt_with(json!({"type": "document", "title": "Notes",
+            "source": {"type": "text", "media_type": "text/plain", "data": "The notes."}})),
+        "document (content)" => prompt_with(json!({"type": "document", "title": "Parts",
+            "source": {"type": "content", "content": [{"type": "text", "text": "Part one."}]}})),
+        "document (file)" => prompt_with(
+            json!({"type": "document", "source": {"type": "file", "file_id": "file_011CDoc"}}),
+        ),
+        "search_result" => prompt_with(json!({"type": "search_result", "title": "Result",
+            "source": "https://example.com/r", "content": [{"type": "text", "text": "Found."}]})),
+        "tool_use + tool_result" => tool_call_returning(json!("contents of a.md")),
+        "tool_result with an image" => {
+            tool_call_returning(json!([{"type": "text", "text": "A chart:"},
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": png}}]))
+        }
+        "tool_result with browser_state" => {
+            tool_call_returning(json!([{"type": "text", "text": "Opened."},
+            {"type": "browser_state", "tabs": [{"tab_id": "t1", "title": "Login", "url": "https://app.example.com/login", "active": true}]}]))
+        }
+        "server_tool_use + web_search_tool_result" => response_with(vec![
+            json!({"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {"query": "rust"}}),
+            json!({"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1", "content": [{"type": "web_search_result",
+                "title": "Rust", "url": "https://www.rust-lang.org/", "encrypted_content": "ENC"}]}),
+        ]),
+        "server_tool_use + code_execution_tool_result" => response_with(vec![
+            json!({"type": "server_tool_use", "id": "srvtoolu_1", "name": "code_execution", "input": {"code": "print(6*7)"}}),
+            json!({"type": "code_execution_tool_result", "tool_use_id": "srvtoolu_1", "content": {"type": "code_execution_result",
+                "stdout": "42\n", "stderr": "", "return_code": 0, "content": []}}),
+        ]),
+        "mcp_tool_use + mcp_tool_result" => response_with(vec![
+            json!({"type": "mcp_tool_use", "id": "mcptoolu_1", "name": "get_issue", "server_name": "tracker", "input": {"id": 7}}),
+            json!({"type": "mcp_tool_result", "tool_use_id": "mcptoolu_1", "is_error": false,
+                "content": [{"type": "text", "text": "Issue 7: crash on start."}]}),
+        ]),
+        "advisor_tool_result" => response_with(vec![
+            json!({"type": "server_tool_use", "id": "srvtoolu_1", "name": "advisor", "input": {}}),
+            json!({"type": "advisor_tool_result", "tool_use_id": "srvtoolu_1",
+                "content": {"type": "advisor_result", "text": "Check the lock order."}}),
+        ]),
+        "container_upload" => response_with(vec![
+            json!({"type": "container_upload", "file_id": "file_011CUp"}),
+        ]),
+        "compaction (Anthropic)" => compacted_by(
+            json!({"type": "compaction", "content": "Summary so far."}),
+            Provider::Anthropic,
+        ),
+        "compaction (Responses)" => compacted_by(
+            json!({"type": "compaction", "id": "cmp_1", "encrypted_content": "gAAAA"}),
+            Provider::OpenaiResponses,
+        ),
+        "fallback" => response_with(vec![
+            signed("first"),
+            json!({"type": "fallback", "from": {"model": MODEL}, "to": {"model": FALLBACK_MODEL}}),
+            signed("second"),
+        ]),
+        other => panic!("no sample history for the table row {other:?}"),
+    }
+}
+
+/// What the provider's output made of the row's blocks, in the table's words.
+fn outcome(row: &Row, provider: Provider) -> &'static str {
+    let n = normalize(
+        &row.entries,
+        &NormalizeOptions {
+            provider,
+            ..NormalizeOptions::default()
+        },
+    );
+    let named = |kinds: &[RepairKind]| {
+        n.repairs
+            .iter()
+            .any(|r| kinds.contains(&r.kind) && r.seqs.iter().any(|s| row.seqs.contains(s)))
+    };
+    if named(&[RepairKind::BlockRenderedAsText]) {
+        return "rendered";
+    }
+    if named(&[
+        RepairKind::UnsupportedBlockDropped,
+        RepairKind::AdvisorStripped,
+    ]) {
+        return "dropped";
+    }
+    let sent = serde_json::to_string(&n.messages).unwrap();
+    // The row's blocks other than plain text (which every provider has a form for) as stored.
+    let verbatim = row
+        .entries
+        .iter()
+        .filter(|e| row.seqs.contains(&e.seq.unwrap()))
+        .flat_map(|e| e.message.as_ref().unwrap().content.to_blocks())
+        .filter(|b| b["type"] != "text")
+        .all(|b| sent.contains(&serde_json::to_string(&b).unwrap()));
+    if provider == row.own && verbatim {
+        "kept"
+    } else {
+        "native"
+    }
+}
+
+/// docs/NORMALIZATION.md § Block fidelity says what each block becomes for each provider; every
+/// row holds for a history made of that block.
+#[test]
+fn the_block_fidelity_table_is_what_normalization_does() {
+    let doc = std::fs::read_to_string(format!("{ROOT}/docs/NORMALIZATION.md")).unwrap();
+    let section = doc
+        .split("## Block fidelity")
+        .nth(1)
+        .expect("the Block fidelity section")
+        .split("\n## ")
+        .next()
+        .unwrap();
+    let rows: Vec<Vec<&str>> = section
+        .lines()
+        .filter(|l| l.starts_with('|') && !l.starts_with("|---") && !l.starts_with("| block"))
+        .map(|l| l.trim_matches('|').split('|').map(str::trim).collect())
+        .collect();
+    assert!(rows.len() >= 20, "the table: {rows:?}");
+    let mut wrong = Vec::new();
+    for cells in &rows {
+        let sample = row(cells[0]);
+        for ((provider, name), said) in providers().into_iter().zip(&cells[1..]) {
+            let did = outcome(&sample, provider);
+            if did != *said {
+                wrong.push(format!(
+                    "{} × {name}: the table says {said}, normalization {did}",
+                    cells[0]
+                ));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}

@@ -89,10 +89,10 @@ pub fn is_media(v: &Value) -> bool {
 /// Whether Loupe sends a top-level block of this type (to either provider). These are the
 /// Anthropic GA types of `docs/PROVIDER-RULES.md` A2.5 plus the beta types whose use Loupe itself handles:
 /// `mcp_tool_use` / `mcp_tool_result` (paired like server tools) and `advisor_tool_result` (the
-/// `advisor` option). The other beta types are dropped: `compaction` needs a beta header Loupe
-/// cannot promise (D1.17), `fallback` must stay in its original position next to thinking runs
-/// (A9.4), which repairs cannot guarantee, and `tool_addition` / `tool_removal` belong to system
-/// messages only (A9.3). Unknown (future) types are dropped too: the provider rejects them.
+/// `advisor` option), and `fallback`, kept where it stood between thinking runs (A9.4; dropping
+/// it merges them into one span the API refuses). A `compaction` block is a boundary of its own
+/// (`view::cut_at_server_compaction`); `tool_addition` / `tool_removal` belong to system messages
+/// only (A9.3) and are dropped, as are unknown (future) types: the provider rejects them.
 pub fn is_supported_type(t: &str) -> bool {
     matches!(
         t,
@@ -115,6 +115,7 @@ pub fn is_supported_type(t: &str) -> bool {
             | "mcp_tool_use"
             | "mcp_tool_result"
             | "advisor_tool_result"
+            | "fallback"
             | "reasoning"
     )
 }

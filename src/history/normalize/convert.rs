@@ -164,6 +164,7 @@ fn assistant_only(v: &Value) -> bool {
                 | "thinking"
                 | "redacted_thinking"
                 | "reasoning"
+                | "fallback"
         )
     ) || is_server_result(v)
 }
@@ -618,5 +619,51 @@ mod tests {
         let (m, k) = run(&e, &NormalizeOptions::default());
         assert_eq!(shape(&m), vec![(Role::Assistant, vec![])]);
         assert_eq!(k, vec![RepairKind::EmptyMessageDropped]);
+    }
+
+    /// A `fallback` block marks a model hop between two thinking runs: Anthropic gets it where
+    /// it stood (dropping it merges the runs into one span the API refuses). It is never
+    /// rendered into the prompt, so another provider loses nothing a model reads without it,
+    /// and the drop is reported.
+    #[test]
+    fn a_fallback_stays_between_its_thinking_runs() {
+        let fallback = json!({"type": "fallback", "from": {"model": "claude-opus-5"},
+            "to": {"model": "claude-sonnet-5"}});
+        let e = vec![
+            user(0, json!("go")),
+            asst(
+                1,
+                "A",
+                json!([
+                    thinking("first"),
+                    fallback.clone(),
+                    thinking("second"),
+                    text("done")
+                ]),
+            ),
+            user(2, json!("next")),
+        ];
+        let n = super::super::normalize(&e, &NormalizeOptions::default());
+        assert_eq!(
+            n.messages[1]["content"],
+            json!([
+                thinking("first"),
+                fallback,
+                thinking("second"),
+                text("done")
+            ])
+        );
+        let chat = super::super::normalize(
+            &e,
+            &NormalizeOptions {
+                provider: Provider::Openai,
+                ..Default::default()
+            },
+        );
+        assert_eq!(chat.messages[1]["content"], "done");
+        assert!(chat
+            .repairs
+            .iter()
+            .any(|r| r.kind == RepairKind::UnsupportedBlockDropped && r.seqs == [1]));
     }
 }

@@ -42,6 +42,8 @@ pub(super) fn rendered(v: &Value) -> Option<String> {
             ))
         }
         "image" => return Some(media_text("image", v)),
+        // It marks a model hop and is never rendered into the prompt: nothing to read.
+        "fallback" => return None,
         "document" => media_text("document", v),
         "search_result" => "[search result]".to_owned(),
         other => match other.strip_suffix("_tool_result") {
