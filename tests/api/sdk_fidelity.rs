@@ -1515,6 +1515,45 @@ fn row(name: &str) -> Row {
             json!({"type": "fallback", "from": {"model": MODEL}, "to": {"model": FALLBACK_MODEL}}),
             signed("second"),
         ]),
+        "web_search_call (Responses)" => Row {
+            own: Provider::OpenaiResponses,
+            ..response_with(vec![
+                json!({"type": "web_search_call", "id": "ws_1", "status": "completed",
+                "action": {"type": "search", "query": "tokio select"}}),
+            ])
+        },
+        "custom_tool_call + custom_tool_call_output (Responses)" => Row {
+            entries: vec![
+                stored(0, "user", json!("patch it")),
+                stored(
+                    1,
+                    "assistant",
+                    json!([{"type": "custom_tool_call", "call_id": "call_1",
+                    "name": "apply_diff", "input": "--- a/x\n+++ b/x"}]),
+                ),
+                stored(
+                    2,
+                    "user",
+                    json!([{"type": "custom_tool_call_output", "call_id": "call_1",
+                    "output": "applied"}]),
+                ),
+                stored(
+                    3,
+                    "assistant",
+                    json!([{"type": "text", "text": "Patched."}]),
+                ),
+                stored(4, "user", json!("next")),
+            ],
+            seqs: vec![1, 2],
+            own: Provider::OpenaiResponses,
+        },
+        "executable_code + code_execution_result (Gemini)" => Row {
+            own: Provider::Gemini,
+            ..response_with(vec![
+                json!({"type": "executable_code", "language": "PYTHON", "code": "print(2**10)"}),
+                json!({"type": "code_execution_result", "outcome": "OUTCOME_OK", "output": "1024\n"}),
+            ])
+        },
         other => panic!("no sample history for the table row {other:?}"),
     }
 }
@@ -1577,9 +1616,22 @@ fn the_block_fidelity_table_is_what_normalization_does() {
         .collect();
     assert!(rows.len() >= 20, "the table: {rows:?}");
     let mut wrong = Vec::new();
+    let mut cases = Vec::new();
     for cells in &rows {
         let sample = row(cells[0]);
         for ((provider, name), said) in providers().into_iter().zip(&cells[1..]) {
+            let messages = normalize(
+                &sample.entries,
+                &NormalizeOptions {
+                    provider,
+                    ..NormalizeOptions::default()
+                },
+            )
+            .messages;
+            cases.push(
+                json!({"name": format!("{} × {name}", cells[0]), "provider": name,
+                "messages": messages}),
+            );
             let did = outcome(&sample, provider);
             if did != *said {
                 wrong.push(format!(
@@ -1590,4 +1642,7 @@ fn the_block_fidelity_table_is_what_normalization_does() {
         }
     }
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    // And every row's output is a request the provider's SDK types accept.
+    let checked = sdk_check(&cases);
+    assert_eq!(checked["failures"], json!([]), "{checked:#}");
 }

@@ -9,6 +9,7 @@ use super::blocks::{
     THOUGHT_SIGNATURE,
 };
 use super::media::strip_media_types;
+use super::native::native_block;
 use super::view::compaction_applies;
 use super::{Block, Ctx, Msg, NormalizeOptions, Provider, RepairKind, ThinkingMode};
 use crate::history::model::{subtype, Content, Entry, EntryKind, Role};
@@ -167,6 +168,7 @@ fn assistant_only(v: &Value) -> bool {
                 | "fallback"
         )
     ) || is_server_result(v)
+        || native_block(v).is_some_and(|(_, in_response)| in_response)
 }
 
 /// Types that only belong in user turns.
@@ -174,7 +176,7 @@ fn user_only(v: &Value) -> bool {
     matches!(
         block_type(v),
         Some("tool_result" | "image" | "document" | "search_result")
-    )
+    ) || native_block(v).is_some_and(|(_, in_response)| !in_response)
 }
 
 fn valid_thinking(v: &Value) -> bool {
@@ -277,7 +279,7 @@ pub fn sanitize_blocks(
             );
             return false;
         };
-        if !is_supported_type(&t) {
+        if !is_supported_type(&t) && native_block(&b.v).is_none() {
             ctx.report(
                 RepairKind::UnsupportedBlockDropped,
                 [b.src],

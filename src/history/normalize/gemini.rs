@@ -103,6 +103,14 @@ fn with_titles(blocks: Vec<Block>) -> Vec<Block> {
     out
 }
 
+/// A stored native block's fields, as the part's value (its `type` and signature are the part's).
+fn without_type(v: &Value) -> Value {
+    let mut fields = v.as_object().cloned().unwrap_or_default();
+    fields.remove("type");
+    fields.remove(THOUGHT_SIGNATURE);
+    Value::Object(fields)
+}
+
 fn is_function_response(p: &Value) -> bool {
     p.get("functionResponse").is_some()
 }
@@ -141,6 +149,14 @@ pub fn unsigned_contents(msgs: Vec<Msg>, ctx: &mut Ctx) -> Vec<Value> {
                         ));
                     }
                     Some("thinking" | "redacted_thinking" | "reasoning") => {}
+                    // Its own code execution parts, as returned.
+                    Some("executable_code") => {
+                        parts.push(signed(json!({"executableCode": without_type(&b.v)}), &b.v))
+                    }
+                    Some("code_execution_result") => parts.push(signed(
+                        json!({"codeExecutionResult": without_type(&b.v)}),
+                        &b.v,
+                    )),
                     _ => parts.extend(
                         rendered_or_dropped(ctx, Role::Assistant, &b, GEMINI)
                             .map(|t| text_part(&t)),
@@ -300,6 +316,20 @@ fn part_block(p: &Value) -> Option<Value> {
             "document"
         };
         json!({"type": ty, "source": {"type": "base64", "media_type": media, "data": str_field(inline, "data").unwrap_or("")}})
+    } else if let Some(code) = p.get("executableCode") {
+        let mut block = json!({"type": "executable_code"});
+        block
+            .as_object_mut()
+            .unwrap()
+            .extend(code.as_object().cloned().unwrap_or_default());
+        block
+    } else if let Some(result) = p.get("codeExecutionResult") {
+        let mut block = json!({"type": "code_execution_result"});
+        block
+            .as_object_mut()
+            .unwrap()
+            .extend(result.as_object().cloned().unwrap_or_default());
+        block
     } else if let Some(file) = p.get("fileData") {
         let ty = if str_field(file, "mimeType").is_some_and(|m| m.starts_with("image/")) {
             "image"

@@ -47,6 +47,7 @@ use serde_json::Value;
 
 use super::blocks::{compaction, fnv1a, is_server_result, is_server_use, is_type, str_field};
 use super::media::{self, RequestMedia, MANY_IMAGES, MAX_MEDIA_ITEMS, MAX_REQUEST_BYTES};
+use super::native::native_block;
 use super::thinking::{self, LoopOpener};
 use super::tokens::{estimate_context, estimate_tokens, ContextEstimate, EstimateBasis};
 use super::{
@@ -1194,16 +1195,24 @@ fn check_tail(prefix: &Prefix, tail: &[Entry]) -> Result<(), Fallback> {
     Ok(())
 }
 
-/// Whether a server result among `msgs` answers a server call that is not among them.
+/// Whether a server result, or the output of a provider-native call, among `msgs` answers a
+/// call that is not among them: the prefix sent that call as it was then, unanswered.
 fn answers_an_earlier_call(msgs: &[Msg]) -> bool {
     let blocks = || msgs.iter().flat_map(|m| m.blocks.iter());
     let calls: HashSet<&str> = blocks()
         .filter(|b| is_server_use(&b.v))
         .filter_map(|b| str_field(&b.v, "id"))
         .collect();
-    blocks()
-        .filter(|b| is_server_result(&b.v))
-        .any(|b| str_field(&b.v, "tool_use_id").is_none_or(|id| !calls.contains(id)))
+    let native_calls: HashSet<&str> = blocks()
+        .filter(|b| native_block(&b.v).is_some_and(|(_, in_response)| in_response))
+        .filter_map(|b| str_field(&b.v, "call_id"))
+        .collect();
+    blocks().any(|b| {
+        (is_server_result(&b.v)
+            && str_field(&b.v, "tool_use_id").is_none_or(|id| !calls.contains(id)))
+            || (native_block(&b.v).is_some_and(|(_, in_response)| !in_response)
+                && str_field(&b.v, "call_id").is_none_or(|id| !native_calls.contains(id)))
+    })
 }
 
 /// Whether an entry holds a `compaction` block (of any provider: conservative).
@@ -1328,6 +1337,29 @@ mod tests {
             ),
             user(4, json!("thanks")),
             asst(5, "C", json!([text("You are welcome.")])),
+            user(6, json!("bye")),
+        ];
+        every_cut_reads_as_the_plain_read(&e, "no such text");
+    }
+
+    /// A Responses custom tool call answered in the next turn: whether it is sent as it was
+    /// returned depends on that answer; a read from any checkpoint equals the plain read.
+    #[test]
+    fn reads_around_a_native_call_and_its_output_equal_the_plain_read() {
+        let e = vec![
+            user(0, json!("patch it")),
+            asst(
+                1,
+                "resp_1",
+                json!([{"type": "custom_tool_call", "call_id": "call_1", "name": "apply", "input": "diff"}]),
+            ),
+            user(
+                2,
+                json!([{"type": "custom_tool_call_output", "call_id": "call_1", "output": "ok"}]),
+            ),
+            asst(3, "resp_2", json!([text("Patched.")])),
+            user(4, json!("thanks")),
+            asst(5, "resp_3", json!([text("Welcome.")])),
             user(6, json!("bye")),
         ];
         every_cut_reads_as_the_plain_read(&e, "no such text");

@@ -101,6 +101,7 @@ pub mod incremental;
 pub mod media;
 pub mod merge;
 pub mod microcompact;
+pub mod native;
 pub mod output;
 pub mod pairing;
 pub mod pipeline;

@@ -13,7 +13,7 @@ use serde_json::Value;
 use super::thinking::LoopOpener;
 use super::{
     advisor, cache, cleanup, clearing, convert, enforce, gemini, media, merge, microcompact,
-    output, pairing, responses, thinking, tool_reference, view, Ctx, Fallback, Msg,
+    native, output, pairing, responses, thinking, tool_reference, view, Ctx, Fallback, Msg,
     NormalizeOptions, PassEnd, Provider, ThinkingMode,
 };
 use crate::history::model::Entry;
@@ -79,6 +79,8 @@ pub fn run(
     if !opts.advisor && opts.provider == Provider::Anthropic {
         advisor::strip_advisor_blocks(&mut msgs, ctx);
     }
+    seam.pass_done(&msgs, ctx)?;
+    native::render_foreign(&mut msgs, opts.provider, ctx);
     seam.pass_done(&msgs, ctx)?;
     media::refuse_unacceptable(&mut msgs, ctx);
     seam.pass_done(&msgs, ctx)?;

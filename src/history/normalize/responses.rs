@@ -21,12 +21,13 @@ use std::collections::HashMap;
 use serde_json::{json, Value};
 
 use super::blocks::{block_type, is_media, str_field, NO_CONTENT};
+use super::native::native_block;
 use super::render_shared::{
     assistant_entry, media_source, parse_arguments, part_to_block, rendered_or_dropped,
     split_user_turn, tool_output, tool_result_block, tool_use_block, user_entry, MediaSource,
     ToolCall,
 };
-use super::{Ctx, Msg, RepairKind};
+use super::{Block, Ctx, Msg, RepairKind};
 use crate::history::model::{Content, Entry, Role};
 
 /// The API [`to_responses`] renders for, as its repairs name it.
@@ -99,6 +100,15 @@ pub fn to_responses(msgs: Vec<Msg>, ctx: &mut Ctx) -> Vec<Value> {
                     Some("reasoning") => items.push(Item::Reasoning(b.v, b.src)),
                     // Only its own compaction item reaches here, first, as it was returned.
                     Some("compaction") => items.push(Item::Verbatim(b.v)),
+                    // Its own items, as returned (the native pass turned the unpaired to text):
+                    // a call the client answers is ordered as a function call is.
+                    Some(t) if native_block(&b.v).is_some() => {
+                        if t.ends_with("_call") && b.v.get("call_id").is_some() {
+                            items.push(Item::Call(b.v));
+                        } else {
+                            items.push(Item::Verbatim(b.v));
+                        }
+                    }
                     Some("tool_use") => {
                         let call = ToolCall::of(&b.v);
                         names.insert(call.id.to_string(), call.name.to_string());
@@ -145,7 +155,10 @@ pub fn to_responses(msgs: Vec<Msg>, ctx: &mut Ctx) -> Vec<Value> {
             while let Some(item) = it.next() {
                 match item {
                     Item::Reasoning(v, src) => {
-                        if matches!(it.peek(), Some(Item::Message(_) | Item::Call(_))) {
+                        if matches!(
+                            it.peek(),
+                            Some(Item::Message(_) | Item::Call(_) | Item::Verbatim(_))
+                        ) {
                             out.push(v);
                         } else {
                             ctx.report(
@@ -167,8 +180,12 @@ pub fn to_responses(msgs: Vec<Msg>, ctx: &mut Ctx) -> Vec<Value> {
             }
             continue;
         }
-        let (results, mut parts) =
-            split_user_turn(m.blocks, RESPONSES, input_part, input_text, ctx);
+        // The outputs of its own calls go as items, right after the function call outputs.
+        let (outputs, blocks): (Vec<Block>, Vec<Block>) = m
+            .blocks
+            .into_iter()
+            .partition(|b| native_block(&b.v).is_some());
+        let (results, mut parts) = split_user_turn(blocks, RESPONSES, input_part, input_text, ctx);
         for r in &results {
             let id = str_field(&r.v, "tool_use_id").unwrap_or("");
             let name = names.get(id).map_or("tool", String::as_str);
@@ -184,8 +201,10 @@ pub fn to_responses(msgs: Vec<Msg>, ctx: &mut Ctx) -> Vec<Value> {
             };
             out.push(json!({"type": "function_call_output", "call_id": id, "output": output}));
         }
+        let answered = !results.is_empty() || !outputs.is_empty();
+        out.extend(outputs.into_iter().map(|b| b.v));
         if parts.is_empty() {
-            if !results.is_empty() {
+            if answered {
                 continue;
             }
             parts.push(input_text(NO_CONTENT));
@@ -235,6 +254,9 @@ pub fn entries_from_items(items: &[Value]) -> Vec<Entry> {
         let assistant_side: Option<Vec<Value>> = match (ty, role) {
             ("message", "assistant") => Some(parts()),
             ("reasoning", _) => Some(vec![item.clone()]),
+            _ if native_block(item).is_some_and(|(_, in_response)| in_response) => {
+                Some(vec![item.clone()])
+            }
             ("function_call", _) => Some(vec![tool_use_block(
                 str_field(item, "call_id").unwrap_or(""),
                 str_field(item, "name").unwrap_or(""),
@@ -265,6 +287,7 @@ pub fn entries_from_items(items: &[Value]) -> Vec<Entry> {
                 )]
             }
             ("message", "user") => parts(),
+            _ if native_block(item).is_some() => vec![item.clone()],
             _ => continue,
         };
         out.push(user_entry(i, Content::Blocks(blocks)));
