@@ -545,6 +545,29 @@ pub(crate) mod testutil {
         assert_eq!(again.messages, n.messages);
     }
 
+    /// The providers other than Anthropic, whose blocks the history stores.
+    pub const OTHER_PROVIDERS: [Provider; 3] = [
+        Provider::Openai,
+        Provider::OpenaiResponses,
+        Provider::Gemini,
+    ];
+
+    /// `entries` normalized for `provider` with default options.
+    pub fn normalize_for(entries: &[Entry], provider: Provider) -> Normalized {
+        normalize(
+            entries,
+            &NormalizeOptions {
+                provider,
+                ..Default::default()
+            },
+        )
+    }
+
+    /// The messages sent, as one JSON string to search.
+    pub fn sent_json(n: &Normalized) -> String {
+        serde_json::to_string(&n.messages).unwrap()
+    }
+
     pub fn user(seq: i64, content: Value) -> Entry {
         entry(
             json!({"seq": seq, "uuid": format!("u{seq}"), "type": "user",

@@ -155,7 +155,7 @@ mod tests {
         assert!(responses.repairs.is_empty(), "{:?}", responses.repairs);
         for provider in [Provider::Anthropic, Provider::Openai, Provider::Gemini] {
             let n = normalize(&entries, &opts(provider));
-            let sent = serde_json::to_string(&n.messages).unwrap();
+            let sent = sent_json(&n);
             for read in ["tokio select", "apply_diff", "+++ b/x", "applied"] {
                 assert!(sent.contains(read), "{provider:?} lost {read:?}: {sent}");
             }
@@ -182,7 +182,7 @@ mod tests {
             user(2, json!("never mind")),
         ];
         let n = normalize(&entries, &opts(Provider::OpenaiResponses));
-        let sent = serde_json::to_string(&n.messages).unwrap();
+        let sent = sent_json(&n);
         assert!(!sent.contains("\"custom_tool_call\""), "{sent}");
         assert!(sent.contains("TODO"), "{sent}");
     }

@@ -129,7 +129,7 @@ mod tests {
     use serde_json::json;
 
     use super::super::testutil::*;
-    use super::super::{normalize, NormalizeOptions, Provider, RepairKind};
+    use super::super::RepairKind;
     use super::*;
 
     /// What a model read, switched to a provider with no form for the blocks that held it, is
@@ -162,19 +162,9 @@ mod tests {
             ),
             user(2, json!("thanks")),
         ];
-        for provider in [
-            Provider::Openai,
-            Provider::OpenaiResponses,
-            Provider::Gemini,
-        ] {
-            let n = normalize(
-                &entries,
-                &NormalizeOptions {
-                    provider,
-                    ..Default::default()
-                },
-            );
-            let sent = serde_json::to_string(&n.messages).unwrap();
+        for provider in OTHER_PROVIDERS {
+            let n = normalize_for(&entries, provider);
+            let sent = sent_json(&n);
             for read in [
                 "Release notes",
                 "v2 drops Python 3.8.",

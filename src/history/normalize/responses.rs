@@ -373,13 +373,7 @@ mod tests {
             ]
         );
         for provider in [Provider::Anthropic, Provider::Openai, Provider::Gemini] {
-            let other = normalize(
-                &e,
-                &NormalizeOptions {
-                    provider,
-                    ..Default::default()
-                },
-            );
+            let other = normalize_for(&e, provider);
             assert!(!other.messages.iter().any(|m| m.to_string().contains("rs_")));
             assert!(
                 other.repairs.iter().all(|r| !matches!(

@@ -397,19 +397,9 @@ mod tests {
             ]
         );
         assert!(anthropic.repairs.is_empty(), "{:?}", anthropic.repairs);
-        for provider in [
-            Provider::Openai,
-            Provider::OpenaiResponses,
-            Provider::Gemini,
-        ] {
-            let n = normalize(
-                &entries,
-                &NormalizeOptions {
-                    provider,
-                    ..Default::default()
-                },
-            );
-            let sent = serde_json::to_string(&n.messages).unwrap();
+        for provider in OTHER_PROVIDERS {
+            let n = normalize_for(&entries, provider);
+            let sent = sent_json(&n);
             assert!(sent.contains("We chose SQLite for the cache."), "{sent}");
             assert!(sent.contains("Next, the schema."), "{sent}");
             assert!(
@@ -462,14 +452,8 @@ mod tests {
             .unwrap()
             .contains("09:12"));
         for provider in [Provider::Anthropic, Provider::Openai, Provider::Gemini] {
-            let n = normalize(
-                &entries,
-                &NormalizeOptions {
-                    provider,
-                    ..Default::default()
-                },
-            );
-            let sent = serde_json::to_string(&n.messages).unwrap();
+            let n = normalize_for(&entries, provider);
+            let sent = sent_json(&n);
             assert!(sent.contains("09:12"), "{provider:?}: {sent}");
             assert!(!sent.contains("gAAAA-opaque"), "{provider:?}: {sent}");
         }
