@@ -1547,6 +1547,10 @@ fn row(name: &str) -> Row {
             seqs: vec![1, 2],
             own: Provider::OpenaiResponses,
         },
+        "item_reference (Responses)" => Row {
+            own: Provider::OpenaiResponses,
+            ..response_with(vec![json!({"type": "item_reference", "id": "ws_0123"})])
+        },
         "executable_code + code_execution_result (Gemini)" => Row {
             own: Provider::Gemini,
             ..response_with(vec![

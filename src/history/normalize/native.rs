@@ -13,7 +13,8 @@
 //! # Sending
 //! Their own provider gets them as they were stored, in order; a Responses call whose output is
 //! missing, or an output without its call, is sent as text instead (the API refuses it unpaired).
-//! Every other provider reads them as text where they stood (`block_rendered_as_text`).
+//! Every other provider reads them as text where they stood (`block_rendered_as_text`); an
+//! `item_reference`, opaque, is dropped for them (reported).
 
 use std::collections::HashSet;
 
@@ -31,6 +32,7 @@ const RESPONSES_SELF_CONTAINED: &[&str] = &[
     "image_generation_call",
     "mcp_call",
     "mcp_list_tools",
+    "item_reference",
 ];
 
 /// Responses calls the client answers, with their outputs' types.
@@ -91,23 +93,31 @@ pub fn render_foreign(msgs: &mut [Msg], provider: Provider, ctx: &mut Ctx) {
         }
     }
     for m in msgs.iter_mut() {
-        for b in m.blocks.iter_mut() {
+        m.blocks.retain_mut(|b| {
             let Some((own, _)) = native_block(&b.v) else {
-                continue;
+                return true;
             };
-            let t = block_type(&b.v).unwrap_or("");
+            let t = block_type(&b.v).unwrap_or("").to_owned();
             let kept = own == provider
-                && (RESPONSES_SELF_CONTAINED.contains(&t)
-                    || GEMINI_PARTS.contains(&t)
+                && (RESPONSES_SELF_CONTAINED.contains(&t.as_str())
+                    || GEMINI_PARTS.contains(&t.as_str())
                     || paired.contains(&format!("{t}:{}", call_id(&b.v))));
             if kept {
-                continue;
+                return true;
             }
-            let text = render_text::rendered(&b.v).unwrap_or_else(|| format!("[{t}]"));
             let why = if own == provider {
                 "without its pair"
             } else {
                 "no form in this provider"
+            };
+            // An opaque reference carries nothing a model reads: it goes, reported.
+            let Some(text) = render_text::rendered(&b.v) else {
+                ctx.report(
+                    RepairKind::UnsupportedBlockDropped,
+                    [b.src],
+                    format!("dropped {t}: {why}, and nothing in it to read"),
+                );
+                return false;
             };
             ctx.report(
                 RepairKind::BlockRenderedAsText,
@@ -115,7 +125,8 @@ pub fn render_foreign(msgs: &mut [Msg], provider: Provider, ctx: &mut Ctx) {
                 format!("{t} sent as text: {why}"),
             );
             b.v = text_block(&text);
-        }
+            true
+        });
     }
 }
 
