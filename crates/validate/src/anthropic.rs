@@ -786,10 +786,13 @@ fn check_manual_thinking(msgs: &[Msg<'_>], rules: &AnthropicRules, out: &mut Vec
     else {
         return;
     };
+    // A server-side compaction block opening the turn stands for what came before it: the
+    // turn starts after it.
     let first = opener
         .blocks
-        .first()
-        .and_then(|b| block_type(b))
+        .iter()
+        .filter_map(|b| block_type(b))
+        .find(|t| *t != "compaction")
         .unwrap_or("");
     if !is_thinking(first) {
         out.push(Violation::at(

@@ -137,7 +137,10 @@ pub fn compaction(v: &Value) -> Option<Compaction<'_>> {
     }
     match v.get("content") {
         Some(Value::String(s)) if !s.is_empty() => Some(Compaction::Summary(s)),
-        None if v.get("encrypted_content").is_some_and(Value::is_string) => {
+        // Anthropic's blocks carry a `signature` member; a failed one may omit `content`.
+        None if v.get("encrypted_content").is_some_and(Value::is_string)
+            && v.get("signature").is_none() =>
+        {
             Some(Compaction::Opaque)
         }
         _ => None,

@@ -9,14 +9,25 @@ use serde_json::{Map, Value};
 
 use super::blocks::{block_type, str_field};
 
-/// Members no model reads: signatures, encrypted payloads and cache markers.
+/// Members no model reads: signatures, encrypted payloads, cache markers, ids and raw bytes
+/// (a resource's `blob`, a generated image's `result`).
 fn is_opaque(key: &str) -> bool {
-    key == "signature"
-        || key == "cache_control"
-        || key.starts_with("encrypted_")
-        || key == "type"
-        || key == "id"
-        || key == "tool_use_id"
+    matches!(
+        key,
+        "signature"
+            | "thoughtSignature"
+            | "thought_signature"
+            | "cache_control"
+            | "type"
+            | "id"
+            | "tool_use_id"
+            | "blob"
+    ) || key.starts_with("encrypted_")
+}
+
+/// A `data:` URL: bytes, however they are labelled.
+fn is_data_url(s: &str) -> bool {
+    s.get(..5).is_some_and(|p| p.eq_ignore_ascii_case("data:"))
 }
 
 /// The block as text, headed by what it was; `None` when nothing of it is readable.
@@ -78,6 +89,7 @@ pub(super) fn media_text(kind: &str, v: &Value) -> String {
 /// Appends what is readable in `v`, depth first in stored order.
 fn readable(v: &Value, out: &mut Vec<String>) {
     match v {
+        Value::String(s) if is_data_url(s) => out.push("[inline data]".to_owned()),
         Value::String(s) if !s.trim().is_empty() => out.push(s.clone()),
         Value::Array(items) => items.iter().for_each(|item| readable(item, out)),
         Value::Object(_) => match block_type(v) {
@@ -99,16 +111,20 @@ fn members(v: &Value, out: &mut Vec<String>) {
     // Base64 bytes are data, not text; a text source's `data` is the document's text.
     let base64 = str_field(v, "type") == Some("base64");
     let document = block_type(v) == Some("document");
+    // A generated image's `result` is its base64 bytes.
+    let image_generation = block_type(v) == Some("image_generation_call");
     for (key, value) in map {
         if is_opaque(key)
             || (base64 && key == "data")
             || key == "media_type"
             || (document && key == "title")
+            || (image_generation && key == "result")
         {
             continue;
         }
         match value {
             Value::String(s) if s.trim().is_empty() => {}
+            Value::String(s) if is_data_url(s) => out.push(format!("{key}: [inline data]")),
             Value::String(s) if is_free_text(key) => out.push(s.clone()),
             Value::String(s) => out.push(format!("{key}: {s}")),
             Value::Number(n) => out.push(format!("{key}: {n}")),
@@ -228,6 +244,28 @@ mod tests {
         assert!(text.contains("url: https://example.com/a"), "{text}");
         assert!(text.contains("[document: A page]"), "{text}");
         assert!(text.contains("Page body."), "{text}");
+    }
+
+    /// Bytes under any name stay out: data URLs, a resource's blob, a generated image.
+    #[test]
+    fn inline_bytes_never_become_text_whatever_they_are_called() {
+        let screenshot = json!({"type": "computer_call_output", "call_id": "call_1",
+            "output": {"type": "computer_screenshot", "image_url": "data:image/png;base64,iVBORSECRETBYTES"}});
+        let generated = json!({"type": "image_generation_call", "id": "ig_1", "status": "completed",
+            "result": "iVBORGENERATEDBYTES", "revised_prompt": "a red fox"});
+        let resource = json!({"type": "mcp_tool_result", "tool_use_id": "mcptoolu_1",
+            "content": [{"type": "resource", "resource": {"uri": "file:///a.png", "blob": "BLOBBYTES",
+                "mimeType": "image/png"}}]});
+        let code = json!({"type": "executable_code", "code": "print(1)", "language": "PYTHON",
+            "thoughtSignature": "SIGBYTES"});
+        for block in [&screenshot, &generated, &resource, &code] {
+            let text = rendered(block).unwrap();
+            for bytes in ["SECRETBYTES", "GENERATEDBYTES", "BLOBBYTES", "SIGBYTES"] {
+                assert!(!text.contains(bytes), "{text}");
+            }
+        }
+        assert!(rendered(&generated).unwrap().contains("a red fox"));
+        assert!(rendered(&resource).unwrap().contains("file:///a.png"));
     }
 
     #[test]

@@ -31,7 +31,12 @@ pub fn loop_start(msgs: &[Msg]) -> Option<usize> {
 
 /// Whether a turn opens a loop as manual thinking wants it: with a thinking block.
 pub fn starts_with_thinking(m: &Msg) -> bool {
-    m.blocks.first().is_some_and(is_anthropic_thinking)
+    // A server-side compaction block opening the turn stands for what came before: the turn
+    // starts after it.
+    m.blocks
+        .iter()
+        .find(|b| !is_type(&b.v, "compaction"))
+        .is_some_and(is_anthropic_thinking)
 }
 
 /// A tool loop is in progress when the list ends with a user turn holding only tool results; it
@@ -178,5 +183,34 @@ mod tests {
             user(2, json!([tr("a"), text("and then?")])),
         ];
         assert!(normalize(&e, &enabled(None)).repairs.is_empty());
+    }
+
+    /// A turn that opens with a server-side compaction block and then thinks opened its loop
+    /// with thinking: nothing is closed.
+    #[test]
+    fn a_compaction_before_the_thinking_opens_the_loop_with_thinking() {
+        let e = vec![
+            user(0, json!("go")),
+            asst(
+                1,
+                "X",
+                json!([{"type": "compaction", "content": "summary"}, thinking("t"), tu("c1")]),
+            ),
+            user(2, json!([tr("c1")])),
+        ];
+        let n = super::super::normalize(
+            &e,
+            &NormalizeOptions {
+                thinking: ThinkingMode::Enabled,
+                ..Default::default()
+            },
+        );
+        assert!(
+            !n.repairs
+                .iter()
+                .any(|r| r.kind == RepairKind::ThinkingLoopClosed),
+            "{:?}",
+            n.repairs
+        );
     }
 }

@@ -51,7 +51,8 @@ pub fn slice_after_boundary(entries: &[Entry]) -> (Vec<usize>, Option<i64>) {
 /// the block's place in it. Anthropic's server-side summary is read by every provider (as a
 /// summary turn by the others); a Responses compaction item by OpenAI Responses only.
 pub fn server_compaction(entry: &Entry, provider: Provider) -> Option<usize> {
-    if entry.kind != EntryKind::Assistant {
+    // A response never sent (a virtual entry, a synthetic API error) stands for nothing.
+    if entry.kind != EntryKind::Assistant || entry.is_virtual || entry.is_api_error {
         return None;
     }
     let Some(Content::Blocks(blocks)) = entry.message.as_ref().map(|m| &m.content) else {
@@ -424,6 +425,37 @@ mod tests {
         assert!(serde_json::to_string(&n.messages)
             .unwrap()
             .contains("at length"));
+    }
+
+    /// A compaction that never reached the model (a virtual entry, an API error) stands for
+    /// nothing; an Anthropic one that failed (no `content`, a `signature`) neither, even for
+    /// Responses.
+    #[test]
+    fn compactions_that_stand_for_nothing_cut_nothing() {
+        use super::super::testutil::{asst, normalize_for, sent_json, text, user};
+        let mut hidden = asst(
+            2,
+            "msg_2",
+            json!([{"type": "compaction", "content": "S"}, text("x")]),
+        );
+        hidden.is_virtual = true;
+        let failed = asst(
+            2,
+            "msg_2",
+            json!([{"type": "compaction", "encrypted_content": "E", "signature": "sig"}, text("x")]),
+        );
+        for compaction in [hidden, failed] {
+            let entries = vec![
+                user(0, json!("first question")),
+                asst(1, "msg_1", json!([text("first answer")])),
+                compaction,
+                user(3, json!("next")),
+            ];
+            for provider in [Provider::Anthropic, Provider::OpenaiResponses] {
+                let sent = sent_json(&normalize_for(&entries, provider));
+                assert!(sent.contains("first answer"), "{provider:?}: {sent}");
+            }
+        }
     }
 
     /// An OpenAI Responses compaction item is opaque: Responses gets it first, verbatim; to
