@@ -4,6 +4,7 @@
 //! store holds the transaction, the tombstones, the receipts, and the scrubbing of the files
 //! afterwards.
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde_json::Value;
@@ -114,43 +115,36 @@ impl Store {
         targets: &ErasureTargets,
         must_exist: bool,
     ) -> Result<Vec<(i64, String)>, StoreError> {
-        let mut found = Vec::new();
-        if !targets.uuids.is_empty() {
-            let by_uuid = self
-                .messages_where_in(thread_key, "uuid", &targets.uuids)
-                .await?;
-            let missing: Vec<String> = targets
-                .uuids
-                .iter()
-                .filter(|name| !by_uuid.iter().any(|(_, uuid)| uuid == *name))
-                .cloned()
-                .collect();
-            if must_exist && !missing.is_empty() {
-                return Err(StoreError::NoSuchEntries {
-                    field: "uuids",
-                    names: missing,
-                });
+        let by_uuid = match targets.uuids.is_empty() {
+            true => Vec::new(),
+            false => {
+                self.messages_where_in(thread_key, "uuid", &targets.uuids)
+                    .await?
             }
-            found.extend(by_uuid);
-        }
-        if !targets.seqs.is_empty() {
-            let by_seq = self
-                .messages_where_in(thread_key, "seq", &targets.seqs)
-                .await?;
-            let missing: Vec<String> = targets
-                .seqs
-                .iter()
-                .filter(|name| !by_seq.iter().any(|(seq, _)| seq == *name))
-                .map(i64::to_string)
-                .collect();
-            if must_exist && !missing.is_empty() {
-                return Err(StoreError::NoSuchEntries {
-                    field: "seqs",
-                    names: missing,
-                });
+        };
+        let by_seq = match targets.seqs.is_empty() {
+            true => Vec::new(),
+            false => {
+                self.messages_where_in(thread_key, "seq", &targets.seqs)
+                    .await?
             }
-            found.extend(by_seq);
+        };
+        if must_exist {
+            let uuids: HashSet<&str> = by_uuid.iter().map(|(_, uuid)| uuid.as_str()).collect();
+            let seqs: HashSet<i64> = by_seq.iter().map(|(seq, _)| *seq).collect();
+            let missing_uuids = targets.uuids.iter().filter(|u| !uuids.contains(u.as_str()));
+            let missing_seqs = targets.seqs.iter().filter(|s| !seqs.contains(s));
+            for (field, names) in [
+                ("uuids", missing_uuids.cloned().collect::<Vec<_>>()),
+                ("seqs", missing_seqs.map(i64::to_string).collect()),
+            ] {
+                if !names.is_empty() {
+                    return Err(StoreError::NoSuchEntries { field, names });
+                }
+            }
         }
+        let mut found = by_uuid;
+        found.extend(by_seq);
         found.sort_unstable();
         found.dedup();
         Ok(found)

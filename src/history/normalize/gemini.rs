@@ -103,6 +103,20 @@ fn with_titles(blocks: Vec<Block>) -> Vec<Block> {
     out
 }
 
+/// Gemini parts stored as blocks of their own type (`native`), and the part member holding them.
+const NATIVE_PARTS: &[(&str, &str)] = &[
+    ("executable_code", "executableCode"),
+    ("code_execution_result", "codeExecutionResult"),
+];
+
+/// The part member a stored native block of type `t` goes under.
+fn native_part_key(t: &str) -> Option<&'static str> {
+    NATIVE_PARTS
+        .iter()
+        .find(|(ty, _)| *ty == t)
+        .map(|(_, key)| *key)
+}
+
 /// A stored native block's fields, as the part's value (its `type` and signature are the part's).
 fn without_type(v: &Value) -> Value {
     let mut fields = v.as_object().cloned().unwrap_or_default();
@@ -150,13 +164,10 @@ pub fn unsigned_contents(msgs: Vec<Msg>, ctx: &mut Ctx) -> Vec<Value> {
                     }
                     Some("thinking" | "redacted_thinking" | "reasoning") => {}
                     // Its own code execution parts, as returned.
-                    Some("executable_code") => {
-                        parts.push(signed(json!({"executableCode": without_type(&b.v)}), &b.v))
+                    Some(t) if native_part_key(t).is_some() => {
+                        let key = native_part_key(t).expect("checked");
+                        parts.push(signed(json!({ key: without_type(&b.v) }), &b.v));
                     }
-                    Some("code_execution_result") => parts.push(signed(
-                        json!({"codeExecutionResult": without_type(&b.v)}),
-                        &b.v,
-                    )),
                     _ => parts.extend(
                         rendered_or_dropped(ctx, Role::Assistant, &b, GEMINI)
                             .map(|t| text_part(&t)),
@@ -316,20 +327,15 @@ fn part_block(p: &Value) -> Option<Value> {
             "document"
         };
         json!({"type": ty, "source": {"type": "base64", "media_type": media, "data": str_field(inline, "data").unwrap_or("")}})
-    } else if let Some(code) = p.get("executableCode") {
-        let mut block = json!({"type": "executable_code"});
-        block
-            .as_object_mut()
-            .unwrap()
-            .extend(code.as_object().cloned().unwrap_or_default());
-        block
-    } else if let Some(result) = p.get("codeExecutionResult") {
-        let mut block = json!({"type": "code_execution_result"});
-        block
-            .as_object_mut()
-            .unwrap()
-            .extend(result.as_object().cloned().unwrap_or_default());
-        block
+    } else if let Some((ty, fields)) = NATIVE_PARTS
+        .iter()
+        .find_map(|(ty, key)| p.get(*key).map(|fields| (*ty, fields)))
+    {
+        // Its own code execution parts, stored under the convention of `native`.
+        let mut block = Map::new();
+        block.insert("type".into(), json!(ty));
+        block.extend(fields.as_object().cloned().unwrap_or_default());
+        Value::Object(block)
     } else if let Some(file) = p.get("fileData") {
         let ty = if str_field(file, "mimeType").is_some_and(|m| m.starts_with("image/")) {
             "image"

@@ -2,7 +2,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use serde_json::json;
+use serde_json::{json, Value};
 
 use super::blocks::{
     block_type, is_server_result, is_server_use, is_type, str_field, text_block, NO_CONTENT,
@@ -132,55 +132,41 @@ fn remove_orphans(m: &mut Msg, first: bool, ctx: &mut Ctx) -> bool {
     false
 }
 
-/// Removes duplicate uses, duplicate or orphan server results, and server uses without results.
-///
-/// One request-wide id namespace covers `tool_use`, `server_tool_use` and `mcp_tool_use` (D1.7:
-/// ids unique across the request), so a replayed server-tool fragment is a duplicate like a
-/// replayed client call: the later use is removed (`duplicate_tool_use_removed`). A server result
-/// needs its use earlier in the turn (`orphan_server_result_removed`) and answers it once (a second
-/// result for the same use is `duplicate_tool_result_removed`); a server use left without a result
-/// is then removed (`server_tool_use_removed`).
 /// Server calls whose result arrives in the next response, after the client's tool results
 /// (programmatic tool calling, D1.10): for an assistant turn, the ids of its server uses left
 /// unanswered in it that the assistant turn after a tool-result-only user turn answers, with
-/// that later turn's source.
+/// that later turn's source. Nearly every read has none: a turn without a server use costs a
+/// scan of its blocks.
 fn deferred_server_results(msgs: &[Msg]) -> HashMap<u32, (HashSet<String>, u32)> {
+    let ids_of = |m: &Msg, keep: fn(&Value) -> bool, field: &str| -> HashSet<String> {
+        m.blocks
+            .iter()
+            .filter(|b| keep(&b.v))
+            .filter_map(|b| str_field(&b.v, field).map(String::from))
+            .collect()
+    };
     let mut out = HashMap::new();
     for w in msgs.windows(3) {
         let [first, between, then] = w else { continue };
-        // The turn between holds the results of the client calls of the first, and nothing
-        // else: pairing leaves it as it is, as D1.10 needs it.
-        let ids_of = |m: &Msg, ty: &str, field: &str| -> HashSet<String> {
-            m.blocks
-                .iter()
-                .filter(|b| is_type(&b.v, ty))
-                .filter_map(|b| str_field(&b.v, field).map(String::from))
-                .collect()
-        };
-        let calls = ids_of(first, "tool_use", "id");
-        let answers_them = !calls.is_empty()
-            && between.blocks.iter().all(|b| is_type(&b.v, "tool_result"))
-            && between.blocks.len() == calls.len()
-            && ids_of(between, "tool_result", "tool_use_id") == calls;
-        if !(first.is_assistant() && between.is_user() && then.is_assistant() && answers_them) {
+        let shaped = first.is_assistant() && between.is_user() && then.is_assistant();
+        if !shaped || !first.blocks.iter().any(|b| is_server_use(&b.v)) {
             continue;
         }
-        let results_of = |m: &Msg| -> HashSet<String> {
-            m.blocks
-                .iter()
-                .filter(|b| is_server_result(&b.v))
-                .filter_map(|b| str_field(&b.v, "tool_use_id").map(String::from))
-                .collect()
-        };
-        let answered_in_turn = results_of(first);
-        let answered_later = results_of(then);
-        let ids: HashSet<String> = first
-            .blocks
-            .iter()
-            .filter(|b| is_server_use(&b.v))
-            .filter_map(|b| str_field(&b.v, "id"))
-            .filter(|id| !answered_in_turn.contains(*id) && answered_later.contains(*id))
-            .map(String::from)
+        // The turn between holds the results of the client calls of the first, and nothing
+        // else: pairing leaves it as it is, as D1.10 needs it.
+        let calls = ids_of(first, |v| is_type(v, "tool_use"), "id");
+        let answers_them = !calls.is_empty()
+            && between.blocks.len() == calls.len()
+            && between.blocks.iter().all(|b| is_type(&b.v, "tool_result"))
+            && ids_of(between, |v| is_type(v, "tool_result"), "tool_use_id") == calls;
+        if !answers_them {
+            continue;
+        }
+        let answered_in_turn = ids_of(first, is_server_result, "tool_use_id");
+        let answered_later = ids_of(then, is_server_result, "tool_use_id");
+        let ids: HashSet<String> = ids_of(first, is_server_use, "id")
+            .into_iter()
+            .filter(|id| !answered_in_turn.contains(id) && answered_later.contains(id))
             .collect();
         if !ids.is_empty() {
             out.insert(first.primary_src(), (ids, then.primary_src()));
@@ -189,8 +175,15 @@ fn deferred_server_results(msgs: &[Msg]) -> HashMap<u32, (HashSet<String>, u32)>
     out
 }
 
-/// Pairs the server calls and results of an assistant turn. `kept_open`: its server calls
-/// answered in a later turn; `answered_here`: the calls of an earlier turn it answers.
+/// Removes duplicate uses, duplicate or orphan server results, and server uses without results.
+///
+/// One request-wide id namespace covers `tool_use`, `server_tool_use` and `mcp_tool_use` (D1.7:
+/// ids unique across the request), so a replayed server-tool fragment is a duplicate like a
+/// replayed client call: the later use is removed (`duplicate_tool_use_removed`). A server result
+/// needs its use earlier in the turn (`orphan_server_result_removed`) and answers it once (a second
+/// result for the same use is `duplicate_tool_result_removed`); a server use left without a result
+/// is then removed (`server_tool_use_removed`), unless a later turn answers it (`kept_open`, see
+/// [`deferred_server_results`]); `answered_here`: the calls of an earlier turn this one answers.
 fn fix_assistant(
     m: &mut Msg,
     seen: &mut HashSet<String>,
