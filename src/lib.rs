@@ -10,6 +10,7 @@ pub mod history;
 pub mod http;
 pub mod import;
 pub mod jobs;
+pub mod json_weight;
 pub mod metrics;
 pub mod shutdown;
 pub mod store;

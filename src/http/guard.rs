@@ -628,6 +628,9 @@ pub async fn read_body(State(state): State<AppState>, request: Request, next: Ne
     let read = read_within_budget(body, limits.body_bytes, &state.guards.body_budget);
     match tokio::time::timeout(limits.body_read_timeout, read).await {
         Ok(Ok((bytes, budget))) => {
+            if let Err((values, allowance)) = crate::json_weight::within_bounds(&bytes) {
+                return too_many_values(values, allowance).into_response();
+            }
             let response = next
                 .run(Request::from_parts(parts, Body::from(bytes)))
                 .await;
@@ -643,6 +646,19 @@ pub async fn read_body(State(state): State<AppState>, request: Request, next: Ne
         )
         .into_response(),
     }
+}
+
+/// 413 for a body denser in JSON values than its length allows (`json_weight`): parsed, it
+/// would take many times the memory of a real body of its size.
+pub fn too_many_values(values: usize, allowance: usize) -> ApiError {
+    ApiError::new(
+        ProblemKind::PayloadTooLarge,
+        format!(
+            "the body holds {values} JSON values, more than the {allowance} its length allows \
+             (100000, and one more for each {} bytes): send fewer, larger values, or split it",
+            crate::json_weight::BYTES_PER_VALUE
+        ),
+    )
 }
 
 /// Reads `body` whole, taking its size from `budget` (in KiB) as it arrives: all of it at once

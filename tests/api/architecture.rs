@@ -26,7 +26,14 @@ const LAYERS: &[&[&str]] = &[
     &["store"],
     &["tree"],
     &["history"],
-    &["auth", "metrics", "telemetry", "shutdown", "turns"],
+    &[
+        "auth",
+        "metrics",
+        "telemetry",
+        "shutdown",
+        "turns",
+        "json_weight",
+    ],
 ];
 
 type ModPath = Vec<String>;

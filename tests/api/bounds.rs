@@ -611,7 +611,59 @@ async fn the_migration_counts_what_threads_stored_before_it(app: TestApp) {
     app.finish().await;
 }
 
+/// A body or an imported entry made of tiny values (`[[],[],…]`) would take a hundred times its
+/// length when parsed: it is refused before it is, while a real body of the same size passes.
+async fn a_body_dense_in_values_is_refused_before_it_is_parsed(app: TestApp) {
+    let thread = app.thread("t").await;
+    let dense = |n: usize| {
+        let mut entry = user("dense", "q");
+        entry["message"]["content"] = json!([{"type": "tool_result", "tool_use_id": "toolu_1",
+            "content": [{"type": "text", "text": "x"}], "extra": vec![json!([]); n]}]);
+        entry
+    };
+    let path = format!("/v1/threads/{thread}/messages");
+    let refused = app.post(&path, json!({"messages": [dense(300_000)]})).await;
+    let problem = refused.assert_problem(StatusCode::PAYLOAD_TOO_LARGE, "payload-too-large");
+    assert!(
+        problem["detail"].as_str().unwrap().contains("JSON values"),
+        "{problem}"
+    );
+    let normalize = app
+        .post(
+            "/v1/normalize",
+            json!({"messages": [dense(300_000)], "provider": "openai"}),
+        )
+        .await;
+    normalize.assert_problem(StatusCode::PAYLOAD_TOO_LARGE, "payload-too-large");
+    // Real entries of about the same size pass.
+    let real: Vec<Value> = (0..3_000)
+        .map(|i| {
+            user(
+                &format!("u{i}"),
+                &format!("word {i} {}", "lorem ipsum ".repeat(20)),
+            )
+        })
+        .collect();
+    let stored = app.post(&path, json!({"messages": real})).await;
+    assert_eq!(stored.status, StatusCode::CREATED, "{}", stored.body);
+    // An import refuses the one dense line and stores the others.
+    let lines = [user("a", "before"), dense(300_000), user("b", "after")]
+        .iter()
+        .map(|entry| serde_json::to_string(entry).unwrap() + "\n")
+        .collect::<String>();
+    let imported = app
+        .send(import_request(&app.thread("i").await, Body::from(lines)))
+        .await;
+    assert_eq!(imported.status, StatusCode::OK, "{}", imported.body);
+    assert_eq!(imported.body["stored"], 2, "{}", imported.body);
+    assert_eq!(imported.body["refusals"][0]["line"], 2, "{}", imported.body);
+    let reason = imported.body["refusals"][0]["reason"].as_str().unwrap();
+    assert!(reason.contains("JSON values"), "{}", imported.body);
+    app.finish().await;
+}
+
 on_both_backends!(
+    a_body_dense_in_values_is_refused_before_it_is_parsed,
     the_migration_counts_what_threads_stored_before_it,
     a_thread_at_its_byte_limit_refuses_appends_but_never_a_snip,
     a_nul_in_a_type_is_the_callers_mistake,
