@@ -26,7 +26,7 @@ use loupe_validate::{
     anthropic, gemini, openai, responses, AnthropicRules, GeminiRules, ResponsesRules, Violation,
 };
 use proptest::prelude::*;
-use serde_json::Value;
+use serde_json::{json, Value};
 
 fn providers() -> [Provider; 4] {
     [
@@ -320,21 +320,44 @@ fn check(entries: &[Entry], pi: usize, k: &Knobs) -> Result<(), TestCaseError> {
 
     // 4. Signed / encrypted blocks are never edited (D1.12, A6.2, A5.4): every thinking,
     //    redacted_thinking and server tool result block of the output is byte-identical to a
-    //    stored block (ignoring a `cache_control` marker Loupe may add).
+    //    stored block (ignoring a `cache_control` marker Loupe may add, and a result's
+    //    `tool_use_id` that a reported rewrite of its call's id changed).
     if is_anthropic(p) {
+        let rewritten: Vec<String> = out
+            .repairs
+            .iter()
+            .filter(|r| r.kind == RepairKind::ToolIdRewritten)
+            .filter_map(|r| r.detail.split(" rewritten to ").nth(1))
+            .filter_map(|rest| rest.split_whitespace().next().map(String::from))
+            .collect();
+        let unrewritten = |mut b: Value| {
+            if b.get("tool_use_id")
+                .and_then(Value::as_str)
+                .is_some_and(|id| rewritten.iter().any(|r| r == id))
+            {
+                b["tool_use_id"] = json!("<rewritten>");
+            }
+            b
+        };
         let stored: HashSet<String> = entries
             .iter()
             .filter_map(|e| e.message.as_ref())
             .flat_map(|m| m.content.to_blocks())
             .filter(must_stay_verbatim)
-            .map(|b| b.to_string())
+            .flat_map(|b| {
+                let mut any_id = b.clone();
+                if any_id.get("tool_use_id").is_some() {
+                    any_id["tool_use_id"] = json!("<rewritten>");
+                }
+                [b.to_string(), any_id.to_string()]
+            })
             .collect();
         for m in &out.messages {
             for b in m["content"].as_array().into_iter().flatten() {
                 if !must_stay_verbatim(b) {
                     continue;
                 }
-                let mut b = b.clone();
+                let mut b = unrewritten(b.clone());
                 if let Some(o) = b.as_object_mut() {
                     o.remove("cache_control");
                 }

@@ -313,7 +313,7 @@ fn check_anthropic(msgs: &[Value]) -> Result<(), String> {
                     }
                     _ => {
                         if let Some(id) = b.get("tool_use_id").and_then(Value::as_str) {
-                            let deferred_result = i >= 2 && deferred(msgs, i - 2, id);
+                            let deferred_result = deferred_answer(msgs, i, id);
                             if !srv.contains(id) && !deferred_result {
                                 return Err("orphan server result".into());
                             }
@@ -492,24 +492,42 @@ fn empty_history_gives_empty_messages() {
     }
 }
 
-/// D1.10: the server call `id` of assistant turn `i` is answered two turns later, after a user
-/// turn of tool results only (a code-execution call that made a client call).
+/// D1.10: the server call `id` of assistant turn `i` is answered in a later assistant turn,
+/// each turn between a user turn of tool results only or an assistant turn whose client calls
+/// `id` made (programmatic tool calling).
 fn deferred(msgs: &[Value], i: usize, id: &str) -> bool {
-    let only_results = msgs.get(i + 1).is_some_and(|m| {
+    let only_results = |m: &Value| {
         m["role"] == "user"
             && m["content"]
                 .as_array()
                 .is_some_and(|c| c.iter().all(|b| b["type"] == "tool_result"))
-    });
-    let called = msgs[i]["content"].as_array().is_some_and(|c| {
-        c.iter()
-            .any(|b| b["type"] == "server_tool_use" && b["id"] == id)
-    });
-    let answered = msgs.get(i + 2).is_some_and(|m| {
-        m["content"].as_array().is_some_and(|c| {
-            c.iter()
-                .any(|b| b["type"] != "tool_result" && b["tool_use_id"] == id)
-        })
-    });
-    only_results && called && answered
+    };
+    let blocks = |m: &Value| m["content"].as_array().cloned().unwrap_or_default();
+    let called = blocks(&msgs[i])
+        .iter()
+        .any(|b| b["type"] == "server_tool_use" && b["id"] == id);
+    let mut at = i;
+    while called && msgs.get(at + 1).is_some_and(only_results) {
+        let Some(later) = msgs.get(at + 2) else {
+            return false;
+        };
+        let later = blocks(later);
+        if later
+            .iter()
+            .any(|b| b["type"] != "tool_result" && b["tool_use_id"] == id)
+        {
+            return true;
+        }
+        let calls: Vec<&Value> = later.iter().filter(|b| b["type"] == "tool_use").collect();
+        if calls.is_empty() || calls.iter().any(|b| b["caller"]["tool_id"] != id) {
+            return false;
+        }
+        at += 2;
+    }
+    false
+}
+
+/// Whether the server call `id` answered in turn `i` was made by an earlier turn and deferred.
+fn deferred_answer(msgs: &[Value], i: usize, id: &str) -> bool {
+    (0..i).any(|start| msgs[start]["role"] == "assistant" && deferred(msgs, start, id))
 }

@@ -617,21 +617,94 @@ fn is_tool_result_only(m: &Msg<'_>) -> bool {
             .all(|b| block_type(b) == Some("tool_result"))
 }
 
+/// The server call that made a client `tool_use` (programmatic tool calling).
+fn caller_of(b: &Value) -> Option<&str> {
+    b.get("caller")?.get("tool_id")?.as_str()
+}
+
+/// Whether the assistant turn `at` goes on with the programmatic call `id`: it holds client
+/// calls, each made by `id`, and a tool-result-only user turn answers it.
+fn continues_call(msgs: &[Msg<'_>], at: usize, id: &str) -> bool {
+    let m = &msgs[at];
+    let calls: Vec<&Value> = m
+        .typed()
+        .filter(|(_, t, _)| *t == "tool_use")
+        .map(|(_, _, b)| b)
+        .collect();
+    m.is_assistant() && !calls.is_empty() && calls.iter().all(|b| caller_of(b) == Some(id))
+}
+
+/// The assistant turn before `i` that makes server call `id` (of type `ty`) and whose result is
+/// deferred to turn `i` (A5.3): turn i−2 across a tool-result-only user turn, or further back
+/// through turns that go on with that call (each tool-result-only user turn after a turn whose
+/// client calls `id` made).
+fn deferred_origin(msgs: &[Msg<'_>], i: usize, ty: &str, id: &str) -> Option<usize> {
+    let mut at = i;
+    loop {
+        let before = at.checked_sub(2)?;
+        if !(is_tool_result_only(&msgs[at - 1]) && msgs[before].is_assistant()) {
+            return None;
+        }
+        if msgs[before].ids_of(ty).iter().any(|u| u == id) {
+            return Some(before);
+        }
+        if !continues_call(msgs, before, id) {
+            return None;
+        }
+        at = before;
+    }
+}
+
+/// Whether a later turn answers server call `id` of assistant turn `i` (deferred, A5.3).
+fn answered_after(msgs: &[Msg<'_>], i: usize, id: &str) -> bool {
+    let mut at = i;
+    loop {
+        let (Some(between), Some(later)) = (msgs.get(at + 1), msgs.get(at + 2)) else {
+            return false;
+        };
+        if !(is_tool_result_only(between) && later.is_assistant()) {
+            return false;
+        }
+        let answers = later
+            .typed()
+            .any(|(_, t, b)| is_server_result(t) && id_of(b, "tool_use_id") == id);
+        if answers {
+            return true;
+        }
+        if !continues_call(msgs, at + 2, id) {
+            return false;
+        }
+        at += 2;
+    }
+}
+
 /// D1.10 server tools: every server result block references a `server_tool_use` earlier in the
-/// same assistant turn, or in turn i−2 across a tool_result-only user turn (deferred call, A5.3);
-/// every `server_tool_use` gets its result that way. A trailing assistant may keep one unresolved
-/// only as a true prefill (`pause_turn` continuation, A3.6): a plain user turn cannot follow it.
+/// same assistant turn, or a deferred one ([`deferred_origin`], A5.3); every `server_tool_use`
+/// gets its result that way; a client call's `caller` names a server call of its turn or one
+/// still deferred. A trailing assistant may keep one unresolved only as a true prefill
+/// (`pause_turn` continuation, A3.6): a plain user turn cannot follow it.
 fn check_server_tools(msgs: &[Msg<'_>], rules: &AnthropicRules, out: &mut Vec<Violation>) {
     let prefill = prefill_index(msgs, rules);
-    let deferred_from = |i: usize| -> Option<&Msg<'_>> {
-        let before = i.checked_sub(2)?;
-        (is_tool_result_only(&msgs[i - 1]) && msgs[before].is_assistant()).then(|| &msgs[before])
-    };
     for (i, m) in msgs.iter().enumerate() {
         let mut uses_so_far: HashSet<String> = HashSet::new();
         for (j, ty, b) in m.typed() {
             if is_server_use(ty) {
                 uses_so_far.insert(id_of(b, "id"));
+                continue;
+            }
+            if ty == "tool_use" {
+                if let Some(caller) = caller_of(b) {
+                    let known = uses_so_far.contains(caller)
+                        || m.ids_of("server_tool_use").iter().any(|u| u == caller)
+                        || deferred_origin(msgs, i, "server_tool_use", caller).is_some();
+                    if !known {
+                        out.push(Violation::at(
+                            "D1.10",
+                            i,
+                            format!("messages.{i}.content.{j}: `caller.tool_id` {caller} names no `server_tool_use` of this turn or one still running"),
+                        ));
+                    }
+                }
                 continue;
             }
             if !is_server_result(ty) {
@@ -644,8 +717,7 @@ fn check_server_tools(msgs: &[Msg<'_>], rules: &AnthropicRules, out: &mut Vec<Vi
                 "server_tool_use"
             };
             let ok = m.is_assistant()
-                && (uses_so_far.contains(&id)
-                    || deferred_from(i).is_some_and(|p| p.ids_of(expected).contains(&id)));
+                && (uses_so_far.contains(&id) || deferred_origin(msgs, i, expected, &id).is_some());
             if !ok {
                 out.push(Violation::at(
                     "D1.10",
@@ -662,21 +734,13 @@ fn check_server_tools(msgs: &[Msg<'_>], rules: &AnthropicRules, out: &mut Vec<Vi
             .filter(|(_, t, _)| is_server_result(t))
             .map(|(j, _, b)| (j, id_of(b, "tool_use_id")))
             .collect();
-        let results_deferred: HashSet<String> = match msgs.get(i + 2) {
-            Some(later) if later.is_assistant() && is_tool_result_only(&msgs[i + 1]) => later
-                .typed()
-                .filter(|(_, t, _)| is_server_result(t))
-                .map(|(_, _, b)| id_of(b, "tool_use_id"))
-                .collect(),
-            _ => HashSet::new(),
-        };
         for (j, ty, b) in m.typed() {
             if !is_server_use(ty) {
                 continue;
             }
             let id = id_of(b, "id");
             let answered_later = results_here.iter().any(|(k, r)| *k > j && *r == id);
-            if answered_later || results_deferred.contains(&id) {
+            if answered_later || answered_after(msgs, i, &id) {
                 continue;
             }
             let name = b.get("name").and_then(Value::as_str).unwrap_or("mcp");
@@ -1398,6 +1462,44 @@ mod tests {
             json!([{"role": "user", "content": [res("web_search_tool_result", "srvtoolu_1")]}]);
         assert_eq!(rules_of(&run(check_server_tools, in_user)), ["D1.10"]);
         assert!(run(check_server_tools, tool_loop()).is_empty());
+    }
+
+    /// Programmatic tool calling: code execution calls client tools one response at a time, and
+    /// its result comes after the last; each client call names it as its `caller`.
+    #[test]
+    fn programmatic_calls_chain_to_their_result() {
+        let prompt = json!({"role": "user", "content": "go"});
+        let code = json!({"type": "server_tool_use", "id": "srvtoolu_9", "name": "code_execution", "input": {}});
+        let call = |id: &str, caller: &str| {
+            json!({"type": "tool_use", "id": id, "name": "q", "input": {},
+                "caller": {"type": "code_execution_20250825", "tool_id": caller}})
+        };
+        let answer = |id: &str| json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": id, "content": "r"}]});
+        let result = json!({"type": "code_execution_tool_result", "tool_use_id": "srvtoolu_9",
+            "content": {"type": "code_execution_result", "stdout": "", "stderr": "", "return_code": 0, "content": []}});
+        let chain = json!([prompt,
+            {"role": "assistant", "content": [code, call("t1", "srvtoolu_9")]}, answer("t1"),
+            {"role": "assistant", "content": [call("t2", "srvtoolu_9")]}, answer("t2"),
+            {"role": "assistant", "content": [result, {"type": "text", "text": "done"}]}
+        ]);
+        assert!(run(check_server_tools, chain).is_empty());
+        // A turn in between whose call another made breaks the chain.
+        let broken = json!([prompt,
+            {"role": "assistant", "content": [code, call("t1", "srvtoolu_9")]}, answer("t1"),
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t2", "name": "q", "input": {}}]}, answer("t2"),
+            {"role": "assistant", "content": [result, {"type": "text", "text": "done"}]}
+        ]);
+        assert_eq!(
+            rules_of(&run(check_server_tools, broken)),
+            ["D1.10", "D1.10"]
+        );
+        // A caller that names no running call.
+        let dangling = json!([prompt,
+            {"role": "assistant", "content": [call("t1", "srvtoolu_8")]}, answer("t1")
+        ]);
+        let v = run(check_server_tools, dangling);
+        assert_eq!(rules_of(&v), ["D1.10"]);
+        assert!(v[0].message.contains("caller.tool_id"), "{v:#?}");
     }
 
     #[test]

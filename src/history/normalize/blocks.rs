@@ -215,6 +215,11 @@ pub fn preview(s: &str) -> String {
     }
 }
 
+/// The server call that made a client `tool_use` (programmatic tool calling): `caller.tool_id`.
+pub fn caller_of(block: &Value) -> Option<&str> {
+    block.get("caller")?.get("tool_id")?.as_str()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

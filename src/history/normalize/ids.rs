@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet};
 use serde_json::Value;
 
 use super::blocks::{
-    fnv1a, is_server_result, is_server_use, is_type, is_valid_server_tool_id, is_valid_tool_id,
+    caller_of, fnv1a, is_server_result, is_type, is_valid_server_tool_id, is_valid_tool_id,
     str_field,
 };
 use super::{Ctx, Msg, Provider, RepairKind};
@@ -106,6 +106,7 @@ pub fn rewrite_ids(msgs: &mut [Msg], provider: Provider, ctx: &mut Ctx) -> Rewri
     // original id → (new id, srcs)
     let mut map: HashMap<String, (String, Vec<u32>)> = HashMap::new();
     let mut order: Vec<String> = Vec::new();
+    let mut server = ServerIds::of(msgs, provider);
     for m in msgs.iter_mut() {
         if m.is_assistant() {
             if any_invalid {
@@ -122,7 +123,7 @@ pub fn rewrite_ids(msgs: &mut [Msg], provider: Provider, ctx: &mut Ctx) -> Rewri
                 }
             }
             if provider == Provider::Anthropic {
-                fix_server_ids(m, ctx);
+                fix_server_ids(m, &mut server, ctx);
             } else {
                 fix_names(m, ctx);
             }
@@ -152,39 +153,69 @@ pub fn report_rewrites(rewrites: Rewrites, ctx: &mut Ctx) {
     }
 }
 
-fn fix_server_ids(m: &mut Msg, ctx: &mut Ctx) {
-    if !m.blocks.iter().any(|b| {
-        is_server_use(&b.v)
-            && is_type(&b.v, "server_tool_use")
-            && !is_valid_server_tool_id(str_field(&b.v, "id").unwrap_or(""))
-    }) {
-        return;
+/// Server ids rewritten so far in the request, original → new: a deferred call's result and the
+/// client calls it made (`caller.tool_id`) can sit in later turns (programmatic tool calling).
+struct ServerIds {
+    map: HashMap<String, String>,
+    /// Every id in the request, when one needs rewriting (a minted id must be new); `None` in
+    /// nearly every request, which has none to rewrite.
+    taken: Option<HashSet<String>>,
+}
+
+impl ServerIds {
+    fn of(msgs: &[Msg], provider: Provider) -> ServerIds {
+        let blocks = || msgs.iter().flat_map(|m| &m.blocks);
+        let needed = provider == Provider::Anthropic
+            && blocks().any(|b| {
+                is_type(&b.v, "server_tool_use")
+                    && !is_valid_server_tool_id(str_field(&b.v, "id").unwrap_or(""))
+            });
+        let taken = needed.then(|| {
+            blocks()
+                .filter_map(|b| str_field(&b.v, "id"))
+                .map(String::from)
+                .collect()
+        });
+        ServerIds {
+            map: HashMap::new(),
+            taken,
+        }
     }
-    let taken: HashSet<String> = m
-        .blocks
-        .iter()
-        .filter_map(|b| str_field(&b.v, "id"))
-        .map(String::from)
-        .collect();
-    let mut map: HashMap<String, String> = HashMap::new();
+}
+
+fn fix_server_ids(m: &mut Msg, server: &mut ServerIds, ctx: &mut Ctx) {
+    let Some(taken) = server.taken.as_mut() else {
+        return;
+    };
     for b in m.blocks.iter_mut() {
         if is_type(&b.v, "server_tool_use") {
             let id = str_field(&b.v, "id").unwrap_or("").to_string();
-            if !is_valid_server_tool_id(&id) {
-                let new = map
-                    .entry(id.clone())
-                    .or_insert_with(|| mint(&id, "srvtoolu_", &taken))
-                    .clone();
-                b.v["id"] = Value::String(new.clone());
-                ctx.report(
-                    RepairKind::ToolIdRewritten,
-                    [b.src],
-                    format!("server_tool_use id {id:?} rewritten to {new} (and its result)"),
-                );
+            if is_valid_server_tool_id(&id) {
+                continue;
             }
+            let new = match server.map.get(&id) {
+                Some(new) => new.clone(),
+                None => {
+                    let new = mint(&id, "srvtoolu_", taken);
+                    taken.insert(new.clone());
+                    server.map.insert(id.clone(), new.clone());
+                    new
+                }
+            };
+            b.v["id"] = Value::String(new.clone());
+            ctx.report(
+                RepairKind::ToolIdRewritten,
+                [b.src],
+                format!("server_tool_use id {id:?} rewritten to {new} (and its result)"),
+            );
         } else if is_server_result(&b.v) {
-            if let Some(new) = str_field(&b.v, "tool_use_id").and_then(|id| map.get(id)) {
+            if let Some(new) = str_field(&b.v, "tool_use_id").and_then(|id| server.map.get(id)) {
                 b.v["tool_use_id"] = Value::String(new.clone());
+            }
+        } else if is_type(&b.v, "tool_use") {
+            let caller = caller_of(&b.v).and_then(|id| server.map.get(id));
+            if let Some(new) = caller.cloned() {
+                b.v["caller"]["tool_id"] = Value::String(new);
             }
         }
     }

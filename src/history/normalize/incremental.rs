@@ -45,7 +45,9 @@ use serde::ser::{Serialize, SerializeSeq, SerializeStruct, Serializer};
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-use super::blocks::{compaction, fnv1a, is_server_result, is_server_use, is_type, str_field};
+use super::blocks::{
+    caller_of, compaction, fnv1a, is_server_result, is_server_use, is_type, str_field,
+};
 use super::media::{self, RequestMedia, MANY_IMAGES, MAX_MEDIA_ITEMS, MAX_REQUEST_BYTES};
 use super::native::native_block;
 use super::thinking::{self, LoopOpener};
@@ -1196,7 +1198,8 @@ fn check_tail(prefix: &Prefix, tail: &[Entry]) -> Result<(), Fallback> {
 }
 
 /// Whether a server result, or the output of a provider-native call, among `msgs` answers a
-/// call that is not among them: the prefix sent that call as it was then, unanswered.
+/// call that is not among them, or a client call names one as its `caller`: the prefix sent
+/// that call as it was then, unanswered.
 fn answers_an_earlier_call(msgs: &[Msg]) -> bool {
     let blocks = || msgs.iter().flat_map(|m| m.blocks.iter());
     let calls: HashSet<&str> = blocks()
@@ -1210,6 +1213,7 @@ fn answers_an_earlier_call(msgs: &[Msg]) -> bool {
     blocks().any(|b| {
         (is_server_result(&b.v)
             && str_field(&b.v, "tool_use_id").is_none_or(|id| !calls.contains(id)))
+            || caller_of(&b.v).is_some_and(|id| !calls.contains(id))
             || (native_block(&b.v).is_some_and(|(_, in_response)| !in_response)
                 && str_field(&b.v, "call_id").is_none_or(|id| !native_calls.contains(id)))
     })

@@ -5,8 +5,8 @@ use std::collections::{HashMap, HashSet};
 use serde_json::{json, Value};
 
 use super::blocks::{
-    block_type, is_server_result, is_server_use, is_type, str_field, text_block, NO_CONTENT,
-    ORPHANED_TOOL_RESULT, SYNTHETIC_TOOL_RESULT, TOOL_USE_INTERRUPTED,
+    block_type, caller_of, is_server_result, is_server_use, is_type, str_field, text_block,
+    NO_CONTENT, ORPHANED_TOOL_RESULT, SYNTHETIC_TOOL_RESULT, TOOL_USE_INTERRUPTED,
 };
 use super::{Block, Ctx, Msg, RepairKind};
 use crate::history::model::Role;
@@ -35,6 +35,9 @@ pub fn synthetic_result(id: &str) -> serde_json::Value {
 pub fn ensure_tool_result_pairing(msgs: Vec<Msg>, ctx: &mut Ctx) -> Vec<Msg> {
     let deferred = deferred_server_results(&msgs);
     let none = HashSet::new();
+    // Deferred server calls kept so far and not yet answered: the callers a client call may
+    // name in a later turn of the chain.
+    let mut open_calls: HashSet<String> = HashSet::new();
     let mut out: Vec<Msg> = Vec::with_capacity(msgs.len() + 1);
     let mut seen: HashSet<String> = HashSet::new();
     let mut iter = msgs.into_iter().peekable();
@@ -50,12 +53,32 @@ pub fn ensure_tool_result_pairing(msgs: Vec<Msg>, ctx: &mut Ctx) -> Vec<Msg> {
             continue;
         }
         let src = m.primary_src();
-        let kept_open = deferred.get(&src).map_or(&none, |d| &d.0);
-        let answered_here = deferred
-            .values()
-            .find(|d| d.1 == src)
-            .map_or(&none, |d| &d.0);
-        fix_assistant(&mut m, &mut seen, kept_open, answered_here, ctx);
+        let kept_open = deferred.opens.get(&src).unwrap_or(&none);
+        // Only calls their own turn kept can be answered: one removed there (a duplicate) leaves
+        // its later result an orphan.
+        let answered_here: HashSet<String> = deferred
+            .answers
+            .get(&src)
+            .map(|ids| ids.intersection(&open_calls).cloned().collect())
+            .unwrap_or_default();
+        fix_assistant(&mut m, &mut seen, kept_open, &answered_here, ctx);
+        if !kept_open.is_empty()
+            || !open_calls.is_empty()
+            || m.blocks.iter().any(|b| caller_of(&b.v).is_some())
+        {
+            let mut live = open_calls.clone();
+            for b in m.blocks.iter().filter(|b| is_server_use(&b.v)) {
+                let id = str_field(&b.v, "id").unwrap_or("");
+                live.insert(id.to_string());
+                if kept_open.contains(id) {
+                    open_calls.insert(id.to_string());
+                }
+            }
+            drop_dangling_callers(&mut m, &live, ctx);
+            for b in m.blocks.iter().filter(|b| is_server_result(&b.v)) {
+                open_calls.remove(str_field(&b.v, "tool_use_id").unwrap_or(""));
+            }
+        }
         let uses: Vec<(String, u32)> = m
             .blocks
             .iter()
@@ -132,12 +155,22 @@ fn remove_orphans(m: &mut Msg, first: bool, ctx: &mut Ctx) -> bool {
     false
 }
 
-/// Server calls whose result arrives in the next response, after the client's tool results
-/// (programmatic tool calling, D1.10): for an assistant turn, the ids of its server uses left
-/// unanswered in it that the assistant turn after a tool-result-only user turn answers, with
-/// that later turn's source. Nearly every read has none: a turn without a server use costs a
-/// scan of its blocks.
-fn deferred_server_results(msgs: &[Msg]) -> HashMap<u32, (HashSet<String>, u32)> {
+/// Server calls whose result arrives in a later response, after the client's tool results
+/// (programmatic tool calling, D1.10): code execution calls the client's tools, each call a
+/// response of its own, and its result comes in the response after the last. A deferred call's
+/// chain runs from the turn that makes it, through tool-result-only user turns that answer the
+/// turn before exactly, and assistant turns whose client calls all name open calls as their
+/// `caller`, to the assistant turn that answers it. Nearly every read has none: a turn without a
+/// server use costs a scan of its blocks.
+#[derive(Default)]
+struct Deferred {
+    /// Per assistant turn (by source): its server calls answered in a later turn.
+    opens: HashMap<u32, HashSet<String>>,
+    /// Per assistant turn: the server calls of earlier turns it answers.
+    answers: HashMap<u32, HashSet<String>>,
+}
+
+fn deferred_server_results(msgs: &[Msg]) -> Deferred {
     let ids_of = |m: &Msg, keep: fn(&Value) -> bool, field: &str| -> HashSet<String> {
         m.blocks
             .iter()
@@ -145,34 +178,85 @@ fn deferred_server_results(msgs: &[Msg]) -> HashMap<u32, (HashSet<String>, u32)>
             .filter_map(|b| str_field(&b.v, field).map(String::from))
             .collect()
     };
-    let mut out = HashMap::new();
-    for w in msgs.windows(3) {
-        let [first, between, then] = w else { continue };
-        let shaped = first.is_assistant() && between.is_user() && then.is_assistant();
-        if !shaped || !first.blocks.iter().any(|b| is_server_use(&b.v)) {
-            continue;
-        }
-        // The turn between holds the results of the client calls of the first, and nothing
-        // else: pairing leaves it as it is, as D1.10 needs it.
-        let calls = ids_of(first, |v| is_type(v, "tool_use"), "id");
-        let answers_them = !calls.is_empty()
-            && between.blocks.len() == calls.len()
-            && between.blocks.iter().all(|b| is_type(&b.v, "tool_result"))
-            && ids_of(between, |v| is_type(v, "tool_result"), "tool_use_id") == calls;
-        if !answers_them {
+    let calls_of = |m: &Msg| ids_of(m, |v| is_type(v, "tool_use"), "id");
+    let mut out = Deferred::default();
+    for (i, first) in msgs.iter().enumerate() {
+        if !first.is_assistant() || !first.blocks.iter().any(|b| is_server_use(&b.v)) {
             continue;
         }
         let answered_in_turn = ids_of(first, is_server_result, "tool_use_id");
-        let answered_later = ids_of(then, is_server_result, "tool_use_id");
-        let ids: HashSet<String> = ids_of(first, is_server_use, "id")
+        let mut open: HashSet<String> = ids_of(first, is_server_use, "id")
             .into_iter()
-            .filter(|id| !answered_in_turn.contains(id) && answered_later.contains(id))
+            .filter(|id| !answered_in_turn.contains(id))
             .collect();
-        if !ids.is_empty() {
-            out.insert(first.primary_src(), (ids, then.primary_src()));
+        let mut opened = HashSet::new();
+        let mut at = i;
+        while !open.is_empty() {
+            let (Some(between), Some(then)) = (msgs.get(at + 1), msgs.get(at + 2)) else {
+                break;
+            };
+            // The turn between holds the results of the client calls before it, and nothing
+            // else: pairing leaves it as it is, as D1.10 needs it.
+            let calls = calls_of(&msgs[at]);
+            let answers_them = between.is_user()
+                && then.is_assistant()
+                && !calls.is_empty()
+                && between.blocks.len() == calls.len()
+                && between.blocks.iter().all(|b| is_type(&b.v, "tool_result"))
+                && ids_of(between, |v| is_type(v, "tool_result"), "tool_use_id") == calls;
+            if !answers_them {
+                break;
+            }
+            let answered: HashSet<String> = ids_of(then, is_server_result, "tool_use_id")
+                .intersection(&open)
+                .cloned()
+                .collect();
+            if !answered.is_empty() {
+                open.retain(|id| !answered.contains(id));
+                opened.extend(answered.iter().cloned());
+                out.answers
+                    .entry(then.primary_src())
+                    .or_default()
+                    .extend(answered);
+            }
+            let continues = then.blocks.iter().any(|b| is_type(&b.v, "tool_use"))
+                && then
+                    .blocks
+                    .iter()
+                    .filter(|b| is_type(&b.v, "tool_use"))
+                    .all(|b| caller_of(&b.v).is_some_and(|c| open.contains(c)));
+            if !continues {
+                break;
+            }
+            at += 2;
+        }
+        if !opened.is_empty() {
+            out.opens.insert(first.primary_src(), opened);
         }
     }
     out
+}
+
+/// Drops the `caller` of each client call in `m` whose server call is not among `live`: the
+/// call was removed, so the tool_use becomes a direct one rather than name a call that is gone.
+fn drop_dangling_callers(m: &mut Msg, live: &HashSet<String>, ctx: &mut Ctx) {
+    for b in m.blocks.iter_mut().filter(|b| is_type(&b.v, "tool_use")) {
+        let Some(caller) = caller_of(&b.v).map(String::from) else {
+            continue;
+        };
+        if live.contains(&caller) {
+            continue;
+        }
+        if let Some(fields) = b.v.as_object_mut() {
+            fields.remove("caller");
+        }
+        let id = str_field(&b.v, "id").unwrap_or("");
+        ctx.report(
+            RepairKind::ServerToolUseRemoved,
+            [b.src],
+            format!("tool_use {id} no longer names {caller}, a server call removed, as its caller"),
+        );
+    }
 }
 
 /// Removes duplicate uses, duplicate or orphan server results, and server uses without results.

@@ -184,6 +184,11 @@ pub enum Mutation {
     /// A user prompt with media a provider refuses (variant 0..6): a BMP, JPEG bytes declared
     /// PNG, over 5 MB of base64, 9000 px wide, 25 images of 3000 px, a "PDF" without `%PDF-`.
     BadMedia(Index, u8),
+    /// Programmatic tool calling: a code-execution call that makes this many client calls, one
+    /// response each, its result in the response after the last. Variant 0..4: as sent; the
+    /// server id another provider's (`srv-…`); the result never came; the server id one an
+    /// earlier call already used.
+    Programmatic(Index, u8, u8),
 }
 
 impl Mutation {
@@ -325,6 +330,7 @@ fn mutation() -> impl Strategy<Value = Mutation> {
         1 => (i(), prop::collection::vec(i(), 1..4)).prop_map(|(a, v)| Mutation::Snip(a, v)),
         1 => i().prop_map(Mutation::Erase),
         2 => (i(), 0u8..6).prop_map(|(a, v)| Mutation::BadMedia(a, v)),
+        2 => (i(), 1u8..4, 0u8..4).prop_map(|(a, n, v)| Mutation::Programmatic(a, n, v)),
     ]
 }
 
@@ -620,6 +626,54 @@ impl Builder {
             let e = self.user(Content::Blocks(rest));
             self.entries.push(e);
         }
+    }
+
+    /// See [`Mutation::Programmatic`].
+    fn programmatic(&mut self, at: &Index, calls: u8, variant: u8) {
+        let earlier = self
+            .block_positions("server_tool_use")
+            .first()
+            .map(|&(i, j)| blocks_of(&self.entries[i])[j]["id"].clone());
+        let server_id = match (variant, earlier) {
+            (1, _) => json!(format!("srv-{}", self.next())),
+            (3, Some(id)) => id,
+            _ => json!(format!("srvtoolu_01{:020}", self.next())),
+        };
+        let code = self.text("code", "rows = [await query_db(day=d) for d in days]");
+        let mut chain = Vec::new();
+        for k in 0..calls {
+            let call_id = format!("toolu_01{:020}", self.next());
+            let mut blocks = Vec::new();
+            if k == 0 {
+                blocks.push(json!({"type": "server_tool_use", "id": server_id,
+                    "name": "code_execution", "input": {"code": code}}));
+            }
+            blocks.push(
+                json!({"type": "tool_use", "id": call_id, "name": "query_db",
+                "input": {"day": k}, "caller": {"type": "code_execution_20250825",
+                "tool_id": server_id}}),
+            );
+            let msg_id = self.msg_id();
+            chain.push(self.assistant(&msg_id, blocks, Some("tool_use")));
+            let rows = self.text("rows", "[3, 1, 4]");
+            chain.push(self.user(Content::Blocks(vec![json!({"type": "tool_result",
+                "tool_use_id": call_id, "content": rows})])));
+        }
+        let mut last = Vec::new();
+        if variant != 2 {
+            let stdout = self.text("stdout", "8 rows in all");
+            last.push(
+                json!({"type": "code_execution_tool_result", "tool_use_id": server_id,
+                "content": {"type": "code_execution_result", "stdout": stdout, "stderr": "",
+                    "return_code": 0, "content": []}}),
+            );
+        }
+        let t = self.text("a", "The query returned 8 rows.");
+        last.push(json!({"type": "text", "text": t}));
+        let msg_id = self.msg_id();
+        chain.push(self.assistant(&msg_id, last, Some("end_turn")));
+        let pos = at.index(self.entries.len() + 1);
+        self.entries.splice(pos..pos, chain);
     }
 
     /// Positions of entries matching `pred`.
@@ -937,6 +991,7 @@ impl Builder {
                 let e = self.user(Content::Blocks(blocks));
                 self.insert_at(at, e);
             }
+            Mutation::Programmatic(at, calls, variant) => self.programmatic(at, *calls, *variant),
             Mutation::UnknownBlock(at) => {
                 let t = self.text("u", "what is this block?");
                 let e = self.user(Content::Blocks(vec![
