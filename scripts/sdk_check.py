@@ -401,6 +401,19 @@ def _errors(e: ValidationError) -> List[str]:
     return out
 
 
+def _refusal(validate, msg) -> List[str]:
+    """Why `validate` refuses `msg` (nothing when it passes)."""
+    try:
+        validate(msg)
+    except ValidationError as e:
+        return _errors(e)
+    except (AttributeError, TypeError, ValueError) as e:
+        # An SDK's own code can fail on a value of the wrong kind before pydantic reports it
+        # (google-genai's enums call `.upper()` on whatever they are given).
+        return [f"{type(e).__name__}: {e}"]
+    return []
+
+
 def check(cases: list) -> dict:
     validators = _validators()
     checked, failures = 0, []
@@ -412,10 +425,9 @@ def check(cases: list) -> dict:
             continue
         for index, msg in enumerate(case.get("messages", [])):
             checked += 1
-            try:
-                validate(msg)
-            except ValidationError as e:
-                failures.append({"name": name, "index": index, "errors": _errors(e)})
+            errors = _refusal(validate, msg)
+            if errors:
+                failures.append({"name": name, "index": index, "errors": errors})
     return {"checked": checked, "failures": failures}
 
 
@@ -518,6 +530,8 @@ def selftest() -> int:
         ("gemini unknown key in a part", "gemini", nested(good_gemini, ["parts", 0, "bogus"], 1), False),
         ("gemini unknown key in fileData", "gemini",
          nested(good_gemini, ["parts", 3, "fileData", "url"], "x"), False),
+        ("gemini code language not text", "gemini",
+         {"role": "model", "parts": [{"executableCode": {"language": ["PYTHON"], "code": "x"}}]}, False),
         ("gemini parts not a list", "gemini", {"role": "user", "parts": {"text": "x"}}, False),
         ("gemini data not base64", "gemini",
          {"role": "user", "parts": [{"inlineData": {"mimeType": "image/png", "data": "not base64!"}}]}, False),
@@ -525,11 +539,8 @@ def selftest() -> int:
     validators = _validators()
     bad = 0
     for what, provider, msg, should_pass in expect:
-        try:
-            validators[provider](msg)
-            passed, detail = True, ""
-        except ValidationError as e:
-            passed, detail = False, _errors(e)[0]
+        errors = _refusal(validators[provider], msg)
+        passed, detail = not errors, (errors or [""])[0]
         ok = passed == should_pass
         bad += not ok
         print(f"{'ok  ' if ok else 'FAIL'} {what}: {'passes' if passed else 'refused: ' + detail}")

@@ -1650,3 +1650,162 @@ fn the_block_fidelity_table_is_what_normalization_does() {
     let checked = sdk_check(&cases);
     assert_eq!(checked["failures"], json!([]), "{checked:#}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Edges an adversarial review found: repeated and missing ids, output-only fields, malformed
+// native parts and metadata
+
+/// Each history with the texts every provider must still carry.
+fn edge_histories() -> Vec<(&'static str, Vec<Entry>, Vec<&'static str>)> {
+    let call = |input: &str| json!({"type": "custom_tool_call", "id": "ctc_1", "call_id": "call_1", "name": "apply_diff", "input": input});
+    let output = |text: &str| json!({"type": "custom_tool_call_output", "call_id": "call_1", "output": text});
+    vec![
+        (
+            "a Responses call repeated, and answered twice",
+            vec![
+                stored(0, "user", json!("fix")),
+                stored(1, "assistant", json!([call("first diff")])),
+                stored(2, "user", json!([output("applied once")])),
+                stored(3, "assistant", json!([call("second diff")])),
+                stored(4, "user", json!([output("applied twice"), output("again")])),
+            ],
+            vec![
+                "first diff",
+                "applied once",
+                "second diff",
+                "applied twice",
+                "again",
+            ],
+        ),
+        (
+            "a Responses call id that a tool_use has, and one with none",
+            vec![
+                stored(0, "user", json!("fix")),
+                stored(
+                    1,
+                    "assistant",
+                    json!([{"type": "tool_use", "id": "call_1", "name": "Read", "input": {"path": "a"}}]),
+                ),
+                stored(
+                    2,
+                    "user",
+                    json!([{"type": "tool_result", "tool_use_id": "call_1", "content": "file a"}]),
+                ),
+                stored(3, "assistant", json!([call("clashing diff")])),
+                stored(4, "user", json!([output("clash applied")])),
+                stored(
+                    5,
+                    "assistant",
+                    json!([{"type": "custom_tool_call", "name": "apply_diff", "input": "no id diff"}]),
+                ),
+                stored(
+                    6,
+                    "user",
+                    json!([{"type": "custom_tool_call_output", "output": "no id applied"}]),
+                ),
+            ],
+            vec![
+                "file a",
+                "clashing diff",
+                "clash applied",
+                "no id diff",
+                "no id applied",
+            ],
+        ),
+        (
+            "Responses items as the API returned them, output-only fields included",
+            vec![
+                stored(0, "user", json!("patch it")),
+                stored(
+                    1,
+                    "assistant",
+                    json!([{"type": "web_search_call", "id": "ws_1", "status": "completed",
+                        "action": {"type": "search", "query": "serde flatten"}, "created_by": "resp_1"},
+                    {"type": "web_search_call", "id": "ws_1", "status": "completed",
+                        "action": {"type": "search", "query": "repeated search"}},
+                    {"type": "custom_tool_call", "id": "ctc_9", "call_id": "call_9",
+                        "name": "apply_diff", "input": "patch body", "created_by": "resp_1"}]),
+                ),
+                stored(
+                    2,
+                    "user",
+                    json!([{"type": "custom_tool_call_output", "id": "ctco_9", "call_id": "call_9",
+                        "output": "patched", "status": "completed", "created_by": "user_1"}]),
+                ),
+            ],
+            vec!["serde flatten", "repeated search", "patch body", "patched"],
+        ),
+        (
+            "Gemini code parts with a field or a value their types do not have",
+            vec![
+                stored(0, "user", json!("compute")),
+                stored(
+                    1,
+                    "assistant",
+                    json!([{"type": "executable_code", "language": ["PYTHON"], "code": "print(6*7)"},
+                    {"type": "code_execution_result", "outcome": "OUTCOME_OK", "output": "42",
+                        "exit_status": 0},
+                    {"type": "executable_code", "language": "PYTHON", "code": "print(7*8)"},
+                    {"type": "code_execution_result", "outcome": "OUTCOME_OK", "output": "56"}]),
+                ),
+                stored(2, "user", json!("thanks")),
+            ],
+            vec!["print(6*7)", "42", "print(7*8)", "56"],
+        ),
+        (
+            "a document whose title and context are not text",
+            vec![
+                stored(
+                    0,
+                    "user",
+                    json!([{"type": "document", "title": {"name": "Q3 report"}, "context": 2024,
+                        "source": {"type": "text", "media_type": "text/plain", "data": "revenue rose"}},
+                    {"type": "search_result", "title": ["Runbook"], "source": 7,
+                        "content": [{"type": "text", "text": "restart the pods"}]}]),
+                ),
+                stored(1, "assistant", json!([{"type": "text", "text": "Read."}])),
+                stored(2, "user", json!("next")),
+            ],
+            vec!["Q3 report", "revenue rose", "Runbook", "restart the pods"],
+        ),
+    ]
+}
+
+/// The edge histories pass every provider's SDK types and its rules, and keep what a model reads.
+#[test]
+fn edge_histories_stay_valid_and_whole() {
+    let mut cases = Vec::new();
+    let mut lost = Vec::new();
+    for (name, entries, texts) in edge_histories() {
+        for (provider, key) in providers() {
+            let opts = NormalizeOptions {
+                provider,
+                ..NormalizeOptions::default()
+            };
+            let out = normalize(&entries, &opts);
+            let sent = serde_json::to_string(&out.messages).unwrap();
+            for text in &texts {
+                if !sent.contains(text) {
+                    lost.push(format!("{name} / {key}: lost {text:?}: {sent}"));
+                }
+            }
+            let violations = match provider {
+                Provider::Anthropic => loupe_validate::anthropic::validate(
+                    &out.messages,
+                    &loupe_validate::AnthropicRules::default(),
+                ),
+                Provider::Openai => loupe_validate::openai::validate(&out.messages),
+                Provider::OpenaiResponses => loupe_validate::responses::validate(&out.messages),
+                Provider::Gemini => loupe_validate::gemini::validate(&out.messages),
+            };
+            if !violations.is_empty() {
+                lost.push(format!("{name} / {key}: {violations:?}: {sent}"));
+            }
+            cases.push(json!({"name": format!("{name} / {key}"), "provider": key,
+                "messages": out.messages}));
+        }
+    }
+    let summary = sdk_check(&cases);
+    assert_eq!(summary["failures"], json!([]), "{summary:#}");
+    assert!(lost.is_empty(), "{}", lost.join("\n"));
+}

@@ -30,9 +30,29 @@ fn pair_kind(t: &str) -> Option<(&'static str, bool)> {
         "function_call_output" => Some(("function", true)),
         "custom_tool_call" => Some(("custom", false)),
         "custom_tool_call_output" => Some(("custom", true)),
+        "computer_call" => Some(("computer", false)),
+        "computer_call_output" => Some(("computer", true)),
+        "local_shell_call" => Some(("local_shell", false)),
+        "local_shell_call_output" => Some(("local_shell", true)),
+        "shell_call" => Some(("shell", false)),
+        "shell_call_output" => Some(("shell", true)),
+        "apply_patch_call" => Some(("apply_patch", false)),
+        "apply_patch_call_output" => Some(("apply_patch", true)),
         _ => None,
     }
 }
+
+/// Items a response holds that nothing the client sends answers.
+const SELF_CONTAINED: &[&str] = &[
+    "web_search_call",
+    "file_search_call",
+    "code_interpreter_call",
+    "image_generation_call",
+    "mcp_call",
+    "mcp_list_tools",
+    "item_reference",
+    "compaction",
+];
 
 /// Validate a Responses `input` list.
 pub fn validate_with(items: &[Value], rules: &ResponsesRules) -> Vec<Violation> {
@@ -132,12 +152,33 @@ pub fn validate_with(items: &[Value], rules: &ResponsesRules) -> Vec<Violation> 
                     ));
                 }
             }
-            "custom_tool_call" | "custom_tool_call_output" | "item_reference" | "compaction" => {}
+            t if SELF_CONTAINED.contains(&t) => {}
+            t if pair_kind(t).is_some() => {
+                if s(item.get("call_id")).is_empty() {
+                    out.push(Violation::at(
+                        "D3.0",
+                        i,
+                        format!("input[{i}]: {t} needs a call_id"),
+                    ));
+                }
+            }
             other => out.push(Violation::at(
                 "D3.0",
                 i,
                 format!("input[{i}].type: unknown item type '{other}'"),
             )),
+        }
+    }
+    // An item id names one item.
+    let mut ids: HashMap<&str, usize> = HashMap::new();
+    for (i, item) in items.iter().enumerate() {
+        let id = s(item.get("id"));
+        if !id.is_empty() && ids.insert(id, i).is_some() {
+            out.push(Violation::at(
+                "D3.0",
+                i,
+                format!("Duplicate item found with id {id}."),
+            ));
         }
     }
     // D3.2 / D3.3: every call answered once, every output after its call and before the next
@@ -253,6 +294,28 @@ mod tests {
             user("next"),
         ];
         assert!(validate(&items).is_empty(), "{:?}", validate(&items));
+    }
+
+    /// Provider-native calls pair like function calls, and an item id is used once.
+    #[test]
+    fn native_items_pair_and_ids_are_unique() {
+        let search = json!({"type": "web_search_call", "id": "ws_1", "status": "completed",
+            "action": {"type": "search", "query": "q"}});
+        let shell = json!({"type": "shell_call", "call_id": "c1", "action": {"commands": ["ls"]}});
+        let shell_out = json!({"type": "shell_call_output", "call_id": "c1", "output": []});
+        let fine = vec![user("go"), search.clone(), shell.clone(), shell_out.clone()];
+        assert!(validate(&fine).is_empty(), "{:?}", validate(&fine));
+        let broken = vec![
+            user("go"),
+            search.clone(),
+            search,
+            shell.clone(),
+            user("interrupts"),
+            shell_out.clone(),
+            json!({"type": "computer_call", "action": {"type": "screenshot"}}),
+        ];
+        let v = validate(&broken);
+        assert_eq!(rules(&v), ["D3.0", "D3.0", "D3.3", "D3.2", "D3.3"], "{v:?}");
     }
 
     #[test]

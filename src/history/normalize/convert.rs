@@ -352,11 +352,40 @@ pub fn sanitize_blocks(
                     );
                 }
                 drop_unsupported_nested(b, ctx);
+                if let Some(items) = b.v.get_mut("content").and_then(Value::as_array_mut) {
+                    for item in items {
+                        text_metadata(item, b.src, ctx);
+                    }
+                }
             }
-            _ => {}
+            _ => text_metadata(&mut b.v, b.src, ctx),
         }
         true
     });
+}
+
+/// A document's or search result's `title`, `context` and `source` are text for every
+/// provider: another JSON value there is replaced by its JSON text, so it is still read.
+fn text_metadata(v: &mut Value, src: u32, ctx: &mut Ctx) {
+    let fields: &[&str] = match block_type(v) {
+        Some("document") => &["title", "context"],
+        Some("search_result") => &["title", "source"],
+        _ => return,
+    };
+    for field in fields {
+        let Some(value) = v.get_mut(*field) else {
+            continue;
+        };
+        if value.is_string() || value.is_null() {
+            continue;
+        }
+        *value = Value::String(value.to_string());
+        ctx.report(
+            RepairKind::InvalidBlockDropped,
+            [src],
+            format!("a {field} that was not text replaced by its JSON text"),
+        );
+    }
 }
 
 /// Items of a `tool_result`'s array content that are not blocks of a type a tool result may carry

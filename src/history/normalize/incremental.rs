@@ -348,10 +348,19 @@ fn highest_src(m: &Msg) -> u32 {
 /// The ids of a message's use blocks (`tool_use`, `server_tool_use`, `mcp_tool_use`), as the
 /// pairing pass reads them.
 fn use_ids(m: &Msg) -> impl Iterator<Item = &str> {
-    m.blocks
+    let calls = m
+        .blocks
         .iter()
         .filter(|b| is_type(&b.v, "tool_use") || is_server_use(&b.v))
-        .map(|b| str_field(&b.v, "id").unwrap_or(""))
+        .map(|b| str_field(&b.v, "id").unwrap_or(""));
+    // A provider-native item's id and call id: a repeat of one the prefix sent is sent as text.
+    let native = m
+        .blocks
+        .iter()
+        .filter(|b| native_block(&b.v).is_some())
+        .flat_map(|b| [str_field(&b.v, "id"), str_field(&b.v, "call_id")])
+        .flatten();
+    calls.chain(native)
 }
 
 /// The client `tool_use` ids of working messages, as sent.

@@ -65,50 +65,145 @@ fn call_id(v: &Value) -> &str {
     str_field(v, "call_id").unwrap_or("")
 }
 
-/// Native blocks of another provider, and Responses calls and outputs that are not paired, as
-/// text where they stood (reported). Runs after pairing, on the final turns.
-pub fn render_foreign(msgs: &mut [Msg], provider: Provider, ctx: &mut Ctx) {
-    // Paired Responses calls whose output the next turn holds, and the outputs so answered.
-    let mut paired: HashSet<String> = HashSet::new();
-    if provider == Provider::OpenaiResponses {
-        for w in msgs.windows(2) {
-            let [call_turn, answer] = w else { continue };
-            if !call_turn.is_assistant() || answer.is_assistant() {
+/// Fields a Responses output item carries that its input form refuses (`*`: every item).
+const RESPONSES_OUTPUT_ONLY: &[(&str, &str)] = &[
+    ("*", "created_by"),
+    ("custom_tool_call_output", "status"),
+    ("custom_tool_call", "async"),
+];
+
+/// Gemini's code execution parts, checked against their part types: `code` text, `language` and
+/// `outcome` among the enum's values, and no field the part does not have.
+fn gemini_part_well_formed(t: &str, v: &Value) -> bool {
+    let Some(fields) = v.as_object() else {
+        return false;
+    };
+    let is_text = |key: &str| fields.get(key).is_none_or(Value::is_string);
+    let one_of = |key: &str, allowed: &[&str]| {
+        fields
+            .get(key)
+            .is_none_or(|x| x.as_str().is_some_and(|x| allowed.contains(&x)))
+    };
+    let known: &[&str] = match t {
+        "executable_code" => &["code", "language"],
+        _ => &["outcome", "output"],
+    };
+    let only_known = fields.keys().all(|k| {
+        ["type", "id", "thought_signature"].contains(&k.as_str()) || known.contains(&k.as_str())
+    });
+    only_known
+        && is_text("id")
+        && match t {
+            "executable_code" => {
+                fields.get("code").is_some_and(Value::is_string)
+                    && one_of("language", &["LANGUAGE_UNSPECIFIED", "PYTHON"])
+            }
+            _ => {
+                is_text("output")
+                    && one_of(
+                        "outcome",
+                        &[
+                            "OUTCOME_UNSPECIFIED",
+                            "OUTCOME_OK",
+                            "OUTCOME_FAILED",
+                            "OUTCOME_DEADLINE_EXCEEDED",
+                        ],
+                    )
+            }
+        }
+}
+
+/// The Responses native items sent as they were: a self-contained item whose `id` no earlier
+/// item has; a paired call with a `call_id` no earlier call has (function calls included: one
+/// namespace), and the first output for it in the next turn. Keys `type:call_id`, or `type:#n`
+/// for the n-th block overall (self-contained items).
+fn responses_kept(msgs: &[Msg]) -> HashSet<String> {
+    let mut kept = HashSet::new();
+    let mut call_ids: HashSet<&str> = msgs
+        .iter()
+        .flat_map(|m| &m.blocks)
+        .filter(|b| block_type(&b.v) == Some("tool_use"))
+        .filter_map(|b| str_field(&b.v, "id"))
+        .collect();
+    let mut item_ids: HashSet<&str> = HashSet::new();
+    let mut index = 0usize;
+    for (at, m) in msgs.iter().enumerate() {
+        for b in &m.blocks {
+            index += 1;
+            let Some(t) = block_type(&b.v) else { continue };
+            if native_block(&b.v).is_none_or(|(own, _)| own != Provider::OpenaiResponses) {
                 continue;
             }
-            for (call, output) in RESPONSES_PAIRED {
-                let outputs: HashSet<&str> = answer
-                    .blocks
-                    .iter()
-                    .filter(|b| block_type(&b.v) == Some(*output))
-                    .map(|b| call_id(&b.v))
-                    .collect();
-                for b in &call_turn.blocks {
-                    if block_type(&b.v) == Some(*call) && outputs.contains(call_id(&b.v)) {
-                        paired.insert(format!("{call}:{}", call_id(&b.v)));
-                        paired.insert(format!("{output}:{}", call_id(&b.v)));
-                    }
+            let fresh_item = str_field(&b.v, "id").is_none_or(|id| item_ids.insert(id));
+            if RESPONSES_SELF_CONTAINED.contains(&t) {
+                if fresh_item {
+                    kept.insert(format!("{t}:#{index}"));
                 }
+                continue;
+            }
+            let Some((_, output)) = RESPONSES_PAIRED.iter().find(|(c, _)| *c == t) else {
+                continue;
+            };
+            let id = call_id(&b.v);
+            let answer = msgs
+                .get(at + 1)
+                .filter(|n| m.is_assistant() && !n.is_assistant());
+            let answered = answer.is_some_and(|n| {
+                n.blocks
+                    .iter()
+                    .any(|o| block_type(&o.v) == Some(*output) && call_id(&o.v) == id)
+            });
+            if !id.is_empty() && fresh_item && answered && call_ids.insert(id) {
+                kept.insert(format!("{t}:{id}"));
+                kept.insert(format!("{output}:{id}"));
             }
         }
     }
+    kept
+}
+
+/// Native blocks of another provider, Responses calls and outputs that are not paired or that
+/// repeat an id, and malformed Gemini parts, as text where they stood (reported). Runs after
+/// pairing, on the final turns.
+pub fn render_foreign(msgs: &mut [Msg], provider: Provider, ctx: &mut Ctx) {
+    let mut kept_responses = if provider == Provider::OpenaiResponses {
+        responses_kept(msgs)
+    } else {
+        HashSet::new()
+    };
+    let mut index = 0usize;
     for m in msgs.iter_mut() {
         m.blocks.retain_mut(|b| {
+            index += 1;
             let Some((own, _)) = native_block(&b.v) else {
                 return true;
             };
             let t = block_type(&b.v).unwrap_or("").to_owned();
             let kept = own == provider
-                && (RESPONSES_SELF_CONTAINED.contains(&t.as_str())
-                    || GEMINI_PARTS.contains(&t.as_str())
-                    || paired.contains(&format!("{t}:{}", call_id(&b.v))));
+                && match own {
+                    Provider::Gemini => gemini_part_well_formed(&t, &b.v),
+                    // A paired output is sent once: a second one for the same call is text.
+                    _ => {
+                        kept_responses.remove(&format!("{t}:#{index}"))
+                            || kept_responses.remove(&format!("{t}:{}", call_id(&b.v)))
+                    }
+                };
             if kept {
+                if own == Provider::OpenaiResponses {
+                    if let Some(fields) = b.v.as_object_mut() {
+                        for (ty, key) in RESPONSES_OUTPUT_ONLY {
+                            if *ty == "*" || *ty == t {
+                                fields.remove(*key);
+                            }
+                        }
+                    }
+                }
                 return true;
             }
-            let why = if own == provider {
-                "without its pair"
-            } else {
-                "no form in this provider"
+            let why = match own {
+                _ if own != provider => "no form in this provider",
+                Provider::Gemini => "not the form its part has",
+                _ => "without its pair, or a repeated id",
             };
             // An opaque reference carries nothing a model reads: it goes, reported.
             let Some(text) = render_text::rendered(&b.v) else {
