@@ -97,6 +97,11 @@ pub async fn run(
             .map(|_| Runner::new(store.clone(), summarizer.clone(), jobs.clone()))
             .collect();
         handles = crate::jobs::spawn_workers(runners, stop.clone(), abort.clone());
+        handles.push(crate::jobs::spawn_indexer(
+            store.clone(),
+            jobs.poll_interval,
+            stop.clone(),
+        ));
     }
 
     match listener {

@@ -458,13 +458,13 @@ fn full_read(
     Ok(answer)
 }
 
-/// The tools Loupe adds to a context: zoom, once the outline has a line (`outline_lines`) or
+/// The tools Loupe adds to a context: zoom and search, once the outline has a line (`outline_lines`) or
 /// whenever the thread clears old results (their stubs name zoom addresses). Offered from the
 /// start of clearing rather than at its first batch, so the request's tools, which providers
 /// render first, do not change when the first result is cleared.
 fn offered_tools(options: &NormalizeOptions, outline_lines: usize) -> Vec<Value> {
     if outline_lines > 0 || options.clearing.is_some() {
-        vec![crate::tree::view::zoom_tool(options.provider)]
+        crate::tree::view::navigation_tools(options.provider)
     } else {
         Vec::new()
     }

@@ -7,6 +7,7 @@ pub mod model;
 pub mod normalize;
 pub mod render;
 pub mod rounds;
+pub mod search;
 pub mod transcript;
 pub mod visibility;
 

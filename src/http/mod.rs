@@ -14,6 +14,7 @@ pub mod messages;
 pub mod observe;
 pub mod options;
 pub mod problem;
+pub mod search;
 pub mod settings;
 pub mod threads;
 pub mod transcripts;
@@ -253,6 +254,7 @@ pub(crate) fn page_limit(requested: Option<u32>, default: u32, max: u32) -> Resu
         (name = "cursors", description = "Incremental consumers: named bookmarks, pending batches, leases"),
         (name = "jobs", description = "Background jobs: compaction"),
         (name = "tree", description = "The summary tree: the outline and zoom(id, n)"),
+        (name = "search", description = "Search everything a thread holds, and the search tool"),
         (name = "admin", description = "Tenants and API keys (admin key only)"),
         (name = "operations", description = "Health, readiness and metrics"),
     ),
@@ -273,6 +275,7 @@ fn api_router() -> OpenApiRouter<AppState> {
         .merge(settings::router())
         .merge(transcripts::router())
         .merge(tree::router())
+        .merge(search::router())
         .merge(health::router())
         .merge(observe::router())
 }

@@ -114,6 +114,7 @@ impl Plan {
             tx.rewrite_summary(summary, &summary_content(text)).await?;
             rewritten.extend(summary.seq.map(|seq| seq as u64));
         }
+        tx.forget_searched(&self.seqs).await?;
         let leaves: Vec<u64> = self.seqs.iter().map(|&seq| seq as u64).collect();
         tx.hide_in_tree(&leaves, &rewritten, &self.stand_ins).await
     }

@@ -399,6 +399,31 @@ pub fn spawn_workers(
     handles
 }
 
+/// Keeps the search index up with the appends of every thread (a search also brings its own
+/// thread up to date first): a batch of each thread it is behind on, then a rest of `idle`
+/// whenever none is.
+pub fn spawn_indexer(store: Store, idle: Duration, stop: CancellationToken) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        while !stop.is_cancelled() {
+            let rest = match store.index_behind(INDEXER_THREADS).await {
+                Ok(0) => idle,
+                Ok(_) => Duration::ZERO,
+                Err(error) => {
+                    tracing::warn!(%error, "cannot index for search");
+                    idle
+                }
+            };
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                _ = tokio::time::sleep(rest) => {}
+            }
+        }
+    })
+}
+
+/// Threads the indexer takes a batch of at a time.
+const INDEXER_THREADS: i64 = 16;
+
 /// Forwards PostgreSQL `NOTIFY loupe_jobs` to the in-process signal, reconnecting on errors.
 async fn listen(url: String, signal: Arc<tokio::sync::Notify>, stop: CancellationToken) {
     while !stop.is_cancelled() {

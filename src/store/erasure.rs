@@ -511,6 +511,13 @@ impl ErasureTx {
 
     /// Commits a snip's redaction (no tombstone, no receipt). Returns the outline lines
     /// rewritten.
+    /// Takes the entries at `seqs` out of the search index (an erasure's tombstones already
+    /// are, through the rewrite's trigger; a snip keeps the entries but hides them).
+    pub async fn forget_searched(&mut self, seqs: &[i64]) -> Result<(), StoreError> {
+        Store::forget_searched(&mut self.tx, &self.thread_key, seqs).await?;
+        Ok(())
+    }
+
     pub async fn commit_redaction(self) -> Result<u64, StoreError> {
         self.tx.commit().await?;
         Ok(self.artifacts.tree_nodes)

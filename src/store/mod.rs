@@ -32,6 +32,7 @@ mod keys;
 mod messages;
 mod payloads;
 mod rows;
+mod search;
 mod settings;
 mod threads;
 mod transcripts;
@@ -64,6 +65,7 @@ pub use payloads::{
     CompactionPayload, DEFAULT_KEEP_RECENT_ROUNDS, KIND_COMPACTION, KIND_NOOP, KIND_TREE,
 };
 pub use rows::fingerprint;
+pub use search::{IndexLag, SearchHit, SearchQuery, INDEX_BATCH, MARK_CLOSE, MARK_OPEN};
 pub use settings::{ClearingSettings, MicrocompactSettings, ThreadSettings};
 pub use threads::{NewThread, Thread, ThreadPage};
 pub use tree::{NewNode, OutlineSnapshot, StandIns, TreeStatus, ZoomRead, LINE_CONTEXT_LINES};
@@ -270,6 +272,7 @@ impl StoreError {
 /// Tables of per-thread data, all keyed by `thread_key`; deleting a thread empties them.
 const THREAD_DATA_TABLES: &[&str] = &[
     "messages",
+    "search_rows",
     "erasures",
     "cursors",
     "jobs",

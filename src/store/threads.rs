@@ -376,7 +376,7 @@ pub(crate) fn share_lock(backend: super::Backend) -> &'static str {
 }
 
 /// Tables a thread can hold millions of rows in, deleted in chunks on SQLite.
-const CHUNKED_TABLES: &[&str] = &["messages", "tree_nodes"];
+const CHUNKED_TABLES: &[&str] = &["messages", "search_rows", "tree_nodes"];
 
 /// Rows deleted per transaction when a thread is deleted on SQLite.
 pub(crate) const DELETE_CHUNK_ROWS: i64 = 5_000;

@@ -121,11 +121,35 @@ pub fn outlined_context(
     normalized
 }
 
+/// The tools a model reads a summarized or cleared thread with, zoom and search, in the
+/// provider's `tools` shape (one Gemini tool declaring both functions).
+pub fn navigation_tools(provider: Provider) -> Vec<Value> {
+    let definitions = [
+        super::zoom::tool_definition(),
+        super::zoom::search_tool_definition(),
+    ];
+    if provider == Provider::Gemini {
+        let declarations: Vec<Value> = definitions
+            .iter()
+            .map(|tool| provider_tool(tool, provider)["functionDeclarations"][0].clone())
+            .collect();
+        return vec![json!({"functionDeclarations": declarations})];
+    }
+    definitions
+        .iter()
+        .map(|tool| provider_tool(tool, provider))
+        .collect()
+}
+
 /// The zoom tool in the provider's `tools` shape.
 pub fn zoom_tool(provider: Provider) -> Value {
-    let tool = super::zoom::tool_definition();
+    provider_tool(&super::zoom::tool_definition(), provider)
+}
+
+/// A tool definition (Anthropic shape) in the provider's `tools` shape.
+fn provider_tool(tool: &Value, provider: Provider) -> Value {
     match provider {
-        Provider::Anthropic => tool,
+        Provider::Anthropic => tool.clone(),
         Provider::Openai => json!({
             "type": "function",
             "function": {

@@ -59,6 +59,30 @@ pub fn tool_definition() -> Value {
     })
 }
 
+/// The search tool's name, as the model calls it.
+pub const SEARCH_TOOL_NAME: &str = "search";
+
+/// The search tool definition (Anthropic `tools[]` shape), offered with zoom: its results are
+/// lines in the outline's own `id+n|text` form, so the next call is a zoom.
+pub fn search_tool_definition() -> Value {
+    json!({
+        "name": SEARCH_TOOL_NAME,
+        "description": "Search everything this conversation ever held, including what the summary left out: \
+    search(query) gives the messages that contain the query's words or exact strings (a file path, a command, \
+    an error code, a number, a name), best first, as id+1|text lines with the match marked «like this». \
+    Use it when the summary does not name what you need, then zoom(id, 1) to read a message whole. Put an \
+    exact phrase in double quotes.",
+        "input_schema": {
+            "type": "object",
+            "properties": {
+                "query": {"type": "string", "description": "Words or exact strings to find; \"a phrase\" in quotes."},
+                "limit": {"type": "integer", "description": "Most results (default 10, at most 50)."}
+            },
+            "required": ["query"]
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

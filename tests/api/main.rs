@@ -31,6 +31,7 @@ mod openapi;
 mod problems;
 mod providers;
 mod sdk_fidelity;
+mod search;
 mod summarize_extractive;
 mod summarize_models;
 mod tenants;

@@ -31,7 +31,7 @@ fn is_data_url(s: &str) -> bool {
 }
 
 /// The block as text, headed by what it was; `None` when nothing of it is readable.
-pub(super) fn rendered(v: &Value) -> Option<String> {
+pub(crate) fn rendered(v: &Value) -> Option<String> {
     let kind = block_type(v)?;
     let header = match kind {
         "server_tool_use" | "mcp_tool_use" => {
@@ -84,6 +84,13 @@ pub(super) fn media_text(kind: &str, v: &Value) -> String {
         (None, Some(p)) => format!("[{kind}: {p}]"),
         (None, None) => format!("[{kind}]"),
     }
+}
+
+/// What is readable in any JSON value (a tool's input, a result's content), one line a piece.
+pub(crate) fn readable_text(v: &Value) -> String {
+    let mut lines = Vec::new();
+    readable(v, &mut lines);
+    lines.join("\n")
 }
 
 /// Appends what is readable in `v`, depth first in stored order.

@@ -1,0 +1,583 @@
+//! Search over what a model could read of each entry (`history::search`), with each backend's
+//! own engine: SQLite FTS5 with the trigram tokenizer (substrings, ranked by bm25), PostgreSQL
+//! `pg_trgm` for substrings and `ts_rank_cd` over a full-text vector for the ranking
+//! (`migrations/*/0011_search.sql`).
+//!
+//! The index follows the appends rather than joining them: each thread's entries before its
+//! `search_seq` are indexed, and [`Store::index_thread`] takes the next ones, outside the
+//! append's transaction (an append costs what it did). A thread's search first brings that
+//! thread up to date; a sweep ([`Store::index_behind`]) brings the others. What is indexed
+//! answers to its source: an entry rewritten (an erasure's tombstone, a summary derived again)
+//! loses its row through a trigger, which also moves `search_seq` back so the new text is
+//! indexed; a snip's redaction removes its entries' rows; a deleted thread's rows go with it.
+//! The indexer writes only under the redaction epoch it read, so a snip or an erasure that
+//! commits meanwhile makes it read again rather than index what they took out.
+
+use std::collections::HashSet;
+
+use sqlx::Row;
+
+use super::rows::entry_from_row;
+use super::{Backend, Store, StoreError, TenantId, ThreadId, ThreadKey};
+use crate::history::model::{subtype, Entry};
+use crate::history::normalize::view::snipped_uuids;
+use crate::history::search::searchable;
+
+/// Entries one indexing step reads of a thread.
+pub const INDEX_BATCH: i64 = 256;
+
+/// Indexing steps a thread's search may take first: 2,048 entries.
+pub const CATCH_UP_STEPS: usize = 8;
+
+/// Threads a tenant-wide search indexes a step of first.
+pub const TENANT_CATCH_UP_THREADS: i64 = 16;
+
+/// Characters of context on each side of a snippet's match.
+const SNIPPET_CONTEXT: usize = 80;
+
+/// Marks around the match in a snippet.
+pub const MARK_OPEN: &str = "«";
+pub const MARK_CLOSE: &str = "»";
+
+/// What to search for.
+#[derive(Debug, Clone)]
+pub struct SearchQuery {
+    /// Terms, each matched as a substring (case-insensitive); an entry matching more of them,
+    /// or matching them more, ranks higher.
+    pub terms: Vec<String>,
+    pub limit: i64,
+    /// Whether thinking is searched too.
+    pub thinking: bool,
+}
+
+impl SearchQuery {
+    /// The terms of a query as written: words apart, a `"quoted phrase"` as one term.
+    pub fn terms_of(query: &str) -> Vec<String> {
+        let mut terms = Vec::new();
+        for (i, part) in query.split('"').enumerate() {
+            if i % 2 == 1 {
+                if !part.trim().is_empty() {
+                    terms.push(part.trim().to_owned());
+                }
+            } else {
+                terms.extend(part.split_whitespace().map(str::to_owned));
+            }
+        }
+        let mut seen = HashSet::new();
+        terms.retain(|t| seen.insert(t.to_lowercase()));
+        terms
+    }
+}
+
+/// One entry found.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SearchHit {
+    pub thread_id: String,
+    pub seq: i64,
+    /// The entry's type (`user`, `assistant`, …).
+    pub kind: String,
+    /// Where the first match is, marked by [`MARK_OPEN`] and [`MARK_CLOSE`].
+    pub snippet: String,
+    /// Higher is better; comparable within one answer only.
+    pub score: f64,
+    /// The match is in the entry's thinking.
+    pub in_thinking: bool,
+}
+
+/// Entries a thread holds that the index has not taken yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IndexLag {
+    pub indexed_through: i64,
+    pub pending: i64,
+}
+
+struct ThreadMark {
+    search_seq: i64,
+    next_seq: i64,
+    epoch: i64,
+}
+
+impl Store {
+    /// Indexes up to [`INDEX_BATCH`] entries of the thread after those indexed. Returns what is
+    /// left to index (as the step found it, when another indexer or a redaction moved first).
+    pub async fn index_thread(&self, thread_key: &ThreadKey) -> Result<IndexLag, StoreError> {
+        let Some(mark) = self.thread_mark(thread_key).await? else {
+            return Ok(IndexLag {
+                indexed_through: 0,
+                pending: 0,
+            });
+        };
+        let lag = |through: i64| IndexLag {
+            indexed_through: through,
+            pending: (mark.next_seq - through).max(0),
+        };
+        if mark.search_seq >= mark.next_seq {
+            return Ok(lag(mark.search_seq));
+        }
+        let snips = sqlx::query(
+            "SELECT seq, uuid, created_at, body FROM messages \
+             WHERE thread_key = $1 AND subtype = $2 ORDER BY seq",
+        )
+        .bind(thread_key.as_str())
+        .bind(subtype::SNIP)
+        .fetch_all(&self.pool)
+        .await?
+        .iter()
+        .map(entry_from_row)
+        .collect::<Result<Vec<Entry>, _>>()?;
+        let hidden: HashSet<&str> = snipped_uuids(&snips);
+        let rows = sqlx::query(
+            "SELECT seq, uuid, created_at, body FROM messages \
+             WHERE thread_key = $1 AND seq >= $2 ORDER BY seq LIMIT $3",
+        )
+        .bind(thread_key.as_str())
+        .bind(mark.search_seq)
+        .bind(INDEX_BATCH)
+        .fetch_all(&self.pool)
+        .await?;
+        let mut last = mark.search_seq - 1;
+        let mut found = Vec::new();
+        for row in &rows {
+            let entry = entry_from_row(row)?;
+            let seq = entry.seq.unwrap_or_default();
+            last = last.max(seq);
+            if entry.uuid.as_deref().is_some_and(|u| hidden.contains(u)) {
+                continue;
+            }
+            if let Some(text) = searchable(&entry) {
+                found.push((seq, text));
+            }
+        }
+        let through = last + 1;
+        let mut tx = self.writer.begin().await?;
+        let moved = sqlx::query(
+            "UPDATE threads SET search_seq = $1 WHERE thread_key = $2 AND search_seq = $3 \
+             AND redaction_epoch = $4",
+        )
+        .bind(through)
+        .bind(thread_key.as_str())
+        .bind(mark.search_seq)
+        .bind(mark.epoch)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if moved == 0 {
+            // Another indexer, or a snip or an erasure, went first: the next step reads again.
+            return Ok(lag(mark.search_seq));
+        }
+        for chunk in found.chunks(super::rows::INSERT_CHUNK) {
+            let sql = format!(
+                "INSERT INTO search_rows (thread_key, seq, text, thinking) VALUES {} \
+                 ON CONFLICT (thread_key, seq) DO NOTHING",
+                super::values_placeholders(chunk.len(), 4)
+            );
+            let mut query = sqlx::query(&sql);
+            for (seq, text) in chunk {
+                query = query
+                    .bind(thread_key.as_str())
+                    .bind(*seq)
+                    .bind(text.text.clone())
+                    .bind(text.thinking.clone());
+            }
+            query.execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        Ok(lag(through))
+    }
+
+    /// Brings the thread's index up to date, at most `max_steps` steps of [`INDEX_BATCH`].
+    pub async fn catch_up(
+        &self,
+        thread_key: &ThreadKey,
+        max_steps: usize,
+    ) -> Result<IndexLag, StoreError> {
+        let mut lag = self.index_thread(thread_key).await?;
+        for _ in 1..max_steps {
+            if lag.pending == 0 {
+                break;
+            }
+            lag = self.index_thread(thread_key).await?;
+        }
+        Ok(lag)
+    }
+
+    /// One sweep step: indexes a batch of each of up to `threads` threads the index is behind
+    /// on. Returns how many it found behind.
+    pub async fn index_behind(&self, threads: i64) -> Result<usize, StoreError> {
+        let keys: Vec<String> = sqlx::query_scalar(
+            "SELECT thread_key FROM threads WHERE search_seq < next_seq LIMIT $1",
+        )
+        .bind(threads)
+        .fetch_all(&self.pool)
+        .await?;
+        for key in &keys {
+            self.index_thread(&ThreadKey::from_stored(key.clone()))
+                .await?;
+        }
+        Ok(keys.len())
+    }
+
+    /// A thread's entries that match, its index first brought up to date (at most
+    /// [`CATCH_UP_STEPS`] steps: what is left shows in the lag).
+    pub async fn search_thread(
+        &self,
+        tenant: &TenantId,
+        thread_id: &ThreadId,
+        query: &SearchQuery,
+    ) -> Result<(Vec<SearchHit>, IndexLag), StoreError> {
+        let key: Option<String> = sqlx::query_scalar(
+            "SELECT thread_key FROM threads WHERE tenant_id = $1 AND thread_id = $2",
+        )
+        .bind(&tenant.0)
+        .bind(thread_id.as_str())
+        .fetch_optional(&self.pool)
+        .await?;
+        let key = ThreadKey::from_stored(key.ok_or(StoreError::ThreadNotFound)?);
+        let lag = self.catch_up(&key, CATCH_UP_STEPS).await?;
+        let hits = self.search(tenant, Some(&key), query).await?;
+        Ok((hits, lag))
+    }
+
+    /// The tenant's entries that match in any of its threads, after a step of indexing on each
+    /// of the (at most [`TENANT_CATCH_UP_THREADS`]) threads the index is behind on. Also
+    /// answers how many entries are still to index.
+    pub async fn search_tenant(
+        &self,
+        tenant: &TenantId,
+        query: &SearchQuery,
+    ) -> Result<(Vec<SearchHit>, i64), StoreError> {
+        let behind: Vec<String> = sqlx::query_scalar(
+            "SELECT thread_key FROM threads WHERE tenant_id = $1 AND search_seq < next_seq \
+             LIMIT $2",
+        )
+        .bind(&tenant.0)
+        .bind(TENANT_CATCH_UP_THREADS)
+        .fetch_all(&self.pool)
+        .await?;
+        for key in behind {
+            self.index_thread(&ThreadKey::from_stored(key)).await?;
+        }
+        let hits = self.search(tenant, None, query).await?;
+        let pending: i64 = sqlx::query_scalar(
+            "SELECT CAST(COALESCE(SUM(next_seq - search_seq), 0) AS BIGINT) FROM threads \
+             WHERE tenant_id = $1 AND search_seq < next_seq",
+        )
+        .bind(&tenant.0)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok((hits, pending))
+    }
+
+    async fn thread_mark(&self, thread_key: &ThreadKey) -> Result<Option<ThreadMark>, StoreError> {
+        let row = sqlx::query(
+            "SELECT search_seq, next_seq, redaction_epoch FROM threads WHERE thread_key = $1",
+        )
+        .bind(thread_key.as_str())
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|row| {
+            Ok(ThreadMark {
+                search_seq: row.try_get(0)?,
+                next_seq: row.try_get(1)?,
+                epoch: row.try_get(2)?,
+            })
+        })
+        .transpose()
+    }
+
+    /// The tenant's entries that match, best first: in one thread (`thread_key`) or in all
+    /// of the tenant's.
+    pub async fn search(
+        &self,
+        tenant: &TenantId,
+        thread_key: Option<&ThreadKey>,
+        query: &SearchQuery,
+    ) -> Result<Vec<SearchHit>, StoreError> {
+        if query.terms.is_empty() || query.limit <= 0 {
+            return Ok(Vec::new());
+        }
+        let rows = match self.backend {
+            Backend::Sqlite => self.search_sqlite(tenant, thread_key, query).await?,
+            Backend::Postgres => self.search_postgres(tenant, thread_key, query).await?,
+        };
+        let mut hits = Vec::with_capacity(rows.len());
+        for row in rows {
+            let text: String = row.try_get("text")?;
+            let thinking: String = row.try_get("thinking")?;
+            let (snippet, in_thinking) = match snippet(&text, &query.terms) {
+                Some(snippet) => (snippet, false),
+                None if query.thinking => match snippet(&thinking, &query.terms) {
+                    Some(snippet) => (snippet, true),
+                    None => continue,
+                },
+                // A trigram match the substring test does not confirm (case folding beyond
+                // ASCII): not a hit.
+                None => continue,
+            };
+            hits.push(SearchHit {
+                thread_id: row.try_get("thread_id")?,
+                seq: row.try_get("seq")?,
+                kind: row.try_get("kind")?,
+                snippet,
+                score: row.try_get("score")?,
+                in_thinking,
+            });
+        }
+        Ok(hits)
+    }
+
+    async fn search_sqlite(
+        &self,
+        tenant: &TenantId,
+        thread_key: Option<&ThreadKey>,
+        query: &SearchQuery,
+    ) -> Result<Vec<sqlx::any::AnyRow>, StoreError> {
+        // The trigram tokenizer matches terms of three characters or more through the index;
+        // shorter ones are matched by LIKE (a scan of the thread, or of the tenant's rows).
+        let columns = if query.thinking {
+            "{text thinking}"
+        } else {
+            "text"
+        };
+        let indexed: Vec<String> = query
+            .terms
+            .iter()
+            .filter(|t| t.chars().count() >= 3)
+            .map(|t| format!("\"{}\"", t.replace('"', "\"\"")))
+            .collect();
+        let scope = if thread_key.is_some() {
+            "AND r.thread_key = $3"
+        } else {
+            "AND $3 = $3"
+        };
+        let key = thread_key.map_or("", ThreadKey::as_str).to_owned();
+        if indexed.len() == query.terms.len() {
+            // More terms matched rank first; bm25 (negative, lower is better), squashed into
+            // [0, 1), orders entries that match as many.
+            let counted = (0..query.terms.len())
+                .map(|i| {
+                    let p = i + 5;
+                    let mut found = format!("instr(lower(r.text), lower(${p})) > 0");
+                    if query.thinking {
+                        found = format!("({found} OR instr(lower(r.thinking), lower(${p})) > 0)");
+                    }
+                    format!("(CASE WHEN {found} THEN 1 ELSE 0 END)")
+                })
+                .collect::<Vec<_>>()
+                .join(" + ");
+            let sql = format!(
+                "SELECT thread_id, seq, text, thinking, kind, \
+                 matched - relevance / (1.0 - relevance) AS score FROM (\
+                 SELECT t.thread_id, r.seq, r.text, r.thinking, m.kind, \
+                 CAST({counted} AS REAL) AS matched, bm25(search_index) AS relevance \
+                 FROM search_index JOIN search_rows r ON r.id = search_index.rowid \
+                 JOIN threads t ON t.thread_key = r.thread_key \
+                 JOIN messages m ON m.thread_key = r.thread_key AND m.seq = r.seq \
+                 WHERE search_index MATCH $1 AND t.tenant_id = $2 {scope}) \
+                 ORDER BY score DESC, seq DESC LIMIT $4"
+            );
+            let matched = format!("{columns} : ({})", indexed.join(" OR "));
+            let mut q = sqlx::query(&sql)
+                .bind(matched)
+                .bind(&tenant.0)
+                .bind(key)
+                .bind(query.limit);
+            for term in &query.terms {
+                q = q.bind(term.clone());
+            }
+            return Ok(q.fetch_all(&self.pool).await?);
+        }
+        self.search_by_like(tenant, &key, scope, query).await
+    }
+
+    async fn search_postgres(
+        &self,
+        tenant: &TenantId,
+        thread_key: Option<&ThreadKey>,
+        query: &SearchQuery,
+    ) -> Result<Vec<sqlx::any::AnyRow>, StoreError> {
+        let scope = if thread_key.is_some() {
+            "AND r.thread_key = $3"
+        } else {
+            "AND $3 = $3"
+        };
+        let key = thread_key.map_or("", ThreadKey::as_str).to_owned();
+        self.search_by_like(tenant, &key, scope, query).await
+    }
+
+    /// Substring matching by `LIKE` (SQLite: terms too short for its trigrams) or `ILIKE`
+    /// (PostgreSQL, through the `pg_trgm` index), ranked by how many terms match, then by
+    /// `ts_rank_cd` (PostgreSQL) or recency.
+    async fn search_by_like(
+        &self,
+        tenant: &TenantId,
+        key: &str,
+        scope: &str,
+        query: &SearchQuery,
+    ) -> Result<Vec<sqlx::any::AnyRow>, StoreError> {
+        let postgres = self.backend == Backend::Postgres;
+        let like = if postgres { "ILIKE" } else { "LIKE" };
+        let escape = " ESCAPE '\\'";
+        let mut matches = Vec::new();
+        let mut counts = Vec::new();
+        for i in 0..query.terms.len() {
+            let p = i + 5;
+            let mut term = format!("r.text {like} ${p}{escape}");
+            if query.thinking {
+                term = format!("({term} OR r.thinking {like} ${p}{escape})");
+            }
+            counts.push(format!("(CASE WHEN {term} THEN 1 ELSE 0 END)"));
+            matches.push(term);
+        }
+        let rank = if postgres {
+            let words = (0..query.terms.len())
+                .map(|i| format!("plainto_tsquery('simple', ${})", i + 5 + query.terms.len()))
+                .collect::<Vec<_>>()
+                .join(" || ");
+            format!(
+                "CAST({} AS DOUBLE PRECISION) + ts_rank_cd(to_tsvector('simple', r.text), {words})",
+                counts.join(" + ")
+            )
+        } else {
+            format!("CAST({} AS REAL)", counts.join(" + "))
+        };
+        let sql = format!(
+            "SELECT t.thread_id, r.seq, r.text, r.thinking, m.kind, {rank} AS score \
+             FROM search_rows r JOIN threads t ON t.thread_key = r.thread_key \
+             JOIN messages m ON m.thread_key = r.thread_key AND m.seq = r.seq \
+             WHERE t.tenant_id = $2 {scope} AND ({}) \
+             ORDER BY score DESC, r.seq DESC LIMIT $4",
+            matches.join(" OR ")
+        );
+        let mut q = sqlx::query(&sql)
+            .bind(String::new())
+            .bind(&tenant.0)
+            .bind(key.to_owned())
+            .bind(query.limit);
+        for term in &query.terms {
+            q = q.bind(format!("%{}%", like_escaped(term)));
+        }
+        if postgres {
+            for term in &query.terms {
+                q = q.bind(term.clone());
+            }
+        }
+        Ok(q.fetch_all(&self.pool).await?)
+    }
+
+    /// Removes the index rows of a thread's entries at `seqs` (a snip's redaction), in the
+    /// caller's transaction.
+    pub(crate) async fn forget_searched(
+        conn: &mut sqlx::AnyConnection,
+        thread_key: &ThreadKey,
+        seqs: &[i64],
+    ) -> Result<u64, StoreError> {
+        let mut removed = 0;
+        for chunk in seqs.chunks(super::rows::INSERT_CHUNK) {
+            let sql = format!(
+                "DELETE FROM search_rows WHERE thread_key = $1 AND seq IN ({})",
+                super::list_placeholders(2, chunk.len())
+            );
+            let mut query = sqlx::query(&sql).bind(thread_key.as_str());
+            for seq in chunk {
+                query = query.bind(*seq);
+            }
+            removed += query.execute(&mut *conn).await?.rows_affected();
+        }
+        Ok(removed)
+    }
+}
+
+/// `term` for a `LIKE … ESCAPE '\'` pattern: its wildcards and backslashes taken literally.
+fn like_escaped(term: &str) -> String {
+    let mut out = String::with_capacity(term.len());
+    for c in term.chars() {
+        if matches!(c, '%' | '_' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// The text around the first place any term occurs (ASCII case folded), the match marked;
+/// `None` when no term occurs.
+pub fn snippet(text: &str, terms: &[String]) -> Option<String> {
+    let folded = text.to_ascii_lowercase();
+    let (start, len) = terms
+        .iter()
+        .filter_map(|t| {
+            let t = t.to_ascii_lowercase();
+            folded.find(&t).map(|at| (at, t.len()))
+        })
+        .min()?;
+    let end = start + len;
+    let from = floor_char(
+        text,
+        start.saturating_sub(SNIPPET_CONTEXT * 4),
+        start,
+        SNIPPET_CONTEXT,
+    );
+    let to = ceil_char(text, end, SNIPPET_CONTEXT);
+    let mut out = String::new();
+    if from > 0 {
+        out.push('…');
+    }
+    out.push_str(&text[from..start]);
+    out.push_str(MARK_OPEN);
+    out.push_str(&text[start..end]);
+    out.push_str(MARK_CLOSE);
+    out.push_str(&text[end..to]);
+    if to < text.len() {
+        out.push('…');
+    }
+    Some(out.split_whitespace().collect::<Vec<_>>().join(" "))
+}
+
+/// The byte where `chars` characters before `at` start (not before `floor`).
+fn floor_char(text: &str, floor: usize, at: usize, chars: usize) -> usize {
+    let mut from = at;
+    for (i, _) in text[..at].char_indices().rev().take(chars) {
+        from = i;
+    }
+    from.max(floor)
+}
+
+/// The byte `chars` characters after `at`.
+fn ceil_char(text: &str, at: usize, chars: usize) -> usize {
+    text[at..]
+        .char_indices()
+        .nth(chars)
+        .map_or(text.len(), |(i, _)| at + i)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn terms_are_words_or_quoted_phrases() {
+        assert_eq!(
+            SearchQuery::terms_of(r#"E0282 "cargo test  -p" src/store/jobs.rs e0282 """#),
+            ["E0282", "cargo test  -p", "src/store/jobs.rs"]
+        );
+    }
+
+    #[test]
+    fn a_snippet_marks_the_first_match_with_its_context() {
+        let text = format!(
+            "{} the error E0282 appeared {}",
+            "x".repeat(500),
+            "y".repeat(500)
+        );
+        let s = snippet(&text, &["e0282".to_owned()]).unwrap();
+        assert!(s.contains("«E0282»"), "{s}");
+        assert!(s.starts_with('…') && s.ends_with('…'), "{s}");
+        assert!(s.chars().count() < 200, "{s}");
+        assert_eq!(
+            snippet("héllo wörld", &["wö".to_owned()]).unwrap(),
+            "héllo «wö»rld"
+        );
+        assert_eq!(snippet("abc", &["zz".to_owned()]), None);
+    }
+}

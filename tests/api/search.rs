@@ -1,0 +1,265 @@
+//! Search (issue 35): literal and word queries on both backends' own engines, the hit's zoom
+//! address, the `search` tool beside zoom, and derived rows that go with their source (a snip,
+//! an erasure, a deleted thread) and never cross tenants.
+
+use axum::http::StatusCode;
+use serde_json::{json, Value};
+
+use crate::common::{assistant, user, TestApp};
+
+fn tool_call(uuid: &str, id: &str, command: &str) -> Value {
+    json!({"uuid": uuid, "type": "assistant", "message": {"role": "assistant", "id": format!("msg_{uuid}"),
+        "content": [{"type": "tool_use", "id": id, "name": "Bash", "input": {"command": command}}]}})
+}
+
+fn tool_result(uuid: &str, id: &str, output: &str) -> Value {
+    json!({"uuid": uuid, "type": "user", "message": {"role": "user",
+        "content": [{"type": "tool_result", "tool_use_id": id, "content": output}]}})
+}
+
+/// A short session with a path, an error code, a number and a decision planted in it.
+fn session() -> Vec<Value> {
+    vec![
+        user("u0", "The build fails; look at the job store."),
+        tool_call(
+            "a1",
+            "toolu_1",
+            "cargo check --manifest-path src/store/jobs.rs",
+        ),
+        tool_result(
+            "u2",
+            "toolu_1",
+            "error[E0282]: type annotations needed\n --> src/store/jobs.rs:41:9",
+        ),
+        assistant(
+            "a3",
+            "msg_3",
+            "The code 7-4-1-9 is the door code. We decided to keep SQLite as the default.",
+        ),
+        user("u4", "Thanks. Any other errors in the job store?"),
+        assistant("a5", "msg_5", "No other errors."),
+    ]
+}
+
+async fn search(app: &TestApp, thread: &str, q: &str) -> Value {
+    let q: String = q
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect();
+    let found = app.get(&format!("/v1/threads/{thread}/search?q={q}")).await;
+    assert_eq!(found.status, StatusCode::OK, "{}", found.body);
+    found.body
+}
+
+fn seqs(found: &Value) -> Vec<i64> {
+    found["hits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|hit| hit["seq"].as_i64().unwrap())
+        .collect()
+}
+
+async fn literal_and_word_queries_find_their_entries(app: TestApp) {
+    let thread = app.thread("t").await;
+    app.append(&thread, session()).await;
+    let path = search(&app, &thread, "src/store/jobs.rs").await;
+    let mut found = seqs(&path);
+    found.sort();
+    assert_eq!(found, [1, 2], "{path}");
+    let hit = path["hits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|hit| hit["seq"] == 2)
+        .unwrap();
+    assert_eq!(hit["type"], "user");
+    assert_eq!(hit["role"], "user");
+    assert_eq!(hit["zoom"], json!({"id": 2, "n": 1}));
+    assert!(
+        hit["snippet"]
+            .as_str()
+            .unwrap()
+            .contains("«src/store/jobs.rs»"),
+        "{hit}"
+    );
+    assert_eq!(
+        path["index"],
+        json!({"indexed_through_seq": 6, "pending": 0})
+    );
+    assert_eq!(seqs(&search(&app, &thread, "e0282").await), [2]);
+    assert_eq!(seqs(&search(&app, &thread, "7-4-1-9").await), [3]);
+    assert_eq!(seqs(&search(&app, &thread, "\"keep SQLite\"").await), [3]);
+    // Words rank by how many match: the entry with both comes first.
+    let words = search(&app, &thread, "errors store").await;
+    assert_eq!(seqs(&words)[0], 4, "{words}");
+    assert!(seqs(&words).contains(&5), "{words}");
+    // A term shorter than the trigrams still matches, as a substring.
+    assert_eq!(seqs(&search(&app, &thread, "41").await), [2]);
+    assert!(seqs(&search(&app, &thread, "zebra quasar").await).is_empty());
+    // Ids and signatures are not text a model reads.
+    assert!(seqs(&search(&app, &thread, "toolu_1").await).is_empty());
+    // What is appended later is found by the next search.
+    app.append(&thread, vec![user("u6", "Now check /etc/loupe.toml")])
+        .await;
+    assert_eq!(seqs(&search(&app, &thread, "loupe.toml").await), [6]);
+    app.finish().await;
+}
+
+async fn the_search_tool_answers_in_the_outlines_form(app: TestApp) {
+    let thread = app.thread("t").await;
+    app.append(&thread, session()).await;
+    let uri = format!("/v1/threads/{thread}/search");
+    let found = app.post(&uri, json!({"query": "E0282"})).await;
+    assert_eq!(found.status, StatusCode::OK, "{}", found.body);
+    assert_eq!(found.body["is_error"], false);
+    let content = found.body["content"].as_str().unwrap();
+    assert!(content.starts_with("2+1|"), "{content}");
+    assert!(content.contains("«E0282»"), "{content}");
+    // The line's address opens the entry whole.
+    let zoomed = app
+        .post(
+            &format!("/v1/threads/{thread}/zoom"),
+            json!({"id": 2, "n": 1}),
+        )
+        .await;
+    assert!(zoomed.body["content"].as_str().unwrap().contains("E0282"));
+    let empty = app.post(&uri, json!({"query": "  "})).await;
+    assert_eq!(empty.body["is_error"], true, "{}", empty.body);
+    let none = app.post(&uri, json!({"query": "zzzq"})).await;
+    assert!(none.body["content"]
+        .as_str()
+        .unwrap()
+        .starts_with("Nothing"));
+    let refused = app.post(&uri, json!({"q": "E0282"})).await;
+    refused.assert_problem(StatusCode::UNPROCESSABLE_ENTITY, "validation");
+    // Wherever zoom is offered, search is too.
+    let settings = app
+        .request(
+            axum::http::Method::PUT,
+            &format!("/v1/threads/{thread}/settings"),
+            Some(json!({"clearing": {"enabled": true}})),
+        )
+        .await;
+    assert_eq!(settings.status, StatusCode::OK, "{}", settings.body);
+    for provider in ["anthropic", "openai", "openai_responses", "gemini"] {
+        let context = app
+            .get(&format!("/v1/threads/{thread}/context?provider={provider}"))
+            .await;
+        let tools = context.body["tools"].to_string();
+        assert!(
+            tools.contains("\"zoom\"") && tools.contains("\"search\""),
+            "{provider}: {tools}"
+        );
+    }
+    app.finish().await;
+}
+
+async fn snipped_erased_and_deleted_entries_are_never_found(app: TestApp) {
+    let thread = app.thread("t").await;
+    app.append(
+        &thread,
+        vec![
+            user("p0", "my password is hunter2-canary"),
+            user("p1", "the api key is sk-canary-9"),
+            user("p2", "the other key is sk-canary-7"),
+        ],
+    )
+    .await;
+    assert_eq!(seqs(&search(&app, &thread, "hunter2-canary").await), [0]);
+    let snip = app
+        .post(
+            &format!("/v1/threads/{thread}/snip"),
+            json!({"uuids": ["p0"]}),
+        )
+        .await;
+    assert_eq!(snip.status, StatusCode::CREATED, "{}", snip.body);
+    assert!(seqs(&search(&app, &thread, "hunter2-canary").await).is_empty());
+    let erased = app
+        .post(
+            &format!("/v1/threads/{thread}/erasures"),
+            json!({"uuids": ["p1"]}),
+        )
+        .await;
+    assert_eq!(erased.status, StatusCode::CREATED, "{}", erased.body);
+    assert_eq!(seqs(&search(&app, &thread, "sk-canary").await), [2]);
+    // Another thread of the tenant still finds its own; the tenant-wide search names it.
+    let other = app.thread("o").await;
+    app.append(&other, vec![user("q0", "sk-canary-5 lives here")])
+        .await;
+    let all = app.get("/v1/search?q=sk-canary").await;
+    let threads: Vec<&str> = all.body["hits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|hit| hit["thread_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(threads.len(), 2, "{}", all.body);
+    assert!(threads.contains(&thread.as_str()) && threads.contains(&other.as_str()));
+    let deleted = app
+        .request(
+            axum::http::Method::DELETE,
+            &format!("/v1/threads/{thread}"),
+            None,
+        )
+        .await;
+    assert_eq!(deleted.status, StatusCode::NO_CONTENT, "{}", deleted.body);
+    let all = app.get("/v1/search?q=sk-canary").await;
+    assert_eq!(
+        all.body["hits"].as_array().unwrap().len(),
+        1,
+        "{}",
+        all.body
+    );
+    sqlx::any::install_default_drivers();
+    let mut conn = <sqlx::AnyConnection as sqlx::Connection>::connect(&app.url)
+        .await
+        .unwrap();
+    let rows: i64 =
+        sqlx::query_scalar("SELECT COUNT(*) FROM search_rows WHERE text LIKE '%canary%'")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+    assert_eq!(rows, 1, "only the other thread's row is left");
+    <sqlx::AnyConnection as sqlx::Connection>::close(conn)
+        .await
+        .unwrap();
+    app.finish().await;
+}
+
+async fn another_tenant_finds_nothing(app: TestApp) {
+    let app = app.keyed();
+    let key_a = app.create_key("tenant-a").await;
+    let key_b = app.create_key("tenant-b").await;
+    app.post_as(&key_b, "/v1/threads", json!({"id": "b"})).await;
+    let appended = app
+        .post_as(
+            &key_b,
+            "/v1/threads/b/messages",
+            json!({"messages": [user("b-1", "tenant b secret-canary-3")]}),
+        )
+        .await;
+    assert_eq!(appended.status, StatusCode::CREATED, "{}", appended.body);
+    let own = app.get_as(&key_b, "/v1/search?q=secret-canary").await;
+    assert_eq!(
+        own.body["hits"].as_array().unwrap().len(),
+        1,
+        "{}",
+        own.body
+    );
+    let other = app.get_as(&key_a, "/v1/search?q=secret-canary").await;
+    assert_eq!(other.body["hits"], json!([]), "{}", other.body);
+    let thread = app.get_as(&key_a, "/v1/threads/b/search?q=secret").await;
+    thread.assert_problem(StatusCode::NOT_FOUND, "not-found");
+    app.finish().await;
+}
+
+crate::on_both_backends!(
+    literal_and_word_queries_find_their_entries,
+    the_search_tool_answers_in_the_outlines_form,
+    snipped_erased_and_deleted_entries_are_never_found,
+    another_tenant_finds_nothing,
+);
