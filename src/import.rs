@@ -151,6 +151,8 @@ pub struct Importer {
     report: ImportReport,
     /// What one piece of the input is called in refusals: a `line`, or an `entry` of an array.
     unit: &'static str,
+    /// Most memory one line may take once parsed (`json_weight`).
+    max_parsed_bytes: usize,
 }
 
 impl Importer {
@@ -169,7 +171,14 @@ impl Importer {
             previous_uuid,
             report: ImportReport::default(),
             unit: "line",
+            max_parsed_bytes: crate::json_weight::DEFAULT_MAX_PARSED_BYTES,
         }
+    }
+
+    /// The same import, each line refused when its parsed values would take more than `bytes`.
+    pub fn with_max_parsed_bytes(mut self, bytes: usize) -> Self {
+        self.max_parsed_bytes = bytes;
+        self
     }
 
     /// The same import, its input the items of a JSON array ([`ArraySplitter`]) rather than
@@ -193,6 +202,11 @@ impl Importer {
         }
         self.report.lines += 1;
         let number = self.report.lines;
+        if let Err(heavy) = crate::json_weight::within(line.as_bytes(), self.max_parsed_bytes) {
+            let reason = format!("the {} holds {heavy}", self.unit);
+            self.report.refuse(number, None, reason);
+            return Ok(());
+        }
         let mut entry = match transcript::read_line(line, &self.previous_uuid) {
             Ok(entry) => entry,
             Err(error) => {

@@ -1,34 +1,57 @@
-//! How many values a JSON text holds, counted from its bytes before anything parses it.
+//! What a JSON text will cost once parsed, counted from its bytes before anything parses it.
 //!
-//! A parsed JSON value costs a couple of hundred bytes of memory whatever its text's length, so
-//! a body of empty arrays (`[[],[],…]`, two bytes a value) grows a hundredfold when parsed, where
-//! real entries (about 15 to 20 bytes a value) grow some twentyfold. [`within_bounds`] refuses a
-//! text denser in values than [`BYTES_PER_VALUE`] allows beyond a floor, so no body or entry costs
-//! more memory to read than a real one of the same length.
+//! A parsed JSON value costs tens of bytes of memory, and an object or array hundreds once the
+//! request's copies of it are counted, whatever their text's length: a body of tiny objects
+//! (`{"a":0},…`, a few bytes each) grows fifty- to a hundredfold on its way through a request,
+//! where real transcript entries (some 30 bytes a value and 200 a container) grow some
+//! sevenfold. [`Weight::parsed_bytes`] estimates that cost from the counts, and a request's
+//! budget is charged for it ([`within`] refuses a text whose cost alone passes a bound).
+//! Whitespace between tokens is not counted: padding buys nothing.
 
-/// Values any text may hold, whatever its length.
-pub const VALUE_FLOOR: usize = 100_000;
+/// Memory a parsed value takes, its share of a request's copies included (measured on the
+/// release build: an append of tiny objects, and of real entries, against these counts).
+pub const VALUE_BYTES: usize = 64;
 
-/// Bytes of text each value past the floor needs: half of what real entries spend.
-pub const BYTES_PER_VALUE: usize = 8;
+/// Memory a parsed object or array takes beyond its values: its map or vector, their growth,
+/// and the request's copies of them (measured as [`VALUE_BYTES`]).
+pub const CONTAINER_BYTES: usize = 896;
 
-/// The most values a text of `bytes` bytes may hold.
-pub fn value_allowance(bytes: usize) -> usize {
-    VALUE_FLOOR + bytes / BYTES_PER_VALUE
+/// The most a text may take once parsed unless the caller says otherwise: the default budget
+/// of request bodies held at once.
+pub const DEFAULT_MAX_PARSED_BYTES: usize = 256 * 1024 * 1024;
+
+/// What a JSON text holds, counted from its bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Weight {
+    /// Bytes other than whitespace between tokens.
+    pub bytes: usize,
+    /// Every object, array, member and element, the top value included.
+    pub values: usize,
+    /// Objects and arrays.
+    pub containers: usize,
 }
 
-/// The values in `json`: every object, array, member and element, the top value included, as
-/// a parser would build them. Text that is not JSON is counted as if it were (it is refused by
-/// the parser later); strings are skipped without being read.
-pub fn count_values(json: &[u8]) -> usize {
-    let mut values = 0usize;
+impl Weight {
+    /// About the memory the text takes once parsed, as [`VALUE_BYTES`] and [`CONTAINER_BYTES`]
+    /// count it.
+    pub fn parsed_bytes(&self) -> usize {
+        self.bytes
+            .saturating_add(self.values.saturating_mul(VALUE_BYTES))
+            .saturating_add(self.containers.saturating_mul(CONTAINER_BYTES))
+    }
+}
+
+/// The weight of `json`. Text that is not JSON is counted as if it were (the parser refuses it
+/// later); strings are skipped without being read.
+pub fn weigh(json: &[u8]) -> Weight {
+    let mut weight = Weight::default();
     let (mut in_string, mut escaped) = (false, false);
     // Just after `[` or `{`: the next token other than whitespace opens a first element, unless
     // it closes the container.
     let mut opened = false;
-    let mut any = false;
     for &byte in json {
         if in_string {
+            weight.bytes += 1;
             if escaped {
                 escaped = false;
             } else if byte == b'\\' {
@@ -41,35 +64,65 @@ pub fn count_values(json: &[u8]) -> usize {
         if matches!(byte, b' ' | b'\t' | b'\n' | b'\r') {
             continue;
         }
-        if !any {
-            any = true;
-            values += 1;
+        if weight.bytes == 0 {
+            weight.values += 1;
         }
+        weight.bytes += 1;
         if opened && !matches!(byte, b']' | b'}') {
-            values += 1;
+            weight.values += 1;
         }
         opened = false;
         match byte {
             b'"' => in_string = true,
-            b'[' | b'{' => opened = true,
-            b',' => values += 1,
+            b'[' | b'{' => {
+                opened = true;
+                weight.containers += 1;
+            }
+            b',' => weight.values += 1,
             _ => {}
         }
     }
-    values
+    weight
 }
 
-/// `Err((values, allowance))` when `json` holds more values than its length allows.
-pub fn within_bounds(json: &[u8]) -> Result<(), (usize, usize)> {
-    let allowance = value_allowance(json.len());
-    // Most texts are far below the floor however they are counted: a byte is at most a value.
-    if json.len() <= VALUE_FLOOR {
-        return Ok(());
+/// The values in `json` (see [`Weight::values`]).
+pub fn count_values(json: &[u8]) -> usize {
+    weigh(json).values
+}
+
+/// Why a text is refused: what it holds, and what it would take.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TooHeavy {
+    pub weight: Weight,
+    pub max_parsed_bytes: usize,
+}
+
+impl std::fmt::Display for TooHeavy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let w = &self.weight;
+        write!(
+            f,
+            "{} JSON values, {} of them objects or arrays, in {} bytes: about {} bytes once \
+             parsed, more than the {} one request may take",
+            w.values,
+            w.containers,
+            w.bytes,
+            w.parsed_bytes(),
+            self.max_parsed_bytes
+        )
     }
-    match count_values(json) {
-        values if values > allowance => Err((values, allowance)),
-        _ => Ok(()),
+}
+
+/// The text's weight, or why it would take more than `max_parsed_bytes` once parsed.
+pub fn within(json: &[u8], max_parsed_bytes: usize) -> Result<Weight, TooHeavy> {
+    let weight = weigh(json);
+    if weight.parsed_bytes() > max_parsed_bytes {
+        return Err(TooHeavy {
+            weight,
+            max_parsed_bytes,
+        });
     }
+    Ok(weight)
 }
 
 #[cfg(test)]
@@ -110,18 +163,25 @@ mod tests {
     }
 
     #[test]
-    fn dense_texts_are_refused_and_real_ones_pass() {
-        let empty_arrays = format!("[{}[]]", "[],".repeat(200_000));
-        let (values, allowance) = within_bounds(empty_arrays.as_bytes()).unwrap_err();
-        assert_eq!(values, 200_002);
-        assert_eq!(allowance, value_allowance(empty_arrays.len()));
-        let words: Vec<_> = (0..200_000)
-            .map(|i| serde_json::json!({"type": "text", "text": format!("word {i}")}))
-            .collect();
-        let real = serde_json::to_vec(&words).unwrap();
-        assert!(count_values(&real) > VALUE_FLOOR);
-        assert_eq!(within_bounds(&real), Ok(()));
-        // Below the floor anything goes.
-        assert_eq!(within_bounds("[[],".repeat(1_000).as_bytes()), Ok(()));
+    fn dense_texts_weigh_more_than_real_ones_of_their_length() {
+        const MIB: usize = 1024 * 1024;
+        // Small objects padded with whitespace: the padding buys nothing.
+        let objects = format!("[{}{{}}]", "{\"abcdefghi\":0},         ".repeat(200_000));
+        let refused = within(objects.as_bytes(), 32 * MIB).unwrap_err();
+        assert_eq!(refused.weight.containers, 200_002);
+        assert_eq!(refused.weight.bytes, 16 * 200_000 + 4);
+        assert!(refused.to_string().contains("once parsed"), "{refused}");
+        // Real entries of a few times the size pass.
+        let line = r#"{"parentUuid":"9f1c2a4e-0b7d-4c55-8e3a-5d2f7b9c1e08","isSidechain":false,"userType":"external","cwd":"/work/app","sessionId":"6a0e8f3b-2d41-4f7c-9b15-0c8e4d2a7f63","version":"2.0.14","gitBranch":"main","type":"assistant","message":{"id":"msg_01XYZ","type":"message","role":"assistant","model":"claude-opus-5","content":[{"type":"text","text":"I'll run the tests now and report what fails."}],"stop_reason":"end_turn","usage":{"input_tokens":1520,"output_tokens":42}},"uuid":"1b2c3d4e-5f60-4718-9a0b-c1d2e3f40516","timestamp":"2026-12-03T10:00:00.000Z"}"#;
+        let real = format!("[{}]", vec![line; 20_000].join(","));
+        assert!(real.len() > 3 * refused.weight.bytes, "{}", real.len());
+        let weight = within(real.as_bytes(), DEFAULT_MAX_PARSED_BYTES).unwrap();
+        // Per byte of text, the tiny objects cost over four times what real entries do.
+        let per_byte = |w: &Weight| w.parsed_bytes() as f64 / w.bytes as f64;
+        assert!(
+            per_byte(&refused.weight) > 4.0 * per_byte(&weight),
+            "{weight:?} {:?}",
+            refused.weight
+        );
     }
 }

@@ -627,9 +627,25 @@ pub async fn read_body(State(state): State<AppState>, request: Request, next: Ne
     let limits = &state.limits;
     let read = read_within_budget(body, limits.body_bytes, &state.guards.body_budget);
     match tokio::time::timeout(limits.body_read_timeout, read).await {
-        Ok(Ok((bytes, budget))) => {
-            if let Err((values, allowance)) = crate::json_weight::within_bounds(&bytes) {
-                return too_many_values(values, allowance).into_response();
+        Ok(Ok((bytes, mut budget))) => {
+            // The budget holds the body's bytes; its parsed values take more, held as well.
+            let weight = match crate::json_weight::within(&bytes, limits.max_inflight_body_bytes) {
+                Ok(weight) => weight,
+                Err(heavy) => return too_heavy(&heavy).into_response(),
+            };
+            let parsed = weight.parsed_bytes();
+            let owed = kib(parsed).saturating_sub(budget.num_permits());
+            if owed > 0 {
+                let permits = u32::try_from(owed).unwrap_or(u32::MAX);
+                match state
+                    .guards
+                    .body_budget
+                    .clone()
+                    .try_acquire_many_owned(permits)
+                {
+                    Ok(more) => budget.merge(more),
+                    Err(_) => return overloaded().into_response(),
+                }
             }
             let response = next
                 .run(Request::from_parts(parts, Body::from(bytes)))
@@ -648,16 +664,22 @@ pub async fn read_body(State(state): State<AppState>, request: Request, next: Ne
     }
 }
 
-/// 413 for a body denser in JSON values than its length allows (`json_weight`): parsed, it
-/// would take many times the memory of a real body of its size.
-pub fn too_many_values(values: usize, allowance: usize) -> ApiError {
+/// 413 for a body whose parsed values would take more than the process's budget of request
+/// bodies (`json_weight`): many small objects cost many times their text.
+pub fn too_heavy(heavy: &crate::json_weight::TooHeavy) -> ApiError {
     ApiError::new(
         ProblemKind::PayloadTooLarge,
-        format!(
-            "the body holds {values} JSON values, more than the {allowance} its length allows \
-             (100000, and one more for each {} bytes): send fewer, larger values, or split it",
-            crate::json_weight::BYTES_PER_VALUE
-        ),
+        format!("the body holds {heavy}: send fewer, larger values, or split it"),
+    )
+}
+
+/// 503 `overloaded`: the bodies in memory fill the process's budget.
+fn overloaded() -> ApiError {
+    crate::metrics::overloaded();
+    ApiError::retry_after(
+        ProblemKind::Overloaded,
+        "the request bodies in memory fill the server's budget; retry shortly",
+        1,
     )
 }
 
@@ -674,14 +696,6 @@ async fn read_within_budget(
         ApiError::new(
             ProblemKind::PayloadTooLarge,
             format!("the body is larger than {limit} bytes"),
-        )
-    };
-    let overloaded = || {
-        crate::metrics::overloaded();
-        ApiError::retry_after(
-            ProblemKind::Overloaded,
-            "the request bodies in memory fill the server's budget; retry shortly",
-            1,
         )
     };
     let take = |bytes: usize| {

@@ -120,7 +120,8 @@ pub async fn import_transcript(
         tenant,
         path.thread_id,
         query.previous_uuid.unwrap_or_default(),
-    );
+    )
+    .with_max_parsed_bytes(state.limits.max_inflight_body_bytes);
     let mut stream = body.into_data_stream();
     let mut pace = ImportPace::new(&state.limits);
     // Each line, or each item of the array, is bounded by the body limit.

@@ -1655,6 +1655,12 @@ fn the_block_fidelity_table_is_what_normalization_does() {
 // Edges an adversarial review found: repeated and missing ids, output-only fields, malformed
 // native parts and metadata
 
+/// A client call made by code execution call `srvtoolu_1`.
+fn ptc_call(id: &str) -> Value {
+    json!({"type": "tool_use", "id": id, "name": "query_db", "input": {},
+        "caller": {"type": "code_execution_20250825", "tool_id": "srvtoolu_1"}})
+}
+
 /// Each history with the texts every provider must still carry.
 fn edge_histories() -> Vec<(&'static str, Vec<Entry>, Vec<&'static str>)> {
     let call = |input: &str| json!({"type": "custom_tool_call", "id": "ctc_1", "call_id": "call_1", "name": "apply_diff", "input": input});
@@ -1751,6 +1757,137 @@ fn edge_histories() -> Vec<(&'static str, Vec<Entry>, Vec<&'static str>)> {
                 stored(2, "user", json!("thanks")),
             ],
             vec!["print(6*7)", "42", "print(7*8)", "56"],
+        ),
+        (
+            "a programmatic chain whose second call repeats the first's id",
+            vec![
+                stored(0, "user", json!("count")),
+                stored(
+                    1,
+                    "assistant",
+                    json!([{"type": "server_tool_use", "id": "srvtoolu_1",
+                    "name": "code_execution", "input": {"code": "rows = await q()"}}, ptc_call("toolu_1")]),
+                ),
+                stored(
+                    2,
+                    "user",
+                    json!([{"type": "tool_result", "tool_use_id": "toolu_1", "content": "[1,2]"}]),
+                ),
+                stored(3, "assistant", json!([ptc_call("toolu_1")])),
+                stored(
+                    4,
+                    "user",
+                    json!([{"type": "tool_result", "tool_use_id": "toolu_1", "content": "[1,2]"}]),
+                ),
+                stored(
+                    5,
+                    "assistant",
+                    json!([{"type": "code_execution_tool_result", "tool_use_id": "srvtoolu_1",
+                    "content": {"type": "code_execution_result", "stdout": "3 rows", "stderr": "",
+                        "return_code": 0, "content": []}}, {"type": "text", "text": "Three rows."}]),
+                ),
+                stored(6, "user", json!("thanks")),
+            ],
+            // The chain is broken where pairing removes the repeat: the code call and its
+            // result go, reported (`server_tool_use_removed`), and the rest stays valid.
+            vec!["[1,2]", "Three rows."],
+        ),
+        (
+            "calls made by an advisor call, answered as code, and callers in no form",
+            vec![
+                stored(0, "user", json!("go")),
+                stored(
+                    1,
+                    "assistant",
+                    json!([{"type": "server_tool_use", "id": "srvtoolu_1", "name": "advisor",
+                    "input": {}}, ptc_call("toolu_1")]),
+                ),
+                stored(
+                    2,
+                    "user",
+                    json!([{"type": "tool_result", "tool_use_id": "toolu_1", "content": "advised rows"}]),
+                ),
+                stored(
+                    3,
+                    "assistant",
+                    json!([{"type": "server_tool_use", "id": "srvtoolu_2", "name": "advisor",
+                    "input": {}}, {"type": "code_execution_tool_result", "tool_use_id": "srvtoolu_2",
+                    "content": {"type": "code_execution_result", "stdout": "OUT", "stderr": "",
+                        "return_code": 0, "content": []}},
+                    {"type": "tool_use", "id": "toolu_2", "name": "q", "input": {},
+                        "caller": {"type": "code_execution_20250825", "tool_id": 123}},
+                    {"type": "tool_use", "id": "toolu_3", "name": "q", "input": {}, "caller": null}]),
+                ),
+                stored(
+                    4,
+                    "user",
+                    json!([{"type": "tool_result", "tool_use_id": "toolu_2", "content": "second rows"},
+                    {"type": "tool_result", "tool_use_id": "toolu_3", "content": "third rows"}]),
+                ),
+                stored(5, "assistant", json!([{"type": "text", "text": "Done."}])),
+                stored(6, "user", json!("thanks")),
+            ],
+            vec!["advised rows", "second rows", "third rows"],
+        ),
+        (
+            "Responses items whose fields are not of their input types",
+            vec![
+                stored(0, "user", json!("go")),
+                stored(
+                    1,
+                    "assistant",
+                    json!([
+                    {"type": "web_search_call", "id": "ws_1", "status": "completed",
+                        "action": {"type": "search", "query": 5}},
+                    {"type": "custom_tool_call", "id": "ctc_1", "call_id": "call_1", "name": "apply_diff",
+                        "input": {"diff": "object diff"}},
+                    {"type": "custom_tool_call", "id": "ctc_2", "call_id": "call_2", "name": "apply_diff",
+                        "input": "listed diff"},
+                    {"type": "local_shell_call", "id": "lsc_1", "call_id": "call_3", "status": "completed",
+                        "action": {"type": "exec", "command": ["ls"], "env": {}}}]),
+                ),
+                stored(
+                    2,
+                    "user",
+                    json!([
+                    {"type": "custom_tool_call_output", "call_id": "call_1", "output": "object applied"},
+                    {"type": "custom_tool_call_output", "call_id": "call_2", "output": [
+                        {"type": "input_text", "text": "listed applied"},
+                        {"type": "input_image", "image_url": "https://example.com/shot.png"}]},
+                    {"type": "local_shell_call_output", "id": "call_3", "call_id": "call_3",
+                        "output": "shell listing"}]),
+                ),
+                stored(3, "assistant", json!([{"type": "text", "text": "Done."}])),
+                stored(4, "user", json!("next")),
+            ],
+            vec![
+                "object diff",
+                "object applied",
+                "listed diff",
+                "listed applied",
+                "shell listing",
+            ],
+        ),
+        (
+            "a search result in a tool result without a title, its source a list",
+            vec![
+                stored(0, "user", json!("go")),
+                stored(
+                    1,
+                    "assistant",
+                    json!([{"type": "tool_use", "id": "toolu_1", "name": "s", "input": {}}]),
+                ),
+                stored(
+                    2,
+                    "user",
+                    json!([{"type": "tool_result", "tool_use_id": "toolu_1", "content": [
+                    {"type": "search_result", "title": null, "source": ["runbook.md"],
+                        "content": [{"type": "text", "text": "restart the pods"}]}]}]),
+                ),
+                stored(3, "assistant", json!([{"type": "text", "text": "ok"}])),
+                stored(4, "user", json!("next")),
+            ],
+            vec!["runbook.md", "restart the pods"],
         ),
         (
             "a document whose title and context are not text",

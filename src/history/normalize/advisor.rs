@@ -1,6 +1,11 @@
 //! Step k — `stripAdvisorBlocks` (`docs/NORMALIZATION.md` § Pipeline), when the advisor is not available.
 
-use super::blocks::{is_blank_text, is_thinking, is_type, str_field, text_block, ADVISOR_RESPONSE};
+use std::collections::HashSet;
+
+use super::blocks::{
+    caller_of, is_blank_text, is_server_result, is_thinking, is_type, str_field, text_block,
+    ADVISOR_RESPONSE,
+};
 use super::{Block, Ctx, Msg, RepairKind};
 
 fn is_advisor(v: &serde_json::Value) -> bool {
@@ -12,15 +17,30 @@ fn is_advisor(v: &serde_json::Value) -> bool {
 /// assistant turns. If what remains is empty or only thinking and blank text, a
 /// `[Advisor response]` text block is appended. Reports `advisor_stripped` per turn.
 pub fn strip_advisor_blocks(msgs: &mut [Msg], ctx: &mut Ctx) {
+    // The advisor calls removed: any result answering one, and any client call naming one as its
+    // caller, would be left pointing at nothing.
+    let calls: HashSet<String> = msgs
+        .iter()
+        .flat_map(|m| &m.blocks)
+        .filter(|b| is_advisor(&b.v) && is_type(&b.v, "server_tool_use"))
+        .filter_map(|b| str_field(&b.v, "id").map(String::from))
+        .collect();
     for m in msgs.iter_mut().filter(|m| m.is_assistant()) {
         let mut srcs = Vec::new();
-        m.blocks.retain(|b| {
-            if is_advisor(&b.v) {
+        m.blocks.retain_mut(|b| {
+            let answers_advisor = is_server_result(&b.v)
+                && str_field(&b.v, "tool_use_id").is_some_and(|id| calls.contains(id));
+            if is_advisor(&b.v) || answers_advisor {
                 srcs.push(b.src);
-                false
-            } else {
-                true
+                return false;
             }
+            if caller_of(&b.v).is_some_and(|id| calls.contains(id)) {
+                if let Some(fields) = b.v.as_object_mut() {
+                    fields.remove("caller");
+                }
+                srcs.push(b.src);
+            }
+            true
         });
         if srcs.is_empty() {
             continue;

@@ -339,7 +339,10 @@ pub fn sanitize_blocks(
                 );
                 return false;
             }
-            "tool_use" => repair_tool_use(b, ctx),
+            "tool_use" => {
+                repair_tool_use(b, ctx);
+                repair_caller(b, ctx);
+            }
             "tool_result" => {
                 let bad = b.v.get("content").filter(|c| !matches!(c, Value::String(_) | Value::Array(_) | Value::Null));
                 if let Some(c) = bad {
@@ -364,15 +367,52 @@ pub fn sanitize_blocks(
     });
 }
 
+/// A client call's `caller` in a form Anthropic takes: `{"type":"direct"}`, or a code execution
+/// call's type with its `tool_id`; another one is removed (the call reads as a direct one).
+fn repair_caller(b: &mut Block, ctx: &mut Ctx) {
+    let Some(caller) = b.v.get("caller") else {
+        return;
+    };
+    let fields = caller.as_object();
+    let ok = match fields.and_then(|f| f.get("type")).and_then(Value::as_str) {
+        Some("direct") => fields.is_some_and(|f| f.len() == 1),
+        Some("code_execution_20250825" | "code_execution_20260120") => {
+            fields.is_some_and(|f| f.len() == 2 && f.get("tool_id").is_some_and(Value::is_string))
+        }
+        _ => false,
+    };
+    if ok {
+        return;
+    }
+    if let Some(block) = b.v.as_object_mut() {
+        block.remove("caller");
+    }
+    ctx.report(
+        RepairKind::InvalidBlockDropped,
+        [b.src],
+        "a tool_use caller in no form the provider takes removed".into(),
+    );
+}
+
 /// A document's or search result's `title`, `context` and `source` are text for every
 /// provider: another JSON value there is replaced by its JSON text, so it is still read.
 fn text_metadata(v: &mut Value, src: u32, ctx: &mut Ctx) {
-    let fields: &[&str] = match block_type(v) {
-        Some("document") => &["title", "context"],
-        Some("search_result") => &["title", "source"],
+    // A search result's title and source are required text; a document's may be absent.
+    let (fields, required): (&[&str], bool) = match block_type(v) {
+        Some("document") => (&["title", "context"], false),
+        Some("search_result") => (&["title", "source"], true),
         _ => return,
     };
     for field in fields {
+        if required && v.get(*field).is_none_or(Value::is_null) {
+            v[*field] = Value::String(String::new());
+            ctx.report(
+                RepairKind::InvalidBlockDropped,
+                [src],
+                format!("a search result without a {field} given an empty one"),
+            );
+            continue;
+        }
         let Some(value) = v.get_mut(*field) else {
             continue;
         };

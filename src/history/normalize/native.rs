@@ -61,8 +61,15 @@ pub fn native_block(v: &Value) -> Option<(Provider, bool)> {
     }
 }
 
+/// The call a Responses call or output names: its `call_id` (a local shell output names its
+/// call by `id`).
 fn call_id(v: &Value) -> &str {
-    str_field(v, "call_id").unwrap_or("")
+    let key = if block_type(v) == Some("local_shell_call_output") {
+        "id"
+    } else {
+        "call_id"
+    };
+    str_field(v, key).unwrap_or("")
 }
 
 /// Fields a Responses output item carries that its input form refuses (`*`: every item).
@@ -71,6 +78,342 @@ const RESPONSES_OUTPUT_ONLY: &[(&str, &str)] = &[
     ("custom_tool_call_output", "status"),
     ("custom_tool_call", "async"),
 ];
+
+/// The JSON a field of a Responses input item takes (`Null…`: also `null`).
+#[derive(Clone, Copy)]
+enum Kind {
+    Str,
+    NullOrStr,
+    Obj,
+    NullOrObj,
+    Arr,
+    NullOrArr,
+    StrOrParts,
+    Bool,
+    NullOrNum,
+    OneOf(&'static [&'static str]),
+    NullOrOneOf(&'static [&'static str]),
+}
+
+impl Kind {
+    fn admits(self, v: &Value) -> bool {
+        let one_of = |allowed: &[&str]| v.as_str().is_some_and(|s| allowed.contains(&s));
+        match self {
+            Kind::Str => v.is_string(),
+            Kind::NullOrStr => v.is_null() || v.is_string(),
+            Kind::Obj => v.is_object(),
+            Kind::NullOrObj => v.is_null() || v.is_object(),
+            Kind::Arr => v.is_array(),
+            Kind::NullOrArr => v.is_null() || v.is_array(),
+            Kind::StrOrParts => {
+                v.is_string()
+                    || v.as_array()
+                        .is_some_and(|parts| parts.iter().all(input_part))
+            }
+            Kind::Bool => v.is_boolean(),
+            Kind::NullOrNum => v.is_null() || v.is_number(),
+            Kind::OneOf(allowed) => one_of(allowed),
+            Kind::NullOrOneOf(allowed) => v.is_null() || one_of(allowed),
+        }
+    }
+}
+
+const CALL_STATUS: &[&str] = &["in_progress", "completed", "incomplete"];
+const SEARCH_STATUS: &[&str] = &[
+    "in_progress",
+    "searching",
+    "completed",
+    "incomplete",
+    "failed",
+];
+
+/// A field: its name, its kind, and whether the type requires it.
+type Field = (&'static str, Kind, bool);
+
+/// The fields of each Responses input item Loupe passes through (`openai.types.responses`
+/// `ResponseInputItemParam`, openai 3.60). Any other field is refused.
+const RESPONSES_FIELDS: &[(&str, &[Field])] = &[
+    (
+        "web_search_call",
+        &[
+            ("id", Kind::Str, true),
+            ("action", Kind::Obj, true),
+            ("status", Kind::OneOf(SEARCH_STATUS), true),
+        ],
+    ),
+    (
+        "file_search_call",
+        &[
+            ("id", Kind::Str, true),
+            ("queries", Kind::Arr, true),
+            ("status", Kind::OneOf(SEARCH_STATUS), true),
+            ("results", Kind::NullOrArr, false),
+        ],
+    ),
+    (
+        "code_interpreter_call",
+        &[
+            ("id", Kind::Str, true),
+            ("code", Kind::NullOrStr, true),
+            ("container_id", Kind::Str, true),
+            ("outputs", Kind::NullOrArr, true),
+            (
+                "status",
+                Kind::OneOf(&[
+                    "in_progress",
+                    "completed",
+                    "incomplete",
+                    "interpreting",
+                    "failed",
+                ]),
+                true,
+            ),
+        ],
+    ),
+    (
+        "image_generation_call",
+        &[
+            ("id", Kind::Str, true),
+            ("result", Kind::NullOrStr, true),
+            (
+                "status",
+                Kind::OneOf(&["in_progress", "completed", "generating", "failed"]),
+                true,
+            ),
+            (
+                "action",
+                Kind::NullOrOneOf(&["generate", "edit", "auto"]),
+                false,
+            ),
+            (
+                "background",
+                Kind::NullOrOneOf(&["transparent", "opaque", "auto"]),
+                false,
+            ),
+            ("error", Kind::Obj, false),
+            (
+                "output_format",
+                Kind::NullOrOneOf(&["png", "webp", "jpeg", "gif", "svg"]),
+                false,
+            ),
+            (
+                "quality",
+                Kind::NullOrOneOf(&["low", "medium", "high", "xhigh", "max", "auto"]),
+                false,
+            ),
+            ("revised_prompt", Kind::NullOrStr, false),
+            ("size", Kind::NullOrStr, false),
+            ("svg_usage", Kind::Obj, false),
+        ],
+    ),
+    (
+        "mcp_call",
+        &[
+            ("id", Kind::Str, true),
+            ("arguments", Kind::Str, true),
+            ("name", Kind::Str, true),
+            ("server_label", Kind::Str, true),
+            ("approval_request_id", Kind::NullOrStr, false),
+            ("error", Kind::NullOrObj, false),
+            ("output", Kind::NullOrStr, false),
+            (
+                "status",
+                Kind::OneOf(&[
+                    "in_progress",
+                    "completed",
+                    "incomplete",
+                    "calling",
+                    "failed",
+                ]),
+                false,
+            ),
+        ],
+    ),
+    (
+        "mcp_list_tools",
+        &[
+            ("id", Kind::Str, true),
+            ("server_label", Kind::Str, true),
+            ("tools", Kind::Arr, true),
+            ("error", Kind::NullOrStr, false),
+        ],
+    ),
+    ("item_reference", &[("id", Kind::Str, true)]),
+    (
+        "custom_tool_call",
+        &[
+            ("call_id", Kind::Str, true),
+            ("input", Kind::Str, true),
+            ("name", Kind::Str, true),
+            ("id", Kind::Str, false),
+            ("async", Kind::Bool, false),
+            ("caller", Kind::NullOrObj, false),
+            ("namespace", Kind::Str, false),
+        ],
+    ),
+    (
+        "custom_tool_call_output",
+        &[
+            ("call_id", Kind::Str, true),
+            ("output", Kind::StrOrParts, true),
+            ("id", Kind::Str, false),
+            ("caller", Kind::NullOrObj, false),
+        ],
+    ),
+    (
+        "computer_call",
+        &[
+            ("id", Kind::Str, true),
+            ("call_id", Kind::Str, true),
+            ("pending_safety_checks", Kind::Arr, true),
+            ("status", Kind::OneOf(CALL_STATUS), true),
+            ("action", Kind::Obj, false),
+            ("actions", Kind::Arr, false),
+        ],
+    ),
+    (
+        "computer_call_output",
+        &[
+            ("call_id", Kind::Str, true),
+            ("output", Kind::Obj, true),
+            ("id", Kind::NullOrStr, false),
+            ("acknowledged_safety_checks", Kind::NullOrArr, false),
+            ("status", Kind::NullOrOneOf(CALL_STATUS), false),
+        ],
+    ),
+    (
+        "local_shell_call",
+        &[
+            ("id", Kind::Str, true),
+            ("action", Kind::Obj, true),
+            ("call_id", Kind::Str, true),
+            ("status", Kind::OneOf(CALL_STATUS), true),
+        ],
+    ),
+    (
+        "local_shell_call_output",
+        &[
+            ("id", Kind::Str, true),
+            ("output", Kind::Str, true),
+            ("status", Kind::NullOrOneOf(CALL_STATUS), false),
+        ],
+    ),
+    (
+        "shell_call",
+        &[
+            ("action", Kind::Obj, true),
+            ("call_id", Kind::Str, true),
+            ("id", Kind::NullOrStr, false),
+            ("caller", Kind::NullOrObj, false),
+            ("environment", Kind::NullOrObj, false),
+            ("status", Kind::NullOrOneOf(CALL_STATUS), false),
+        ],
+    ),
+    (
+        "shell_call_output",
+        &[
+            ("call_id", Kind::Str, true),
+            ("output", Kind::Arr, true),
+            ("id", Kind::NullOrStr, false),
+            ("caller", Kind::NullOrObj, false),
+            ("max_output_length", Kind::NullOrNum, false),
+            ("status", Kind::NullOrOneOf(CALL_STATUS), false),
+        ],
+    ),
+    (
+        "apply_patch_call",
+        &[
+            ("call_id", Kind::Str, true),
+            ("operation", Kind::Obj, true),
+            ("status", Kind::OneOf(&["in_progress", "completed"]), true),
+            ("id", Kind::NullOrStr, false),
+            ("caller", Kind::NullOrObj, false),
+        ],
+    ),
+    (
+        "apply_patch_call_output",
+        &[
+            ("call_id", Kind::Str, true),
+            ("status", Kind::OneOf(&["completed", "failed"]), true),
+            ("id", Kind::NullOrStr, false),
+            ("caller", Kind::NullOrObj, false),
+            ("output", Kind::NullOrStr, false),
+        ],
+    ),
+];
+
+/// A part of a tool output list: `input_text`, `input_image` (with its `detail`) or
+/// `input_file`, with their fields only.
+fn input_part(part: &Value) -> bool {
+    let Some(fields) = part.as_object() else {
+        return false;
+    };
+    let (required, optional): (&[&str], &[&str]) = match str_field(part, "type") {
+        Some("input_text") => (&["text"], &[]),
+        Some("input_image") => (&["detail"], &["image_url", "file_id"]),
+        Some("input_file") => (&[], &["file_data", "file_id", "file_url", "filename"]),
+        _ => return false,
+    };
+    let detail_ok = part.get("detail").is_none_or(|d| {
+        d.as_str()
+            .is_some_and(|d| ["low", "high", "auto", "original"].contains(&d))
+    });
+    detail_ok
+        && required.iter().all(|k| fields.contains_key(*k))
+        && fields.iter().all(|(k, v)| {
+            k == "type"
+                || (k != "detail"
+                    && (v.is_string() || v.is_null())
+                    && (required.contains(&k.as_str()) || optional.contains(&k.as_str())))
+                || k == "detail"
+        })
+}
+
+/// The Responses item as an input item: without the fields only the output form has, if it
+/// then has its input type's fields and kinds.
+fn input_form(t: &str, v: &Value) -> Option<Value> {
+    let mut input = v.clone();
+    if let Some(fields) = input.as_object_mut() {
+        for (ty, key) in RESPONSES_OUTPUT_ONLY {
+            if *ty == "*" || *ty == t {
+                fields.remove(*key);
+            }
+        }
+    }
+    responses_item_well_formed(t, &input).then_some(input)
+}
+
+/// Whether a Responses item has the fields its input type takes, of their kinds, and nothing
+/// else; a web search's `action` is checked as well.
+fn responses_item_well_formed(t: &str, v: &Value) -> bool {
+    let Some(fields) = v.as_object() else {
+        return false;
+    };
+    let Some((_, spec)) = RESPONSES_FIELDS.iter().find(|(ty, _)| *ty == t) else {
+        return false;
+    };
+    let fits = spec
+        .iter()
+        .all(|(name, kind, required)| match fields.get(*name) {
+            Some(value) => kind.admits(value),
+            None => !required,
+        });
+    let known = fields
+        .keys()
+        .all(|k| k == "type" || spec.iter().any(|(name, _, _)| name == k));
+    fits && known && (t != "web_search_call" || web_search_action(&v["action"]))
+}
+
+/// A web search's `action`: a search (its `query` text), a page opened or a text found in one.
+fn web_search_action(action: &Value) -> bool {
+    let text = |key: &str| action.get(key).is_none_or(Value::is_string);
+    match str_field(action, "type") {
+        Some("search") => text("query") && action.get("sources").is_none_or(Value::is_array),
+        Some("open_page") => text("url"),
+        Some("find") | Some("find_in_page") => text("url") && text("pattern"),
+        _ => false,
+    }
+}
 
 /// Gemini's code execution parts, checked against their part types: `code` text, `language` and
 /// `outcome` among the enum's values, and no field the part does not have.
@@ -135,8 +478,9 @@ fn responses_kept(msgs: &[Msg]) -> HashSet<String> {
                 continue;
             }
             let fresh_item = str_field(&b.v, "id").is_none_or(|id| item_ids.insert(id));
+            let well_formed = input_form(t, &b.v).is_some();
             if RESPONSES_SELF_CONTAINED.contains(&t) {
-                if fresh_item {
+                if fresh_item && well_formed {
                     kept.insert(format!("{t}:#{index}"));
                 }
                 continue;
@@ -148,12 +492,15 @@ fn responses_kept(msgs: &[Msg]) -> HashSet<String> {
             let answer = msgs
                 .get(at + 1)
                 .filter(|n| m.is_assistant() && !n.is_assistant());
-            let answered = answer.is_some_and(|n| {
-                n.blocks
-                    .iter()
-                    .any(|o| block_type(&o.v) == Some(*output) && call_id(&o.v) == id)
-            });
-            if !id.is_empty() && fresh_item && answered && call_ids.insert(id) {
+            // Its first output in the next turn, which must have its input form too.
+            let answered = answer
+                .and_then(|n| {
+                    n.blocks
+                        .iter()
+                        .find(|o| block_type(&o.v) == Some(*output) && call_id(&o.v) == id)
+                })
+                .is_some_and(|o| input_form(output, &o.v).is_some());
+            if !id.is_empty() && fresh_item && well_formed && answered && call_ids.insert(id) {
                 kept.insert(format!("{t}:{id}"));
                 kept.insert(format!("{output}:{id}"));
             }
@@ -188,21 +535,19 @@ pub fn render_foreign(msgs: &mut [Msg], provider: Provider, ctx: &mut Ctx) {
                             || kept_responses.remove(&format!("{t}:{}", call_id(&b.v)))
                     }
                 };
-            if kept {
-                if own == Provider::OpenaiResponses {
-                    if let Some(fields) = b.v.as_object_mut() {
-                        for (ty, key) in RESPONSES_OUTPUT_ONLY {
-                            if *ty == "*" || *ty == t {
-                                fields.remove(*key);
-                            }
-                        }
-                    }
+            if kept && own == Provider::OpenaiResponses {
+                // `responses_kept` kept only items with an input form.
+                if let Some(input) = input_form(&t, &b.v) {
+                    b.v = input;
+                    return true;
                 }
+            } else if kept {
                 return true;
             }
             let why = match own {
                 _ if own != provider => "no form in this provider",
                 Provider::Gemini => "not the form its part has",
+                _ if kept => "not the form its input item has",
                 _ => "without its pair, or a repeated id",
             };
             // An opaque reference carries nothing a model reads: it goes, reported.

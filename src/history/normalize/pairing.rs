@@ -179,6 +179,18 @@ fn deferred_server_results(msgs: &[Msg]) -> Deferred {
             .collect()
     };
     let calls_of = |m: &Msg| ids_of(m, |v| is_type(v, "tool_use"), "id");
+    // Turns holding a use whose id an earlier use has: pairing removes it (and its result), so
+    // such a turn cannot carry a chain on.
+    let mut seen: HashSet<&str> = HashSet::new();
+    let mut repeats: HashSet<usize> = HashSet::new();
+    for (i, m) in msgs.iter().enumerate().filter(|(_, m)| m.is_assistant()) {
+        for b in &m.blocks {
+            let is_use = is_type(&b.v, "tool_use") || is_server_use(&b.v);
+            if is_use && !seen.insert(str_field(&b.v, "id").unwrap_or("")) {
+                repeats.insert(i);
+            }
+        }
+    }
     let mut out = Deferred::default();
     for (i, first) in msgs.iter().enumerate() {
         if !first.is_assistant() || !first.blocks.iter().any(|b| is_server_use(&b.v)) {
@@ -198,7 +210,8 @@ fn deferred_server_results(msgs: &[Msg]) -> Deferred {
             // The turn between holds the results of the client calls before it, and nothing
             // else: pairing leaves it as it is, as D1.10 needs it.
             let calls = calls_of(&msgs[at]);
-            let answers_them = between.is_user()
+            let answers_them = !repeats.contains(&at)
+                && between.is_user()
                 && then.is_assistant()
                 && !calls.is_empty()
                 && between.blocks.len() == calls.len()
@@ -240,11 +253,20 @@ fn deferred_server_results(msgs: &[Msg]) -> Deferred {
 /// Drops the `caller` of each client call in `m` whose server call is not among `live`: the
 /// call was removed, so the tool_use becomes a direct one rather than name a call that is gone.
 fn drop_dangling_callers(m: &mut Msg, live: &HashSet<String>, ctx: &mut Ctx) {
-    for b in m.blocks.iter_mut().filter(|b| is_type(&b.v, "tool_use")) {
+    // A call whose result came earlier in the turn has finished: it calls nothing more.
+    let mut finished: HashSet<String> = HashSet::new();
+    for b in m.blocks.iter_mut() {
+        if is_server_result(&b.v) {
+            finished.extend(str_field(&b.v, "tool_use_id").map(String::from));
+            continue;
+        }
+        if !is_type(&b.v, "tool_use") {
+            continue;
+        }
         let Some(caller) = caller_of(&b.v).map(String::from) else {
             continue;
         };
-        if live.contains(&caller) {
+        if live.contains(&caller) && !finished.contains(&caller) {
             continue;
         }
         if let Some(fields) = b.v.as_object_mut() {
@@ -254,7 +276,7 @@ fn drop_dangling_callers(m: &mut Msg, live: &HashSet<String>, ctx: &mut Ctx) {
         ctx.report(
             RepairKind::ServerToolUseRemoved,
             [b.src],
-            format!("tool_use {id} no longer names {caller}, a server call removed, as its caller"),
+            format!("tool_use {id} no longer names {caller}, a server call removed or finished, as its caller"),
         );
     }
 }

@@ -99,7 +99,14 @@ pub fn to_responses(msgs: Vec<Msg>, ctx: &mut Ctx) -> Vec<Value> {
                     }
                     Some("reasoning") => items.push(Item::Reasoning(b.v, b.src)),
                     // Only its own compaction item reaches here, first, as it was returned.
-                    Some("compaction") => items.push(Item::Verbatim(b.v)),
+                    // (`created_by` is of the output form only: the input type refuses it.)
+                    Some("compaction") => {
+                        let mut item = b.v;
+                        if let Some(fields) = item.as_object_mut() {
+                            fields.remove("created_by");
+                        }
+                        items.push(Item::Verbatim(item));
+                    }
                     // Its own items, as returned (the native pass turned the unpaired to text):
                     // a call the client answers is ordered as a function call is.
                     Some(t) if native_block(&b.v).is_some() => {
