@@ -239,8 +239,9 @@ pub struct ServeArgs {
     /// Seconds a write to a client may wait for the client to read before the connection closes.
     #[arg(long, env = "LOUPE_WRITE_TIMEOUT_SECS", default_value_t = Limits::DEFAULT.write_timeout.as_secs())]
     pub write_timeout_secs: u64,
-    /// Bytes of request bodies held in memory at once across the process (at least
-    /// --body-limit); past it requests get 503 `overloaded`.
+    /// Memory the request bodies held at once across the process may take once parsed (at
+    /// least --body-limit); past it requests get 503 `overloaded`, and a body that alone would
+    /// pass it 413.
     #[arg(long, env = "LOUPE_MAX_INFLIGHT_BODY_BYTES", default_value_t = Limits::DEFAULT.max_inflight_body_bytes)]
     pub max_inflight_body_bytes: usize,
     /// Bytes of stored thread windows that context reads hold at once across the process (a

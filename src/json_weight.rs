@@ -18,7 +18,7 @@ pub const CONTAINER_BYTES: usize = 896;
 
 /// The most a text may take once parsed unless the caller says otherwise: the default budget
 /// of request bodies held at once.
-pub const DEFAULT_MAX_PARSED_BYTES: usize = 256 * 1024 * 1024;
+pub const DEFAULT_MAX_PARSED_BYTES: usize = 1024 * 1024 * 1024;
 
 /// What a JSON text holds, counted from its bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

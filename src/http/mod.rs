@@ -100,8 +100,9 @@ pub struct Limits {
     /// Longest a connection's write may wait for the client to read before the connection is
     /// closed: a client that stops reading an answer does not hold its connection.
     pub write_timeout: Duration,
-    /// Bytes of request bodies held in memory at once across the process; past it a request is
-    /// answered 503 `overloaded` with `Retry-After`.
+    /// Memory the request bodies held at once across the process may take, each counted as
+    /// it will be once parsed (`json_weight`); past it a request is answered 503 `overloaded`
+    /// with `Retry-After`, and a body that alone would pass it 413.
     pub max_inflight_body_bytes: usize,
     /// Bytes of stored thread windows that context reads hold at once across the process. A
     /// read of a window past [`guard::WINDOW_FLOOR_BYTES`] waits for room first (it holds about
@@ -147,7 +148,7 @@ impl Limits {
         max_imports_per_tenant: 4,
         max_requests_per_tenant: 256,
         write_timeout: Duration::from_secs(30),
-        max_inflight_body_bytes: 256 * 1024 * 1024,
+        max_inflight_body_bytes: 1024 * 1024 * 1024,
         max_inflight_window_bytes: 256 * 1024 * 1024,
         max_connections_per_address: 256,
         auth_failures_per_sec: 1.0,

@@ -612,8 +612,14 @@ async fn the_migration_counts_what_threads_stored_before_it(app: TestApp) {
 }
 
 /// A body or an imported entry made of tiny values (`[[],[],…]`) would take a hundred times its
-/// length when parsed: it is refused before it is, while a real body of the same size passes.
+/// length when parsed: weighed before it is, it is refused when it alone would pass the budget
+/// of request bodies, while a real body of the same size passes.
 async fn a_body_dense_in_values_is_refused_before_it_is_parsed(app: TestApp) {
+    let limits = Limits {
+        max_inflight_body_bytes: 64 * 1024 * 1024,
+        ..no_rate_limit()
+    };
+    let app = app.reconfigure(limits, AuthMode::Open);
     let thread = app.thread("t").await;
     let dense = |n: usize| {
         let mut entry = user("dense", "q");
