@@ -246,6 +246,11 @@ impl Store {
     pub async fn scrub_storage(&self) -> Result<(), StoreError> {
         match self.backend {
             Backend::Sqlite => {
+                // The search index keeps a deleted row's tokens until its segments merge:
+                // merged into one, they are gone (and their pages zeroed, `secure_delete`).
+                sqlx::query("INSERT INTO search_index (search_index) VALUES ('optimize')")
+                    .execute(&self.writer)
+                    .await?;
                 if self.wal_scrub.is_some() {
                     super::truncate_wal(&self.pool).await;
                 }
@@ -370,7 +375,7 @@ impl ScrubQueue {
 }
 
 /// The tables whose rows an erasure rewrites (PostgreSQL vacuums them afterwards).
-const SCRUBBED_TABLES: &[&str] = &["messages", "tree_nodes"];
+const SCRUBBED_TABLES: &[&str] = &["messages", "search_rows", "tree_nodes"];
 
 impl ErasureTx {
     /// Makes the entries at `seqs` tombstones ([`Entry::tombstone`]): content gone, the hash

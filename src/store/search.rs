@@ -218,7 +218,7 @@ impl Store {
     }
 
     /// A thread's entries that match, its index first brought up to date (at most
-    /// [`CATCH_UP_STEPS`] steps: what is left shows in the lag).
+    /// `CATCH_UP_STEPS` steps: what is left shows in the lag).
     pub async fn search_thread(
         &self,
         tenant: &TenantId,
@@ -239,7 +239,7 @@ impl Store {
     }
 
     /// The tenant's entries that match in any of its threads, after a step of indexing on each
-    /// of the (at most [`TENANT_CATCH_UP_THREADS`]) threads the index is behind on. Also
+    /// of the (at most `TENANT_CATCH_UP_THREADS`) threads the index is behind on. Also
     /// answers how many entries are still to index.
     pub async fn search_tenant(
         &self,

@@ -174,6 +174,13 @@ async fn assert_gone_everywhere(app: &TestApp, thread: &str, secrets: &[&str]) {
     for job in jobs.body["jobs"].as_array().into_iter().flatten() {
         surfaces.push(format!("/v1/jobs/{}", job["id"].as_str().unwrap()));
     }
+    // Search finds none of them, in their thread or the tenant's (thinking included).
+    for secret in secrets {
+        surfaces.push(format!(
+            "/v1/threads/{thread}/search?q={secret}&thinking=true"
+        ));
+        surfaces.push(format!("/v1/search?q={secret}&thinking=true"));
+    }
     for uri in surfaces {
         let response = app.get(&uri).await;
         assert_eq!(response.status, StatusCode::OK, "{uri}: {}", response.body);
@@ -325,6 +332,21 @@ async fn erased_canaries_leave_every_surface_and_the_database_files(app: TestApp
             .await
             .unwrap();
         pool.close().await;
+    }
+    // Searched, so the search index holds them too.
+    for (thread, names) in [
+        ("outlined", &outlined_names),
+        ("compacted", &compacted_names),
+    ] {
+        for name in names.iter() {
+            let found = app
+                .get(&format!(
+                    "/v1/threads/{thread}/search?q={name}&thinking=true"
+                ))
+                .await;
+            let hits = found.body["hits"].as_array().map_or(0, Vec::len);
+            assert!(hits > 0, "{name}: {}", found.body);
+        }
     }
     let before = stored_copies(&app, &["outlined", "compacted"], &all).await;
     assert!(!before.is_empty(), "planted in the files");
