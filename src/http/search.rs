@@ -12,7 +12,7 @@ use super::answers::{MalformedJson, Overloaded, ThreadNotFound};
 use super::problem::{ApiError, ApiJson, ApiPath, ApiQuery, Problem};
 use super::threads::ThreadPath;
 use super::{AppState, ExpensiveSlot, Tenant};
-use crate::store::{IndexLag, SearchHit, SearchQuery};
+use crate::store::{IndexLag, SearchHit, SearchQuery, MAX_QUERY_CHARS};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -113,6 +113,12 @@ pub struct TenantSearchResponse {
 
 fn query_of(params: &SearchParams) -> Result<SearchQuery, ApiError> {
     let limit = super::page_limit(params.limit, 10, MAX_HITS)?;
+    let chars = params.q.chars().count();
+    if chars == 0 || chars > MAX_QUERY_CHARS {
+        return Err(ApiError::bad_request(format!(
+            "q must hold 1 to {MAX_QUERY_CHARS} characters, got {chars}"
+        )));
+    }
     Ok(SearchQuery {
         terms: SearchQuery::terms_of(&params.q),
         limit: i64::from(limit),
@@ -180,8 +186,8 @@ pub async fn search_tenant(
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({"query": "src/store/jobs.rs"}))]
 pub struct SearchToolRequest {
-    /// Words or exact strings to find; `"a phrase"` in quotes.
-    #[schema(max_length = 500, pattern = r"^[^\u0000]*$")]
+    /// Words or exact strings to find; `"a phrase"` in quotes. The first 16 terms are used; a
+    /// longer query than 500 characters is answered as the model's mistake.
     pub query: String,
     /// Most results (default 10, at most 50).
     pub limit: Option<i64>,
@@ -218,6 +224,17 @@ pub async fn search_tool(
     ApiPath(path): ApiPath<ThreadPath>,
     ApiJson(body): ApiJson<SearchToolRequest>,
 ) -> Result<Json<SearchToolResponse>, ApiError> {
+    if body.query.chars().count() > MAX_QUERY_CHARS {
+        // The thread must exist even for a query the model got wrong.
+        state.store.get_thread(&tenant, &path.thread_id).await?;
+        return Ok(Json(SearchToolResponse {
+            content: format!(
+                "search takes at most {MAX_QUERY_CHARS} characters: search for one distinctive \
+                 word or string at a time."
+            ),
+            is_error: true,
+        }));
+    }
     let terms = SearchQuery::terms_of(&body.query);
     let limit = body.limit.unwrap_or(10).clamp(1, i64::from(MAX_HITS));
     let query = SearchQuery {

@@ -65,7 +65,10 @@ pub use payloads::{
     CompactionPayload, DEFAULT_KEEP_RECENT_ROUNDS, KIND_COMPACTION, KIND_NOOP, KIND_TREE,
 };
 pub use rows::fingerprint;
-pub use search::{IndexLag, SearchHit, SearchQuery, INDEX_BATCH, MARK_CLOSE, MARK_OPEN};
+pub use search::{
+    IndexLag, SearchHit, SearchQuery, INDEX_BATCH, MARK_CLOSE, MARK_OPEN, MAX_QUERY_CHARS,
+    MAX_TERMS,
+};
 pub use settings::{ClearingSettings, MicrocompactSettings, ThreadSettings};
 pub use threads::{NewThread, Thread, ThreadPage};
 pub use tree::{NewNode, OutlineSnapshot, StandIns, TreeStatus, ZoomRead, LINE_CONTEXT_LINES};

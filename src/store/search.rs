@@ -17,7 +17,7 @@ use std::collections::HashSet;
 
 use sqlx::Row;
 
-use super::rows::entry_from_row;
+use super::rows::{entry_from_row, page_within_bytes};
 use super::{Backend, Store, StoreError, TenantId, ThreadId, ThreadKey};
 use crate::history::model::{subtype, Entry};
 use crate::history::normalize::view::snipped_uuids;
@@ -26,11 +26,20 @@ use crate::history::search::searchable;
 /// Entries one indexing step reads of a thread.
 pub const INDEX_BATCH: i64 = 256;
 
+/// Bytes of bodies one indexing step reads (at least one entry).
+pub const INDEX_BATCH_BYTES: i64 = 4 * 1024 * 1024;
+
 /// Indexing steps a thread's search may take first: 2,048 entries.
 pub const CATCH_UP_STEPS: usize = 8;
 
 /// Threads a tenant-wide search indexes a step of first.
 pub const TENANT_CATCH_UP_THREADS: i64 = 16;
+
+/// Terms one query may hold: each is a match of its own for the engine.
+pub const MAX_TERMS: usize = 16;
+
+/// Characters a query may hold.
+pub const MAX_QUERY_CHARS: usize = 500;
 
 /// Characters of context on each side of a snippet's match.
 const SNIPPET_CONTEXT: usize = 80;
@@ -51,8 +60,13 @@ pub struct SearchQuery {
 }
 
 impl SearchQuery {
-    /// The terms of a query as written: words apart, a `"quoted phrase"` as one term.
+    /// The terms of a query as written: words apart, a `"quoted phrase"` as one term; at most
+    /// [`MAX_TERMS`] (the first), control characters read as spaces.
     pub fn terms_of(query: &str) -> Vec<String> {
+        let query: String = query
+            .chars()
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .collect();
         let mut terms = Vec::new();
         for (i, part) in query.split('"').enumerate() {
             if i % 2 == 1 {
@@ -65,6 +79,7 @@ impl SearchQuery {
         }
         let mut seen = HashSet::new();
         terms.retain(|t| seen.insert(t.to_lowercase()));
+        terms.truncate(MAX_TERMS);
         terms
     }
 }
@@ -126,15 +141,14 @@ impl Store {
         .map(entry_from_row)
         .collect::<Result<Vec<Entry>, _>>()?;
         let hidden: HashSet<&str> = snipped_uuids(&snips);
-        let rows = sqlx::query(
-            "SELECT seq, uuid, created_at, body FROM messages \
-             WHERE thread_key = $1 AND seq >= $2 ORDER BY seq LIMIT $3",
-        )
-        .bind(thread_key.as_str())
-        .bind(mark.search_seq)
-        .bind(INDEX_BATCH)
-        .fetch_all(&self.pool)
-        .await?;
+        // A batch is cut by bytes too: a thread of large entries is read a few at a time.
+        let rows = sqlx::query(&page_within_bytes("m.seq, m.uuid, m.created_at, m.body"))
+            .bind(thread_key.as_str())
+            .bind(mark.search_seq - 1)
+            .bind(INDEX_BATCH)
+            .bind(INDEX_BATCH_BYTES)
+            .fetch_all(&self.pool)
+            .await?;
         let mut last = mark.search_seq - 1;
         let mut found = Vec::new();
         for row in &rows {
@@ -365,16 +379,25 @@ impl Store {
                 })
                 .collect::<Vec<_>>()
                 .join(" + ");
+            // The hits are ranked on their ids, and only the best's text is read, a window of
+            // it around the first match.
+            let (text, thinking) = (
+                windowed("r.text", 5, query.terms.len(), false),
+                windowed("r.thinking", 5, query.terms.len(), false),
+            );
             let sql = format!(
-                "SELECT thread_id, seq, text, thinking, kind, \
+                "SELECT h.thread_id, h.seq, {text} AS text, {thinking} AS thinking, h.kind, \
+                 h.score FROM (\
+                 SELECT id, thread_id, seq, kind, \
                  matched - relevance / (1.0 - relevance) AS score FROM (\
-                 SELECT t.thread_id, r.seq, r.text, r.thinking, m.kind, \
+                 SELECT r.id, t.thread_id, r.seq, m.kind, \
                  CAST({counted} AS REAL) AS matched, bm25(search_index) AS relevance \
                  FROM search_index JOIN search_rows r ON r.id = search_index.rowid \
                  JOIN threads t ON t.thread_key = r.thread_key \
                  JOIN messages m ON m.thread_key = r.thread_key AND m.seq = r.seq \
                  WHERE search_index MATCH $1 AND t.tenant_id = $2 {scope}) \
-                 ORDER BY score DESC, seq DESC LIMIT $4"
+                 ORDER BY score DESC, seq DESC LIMIT $4) h \
+                 JOIN search_rows r ON r.id = h.id ORDER BY h.score DESC, h.seq DESC"
             );
             let matched = format!("{columns} : ({})", indexed.join(" OR "));
             let mut q = sqlx::query(&sql)
@@ -429,9 +452,10 @@ impl Store {
             counts.push(format!("(CASE WHEN {term} THEN 1 ELSE 0 END)"));
             matches.push(term);
         }
+        let plain = 5 + query.terms.len();
         let rank = if postgres {
             let words = (0..query.terms.len())
-                .map(|i| format!("plainto_tsquery('simple', ${})", i + 5 + query.terms.len()))
+                .map(|i| format!("plainto_tsquery('simple', ${})", i + plain))
                 .collect::<Vec<_>>()
                 .join(" || ");
             format!(
@@ -441,12 +465,19 @@ impl Store {
         } else {
             format!("CAST({} AS REAL)", counts.join(" + "))
         };
+        let (text, thinking) = (
+            windowed("r.text", plain, query.terms.len(), postgres),
+            windowed("r.thinking", plain, query.terms.len(), postgres),
+        );
         let sql = format!(
-            "SELECT t.thread_id, r.seq, r.text, r.thinking, m.kind, {rank} AS score \
+            "SELECT h.thread_id, h.seq, {text} AS text, {thinking} AS thinking, h.kind, h.score \
+             FROM (SELECT t.thread_id, r.thread_key, r.seq, m.kind, {rank} AS score \
              FROM search_rows r JOIN threads t ON t.thread_key = r.thread_key \
              JOIN messages m ON m.thread_key = r.thread_key AND m.seq = r.seq \
              WHERE t.tenant_id = $2 {scope} AND ({}) \
-             ORDER BY score DESC, r.seq DESC LIMIT $4",
+             ORDER BY score DESC, r.seq DESC LIMIT $4) h \
+             JOIN search_rows r ON r.thread_key = h.thread_key AND r.seq = h.seq \
+             ORDER BY h.score DESC, h.seq DESC",
             matches.join(" OR ")
         );
         let mut q = sqlx::query(&sql)
@@ -457,10 +488,9 @@ impl Store {
         for term in &query.terms {
             q = q.bind(format!("%{}%", like_escaped(term)));
         }
-        if postgres {
-            for term in &query.terms {
-                q = q.bind(term.clone());
-            }
+        // Plain, for the text's window (and PostgreSQL's word rank).
+        for term in &query.terms {
+            q = q.bind(term.clone());
         }
         Ok(q.fetch_all(&self.pool).await?)
     }
@@ -486,6 +516,24 @@ impl Store {
         }
         Ok(removed)
     }
+}
+
+/// Characters of an entry's text read around its first match, for the snippet.
+const WINDOW_CHARS: usize = 600;
+
+/// SQL for a window of `column` around the first place one of the `count` terms bound from
+/// `$first` on occurs (case folded), or its start: a hit's snippet needs no more of a long text.
+fn windowed(column: &str, first: usize, count: usize, postgres: bool) -> String {
+    let find = if postgres { "strpos" } else { "instr" };
+    let places = (first..first + count)
+        .map(|p| format!("NULLIF({find}(lower({column}), lower(${p})), 0)"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let greatest = if postgres { "greatest" } else { "max" };
+    format!(
+        "substr({column}, {greatest}(1, COALESCE({places}, 1) - {}), {WINDOW_CHARS})",
+        WINDOW_CHARS / 3
+    )
 }
 
 /// `term` for a `LIKE … ESCAPE '\'` pattern: its wildcards and backslashes taken literally.
@@ -556,7 +604,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn terms_are_words_or_quoted_phrases() {
+    fn terms_are_words_or_quoted_phrases_and_few() {
+        assert_eq!(SearchQuery::terms_of("abc\u{0}def"), ["abc", "def"]);
+        let many: String = (0..1000).map(|i| format!("t{i} ")).collect();
+        assert_eq!(SearchQuery::terms_of(&many).len(), MAX_TERMS);
         assert_eq!(
             SearchQuery::terms_of(r#"E0282 "cargo test  -p" src/store/jobs.rs e0282 """#),
             ["E0282", "cargo test  -p", "src/store/jobs.rs"]

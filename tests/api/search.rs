@@ -134,6 +134,41 @@ async fn the_search_tool_answers_in_the_outlines_form(app: TestApp) {
         .as_str()
         .unwrap()
         .starts_with("Nothing"));
+    // What the engine cannot take is the model's mistake or nothing at all, never a fault.
+    let nul = app
+        .post(&uri, json!({"query": "E02\u{0}82 abc\u{0}def"}))
+        .await;
+    assert_eq!(nul.status, StatusCode::OK, "{}", nul.body);
+    let many: String = (0..1200).map(|i| format!("term{i} ")).collect();
+    let many_terms = app
+        .post(
+            &uri,
+            json!({"query": many.chars().take(500).collect::<String>()}),
+        )
+        .await;
+    assert_eq!(many_terms.status, StatusCode::OK, "{}", many_terms.body);
+    let long = app.post(&uri, json!({"query": many})).await;
+    assert_eq!(long.body["is_error"], true, "{}", long.body);
+    let long_get = app
+        .get(&format!(
+            "/v1/threads/{thread}/search?q={}",
+            "x".repeat(501)
+        ))
+        .await;
+    long_get.assert_problem(StatusCode::BAD_REQUEST, "bad-request");
+    let short_terms: String = (0..600).map(|i| format!("{} ", i % 90 + 10)).collect();
+    let scan = app
+        .get(&format!(
+            "/v1/search?q={}",
+            short_terms
+                .trim()
+                .chars()
+                .take(500)
+                .collect::<String>()
+                .replace(' ', "+")
+        ))
+        .await;
+    assert_eq!(scan.status, StatusCode::OK, "{}", scan.body);
     let refused = app.post(&uri, json!({"q": "E0282"})).await;
     refused.assert_problem(StatusCode::UNPROCESSABLE_ENTITY, "validation");
     // Wherever zoom is offered, search is too.

@@ -196,8 +196,9 @@ fn deferred_server_results(msgs: &[Msg]) -> Deferred {
         if !first.is_assistant() || !first.blocks.iter().any(|b| is_server_use(&b.v)) {
             continue;
         }
+        // Only code execution calls tools and answers later; only its own result answers it.
         let answered_in_turn = ids_of(first, is_server_result, "tool_use_id");
-        let mut open: HashSet<String> = ids_of(first, is_server_use, "id")
+        let mut open: HashSet<String> = ids_of(first, is_code_execution, "id")
             .into_iter()
             .filter(|id| !answered_in_turn.contains(id))
             .collect();
@@ -220,7 +221,7 @@ fn deferred_server_results(msgs: &[Msg]) -> Deferred {
             if !answers_them {
                 break;
             }
-            let answered: HashSet<String> = ids_of(then, is_server_result, "tool_use_id")
+            let answered: HashSet<String> = ids_of(then, is_code_execution_result, "tool_use_id")
                 .intersection(&open)
                 .cloned()
                 .collect();
@@ -248,6 +249,18 @@ fn deferred_server_results(msgs: &[Msg]) -> Deferred {
         }
     }
     out
+}
+
+/// A code execution server call (`code_execution`, `bash_code_execution`, …): the calls whose
+/// result may come in a later response.
+fn is_code_execution(v: &Value) -> bool {
+    is_type(v, "server_tool_use")
+        && str_field(v, "name").is_some_and(|n| n.contains("code_execution"))
+}
+
+/// A code execution call's result (`code_execution_tool_result`, `bash_code_execution_…`).
+fn is_code_execution_result(v: &Value) -> bool {
+    block_type(v).is_some_and(|t| t.ends_with("code_execution_tool_result"))
 }
 
 /// Drops the `caller` of each client call in `m` whose server call is not among `live`: the
@@ -676,5 +689,40 @@ mod tests {
                 assert!(sent.contains(read), "{provider:?} lost {read:?}: {sent}");
             }
         }
+    }
+
+    /// A chain whose later turn holds another call's result under the same id (an advisor's,
+    /// which the advisor step then strips): only a code execution result answers a code
+    /// execution call, so the chain's call is not kept waiting for it.
+    #[test]
+    fn only_a_code_execution_result_answers_a_deferred_call() {
+        let call = json!({"type": "server_tool_use", "id": "srvtoolu_9", "name": "code_execution",
+            "input": {"code": "await q()"}});
+        let client = json!({"type": "tool_use", "id": "toolu_1", "name": "q", "input": {},
+            "caller": {"type": "code_execution_20250825", "tool_id": "srvtoolu_9"}});
+        let e = vec![
+            user(0, json!("go")),
+            asst(1, "A", json!([call, client])),
+            user(
+                2,
+                json!([{"type": "tool_result", "tool_use_id": "toolu_1", "content": "rows"}]),
+            ),
+            asst(
+                3,
+                "B",
+                json!([{"type": "server_tool_use", "id": "srvtoolu_9", "name": "advisor",
+                "input": {}}, {"type": "advisor_tool_result", "tool_use_id": "srvtoolu_9",
+                "content": {"type": "advisor_result", "text": "advice"}}, text("done")]),
+            ),
+            user(4, json!("next")),
+        ];
+        let out = super::super::normalize(&e, &super::super::NormalizeOptions::default());
+        let sent = serde_json::to_string(&out.messages).unwrap();
+        assert!(!sent.contains("srvtoolu_9"), "{sent}");
+        assert!(sent.contains("rows") && sent.contains("done"), "{sent}");
+        assert!(out
+            .repairs
+            .iter()
+            .any(|r| r.kind == RepairKind::ServerToolUseRemoved));
     }
 }
