@@ -31,7 +31,7 @@ def call(method, path, body=None, kind="application/json"):
         return json.loads(r.read())
 thread = f"search-{int(time.time())}"
 call("POST", "/v1/threads", {"id": thread})
-plant = {count // 7: "src/store/jobs.rs", count // 3: "E0282", count // 2: "7-4-1-9"}
+plant = {count // 7 // 2 * 2: "src/store/jobs.rs", count // 3 // 2 * 2: "E0282", count // 2 // 2 * 2: "7-4-1-9"}
 lines = []
 for i in range(count):
     if i % 2 == 0:

@@ -163,22 +163,9 @@ impl Store {
             }
         }
         let through = last + 1;
+        // The rows first, the thread's mark last: its row lock, which appends to the thread
+        // wait for, is held only for the moment of the compare-and-set.
         let mut tx = self.writer.begin().await?;
-        let moved = sqlx::query(
-            "UPDATE threads SET search_seq = $1 WHERE thread_key = $2 AND search_seq = $3 \
-             AND redaction_epoch = $4",
-        )
-        .bind(through)
-        .bind(thread_key.as_str())
-        .bind(mark.search_seq)
-        .bind(mark.epoch)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        if moved == 0 {
-            // Another indexer, or a snip or an erasure, went first: the next step reads again.
-            return Ok(lag(mark.search_seq));
-        }
         for chunk in found.chunks(super::rows::INSERT_CHUNK) {
             let sql = format!(
                 "INSERT INTO search_rows (thread_key, seq, text, thinking) VALUES {} \
@@ -194,6 +181,23 @@ impl Store {
                     .bind(text.thinking.clone());
             }
             query.execute(&mut *tx).await?;
+        }
+        let moved = sqlx::query(
+            "UPDATE threads SET search_seq = $1 WHERE thread_key = $2 AND search_seq = $3 \
+             AND redaction_epoch = $4",
+        )
+        .bind(through)
+        .bind(thread_key.as_str())
+        .bind(mark.search_seq)
+        .bind(mark.epoch)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if moved == 0 {
+            // Another indexer, or a snip or an erasure, went first: what was written goes back,
+            // and the next step reads again.
+            tx.rollback().await?;
+            return Ok(lag(mark.search_seq));
         }
         tx.commit().await?;
         Ok(lag(through))
