@@ -401,7 +401,7 @@ pub fn spawn_workers(
 
 /// Keeps the search index up with the appends of every thread (a search also brings its own
 /// thread up to date first): a batch of each thread it is behind on, then a rest of `idle`
-/// whenever none is. Under load it works at most [`INDEXER_SHARE_PERCENT`] of the time, resting
+/// whenever none is. Under load it works at most `INDEXER_SHARE_PERCENT` of the time, resting
 /// the rest: the appends it follows keep their rate (SQLite has one writer, and both share the
 /// cores), and the lag it leaves shows in each search's answer.
 pub fn spawn_indexer(store: Store, idle: Duration, stop: CancellationToken) -> JoinHandle<()> {
