@@ -164,14 +164,13 @@ pub fn unsigned_contents(msgs: Vec<Msg>, ctx: &mut Ctx) -> Vec<Value> {
                     }
                     Some("thinking" | "redacted_thinking" | "reasoning") => {}
                     // Its own code execution parts, as returned.
-                    Some(t) if native_part_key(t).is_some() => {
-                        let key = native_part_key(t).expect("checked");
-                        parts.push(signed(json!({ key: without_type(&b.v) }), &b.v));
-                    }
-                    _ => parts.extend(
-                        rendered_or_dropped(ctx, Role::Assistant, &b, GEMINI)
-                            .map(|t| text_part(&t)),
-                    ),
+                    t => match t.and_then(native_part_key) {
+                        Some(key) => parts.push(signed(json!({ key: without_type(&b.v) }), &b.v)),
+                        None => parts.extend(
+                            rendered_or_dropped(ctx, Role::Assistant, &b, GEMINI)
+                                .map(|t| text_part(&t)),
+                        ),
+                    },
                 }
             }
             if parts.is_empty() {

@@ -11,10 +11,14 @@
 //! `{"type":"code_execution_result","outcome","output"}`.
 //!
 //! # Sending
-//! Their own provider gets them as they were stored, in order; a Responses call whose output is
-//! missing, or an output without its call, is sent as text instead (the API refuses it unpaired).
-//! Every other provider reads them as text where they stood (`block_rendered_as_text`); an
-//! `item_reference`, opaque, is dropped for them (reported).
+//! Their own provider gets them in order, in their input form: a Responses item without the
+//! fields only the API's output has (`created_by`, …), if its fields are then of its input type's
+//! kinds (`RESPONSES_FIELDS`); a Gemini part if its fields are its part type's. A Responses call
+//! is sent with the first output for it in the next turn, and each `call_id` and item `id` once;
+//! a call without its output, an output without its call, a repeat, or an item not in its input
+//! form is sent as text instead (the API refuses it). Every other provider reads them as text
+//! where they stood (`block_rendered_as_text`); an `item_reference`, opaque, is dropped for them
+//! (reported).
 
 use std::collections::HashSet;
 
@@ -73,11 +77,21 @@ fn call_id(v: &Value) -> &str {
 }
 
 /// Fields a Responses output item carries that its input form refuses (`*`: every item).
-const RESPONSES_OUTPUT_ONLY: &[(&str, &str)] = &[
-    ("*", "created_by"),
-    ("custom_tool_call_output", "status"),
-    ("custom_tool_call", "async"),
-];
+const RESPONSES_OUTPUT_ONLY: &[(&str, &str)] =
+    &[("*", "created_by"), ("custom_tool_call_output", "status")];
+
+fn is_output_only(t: &str, key: &str) -> bool {
+    RESPONSES_OUTPUT_ONLY
+        .iter()
+        .any(|(ty, field)| (*ty == "*" || *ty == t) && *field == key)
+}
+
+/// Takes out of a Responses item of type `t` the fields only the API's output form has.
+pub(super) fn strip_output_only(t: &str, v: &mut Value) {
+    if let Some(fields) = v.as_object_mut() {
+        fields.retain(|key, _| !is_output_only(t, key));
+    }
+}
 
 /// The JSON a field of a Responses input item takes (`Null…`: also `null`).
 #[derive(Clone, Copy)]
@@ -343,7 +357,7 @@ const RESPONSES_FIELDS: &[(&str, &[Field])] = &[
 ];
 
 /// A part of a tool output list: `input_text`, `input_image` (with its `detail`) or
-/// `input_file`, with their fields only.
+/// `input_file`, with their fields only, each text (or null).
 fn input_part(part: &Value) -> bool {
     let Some(fields) = part.as_object() else {
         return false;
@@ -358,33 +372,16 @@ fn input_part(part: &Value) -> bool {
         d.as_str()
             .is_some_and(|d| ["low", "high", "auto", "original"].contains(&d))
     });
-    detail_ok
-        && required.iter().all(|k| fields.contains_key(*k))
-        && fields.iter().all(|(k, v)| {
-            k == "type"
-                || (k != "detail"
-                    && (v.is_string() || v.is_null())
-                    && (required.contains(&k.as_str()) || optional.contains(&k.as_str())))
-                || k == "detail"
-        })
-}
-
-/// The Responses item as an input item: without the fields only the output form has, if it
-/// then has its input type's fields and kinds.
-fn input_form(t: &str, v: &Value) -> Option<Value> {
-    let mut input = v.clone();
-    if let Some(fields) = input.as_object_mut() {
-        for (ty, key) in RESPONSES_OUTPUT_ONLY {
-            if *ty == "*" || *ty == t {
-                fields.remove(*key);
-            }
-        }
-    }
-    responses_item_well_formed(t, &input).then_some(input)
+    let field_ok = |(key, value): (&String, &Value)| {
+        key == "type"
+            || ((required.contains(&key.as_str()) || optional.contains(&key.as_str()))
+                && (value.is_string() || value.is_null()))
+    };
+    detail_ok && required.iter().all(|k| fields.contains_key(*k)) && fields.iter().all(field_ok)
 }
 
 /// Whether a Responses item has the fields its input type takes, of their kinds, and nothing
-/// else; a web search's `action` is checked as well.
+/// else but those [`strip_output_only`] takes out; a web search's `action` is checked as well.
 fn responses_item_well_formed(t: &str, v: &Value) -> bool {
     let Some(fields) = v.as_object() else {
         return false;
@@ -400,7 +397,7 @@ fn responses_item_well_formed(t: &str, v: &Value) -> bool {
         });
     let known = fields
         .keys()
-        .all(|k| k == "type" || spec.iter().any(|(name, _, _)| name == k));
+        .all(|k| k == "type" || is_output_only(t, k) || spec.iter().any(|(name, _, _)| name == k));
     fits && known && (t != "web_search_call" || web_search_action(&v["action"]))
 }
 
@@ -478,7 +475,7 @@ fn responses_kept(msgs: &[Msg]) -> HashSet<String> {
                 continue;
             }
             let fresh_item = str_field(&b.v, "id").is_none_or(|id| item_ids.insert(id));
-            let well_formed = input_form(t, &b.v).is_some();
+            let well_formed = responses_item_well_formed(t, &b.v);
             if RESPONSES_SELF_CONTAINED.contains(&t) {
                 if fresh_item && well_formed {
                     kept.insert(format!("{t}:#{index}"));
@@ -499,7 +496,7 @@ fn responses_kept(msgs: &[Msg]) -> HashSet<String> {
                         .iter()
                         .find(|o| block_type(&o.v) == Some(*output) && call_id(&o.v) == id)
                 })
-                .is_some_and(|o| input_form(output, &o.v).is_some());
+                .is_some_and(|o| responses_item_well_formed(output, &o.v));
             if !id.is_empty() && fresh_item && well_formed && answered && call_ids.insert(id) {
                 kept.insert(format!("{t}:{id}"));
                 kept.insert(format!("{output}:{id}"));
@@ -535,20 +532,15 @@ pub fn render_foreign(msgs: &mut [Msg], provider: Provider, ctx: &mut Ctx) {
                             || kept_responses.remove(&format!("{t}:{}", call_id(&b.v)))
                     }
                 };
-            if kept && own == Provider::OpenaiResponses {
-                // `responses_kept` kept only items with an input form.
-                if let Some(input) = input_form(&t, &b.v) {
-                    b.v = input;
-                    return true;
-                }
-            } else if kept {
+            if kept {
+                // `responses_kept` kept only items that have their input form without these.
+                strip_output_only(&t, &mut b.v);
                 return true;
             }
             let why = match own {
                 _ if own != provider => "no form in this provider",
                 Provider::Gemini => "not the form its part has",
-                _ if kept => "not the form its input item has",
-                _ => "without its pair, or a repeated id",
+                _ => "without its pair, a repeated id, or not its input form",
             };
             // An opaque reference carries nothing a model reads: it goes, reported.
             let Some(text) = render_text::rendered(&b.v) else {
@@ -674,5 +666,31 @@ mod tests {
                 "{sent}"
             );
         }
+    }
+
+    /// A Responses item loses only what its output form alone has: a custom tool call's `async`
+    /// is an input field too, and stays; `created_by` and an output's `status` go.
+    #[test]
+    fn only_output_fields_are_taken_out_of_responses_items() {
+        let call = json!({"type": "custom_tool_call", "id": "ctc_1", "call_id": "call_1",
+            "name": "apply_diff", "input": "diff", "async": true, "created_by": "resp_1"});
+        let output = json!({"type": "custom_tool_call_output", "call_id": "call_1",
+            "output": "applied", "status": "completed"});
+        let entries = vec![
+            user(0, json!("fix it")),
+            asst(1, "resp_1", json!([call])),
+            user(2, json!([output])),
+            asst(3, "resp_2", json!([text("Fixed.")])),
+        ];
+        let sent = normalize(&entries, &opts(Provider::OpenaiResponses)).messages;
+        assert_eq!(
+            sent[1],
+            json!({"type": "custom_tool_call", "id": "ctc_1", "call_id": "call_1",
+                "name": "apply_diff", "input": "diff", "async": true})
+        );
+        assert_eq!(
+            sent[2],
+            json!({"type": "custom_tool_call_output", "call_id": "call_1", "output": "applied"})
+        );
     }
 }
