@@ -179,23 +179,15 @@ fn deferred_server_results(msgs: &[Msg]) -> Deferred {
             .collect()
     };
     let calls_of = |m: &Msg| ids_of(m, |v| is_type(v, "tool_use"), "id");
-    // Turns holding a use whose id an earlier use has: pairing removes it (and its result), so
-    // such a turn cannot carry a chain on.
-    let mut seen: HashSet<&str> = HashSet::new();
-    let mut repeats: HashSet<usize> = HashSet::new();
-    for (i, m) in msgs.iter().enumerate().filter(|(_, m)| m.is_assistant()) {
-        for b in &m.blocks {
-            let is_use = is_type(&b.v, "tool_use") || is_server_use(&b.v);
-            if is_use && !seen.insert(str_field(&b.v, "id").unwrap_or("")) {
-                repeats.insert(i);
-            }
-        }
-    }
     let mut out = Deferred::default();
+    // Turns holding a use whose id an earlier use has (pairing removes it and its result, so
+    // such a turn cannot carry a chain on): found only once a code execution call is.
+    let mut repeats: Option<HashSet<usize>> = None;
     for (i, first) in msgs.iter().enumerate() {
-        if !first.is_assistant() || !first.blocks.iter().any(|b| is_server_use(&b.v)) {
+        if !first.is_assistant() || !first.blocks.iter().any(|b| is_code_execution(&b.v)) {
             continue;
         }
+        let repeats = repeats.get_or_insert_with(|| repeated_uses(msgs));
         // Only code execution calls tools and answers later; only its own result answers it.
         let answered_in_turn = ids_of(first, is_server_result, "tool_use_id");
         let mut open: HashSet<String> = ids_of(first, is_code_execution, "id")
@@ -249,6 +241,21 @@ fn deferred_server_results(msgs: &[Msg]) -> Deferred {
         }
     }
     out
+}
+
+/// The assistant turns holding a use (`tool_use`, server use) whose id an earlier use has.
+fn repeated_uses(msgs: &[Msg]) -> HashSet<usize> {
+    let mut seen: HashSet<&str> = HashSet::new();
+    let mut repeats = HashSet::new();
+    for (i, m) in msgs.iter().enumerate().filter(|(_, m)| m.is_assistant()) {
+        for b in &m.blocks {
+            let is_use = is_type(&b.v, "tool_use") || is_server_use(&b.v);
+            if is_use && !seen.insert(str_field(&b.v, "id").unwrap_or("")) {
+                repeats.insert(i);
+            }
+        }
+    }
+    repeats
 }
 
 /// A code execution server call (`code_execution`, `bash_code_execution`, …): the calls whose
