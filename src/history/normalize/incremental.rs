@@ -353,11 +353,12 @@ fn use_ids(m: &Msg) -> impl Iterator<Item = &str> {
         .iter()
         .filter(|b| is_type(&b.v, "tool_use") || is_server_use(&b.v))
         .map(|b| str_field(&b.v, "id").unwrap_or(""));
-    // A provider-native item's id and call id: a repeat of one the prefix sent is sent as text.
+    // A provider-native item's id and call id, and a reasoning item's id: a repeat of one the
+    // prefix sent is sent as text, or not at all.
     let native = m
         .blocks
         .iter()
-        .filter(|b| native_block(&b.v).is_some())
+        .filter(|b| native_block(&b.v).is_some() || is_type(&b.v, "reasoning"))
         .flat_map(|b| [str_field(&b.v, "id"), str_field(&b.v, "call_id")])
         .flatten();
     calls.chain(native)

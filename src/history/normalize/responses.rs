@@ -16,7 +16,7 @@
 //!   a data URL for base64, else the URL; `detail: "auto"`) and `input_file` (base64 PDFs by
 //!   `file_data`, URL documents by `file_url`) parts; other blocks are sent as text.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use serde_json::{json, Value};
 
@@ -88,6 +88,9 @@ enum Item {
 pub fn to_responses(msgs: Vec<Msg>, ctx: &mut Ctx) -> Vec<Value> {
     let mut out = Vec::with_capacity(msgs.len() * 2);
     let mut names: HashMap<String, String> = HashMap::new();
+    // An item id names one item of the request: a reasoning item repeated (a response stored
+    // twice) is sent once.
+    let mut reasoning_ids: HashSet<String> = HashSet::new();
     for m in msgs {
         if m.is_assistant() {
             names.clear();
@@ -99,12 +102,10 @@ pub fn to_responses(msgs: Vec<Msg>, ctx: &mut Ctx) -> Vec<Value> {
                     }
                     Some("reasoning") => items.push(Item::Reasoning(b.v, b.src)),
                     // Only its own compaction item reaches here, first, as it was returned.
-                    // (`created_by` is of the output form only: the input type refuses it.)
+                    // (without what only the output form has: the input type refuses it).
                     Some("compaction") => {
                         let mut item = b.v;
-                        if let Some(fields) = item.as_object_mut() {
-                            fields.remove("created_by");
-                        }
+                        super::native::strip_output_only("compaction", &mut item);
                         items.push(Item::Verbatim(item));
                     }
                     // Its own items, as returned (the native pass turned the unpaired to text):
@@ -162,7 +163,14 @@ pub fn to_responses(msgs: Vec<Msg>, ctx: &mut Ctx) -> Vec<Value> {
             while let Some(item) = it.next() {
                 match item {
                     Item::Reasoning(v, src) => {
-                        if matches!(
+                        let id = str_field(&v, "id").unwrap_or("").to_owned();
+                        if !reasoning_ids.insert(id.clone()) {
+                            ctx.report(
+                                RepairKind::ReasoningDropped,
+                                [src],
+                                format!("dropped reasoning item {id}: an earlier item has its id"),
+                            );
+                        } else if matches!(
                             it.peek(),
                             Some(Item::Message(_) | Item::Call(_) | Item::Verbatim(_))
                         ) {
@@ -355,6 +363,31 @@ mod tests {
         );
         assert!(n.repairs.is_empty());
         assert_round_trips(&n, &opts());
+    }
+
+    /// A response stored twice repeats its reasoning item's id, which names one item of a
+    /// request: it is sent once, reported.
+    #[test]
+    fn a_repeated_reasoning_item_is_sent_once() {
+        let e = vec![
+            user(0, json!("go")),
+            asst(1, "X", json!([reasoning("rs_1"), text("first")])),
+            user(2, json!("again")),
+            asst(3, "Y", json!([reasoning("rs_1"), text("second")])),
+            user(4, json!("next")),
+        ];
+        let n = normalize(&e, &opts());
+        let reasoning_items = n
+            .messages
+            .iter()
+            .filter(|m| m["type"] == "reasoning")
+            .count();
+        assert_eq!(reasoning_items, 1, "{:?}", n.messages);
+        assert!(sent_json(&n).contains("second"));
+        assert!(n
+            .repairs
+            .iter()
+            .any(|r| r.kind == RepairKind::ReasoningDropped && r.seqs == [3]));
     }
 
     #[test]
