@@ -18,6 +18,7 @@ use utoipa::ToSchema;
 
 use crate::history::model::Entry;
 use crate::history::transcript;
+use crate::json_weight::{is_json_space, ByteIn, StringScan};
 use crate::store::{fingerprint, AppendRequest, NewThread, Store, StoreError, TenantId, ThreadId};
 
 /// Most entries appended per atomic batch.
@@ -562,10 +563,9 @@ pub struct ArraySplitter {
     expect: Expect,
     /// Bytes of the body consumed before the current chunk (for the place of an error).
     offset: u64,
-    /// Inside the current item: nesting of its brackets, inside a string, after a backslash.
+    /// Inside the current item: nesting of its brackets, and its strings.
     depth: usize,
-    in_string: bool,
-    escaped: bool,
+    strings: StringScan,
     /// The current item spans a line break outside its strings.
     broken: bool,
     /// The current item is already too long: its bytes are dropped up to its end.
@@ -608,8 +608,7 @@ impl ArraySplitter {
             expect: Expect::Open,
             offset: 0,
             depth: 0,
-            in_string: false,
-            escaped: false,
+            strings: StringScan::default(),
             broken: false,
             skipping: false,
             mark: ByteOrderMark::default(),
@@ -696,46 +695,40 @@ impl ArraySplitter {
     }
 
     fn start_item(&mut self, byte: u8) {
-        (self.depth, self.in_string, self.escaped) = (0, false, false);
+        (self.depth, self.strings) = (0, StringScan::default());
         (self.broken, self.skipping) = (false, false);
         self.buffer.clear();
-        self.expect = match byte {
-            b'{' | b'[' => {
+        self.expect = match self.strings.next(byte) {
+            ByteIn::Token if matches!(byte, b'{' | b'[') => {
                 self.depth = 1;
                 Expect::InItem
             }
-            b'"' => {
-                self.in_string = true;
-                Expect::InItem
-            }
+            ByteIn::Opens => Expect::InItem,
             _ => Expect::InScalar,
         };
     }
 
     /// Reads one byte inside an object, array or string item; true when it ends the item.
     fn step_in_item(&mut self, byte: u8) -> bool {
-        if self.in_string {
-            if self.escaped {
-                self.escaped = false;
-            } else if byte == b'\\' {
-                self.escaped = true;
-            } else if byte == b'"' {
-                self.in_string = false;
-                return self.depth == 0;
+        match self.strings.next(byte) {
+            ByteIn::Closes => self.depth == 0,
+            ByteIn::Opens | ByteIn::String => false,
+            ByteIn::Space => {
+                self.broken |= matches!(byte, b'\n' | b'\r');
+                false
             }
-            return false;
+            ByteIn::Token => match byte {
+                b'{' | b'[' => {
+                    self.depth += 1;
+                    false
+                }
+                b'}' | b']' => {
+                    self.depth -= 1;
+                    self.depth == 0
+                }
+                _ => false,
+            },
         }
-        match byte {
-            b'"' => self.in_string = true,
-            b'{' | b'[' => self.depth += 1,
-            b'}' | b']' => {
-                self.depth -= 1;
-                return self.depth == 0;
-            }
-            b'\n' | b'\r' => self.broken = true,
-            _ => {}
-        }
-        false
     }
 
     /// Keeps the item's bytes of this chunk, or starts skipping once it is too long.
@@ -800,30 +793,9 @@ impl ArraySplitter {
 
 /// Well-formed JSON without the whitespace between its tokens (strings untouched), in place.
 fn one_line(mut json: Vec<u8>) -> Vec<u8> {
-    let (mut in_string, mut escaped) = (false, false);
-    json.retain(|&byte| {
-        if in_string {
-            if escaped {
-                escaped = false;
-            } else if byte == b'\\' {
-                escaped = true;
-            } else if byte == b'"' {
-                in_string = false;
-            }
-            true
-        } else if byte == b'"' {
-            in_string = true;
-            true
-        } else {
-            !is_json_space(byte)
-        }
-    });
+    let mut strings = StringScan::default();
+    json.retain(|&byte| strings.next(byte) != ByteIn::Space);
     json
-}
-
-/// Whitespace between JSON tokens.
-fn is_json_space(byte: u8) -> bool {
-    matches!(byte, b' ' | b'\t' | b'\n' | b'\r')
 }
 
 impl Importer {
