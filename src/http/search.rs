@@ -224,35 +224,34 @@ pub async fn search_tool(
     ApiPath(path): ApiPath<ThreadPath>,
     ApiJson(body): ApiJson<SearchToolRequest>,
 ) -> Result<Json<SearchToolResponse>, ApiError> {
-    if body.query.chars().count() > MAX_QUERY_CHARS {
-        // The thread must exist even for a query the model got wrong.
+    let terms = SearchQuery::terms_of(&body.query);
+    let mistake = if body.query.chars().count() > MAX_QUERY_CHARS {
+        Some(format!(
+            "search takes at most {MAX_QUERY_CHARS} characters: search for one distinctive word \
+             or string at a time."
+        ))
+    } else if terms.is_empty() {
+        Some("search needs a query: the words or exact strings to find.".to_owned())
+    } else {
+        None
+    };
+    if let Some(content) = mistake {
+        // The thread must exist even for a query the model got wrong; nothing is indexed.
         state.store.get_thread(&tenant, &path.thread_id).await?;
         return Ok(Json(SearchToolResponse {
-            content: format!(
-                "search takes at most {MAX_QUERY_CHARS} characters: search for one distinctive \
-                 word or string at a time."
-            ),
+            content,
             is_error: true,
         }));
     }
-    let terms = SearchQuery::terms_of(&body.query);
-    let limit = body.limit.unwrap_or(10).clamp(1, i64::from(MAX_HITS));
     let query = SearchQuery {
         terms,
-        limit,
+        limit: body.limit.unwrap_or(10).clamp(1, i64::from(MAX_HITS)),
         thinking: false,
     };
-    // The thread must exist even for a query the model got wrong.
     let (hits, lag) = state
         .store
         .search_thread(&tenant, &path.thread_id, &query)
         .await?;
-    if query.terms.is_empty() {
-        return Ok(Json(SearchToolResponse {
-            content: "search needs a query: the words or exact strings to find.".to_owned(),
-            is_error: true,
-        }));
-    }
     let mut content = if hits.is_empty() {
         format!(
             "Nothing in this conversation matches {:?}. Try another word, a shorter part of it, \

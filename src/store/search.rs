@@ -116,31 +116,61 @@ impl Store {
     /// Indexes up to [`INDEX_BATCH`] entries of the thread after those indexed. Returns what is
     /// left to index (as the step found it, when another indexer or a redaction moved first).
     pub async fn index_thread(&self, thread_key: &ThreadKey) -> Result<IndexLag, StoreError> {
-        let Some(mark) = self.thread_mark(thread_key).await? else {
+        self.catch_up(thread_key, 1).await
+    }
+
+    /// Brings the thread's index up to date, at most `max_steps` steps of [`INDEX_BATCH`]
+    /// entries; stops early when another indexer, a snip or an erasure moves the thread first.
+    /// The thread's mark and its snips are read once for all the steps: a snip or an erasure
+    /// since moves the redaction epoch, which every step's write checks.
+    pub async fn catch_up(
+        &self,
+        thread_key: &ThreadKey,
+        max_steps: usize,
+    ) -> Result<IndexLag, StoreError> {
+        let Some(mut mark) = self.thread_mark(thread_key).await? else {
             return Ok(IndexLag {
                 indexed_through: 0,
                 pending: 0,
             });
         };
-        let lag = |through: i64| IndexLag {
-            indexed_through: through,
-            pending: (mark.next_seq - through).max(0),
-        };
-        if mark.search_seq >= mark.next_seq {
-            return Ok(lag(mark.search_seq));
+        if mark.search_seq < mark.next_seq {
+            let snips = sqlx::query(
+                "SELECT seq, uuid, created_at, body FROM messages \
+                 WHERE thread_key = $1 AND subtype = $2 ORDER BY seq",
+            )
+            .bind(thread_key.as_str())
+            .bind(subtype::SNIP)
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(entry_from_row)
+            .collect::<Result<Vec<Entry>, _>>()?;
+            let hidden: HashSet<&str> = snipped_uuids(&snips);
+            for _ in 0..max_steps {
+                match self.index_step(thread_key, &mark, &hidden).await? {
+                    Some(through) => mark.search_seq = through,
+                    None => break,
+                }
+                if mark.search_seq >= mark.next_seq {
+                    break;
+                }
+            }
         }
-        let snips = sqlx::query(
-            "SELECT seq, uuid, created_at, body FROM messages \
-             WHERE thread_key = $1 AND subtype = $2 ORDER BY seq",
-        )
-        .bind(thread_key.as_str())
-        .bind(subtype::SNIP)
-        .fetch_all(&self.pool)
-        .await?
-        .iter()
-        .map(entry_from_row)
-        .collect::<Result<Vec<Entry>, _>>()?;
-        let hidden: HashSet<&str> = snipped_uuids(&snips);
+        Ok(IndexLag {
+            indexed_through: mark.search_seq,
+            pending: (mark.next_seq - mark.search_seq).max(0),
+        })
+    }
+
+    /// Indexes the batch after `mark.search_seq`, leaving out the `hidden` (snipped) uuids.
+    /// Returns the new mark, or `None` when the thread moved first (nothing is written then).
+    async fn index_step(
+        &self,
+        thread_key: &ThreadKey,
+        mark: &ThreadMark,
+        hidden: &HashSet<&str>,
+    ) -> Result<Option<i64>, StoreError> {
         // A batch is cut by bytes too: a thread of large entries is read a few at a time.
         let rows = sqlx::query(&page_within_bytes("m.seq, m.uuid, m.created_at, m.body"))
             .bind(thread_key.as_str())
@@ -177,8 +207,8 @@ impl Store {
                 query = query
                     .bind(thread_key.as_str())
                     .bind(*seq)
-                    .bind(text.text.clone())
-                    .bind(text.thinking.clone());
+                    .bind(text.text.as_str())
+                    .bind(text.thinking.as_str());
             }
             query.execute(&mut *tx).await?;
         }
@@ -197,26 +227,10 @@ impl Store {
             // Another indexer, or a snip or an erasure, went first: what was written goes back,
             // and the next step reads again.
             tx.rollback().await?;
-            return Ok(lag(mark.search_seq));
+            return Ok(None);
         }
         tx.commit().await?;
-        Ok(lag(through))
-    }
-
-    /// Brings the thread's index up to date, at most `max_steps` steps of [`INDEX_BATCH`].
-    pub async fn catch_up(
-        &self,
-        thread_key: &ThreadKey,
-        max_steps: usize,
-    ) -> Result<IndexLag, StoreError> {
-        let mut lag = self.index_thread(thread_key).await?;
-        for _ in 1..max_steps {
-            if lag.pending == 0 {
-                break;
-            }
-            lag = self.index_thread(thread_key).await?;
-        }
-        Ok(lag)
+        Ok(Some(through))
     }
 
     /// One sweep step: indexes a batch of each of up to `threads` threads the index is behind
@@ -243,14 +257,7 @@ impl Store {
         thread_id: &ThreadId,
         query: &SearchQuery,
     ) -> Result<(Vec<SearchHit>, IndexLag), StoreError> {
-        let key: Option<String> = sqlx::query_scalar(
-            "SELECT thread_key FROM threads WHERE tenant_id = $1 AND thread_id = $2",
-        )
-        .bind(&tenant.0)
-        .bind(thread_id.as_str())
-        .fetch_optional(&self.pool)
-        .await?;
-        let key = ThreadKey::from_stored(key.ok_or(StoreError::ThreadNotFound)?);
+        let key = self.thread_head(tenant, thread_id).await?.thread_key;
         let lag = self.catch_up(&key, CATCH_UP_STEPS).await?;
         let hits = self.search(tenant, Some(&key), query).await?;
         Ok((hits, lag))

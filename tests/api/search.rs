@@ -169,6 +169,11 @@ async fn the_search_tool_answers_in_the_outlines_form(app: TestApp) {
         ))
         .await;
     assert_eq!(scan.status, StatusCode::OK, "{}", scan.body);
+    // The model's mistakes still need a thread.
+    let missing = app
+        .post("/v1/threads/nope/search", json!({"query": "  "}))
+        .await;
+    missing.assert_problem(StatusCode::NOT_FOUND, "not-found");
     let refused = app.post(&uri, json!({"q": "E0282"})).await;
     refused.assert_problem(StatusCode::UNPROCESSABLE_ENTITY, "validation");
     // Wherever zoom is offered, search is too.
@@ -292,7 +297,98 @@ async fn another_tenant_finds_nothing(app: TestApp) {
     app.finish().await;
 }
 
+/// Thinking is searched only when asked for (when the caller's requests send it back), and a
+/// hit says it matched there.
+async fn thinking_is_searched_only_when_asked(app: TestApp) {
+    let thread = app.thread("t").await;
+    app.append(
+        &thread,
+        vec![
+            user("u0", "Why does the build fail?"),
+            json!({"uuid": "a1", "type": "assistant", "message": {"role": "assistant", "id": "msg_1",
+                "content": [{"type": "thinking", "thinking": "the lockfile pins tokio 1.38",
+                    "signature": "c2ln"}, {"type": "text", "text": "A pinned dependency."}]}}),
+        ],
+    )
+    .await;
+    assert!(seqs(&search(&app, &thread, "lockfile").await).is_empty());
+    let found = app
+        .get(&format!(
+            "/v1/threads/{thread}/search?q=lockfile&thinking=true"
+        ))
+        .await;
+    assert_eq!(seqs(&found.body), [1], "{}", found.body);
+    assert_eq!(found.body["hits"][0]["in_thinking"], true);
+    assert_eq!(seqs(&search(&app, &thread, "pinned").await), [1]);
+    app.finish().await;
+}
+
+/// A search indexes a bounded batch of its thread first and says what is left; later searches
+/// take the rest, and the sweep takes threads nobody searched.
+async fn the_index_lag_shows_and_closes(app: TestApp) {
+    let thread = app.thread("long").await;
+    let count = loupe::store::INDEX_BATCH as usize * 8 + 300;
+    let entries: Vec<Value> = (0..count)
+        .map(|i| user(&format!("u{i}"), &format!("line {i} of the log")))
+        .collect();
+    for chunk in entries.chunks(1000) {
+        app.append(&thread, chunk.to_vec()).await;
+    }
+    app.append(&thread, vec![user("last", "the needle-7731 is here")])
+        .await;
+    let first = search(&app, &thread, "needle-7731").await;
+    assert!(first["index"]["pending"].as_i64().unwrap() > 0, "{first}");
+    assert!(seqs(&first).is_empty(), "not indexed yet: {first}");
+    let second = search(&app, &thread, "needle-7731").await;
+    assert_eq!(second["index"]["pending"], 0, "{second}");
+    assert_eq!(seqs(&second), [count as i64]);
+    // Threads no search has read are brought up by the sweep.
+    let other = app.thread("other").await;
+    app.append(&other, vec![user("o0", "the haystack-2209 is here")])
+        .await;
+    assert!(app.store.index_behind(16).await.unwrap() >= 1);
+    let all = app.get("/v1/search?q=haystack-2209").await;
+    assert_eq!(all.body["pending"], 0, "{}", all.body);
+    assert_eq!(all.body["hits"][0]["thread_id"], other.as_str());
+    assert_eq!(app.store.index_behind(16).await.unwrap(), 0);
+    app.finish().await;
+}
+
+/// An entry rewritten in place (as an erasure or a summary derived again rewrites one) loses
+/// its old text from search, and its new text is indexed.
+async fn a_rewritten_entry_is_indexed_again(app: TestApp) {
+    let thread = app.thread("t").await;
+    app.append(
+        &thread,
+        vec![
+            user("r0", "the old-wording-41 stands here"),
+            user("r1", "later"),
+        ],
+    )
+    .await;
+    assert_eq!(seqs(&search(&app, &thread, "old-wording-41").await), [0]);
+    let rewritten = serde_json::to_string(&user("r0", "the new-wording-42 stands here")).unwrap();
+    sqlx::any::install_default_drivers();
+    let mut conn = <sqlx::AnyConnection as sqlx::Connection>::connect(&app.url)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE messages SET body = $1 WHERE seq = 0")
+        .bind(rewritten)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    <sqlx::AnyConnection as sqlx::Connection>::close(conn)
+        .await
+        .unwrap();
+    assert!(seqs(&search(&app, &thread, "old-wording-41").await).is_empty());
+    assert_eq!(seqs(&search(&app, &thread, "new-wording-42").await), [0]);
+    app.finish().await;
+}
+
 crate::on_both_backends!(
+    thinking_is_searched_only_when_asked,
+    the_index_lag_shows_and_closes,
+    a_rewritten_entry_is_indexed_again,
     literal_and_word_queries_find_their_entries,
     the_search_tool_answers_in_the_outlines_form,
     snipped_erased_and_deleted_entries_are_never_found,
