@@ -316,11 +316,16 @@ impl<O: Offload> ContextReader<'_, O> {
             .await?;
         let context_tokens = crate::history::normalize::estimate_context(&window.entries);
         let (version, line_count) = (snapshot.version, snapshot.lines.len());
-        let (lines, render_options) = (snapshot.lines, options.clone());
+        let (lines, footer, render_options) = (snapshot.lines, snapshot.footer, options.clone());
         let normalized = self
             .offload
             .offload(move || {
-                crate::tree::view::outlined_context(&lines, window.entries, &render_options)
+                crate::tree::view::outlined_context(
+                    &lines,
+                    &footer,
+                    window.entries,
+                    &render_options,
+                )
             })
             .await?;
         Ok(ContextResponse {

@@ -2,7 +2,9 @@
 //!
 //! Everything here is pure (no I/O).
 
+pub mod anchors;
 pub mod ingest;
+pub mod ledger;
 pub mod model;
 pub mod normalize;
 pub mod render;

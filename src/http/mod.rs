@@ -10,6 +10,7 @@ pub mod erasures;
 pub mod guard;
 pub mod health;
 pub mod jobs;
+pub mod ledger;
 pub mod messages;
 pub mod observe;
 pub mod options;
@@ -277,6 +278,7 @@ fn api_router() -> OpenApiRouter<AppState> {
         .merge(transcripts::router())
         .merge(tree::router())
         .merge(search::router())
+        .merge(ledger::router())
         .merge(health::router())
         .merge(observe::router())
 }

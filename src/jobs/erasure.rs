@@ -26,6 +26,7 @@ use super::compaction::plan::{is_superseded, summary_entry, PageCutter};
 use super::tree::LineStandIns;
 use super::view_reader::{StoreWindow, ViewReader, WindowShape};
 use crate::history::estimate_entry_tokens;
+use crate::history::ledger::{without_footer, Tally};
 use crate::history::model::Entry;
 use crate::store::{
     Erasure, ErasureRead, ErasureTargets, ErasureTx, Store, StoreError, TenantId, ThreadId,
@@ -262,7 +263,7 @@ async fn rederive_summaries(
         };
         let text = text.unwrap_or_default();
         rebuilt.insert(seq);
-        texts.push((seq, text.clone()));
+        texts.push((seq, without_footer(&text).to_owned()));
         rewrites.push((entry, text));
     }
     Ok(rewrites)
@@ -294,6 +295,7 @@ async fn summarize_covered(
         super::compaction::SUMMARY_PAGE_ENTRIES,
     );
     let mut text = previous;
+    let mut tally = Tally::default();
     let mut page: Vec<Entry> = Vec::new();
     let summarize = |page: Vec<Entry>, text: Option<String>| {
         if page.is_empty() {
@@ -312,17 +314,20 @@ async fn summarize_covered(
             if cutter.starts_page(estimate_entry_tokens(&entry)) {
                 text = summarize(std::mem::take(&mut page), text);
             }
+            tally.add_entry(&entry);
             page.push(entry);
         }
     }
-    Ok(summarize(page, text))
+    // The footer is derived again with the text: it names only what the kept entries said.
+    Ok(summarize(page, text).map(|text| format!("{text}{}", tally.footer(&text))))
 }
 
 /// A summary entry's text without the prefix every summary opens with.
 fn summary_text(summary: &Entry) -> Option<String> {
     let text = summary.first_text()?;
     let prefix = super::compaction::SUMMARY_PREFIX;
-    Some(text.strip_prefix(prefix).unwrap_or(text).to_owned())
+    let text = text.strip_prefix(prefix).unwrap_or(text);
+    Some(without_footer(text).to_owned())
 }
 
 /// The content a summary entry holds for `text`, as a compaction writes it.

@@ -11,17 +11,19 @@
 //! pairs whose parent exists merge in one batch down to half the budget. The new state is
 //! stored by compare-and-set, so a concurrent run cannot lose a change.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
 use serde_json::{json, Value};
 
 use super::{Clock, JobError, Runner};
+use crate::history::anchors::{anchors_in_text, anchors_of_entry, kept_in, Anchor};
 use crate::history::group_rounds;
 use crate::history::is_sent_to_model;
+use crate::history::ledger::{add_counts, encode_counts};
 use crate::history::model::Content;
 use crate::history::model::{Entry, EntryKind};
 use crate::history::normalize::estimate_entry_tokens;
-use crate::store::{ClaimedJob, NewNode, Store, StoreError, ThreadKey};
+use crate::store::{ClaimedJob, LevelLine, NewNode, Store, StoreError, ThreadKey};
 use crate::summarize::text::{cut_words, squash};
 use crate::summarize::{merge_verbatim, render, Purpose, SummaryRequest};
 use crate::tree::{advance, line_size, next_boundary, NodeId, Outline, OutlineOptions, Tail};
@@ -364,11 +366,12 @@ impl Runner {
                 let node = match leaf_text {
                     Some(text) => NewNode::verbatim(NodeId::leaf(seq), text),
                     None => {
+                        let anchors = anchors_of_entry(&entry);
                         let mut request =
                             SummaryRequest::new(vec![entry], Purpose::Line, line_bytes);
                         request.context = context.lines(self, thread_key, 0, first_leaf).await?;
                         match self.summarizer.summarize(&request).await {
-                            Ok(summary) => summarized(NodeId::leaf(seq), summary),
+                            Ok(summary) => summarized(NodeId::leaf(seq), summary, &anchors, &[]),
                             Err(error) => {
                                 // What was built before the failure is kept: the retry goes on
                                 // from there.
@@ -395,7 +398,7 @@ impl Runner {
                 let end = (index + CHUNK).min(count);
                 let children = self
                     .store
-                    .tree_level_texts(thread_key, level - 1, index * 2, end * 2)
+                    .tree_level_lines(thread_key, level - 1, index * 2, end * 2)
                     .await?;
                 let mut batch = Vec::new();
                 for i in index..end {
@@ -409,16 +412,19 @@ impl Runner {
                             "the children of node {node} are not built"
                         )));
                     };
-                    let new = match merge_verbatim(left, right, line_bytes) {
-                        Some(text) => NewNode::verbatim(node, text),
+                    let new = match merge_verbatim(&left.text, &right.text, line_bytes) {
+                        Some(text) => joined(node, text, left, right),
                         None => {
-                            let mut request =
-                                SummaryRequest::merge(left.clone(), right.clone(), line_bytes);
+                            let mut request = SummaryRequest::merge(
+                                left.text.clone(),
+                                right.text.clone(),
+                                line_bytes,
+                            );
                             request.context = context
                                 .lines(self, thread_key, level - 1, first_child)
                                 .await?;
                             match self.summarizer.summarize(&request).await {
-                                Ok(summary) => summarized(node, summary),
+                                Ok(summary) => merged(node, summary, left, right),
                                 Err(error) => {
                                     self.write_nodes(thread_key, sources.epoch, &batch, progress)
                                         .await?;
@@ -427,8 +433,8 @@ impl Runner {
                             }
                         }
                     };
-                    context.push(left);
-                    context.push(right);
+                    context.push(&left.text);
+                    context.push(&right.text);
                     batch.push(new);
                 }
                 self.write_nodes(thread_key, sources.epoch, &batch, progress)
@@ -464,8 +470,14 @@ impl Runner {
         Ok(match free_leaf_text(&entry, line_bytes) {
             Some(text) => NewNode::verbatim(node, text),
             None => {
+                let anchors = anchors_of_entry(&entry);
                 let request = SummaryRequest::new(vec![entry], Purpose::Line, line_bytes);
-                summarized(node, self.summarizer.summarize(&request).await?)
+                summarized(
+                    node,
+                    self.summarizer.summarize(&request).await?,
+                    &anchors,
+                    &[],
+                )
             }
         })
     }
@@ -501,7 +513,7 @@ impl Runner {
                 }
                 let children = self
                     .store
-                    .tree_level_texts(
+                    .tree_level_lines(
                         thread_key,
                         node.level - 1,
                         node.index * 2,
@@ -516,12 +528,20 @@ impl Runner {
                         "the children of stand-in node {node} are missing"
                     )));
                 };
-                let new = match merge_verbatim(left, right, line_bytes) {
-                    Some(text) => NewNode::verbatim(node, text),
+                let new = match merge_verbatim(&left.text, &right.text, line_bytes) {
+                    Some(text) => joined(node, text, left, right),
                     None => {
-                        let request =
-                            SummaryRequest::merge(left.clone(), right.clone(), line_bytes);
-                        summarized(node, self.summarizer.summarize(&request).await?)
+                        let request = SummaryRequest::merge(
+                            left.text.clone(),
+                            right.text.clone(),
+                            line_bytes,
+                        );
+                        merged(
+                            node,
+                            self.summarizer.summarize(&request).await?,
+                            left,
+                            right,
+                        )
                     }
                 };
                 progress.calls += u64::from(new.calls);
@@ -664,12 +684,52 @@ impl Runner {
 }
 
 /// The node a summarizer wrote.
-fn summarized(node: NodeId, summary: crate::summarize::Summary) -> NewNode {
+/// A line a summarizer wrote from sources holding `anchors`, over lines below that had dropped
+/// `below` already: it records what it dropped for the ledger's footer.
+fn summarized(
+    node: NodeId,
+    summary: crate::summarize::Summary,
+    anchors: &[Anchor],
+    below: &[&str],
+) -> NewNode {
+    let mut counts = BTreeMap::new();
+    for stored in below {
+        add_counts(stored, &mut counts);
+    }
+    for anchor in anchors {
+        if !kept_in(&summary.text, &anchor.text) {
+            *counts.entry(anchor.kind).or_default() += 1;
+        }
+    }
     NewNode {
         node,
+        dropped: encode_counts(&counts),
         text: summary.text,
         summarizer: summary.summarizer,
         calls: summary.calls,
+    }
+}
+
+/// A parent a summarizer merged from two lines: the anchors they held and it does not, with
+/// what they had dropped.
+fn merged(
+    node: NodeId,
+    summary: crate::summarize::Summary,
+    left: &LevelLine,
+    right: &LevelLine,
+) -> NewNode {
+    let anchors = anchors_in_text(&format!("{}\n{}", left.text, right.text));
+    summarized(node, summary, &anchors, &[&left.dropped, &right.dropped])
+}
+
+/// A parent that is its two lines joined word for word: it drops only what they had.
+fn joined(node: NodeId, text: String, left: &LevelLine, right: &LevelLine) -> NewNode {
+    let mut counts = BTreeMap::new();
+    add_counts(&left.dropped, &mut counts);
+    add_counts(&right.dropped, &mut counts);
+    NewNode {
+        dropped: encode_counts(&counts),
+        ..NewNode::verbatim(node, text)
     }
 }
 

@@ -29,6 +29,7 @@ mod erasure;
 mod ids;
 mod jobs;
 mod keys;
+mod ledger;
 mod messages;
 mod payloads;
 mod rows;
@@ -60,6 +61,9 @@ pub use jobs::{
     ClaimedJob, CompactionWrite, EnqueueOutcome, Job, JobState, NewJob, ThreadJobs, NOTIFY_CHANNEL,
 };
 pub use keys::{ApiKeyRecord, CreatedKey, KeyIdentity, TenantRecord};
+pub use ledger::{
+    Ledger, LedgerAnchor, LedgerFilter, LedgerSummary, SummaryLedger, LEDGER_ANCHORS_PER_SUMMARY,
+};
 pub use messages::MessagePage;
 pub use payloads::{
     CompactionPayload, DEFAULT_KEEP_RECENT_ROUNDS, KIND_COMPACTION, KIND_NOOP, KIND_TREE,
@@ -71,7 +75,9 @@ pub use search::{
 };
 pub use settings::{ClearingSettings, MicrocompactSettings, ThreadSettings};
 pub use threads::{NewThread, Thread, ThreadPage};
-pub use tree::{NewNode, OutlineSnapshot, StandIns, TreeStatus, ZoomRead, LINE_CONTEXT_LINES};
+pub use tree::{
+    LevelLine, NewNode, OutlineSnapshot, StandIns, TreeStatus, ZoomRead, LINE_CONTEXT_LINES,
+};
 
 /// How a request named a message: by its seq or by its uuid.
 #[derive(Debug, Clone, PartialEq, Eq)]

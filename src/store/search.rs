@@ -19,6 +19,7 @@ use sqlx::Row;
 
 use super::rows::{entry_from_row, page_within_bytes};
 use super::{Backend, Store, StoreError, TenantId, ThreadId, ThreadKey};
+use crate::history::anchors::{self, anchors_of_entry};
 use crate::history::model::{subtype, Entry};
 use crate::history::normalize::view::snipped_uuids;
 use crate::history::search::searchable;
@@ -189,7 +190,7 @@ impl Store {
                 continue;
             }
             if let Some(text) = searchable(&entry) {
-                found.push((seq, text));
+                found.push((seq, text, anchors::encode(&anchors_of_entry(&entry))));
             }
         }
         let through = last + 1;
@@ -198,17 +199,18 @@ impl Store {
         let mut tx = self.writer.begin().await?;
         for chunk in found.chunks(super::rows::INSERT_CHUNK) {
             let sql = format!(
-                "INSERT INTO search_rows (thread_key, seq, text, thinking) VALUES {} \
+                "INSERT INTO search_rows (thread_key, seq, text, thinking, anchors) VALUES {} \
                  ON CONFLICT (thread_key, seq) DO NOTHING",
-                super::values_placeholders(chunk.len(), 4)
+                super::values_placeholders(chunk.len(), 5)
             );
             let mut query = sqlx::query(&sql);
-            for (seq, text) in chunk {
+            for (seq, text, anchors) in chunk {
                 query = query
                     .bind(thread_key.as_str())
                     .bind(*seq)
                     .bind(text.text.as_str())
-                    .bind(text.thinking.as_str());
+                    .bind(text.thinking.as_str())
+                    .bind(anchors.as_str());
             }
             query.execute(&mut *tx).await?;
         }

@@ -4,12 +4,13 @@
 //! taken writes nothing, so a duplicate or retried job cannot change a line. The outline's state
 //! (its tiles) is a single row per thread, replaced by compare-and-set on its version.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use sqlx::Row;
 
 use super::rows::entry_from_row;
 use super::{now_millis, Store, StoreError, TenantId, ThreadId, ThreadKey};
+use crate::history::ledger::{add_counts, outline_footer};
 use crate::history::model::Entry;
 use crate::tree::{NodeId, Outline, OutlineOptions};
 
@@ -27,6 +28,15 @@ pub struct OutlineSnapshot {
     pub lines: Vec<(NodeId, String)>,
     /// Who wrote each of `lines`: `verbatim` (its source word for word) or the summarizer's name.
     pub summarizers: Vec<String>,
+    /// What the lines dropped, by kind, for the model (empty when they dropped nothing).
+    pub footer: String,
+}
+
+/// A stored node as the outline reads it.
+struct NodeRow {
+    text: String,
+    summarizer: String,
+    dropped: String,
 }
 
 /// What `zoom` read: two indexed reads, whatever the size of the thread.
@@ -48,18 +58,29 @@ pub struct NewNode {
     pub text: String,
     pub summarizer: String,
     pub calls: u32,
+    /// Anchors it and the lines below it dropped, by kind (`history::ledger::encode_counts`).
+    pub dropped: String,
 }
 
 impl NewNode {
-    /// A free node: its source, word for word.
+    /// A free node: its source, word for word (it drops nothing of it; `dropped` holds what
+    /// the lines it was joined from dropped).
     pub fn verbatim(node: NodeId, text: String) -> Self {
         NewNode {
             node,
             text,
             summarizer: "verbatim".to_owned(),
             calls: 0,
+            dropped: String::new(),
         }
     }
+}
+
+/// A stored line of one level, as a parent is built from it.
+#[derive(Debug, Clone, Default)]
+pub struct LevelLine {
+    pub text: String,
+    pub dropped: String,
 }
 
 /// Who wrote a level-0 line hidden by a snip (its text is empty: no line).
@@ -127,6 +148,36 @@ impl Store {
         Ok(frontier)
     }
 
+    /// The lines of `level` with index in `[from, to)`, by index, with what each dropped.
+    pub async fn tree_level_lines(
+        &self,
+        thread_key: &ThreadKey,
+        level: u32,
+        from: u64,
+        to: u64,
+    ) -> Result<HashMap<u64, LevelLine>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT idx, text, dropped FROM tree_nodes WHERE thread_key = $1 AND level = $2 \
+             AND idx >= $3 AND idx < $4",
+        )
+        .bind(thread_key.as_str())
+        .bind(i64::from(level))
+        .bind(from as i64)
+        .bind(to as i64)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                let idx: i64 = row.try_get("idx")?;
+                let line = LevelLine {
+                    text: row.try_get("text")?,
+                    dropped: row.try_get("dropped")?,
+                };
+                Ok((idx as u64, line))
+            })
+            .collect()
+    }
+
     /// The texts of the nodes of `level` with index in `[from, to)`, by index.
     pub async fn tree_level_texts(
         &self,
@@ -170,22 +221,23 @@ impl Store {
         for chunk in nodes.chunks(NODE_INSERT_ROWS) {
             let rows: Vec<String> = (0..chunk.len())
                 .map(|row| {
-                    let p = row * 7;
+                    let p = row * 8;
                     format!(
-                        "(${}, ${}, ${}, ${}, ${}, ${}, ${})",
+                        "(${}, ${}, ${}, ${}, ${}, ${}, ${}, ${})",
                         p + 1,
                         p + 2,
                         p + 3,
                         p + 4,
                         p + 5,
                         p + 6,
-                        p + 7
+                        p + 7,
+                        p + 8
                     )
                 })
                 .collect();
             let sql = format!(
                 "INSERT INTO tree_nodes (thread_key, level, idx, text, summarizer, calls, \
-                 created_at) VALUES {} ON CONFLICT (thread_key, level, idx) DO NOTHING",
+                 created_at, dropped) VALUES {} ON CONFLICT (thread_key, level, idx) DO NOTHING",
                 rows.join(", ")
             );
             let mut query = sqlx::query(&sql);
@@ -197,7 +249,8 @@ impl Store {
                     .bind(&node.text)
                     .bind(&node.summarizer)
                     .bind(i64::from(node.calls))
-                    .bind(now);
+                    .bind(now)
+                    .bind(&node.dropped);
             }
             written += query.execute(&mut *tx).await?.rows_affected();
         }
@@ -292,13 +345,14 @@ impl Store {
         let mut replaced = 0;
         for node in nodes {
             replaced += sqlx::query(
-                "UPDATE tree_nodes SET text = $1, summarizer = $2, calls = $3, created_at = $4 \
-                 WHERE thread_key = $5 AND level = $6 AND idx = $7 AND summarizer = $8",
+                "UPDATE tree_nodes SET text = $1, summarizer = $2, calls = $3, created_at = $4, \
+                 dropped = $5 WHERE thread_key = $6 AND level = $7 AND idx = $8 AND summarizer = $9",
             )
             .bind(&node.text)
             .bind(&node.summarizer)
             .bind(i64::from(node.calls))
             .bind(now)
+            .bind(&node.dropped)
             .bind(thread_key.as_str())
             .bind(i64::from(node.node.level))
             .bind(node.node.index as i64)
@@ -409,7 +463,7 @@ impl Store {
             .tree_node_rows(thread_key, nodes)
             .await?
             .into_iter()
-            .map(|(node, (text, _))| (node, text))
+            .map(|(node, row)| (node, row.text))
             .collect())
     }
 
@@ -419,7 +473,7 @@ impl Store {
         &self,
         thread_key: &ThreadKey,
         nodes: &[NodeId],
-    ) -> Result<HashMap<NodeId, (String, String)>, StoreError> {
+    ) -> Result<HashMap<NodeId, NodeRow>, StoreError> {
         let mut by_level: HashMap<u32, Vec<u64>> = HashMap::new();
         for node in nodes {
             by_level.entry(node.level).or_default().push(node.index);
@@ -430,7 +484,7 @@ impl Store {
                 let placeholders: Vec<String> =
                     (0..chunk.len()).map(|i| format!("${}", i + 3)).collect();
                 let sql = format!(
-                    "SELECT idx, text, summarizer FROM tree_nodes WHERE thread_key = $1 \
+                    "SELECT idx, text, summarizer, dropped FROM tree_nodes WHERE thread_key = $1 \
                      AND level = $2 AND idx IN ({})",
                     placeholders.join(", ")
                 );
@@ -442,10 +496,12 @@ impl Store {
                 }
                 for row in query.fetch_all(&self.pool).await? {
                     let idx: i64 = row.try_get("idx")?;
-                    rows.insert(
-                        NodeId::new(level, idx as u64),
-                        (row.try_get("text")?, row.try_get("summarizer")?),
-                    );
+                    let node = NodeRow {
+                        text: row.try_get("text")?,
+                        summarizer: row.try_get("summarizer")?,
+                        dropped: row.try_get("dropped")?,
+                    };
+                    rows.insert(NodeId::new(level, idx as u64), node);
                 }
             }
         }
@@ -465,12 +521,15 @@ impl Store {
             .tree_node_rows(&head.thread_key, &outline.tiles)
             .await?;
         // A tile with no text covers only entries the model never sees: it takes no line.
+        let mut dropped = BTreeMap::new();
         let (lines, summarizers) = outline
             .tiles
             .iter()
             .filter_map(|node| {
-                let (text, summarizer) = rows.get(node)?;
-                (!text.trim().is_empty()).then(|| ((*node, text.clone()), summarizer.clone()))
+                let row = rows.get(node)?;
+                add_counts(&row.dropped, &mut dropped);
+                (!row.text.trim().is_empty())
+                    .then(|| ((*node, row.text.clone()), row.summarizer.clone()))
             })
             .unzip();
         Ok(OutlineSnapshot {
@@ -480,6 +539,7 @@ impl Store {
             version,
             lines,
             summarizers,
+            footer: outline_footer(&dropped),
         })
     }
 
@@ -599,8 +659,8 @@ pub(crate) async fn hide_in_tree_in(
     let hidden: BTreeSet<u64> = hidden.iter().copied().collect();
     for &seq in &hidden {
         rewritten += sqlx::query(
-            "UPDATE tree_nodes SET text = '', summarizer = $1, calls = 0, created_at = $2 \
-             WHERE thread_key = $3 AND level = 0 AND idx = $4",
+            "UPDATE tree_nodes SET text = '', summarizer = $1, calls = 0, created_at = $2, \
+             dropped = '' WHERE thread_key = $3 AND level = 0 AND idx = $4",
         )
         .bind(HIDDEN)
         .bind(now)
@@ -719,8 +779,8 @@ async fn rewrite_line(
         ""
     };
     Ok(sqlx::query(&format!(
-        "UPDATE tree_nodes SET text = $1, summarizer = $2, calls = 0, created_at = $3 \
-         WHERE thread_key = $4 AND level = $5 AND idx = $6{only_model}"
+        "UPDATE tree_nodes SET text = $1, summarizer = $2, calls = 0, created_at = $3, \
+         dropped = '' WHERE thread_key = $4 AND level = $5 AND idx = $6{only_model}"
     ))
     .bind(text)
     .bind(STAND_IN)

@@ -78,11 +78,13 @@ pub fn anthropic_blocks(blocks: &[String], marks: &[usize]) -> Vec<Value> {
 /// Breakpoints a request may carry (Anthropic).
 pub const MAX_BREAKPOINTS: usize = 4;
 
-/// The context of an outlined thread: one user turn holding the outline (when it has lines),
-/// then the tail entries, normalized together so the provider accepts the whole. For Anthropic
-/// the outline's whole blocks carry breakpoints, leaving room for the caller's own (`cache`).
+/// The context of an outlined thread: one user turn holding the outline (when it has lines)
+/// and its `footer` (what the lines dropped, after them: it changes only when they do), then
+/// the tail entries, normalized together so the provider accepts the whole. For Anthropic the
+/// outline's whole blocks carry breakpoints, leaving room for the caller's own (`cache`).
 pub fn outlined_context(
     lines: &[(NodeId, String)],
+    footer: &str,
     tail: Vec<Entry>,
     options: &NormalizeOptions,
 ) -> Normalized {
@@ -90,7 +92,10 @@ pub fn outlined_context(
         return normalize(&tail, options);
     }
     let refs: Vec<(NodeId, &str)> = lines.iter().map(|(n, t)| (*n, t.as_str())).collect();
-    let texts = blocks(&refs);
+    let mut texts = blocks(&refs);
+    if !footer.is_empty() {
+        texts.push(footer.to_owned());
+    }
     let outline = Entry {
         message: Some(ApiMessage::new(
             Role::User,

@@ -20,6 +20,7 @@ use super::view_reader::{
 };
 use super::{Clock, JobError, Runner};
 use crate::history::estimate_entry_tokens;
+use crate::history::ledger::Tally;
 use crate::history::model::Entry;
 use crate::history::normalize::tokens::rough;
 use crate::store::{ClaimedJob, CompactionWrite, StoreError, TenantId};
@@ -93,8 +94,10 @@ impl Runner {
         let messages_summarized = plan.messages_summarized;
         let (boundary_seq, read_next_seq) = (bounds.boundary_seq(), bounds.next_seq);
         let to_summarize = ToSummarize::new(reader, &plan);
-        let summary = self.summarize_window(to_summarize, &plan, payload).await?;
-        let summary_entry = summary_entry(&summary.text);
+        let (summary, tally) = self.summarize_window(to_summarize, &plan, payload).await?;
+        // The summary's text as sent: with the footer naming what it dropped.
+        let summary_entry =
+            summary_entry(&format!("{}{}", summary.text, tally.footer(&summary.text)));
         let summary_tokens = rough(summary_entry.first_text().unwrap_or_default());
         // Write the boundary and the summary, and complete the job, in one transaction.
         let write = CompactionWrite {
@@ -138,13 +141,15 @@ impl Runner {
 
     /// The summary of the plan's entries, read in order from `entries`: one summarizer request
     /// per page of `compaction_page_tokens`, each carrying the previous page's summary (the
-    /// first, the previous compaction's). The bodies of one page at a time are in memory.
+    /// first, the previous compaction's). The bodies of one page at a time are in memory. The
+    /// tally holds the anchors of the entries summarized, for the ledger's footer.
     async fn summarize_window<S: WindowSource>(
         &self,
         mut entries: ToSummarize<S>,
         plan: &CompactionPlan,
         payload: &CompactionPayload,
-    ) -> Result<crate::summarize::Summary, JobError> {
+    ) -> Result<(crate::summarize::Summary, Tally), JobError> {
+        let mut tally = Tally::default();
         let mut cutter = PageCutter::new(self.config.compaction_page_tokens, SUMMARY_PAGE_ENTRIES);
         let mut pages = PageSummaries {
             previous: plan.previous_summary.clone(),
@@ -158,6 +163,7 @@ impl Runner {
                 self.summarize_page(std::mem::take(&mut page), &mut pages, payload)
                     .await?;
             }
+            tally.add_entry(&entry);
             page.push(entry);
         }
         self.summarize_page(page, &mut pages, payload).await?;
@@ -165,7 +171,7 @@ impl Runner {
             JobError::Invalid("a compaction plan with nothing to summarize".to_owned())
         })?;
         summary.calls = pages.calls;
-        Ok(summary)
+        Ok((summary, tally))
     }
 
     /// Summarizes one page of a compaction into `pages`, on top of the summary so far.

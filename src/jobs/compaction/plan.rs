@@ -6,6 +6,7 @@ use std::collections::VecDeque;
 
 use serde_json::{json, Value};
 
+use crate::history::ledger::without_footer;
 use crate::history::model::{subtype, ApiMessage, Content, Entry, EntryKind, Role};
 
 /// The first words of the summary message (`docs/NORMALIZATION.md` § Compaction).
@@ -133,7 +134,9 @@ impl PlanScan {
             if entry.is_compact_summary {
                 if let Some(text) = entry.first_text() {
                     let text = text.strip_prefix(SUMMARY_PREFIX).unwrap_or(text);
-                    self.summaries.push((index, text.to_owned()));
+                    // The next summary is built on the text, not on what the footer quotes.
+                    self.summaries
+                        .push((index, without_footer(text).to_owned()));
                 }
             }
         } else {
