@@ -42,8 +42,10 @@ pub struct SearchParams {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct SearchHitDto {
     pub thread_id: String,
+    /// The entry's seq; for a summary line, the first seq it covers.
     pub seq: i64,
-    /// The entry's type: `user`, `assistant`, `attachment`, `system`.
+    /// The entry's type (`user`, `assistant`, `attachment`, `system`), or `line` for a summary
+    /// line of the thread's outline tree (which may say what no single entry says).
     #[serde(rename = "type")]
     pub kind: String,
     /// Its role, for a message: `user` or `assistant`.
@@ -55,7 +57,8 @@ pub struct SearchHitDto {
     pub score: f64,
     /// Whether the match is in the entry's thinking.
     pub in_thinking: bool,
-    /// The zoom address that opens the whole entry: `zoom(id, n)` with these.
+    /// The zoom address that opens it: `zoom(id, n)` with these (`n` 1 for an entry, which
+    /// zoom reads whole; a line's span, which zoom opens into its two halves).
     pub zoom: ZoomAddress,
 }
 
@@ -69,7 +72,10 @@ impl From<SearchHit> for SearchHitDto {
     fn from(hit: SearchHit) -> Self {
         let role = matches!(hit.kind.as_str(), "user" | "assistant").then(|| hit.kind.clone());
         SearchHitDto {
-            zoom: ZoomAddress { id: hit.seq, n: 1 },
+            zoom: ZoomAddress {
+                id: hit.seq,
+                n: hit.n,
+            },
             thread_id: hit.thread_id,
             seq: hit.seq,
             kind: hit.kind,
@@ -196,8 +202,9 @@ pub struct SearchToolRequest {
 /// The answer to `search(query)`, ready to send back as the tool result.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct SearchToolResponse {
-    /// The tool result's text: one `id+1|snippet` line per hit, best first (zoom(id, 1) reads
-    /// the entry whole), or a sentence the model can act on.
+    /// The tool result's text: one `id+n|snippet` line per hit, best first (zoom(id, 1) reads
+    /// an entry whole; a summary line's hit is opened like any line), or a sentence the model
+    /// can act on.
     pub content: String,
     /// Whether `content` is an error (send the tool result with `is_error: true`).
     pub is_error: bool,
@@ -260,7 +267,7 @@ pub async fn search_tool(
         )
     } else {
         hits.iter()
-            .map(|hit| format!("{}+1|{}", hit.seq, hit.snippet))
+            .map(|hit| format!("{}+{}|{}", hit.seq, hit.n, hit.snippet))
             .collect::<Vec<_>>()
             .join("\n")
     };

@@ -246,11 +246,15 @@ impl Store {
     pub async fn scrub_storage(&self) -> Result<(), StoreError> {
         match self.backend {
             Backend::Sqlite => {
-                // The search index keeps a deleted row's tokens until its segments merge:
+                // The search indexes keep a deleted row's tokens until their segments merge:
                 // merged into one, they are gone (and their pages zeroed, `secure_delete`).
-                sqlx::query("INSERT INTO search_index (search_index) VALUES ('optimize')")
+                for index in ["search_index", "line_index"] {
+                    sqlx::query(&format!(
+                        "INSERT INTO {index} ({index}) VALUES ('optimize')"
+                    ))
                     .execute(&self.writer)
                     .await?;
+                }
                 if self.wal_scrub.is_some() {
                     super::truncate_wal(&self.pool).await;
                 }

@@ -24,6 +24,9 @@ use crate::history::model::{subtype, Entry};
 use crate::history::normalize::view::snipped_uuids;
 use crate::history::search::searchable;
 
+/// The kind of a hit that is a summary line, not an entry.
+pub const LINE_KIND: &str = "line";
+
 /// Entries one indexing step reads of a thread.
 pub const INDEX_BATCH: i64 = 256;
 
@@ -89,8 +92,12 @@ impl SearchQuery {
 #[derive(Debug, Clone, PartialEq)]
 pub struct SearchHit {
     pub thread_id: String,
+    /// The entry's seq; for a summary line, the first seq it covers.
     pub seq: i64,
-    /// The entry's type (`user`, `assistant`, …).
+    /// Messages the hit covers: 1 for an entry, a summary line's span (its zoom address is
+    /// `seq+n`).
+    pub n: i64,
+    /// The entry's type (`user`, `assistant`, …), or [`LINE_KIND`] for a summary line.
     pub kind: String,
     /// Where the first match is, marked by [`MARK_OPEN`] and [`MARK_CLOSE`].
     pub snippet: String,
@@ -344,10 +351,119 @@ impl Store {
             hits.push(SearchHit {
                 thread_id: row.try_get("thread_id")?,
                 seq: row.try_get("seq")?,
+                n: 1,
                 kind: row.try_get("kind")?,
                 snippet,
                 score: row.try_get("score")?,
                 in_thinking,
+            });
+        }
+        hits.extend(self.search_lines(tenant, thread_key, query).await?);
+        // Best first; on a tie the entry (the source) before the line that summarizes it.
+        hits.sort_by(|a, b| b.score.total_cmp(&a.score));
+        hits.truncate(query.limit as usize);
+        Ok(hits)
+    }
+
+    /// The summary lines a summarizer wrote that match (verbatim lines repeat entries, which
+    /// are searched already), best first: SQLite's FTS5 index over them
+    /// (`migrations/sqlite/0013_line_search.sql`) when every term is long enough for its
+    /// trigrams, else `LIKE`; PostgreSQL's trigram index through `ILIKE`, ranked by
+    /// `ts_rank_cd`. Scored as entries are, so the two lists merge.
+    async fn search_lines(
+        &self,
+        tenant: &TenantId,
+        thread_key: Option<&ThreadKey>,
+        query: &SearchQuery,
+    ) -> Result<Vec<SearchHit>, StoreError> {
+        let postgres = self.backend == Backend::Postgres;
+        let scope = if thread_key.is_some() {
+            "AND n.thread_key = $3"
+        } else {
+            "AND $3 = $3"
+        };
+        let key = thread_key.map_or("", ThreadKey::as_str).to_owned();
+        let terms = query.terms.len();
+        let fts = !postgres && query.terms.iter().all(|t| t.chars().count() >= 3);
+        let like = if postgres { "ILIKE" } else { "LIKE" };
+        let matched: Vec<String> = (0..terms)
+            .map(|i| format!("n.text {like} ${} ESCAPE '\\'", i + 5))
+            .collect();
+        let counted = matched
+            .iter()
+            .map(|m| format!("(CASE WHEN {m} THEN 1 ELSE 0 END)"))
+            .collect::<Vec<_>>()
+            .join(" + ");
+        let summarized = "n.summarizer NOT IN ('verbatim', 'hidden')";
+        let sql = if fts {
+            format!(
+                "SELECT thread_id, level, idx, text, matched - relevance / (1.0 - relevance) \
+                 AS score FROM (SELECT t.thread_id, n.level, n.idx, n.text, \
+                 CAST({counted} AS REAL) AS matched, bm25(line_index) AS relevance \
+                 FROM line_index JOIN tree_nodes n ON n.rowid = line_index.rowid \
+                 JOIN threads t ON t.thread_key = n.thread_key \
+                 WHERE line_index MATCH $1 AND t.tenant_id = $2 {scope}) \
+                 ORDER BY score DESC LIMIT $4"
+            )
+        } else {
+            let rank = if postgres {
+                let words = (0..terms)
+                    .map(|i| format!("plainto_tsquery('simple', ${})", i + 5 + terms))
+                    .collect::<Vec<_>>()
+                    .join(" || ");
+                format!(
+                    "CAST({counted} AS DOUBLE PRECISION) \
+                     + ts_rank_cd(to_tsvector('simple', n.text), {words})"
+                )
+            } else {
+                format!("CAST({counted} AS REAL)")
+            };
+            format!(
+                "SELECT t.thread_id, n.level, n.idx, n.text, {rank} AS score \
+                 FROM tree_nodes n JOIN threads t ON t.thread_key = n.thread_key \
+                 WHERE t.tenant_id = $2 {scope} AND {summarized} AND ({}) \
+                 ORDER BY score DESC LIMIT $4",
+                matched.join(" OR ")
+            )
+        };
+        let indexed: Vec<String> = query
+            .terms
+            .iter()
+            .map(|t| format!("\"{}\"", t.replace('"', "\"\"")))
+            .collect();
+        let mut q = sqlx::query(&sql)
+            .bind(if fts {
+                indexed.join(" OR ")
+            } else {
+                String::new()
+            })
+            .bind(&tenant.0)
+            .bind(key)
+            .bind(query.limit);
+        for term in &query.terms {
+            q = q.bind(format!("%{}%", like_escaped(term)));
+        }
+        if postgres {
+            for term in &query.terms {
+                q = q.bind(term.clone());
+            }
+        }
+        let mut hits = Vec::new();
+        for row in q.fetch_all(&self.pool).await? {
+            let text: String = row.try_get("text")?;
+            let Some(snippet) = snippet(&text, &query.terms) else {
+                continue;
+            };
+            let level: i64 = row.try_get("level")?;
+            let idx: i64 = row.try_get("idx")?;
+            hits.push(SearchHit {
+                thread_id: row.try_get("thread_id")?,
+                seq: idx << level,
+                n: 1 << level,
+                kind: LINE_KIND.to_owned(),
+                snippet,
+                score: row.try_get("score")?,
+                in_thinking: false,
             });
         }
         Ok(hits)

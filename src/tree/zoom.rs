@@ -68,10 +68,10 @@ pub fn search_tool_definition() -> Value {
     json!({
         "name": SEARCH_TOOL_NAME,
         "description": "Search everything this conversation ever held, including what the summary left out: \
-    search(query) gives the messages that contain the query's words or exact strings (a file path, a command, \
-    an error code, a number, a name), best first, as id+1|text lines with the match marked «like this». \
-    Use it when the summary does not name what you need, then zoom(id, 1) to read a message whole. Put an \
-    exact phrase in double quotes.",
+    search(query) gives the messages and summary lines that contain the query's words or exact strings (a file \
+    path, a command, an error code, a number, a name), best first, as id+n|text lines with the match marked \
+    «like this». Use it when the summary does not name what you need, then zoom(id, n) to open a hit: \
+    zoom(id, 1) reads a message whole. Put an exact phrase in double quotes.",
         "input_schema": {
             "type": "object",
             "properties": {

@@ -393,4 +393,112 @@ crate::on_both_backends!(
     the_search_tool_answers_in_the_outlines_form,
     snipped_erased_and_deleted_entries_are_never_found,
     another_tenant_finds_nothing,
+    summary_lines_are_found_and_go_with_what_they_summarize,
 );
+
+/// Writes each line as a model would: its own words (`digest`), then the needles of its
+/// source, so a line says what no entry does and carries what it summarizes.
+struct Digest;
+
+#[async_trait::async_trait]
+impl loupe::summarize::Summarizer for Digest {
+    fn name(&self) -> String {
+        "digest".to_owned()
+    }
+
+    async fn summarize(
+        &self,
+        req: &loupe::summarize::SummaryRequest,
+    ) -> Result<loupe::summarize::Summary, loupe::summarize::SummarizeError> {
+        let source = crate::tree::request_source(req);
+        Ok(loupe::summarize::Summary {
+            text: format!(
+                "digest: {}",
+                crate::tree::keep_needles(&source, req.max_bytes - 8)
+            ),
+            summarizer: self.name(),
+            calls: 1,
+        })
+    }
+}
+
+async fn summary_lines_are_found_and_go_with_what_they_summarize(app: TestApp) {
+    let thread = app.thread("lines").await;
+    crate::tree::outline_on(
+        &app,
+        &thread,
+        json!({"enabled": true, "line_bytes": 64, "budget_bytes": 600, "tail_tokens": 60}),
+    )
+    .await;
+    let runner = crate::tree::runner(&app, std::sync::Arc::new(Digest));
+    let filler = "the weather report and other chatter about nothing in particular";
+    for i in 0..16 {
+        let question = if i == 3 {
+            format!("Remember NEEDLE-LINE for later. {filler}")
+        } else {
+            format!("Question {i}: {filler}")
+        };
+        app.append(
+            &thread,
+            crate::tree::exchange(i, &question, &format!("Answer {i}: {filler}")),
+        )
+        .await;
+        crate::tree::drain(&runner).await;
+    }
+    // "digest" is in no entry: only the lines a summarizer wrote hold it.
+    let found = search(&app, &thread, "digest").await;
+    let hits = found["hits"].as_array().unwrap();
+    assert!(!hits.is_empty(), "{found}");
+    for hit in hits {
+        assert_eq!(hit["type"], "line", "{hit}");
+        assert!(hit.get("role").is_none(), "{hit}");
+        let (id, n) = (
+            hit["zoom"]["id"].as_i64().unwrap(),
+            hit["zoom"]["n"].as_i64().unwrap(),
+        );
+        assert_eq!(hit["seq"], id);
+        assert!(
+            n >= 1 && (n as u64).is_power_of_two() && id % n == 0,
+            "{hit}"
+        );
+        // The address opens with zoom.
+        let opened = crate::tree::zoom(&app, &thread, id, n).await;
+        assert_eq!(opened["is_error"], false, "{opened}");
+    }
+    // The tool answers a line by its own address.
+    let tool = app
+        .post(
+            &format!("/v1/threads/{thread}/search"),
+            json!({"query": "digest", "limit": 50}),
+        )
+        .await;
+    let content = tool.body["content"].as_str().unwrap();
+    for hit in hits {
+        let address = format!("{}+{}|", hit["zoom"]["id"], hit["zoom"]["n"]);
+        assert!(
+            content.lines().any(|l| l.starts_with(&address)),
+            "{address} in {content}"
+        );
+    }
+    let needle_lines = |found: &Value| {
+        found["hits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|hit| hit["type"] == "line")
+            .count()
+    };
+    assert!(needle_lines(&search(&app, &thread, "NEEDLE-LINE").await) > 0);
+    // A snip takes the lines that held it out of search, with its entry.
+    let snip = app
+        .post(
+            &format!("/v1/threads/{thread}/snip"),
+            json!({"uuids": ["u3"]}),
+        )
+        .await;
+    assert_eq!(snip.status, StatusCode::CREATED, "{}", snip.body);
+    crate::tree::drain(&runner).await;
+    let after = search(&app, &thread, "NEEDLE-LINE").await;
+    assert!(seqs(&after).is_empty(), "{after}");
+    app.finish().await;
+}
