@@ -3,7 +3,7 @@
 //! without a model, by pattern, in what a model could read of an entry ([`super::search`]),
 //! and the loss ledger marks each one kept (the summary holds it) or dropped.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::LazyLock;
 
 use regex::Regex;
@@ -99,6 +99,10 @@ const MIN_ENTRY_BYTES: usize = 96;
 /// Longest anchor, in bytes (a longer command is cut at a character boundary).
 pub const MAX_ANCHOR_BYTES: usize = 160;
 
+/// Bytes of an entry's text read for anchors: a 20 MB tool result is read as far as its first
+/// 256 KiB, which bounds the time and leaves the rest to search.
+pub const MAX_SCANNED_BYTES: usize = 256 * 1024;
+
 /// Shortest text worth checking against a summary (`39%` is a figure; `ok` is not an anchor).
 const MIN_ANCHOR_CHARS: usize = 3;
 
@@ -130,6 +134,11 @@ static NUMBER: LazyLock<Regex> = LazyLock::new(|| {
 });
 static SHELL_LINE: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r"(?m)^\s*\$ (\S.*)$").expect("shell line pattern"));
+/// A shell call as a summary line renders it: `Bash(cargo test)`.
+static TOOL_CALL: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"\b(?:Bash|Shell|bash|shell|run_command|execute_command)\(([^()\n]+)\)")
+        .expect("tool call pattern")
+});
 
 /// The anchors of an entry a model reads: distinct, in order of first appearance, at most
 /// [`MAX_ENTRY_ANCHORS`]. Thinking is left out: it is not sent everywhere, and a summary is
@@ -187,15 +196,36 @@ pub fn anchors_in_text(text: &str) -> Vec<Anchor> {
     anchors.list
 }
 
-/// Whether `summary` keeps `anchor`: it holds the anchor's text as written, whitespace runs
-/// read as one space.
+/// Whether `summary` keeps `anchor`: it holds the anchor's text as written, as a whole token
+/// (`12 ms` is not kept by `1112 ms`, nor `a.pem` by `a.pem.bak`), whitespace runs read as one
+/// space.
 pub fn kept_in(summary: &str, anchor: &str) -> bool {
-    if summary.contains(anchor) {
+    if holds_token(summary, anchor) {
         return true;
     }
     let squashed = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
     let anchor = squashed(anchor);
-    !anchor.is_empty() && squashed(summary).contains(&anchor)
+    !anchor.is_empty() && holds_token(&squashed(summary), &anchor)
+}
+
+/// Whether `text` holds `token` with no word character joined to either end of it (a `.` or
+/// `-` then a word character continues it too).
+fn holds_token(text: &str, token: &str) -> bool {
+    if token.is_empty() {
+        return false;
+    }
+    let word = |c: char| c.is_alphanumeric() || c == '_';
+    text.match_indices(token).any(|(at, _)| {
+        let before = text[..at].chars().next_back();
+        let mut after = text[at + token.len()..].chars();
+        let joined_before = before.is_some_and(word) && token.starts_with(word);
+        let joined_after = match after.next() {
+            Some(c) if word(c) => token.ends_with(word),
+            Some('.' | '-') => after.next().is_some_and(word),
+            _ => false,
+        };
+        !joined_before && !joined_after
+    })
 }
 
 /// Anchors as one stored text: one per line, `kind<TAB>text`.
@@ -228,31 +258,63 @@ pub fn decode(stored: &str) -> Vec<Anchor> {
 struct Anchors {
     list: Vec<Anchor>,
     seen: HashSet<(AnchorKind, String)>,
-    /// Byte spans already taken by an anchor (a URL's path is not a path of its own).
-    taken: Vec<(usize, usize)>,
+    /// Byte spans already taken by an anchor, start to end, never overlapping (a URL's path is
+    /// not a path of its own): one lookup per match, whatever the text repeats.
+    taken: BTreeMap<usize, usize>,
+}
+
+/// What [`Anchors::push`] made of a match.
+#[derive(Debug, PartialEq, Eq)]
+enum Pushed {
+    New,
+    /// An anchor already listed: its span is taken all the same.
+    Again,
+    Refused,
 }
 
 impl Anchors {
-    fn push(&mut self, kind: AnchorKind, text: &str) -> bool {
-        let text = cut(text.trim().trim_end_matches(['.', ',', ';', ':', '!', '?']));
-        if self.list.len() >= MAX_ENTRY_ANCHORS
-            || text.chars().count() < MIN_ANCHOR_CHARS
-            || text.contains(['\t', '\n'])
-        {
-            return false;
-        }
-        if self.seen.insert((kind, text.to_owned())) {
-            self.list.push(Anchor {
-                kind,
-                text: text.to_owned(),
-            });
-        }
-        true
+    fn full(&self) -> bool {
+        self.list.len() >= MAX_ENTRY_ANCHORS
     }
 
+    fn push(&mut self, kind: AnchorKind, text: &str) -> Pushed {
+        let text = cut(text.trim().trim_end_matches(['.', ',', ';', ':', '!', '?']));
+        if text.chars().count() < MIN_ANCHOR_CHARS || text.contains(['\t', '\n']) {
+            return Pushed::Refused;
+        }
+        let key = (kind, text.to_owned());
+        if self.seen.contains(&key) {
+            return Pushed::Again;
+        }
+        if self.full() {
+            return Pushed::Refused;
+        }
+        self.seen.insert(key);
+        self.list.push(Anchor {
+            kind,
+            text: text.to_owned(),
+        });
+        Pushed::New
+    }
+
+    fn overlaps_taken(&self, (start, end): (usize, usize)) -> bool {
+        self.taken
+            .range(..end)
+            .next_back()
+            .is_some_and(|(_, &taken_end)| taken_end > start)
+    }
+
+    /// Reads the anchors of `text`'s first [`MAX_SCANNED_BYTES`], in time linear in them, and
+    /// stops once the list is full.
     fn scan(&mut self, text: &str) {
-        for line in SHELL_LINE.captures_iter(text) {
-            self.push(AnchorKind::Command, &line[1]);
+        let text = cut_at(text, MAX_SCANNED_BYTES);
+        for pattern in [&SHELL_LINE, &TOOL_CALL] {
+            for line in pattern.captures_iter(text) {
+                if self.full() {
+                    return;
+                }
+                self.push(AnchorKind::Command, &line[1]);
+            }
         }
         // Most specific first: a span one kind took is not read again as another.
         let kinds: [(AnchorKind, &Regex); 5] = [
@@ -264,15 +326,17 @@ impl Anchors {
         ];
         for (kind, pattern) in kinds {
             for found in pattern.find_iter(text) {
+                if self.full() {
+                    return;
+                }
                 let span = (found.start(), found.end());
-                if self.taken.iter().any(|&(s, e)| span.0 < e && s < span.1) {
+                if self.overlaps_taken(span)
+                    || kind == AnchorKind::Path && !looks_like_path(found.as_str())
+                {
                     continue;
                 }
-                if kind == AnchorKind::Path && !looks_like_path(found.as_str()) {
-                    continue;
-                }
-                if self.push(kind, found.as_str()) {
-                    self.taken.push(span);
+                if self.push(kind, found.as_str()) != Pushed::Refused {
+                    self.taken.insert(span.0, span.1);
                 }
             }
         }
@@ -298,10 +362,15 @@ fn first_line(text: &str) -> &str {
 }
 
 fn cut(text: &str) -> &str {
-    if text.len() <= MAX_ANCHOR_BYTES {
+    cut_at(text, MAX_ANCHOR_BYTES)
+}
+
+/// `text`'s first `max` bytes at most, cut at a character boundary.
+fn cut_at(text: &str, max: usize) -> &str {
+    if text.len() <= max {
         return text;
     }
-    let mut end = MAX_ANCHOR_BYTES;
+    let mut end = max;
     while !text.is_char_boundary(end) {
         end -= 1;
     }
@@ -419,5 +488,42 @@ mod tests {
         assert!(kept_in("took 412  ms to run", "412 ms"));
         assert!(kept_in("ran cargo test --lib", "cargo test --lib"));
         assert!(!kept_in("ran the tests", "cargo test --lib"));
+    }
+
+    #[test]
+    fn kept_means_the_whole_token() {
+        assert!(!kept_in("it took 1112 ms", "12 ms"));
+        assert!(!kept_in("moved to /srv/a.pem.bak", "/srv/a.pem"));
+        assert!(!kept_in("error E42421 again", "E4242"));
+        assert!(kept_in("see /srv/a.pem.", "/srv/a.pem"));
+        assert!(kept_in("(src/a.rs)", "src/a.rs"));
+        assert!(kept_in("./src/a.rs was read", "src/a.rs"));
+    }
+
+    #[test]
+    fn a_text_that_repeats_one_anchor_is_read_in_linear_time() {
+        // 400,000 repeats of one path: each match is one lookup, and the text is read only as
+        // far as its first MAX_SCANNED_BYTES. (Before, each match was compared with every
+        // earlier one: minutes for this text.)
+        let text = "src/a.rs ".repeat(400_000);
+        let found = anchors_in_text(&text);
+        assert_eq!(found.len(), 1, "{found:?}");
+        // A repeated URL still hides its own path each time.
+        let urls = "https://ci.example.com/run/1 ".repeat(1000);
+        assert_eq!(
+            kinds(&urls),
+            [("url", "https://ci.example.com/run/1".to_owned())]
+        );
+    }
+
+    #[test]
+    fn a_rendered_shell_call_is_a_command() {
+        assert_eq!(
+            kinds("Bash(cat /var/log/app_1.log) then done"),
+            [
+                ("command", "cat /var/log/app_1.log".to_owned()),
+                ("path", "/var/log/app_1.log".to_owned())
+            ]
+        );
     }
 }

@@ -121,9 +121,10 @@ pub fn outline_footer(counts: &BTreeMap<AnchorKind, u64>) -> String {
     )
 }
 
-/// A summary's text without its footer.
+/// A summary's text without its footer: cut at the last footer's start, since the footer is
+/// always last and a summary may quote a conversation that wrote one.
 pub fn without_footer(text: &str) -> &str {
-    text.find(FOOTER_OPEN).map_or(text, |at| &text[..at])
+    text.rfind(FOOTER_OPEN).map_or(text, |at| &text[..at])
 }
 
 fn quote(text: &str) -> String {
@@ -159,6 +160,12 @@ mod tests {
         );
         let sent = format!("{summary}{footer}");
         assert_eq!(without_footer(&sent), summary);
+        // A summary that quotes a footer keeps the quote; only its own footer goes.
+        let quoting = format!("quoted:{footer} and more{footer}");
+        assert_eq!(
+            without_footer(&quoting),
+            format!("quoted:{footer} and more")
+        );
         assert_eq!(
             tally.footer("src/a.rs src/b.rs src/c.rs src/d.rs E0282 412 ms"),
             ""

@@ -124,7 +124,8 @@ pub struct SummaryLedgerDto {
     /// Kept and dropped anchors, by kind (every anchor read, whatever `dropped_only`).
     pub counts: BTreeMap<AnchorKindDto, AnchorCounts>,
     pub anchors: Vec<LedgerAnchorDto>,
-    /// Whether bounds left anchors out: at most 500 listed, of the first 4,096 entries covered.
+    /// Whether bounds left anchors out: at most 500 are listed, read from the first 4,096
+    /// entries with anchors in its range.
     pub truncated: bool,
 }
 

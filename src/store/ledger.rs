@@ -12,6 +12,7 @@ use super::search::CATCH_UP_STEPS;
 use super::{Backend, Store, StoreError, TenantId, ThreadId, ThreadKey};
 use crate::history::anchors::{decode, kept_in, AnchorKind};
 use crate::history::ledger::without_footer;
+use crate::history::model::Entry;
 use crate::tree::NodeId;
 
 /// Entries whose anchors one summary's ledger reads (its first ones, for a summary of more).
@@ -84,8 +85,8 @@ struct Covering {
     text: String,
     first_seq: i64,
     end_seq: i64,
-    /// Seqs in the range it does not cover (kept entries, other summaries).
-    skipped: Vec<(i64, i64)>,
+    /// The rounds its boundary kept, which lie in its range but are not summarized.
+    kept_rounds: Option<(i64, i64)>,
 }
 
 impl Store {
@@ -100,8 +101,13 @@ impl Store {
         let head = self.thread_head(tenant, thread_id).await?;
         let lag = self.catch_up(&head.thread_key, CATCH_UP_STEPS).await?;
         let mut coverings = Vec::new();
+        // The seqs of every boundary and summary: in a summary's range, but summaries of their
+        // own (sorted; one list for all).
+        let mut summary_seqs = Vec::new();
         if filter.compactions != Some(false) {
-            coverings.extend(self.compaction_coverings(&head.thread_key).await?);
+            let rows = self.summary_rows(&head.thread_key, 0).await?.entries;
+            summary_seqs = rows.iter().filter_map(|entry| entry.seq).collect();
+            coverings.extend(compaction_coverings(&rows, filter.limit));
         }
         if filter.compactions != Some(true) {
             let snapshot = self.outline_snapshot(tenant, thread_id).await?;
@@ -115,7 +121,7 @@ impl Store {
                     text,
                     first_seq: node.first() as i64,
                     end_seq: node.end() as i64,
-                    skipped: Vec::new(),
+                    kept_rounds: None,
                 });
             }
         }
@@ -123,10 +129,10 @@ impl Store {
         coverings.truncate(filter.limit);
         let mut summaries = Vec::with_capacity(coverings.len());
         for covering in coverings {
-            summaries.push(
-                self.summary_ledger(&head.thread_key, covering, filter)
-                    .await?,
-            );
+            let ledger = self
+                .summary_ledger(&head.thread_key, covering, &summary_seqs, filter)
+                .await?;
+            summaries.push(ledger);
         }
         Ok(Ledger {
             summaries,
@@ -158,64 +164,11 @@ impl Store {
         Ok((row.try_get("anchors")?, row.try_get("stored")?))
     }
 
-    /// The thread's compaction summaries that Loupe wrote, with what each covers: the entries
-    /// since the boundary before it, less the rounds its boundary kept and the summaries.
-    async fn compaction_coverings(
-        &self,
-        thread_key: &ThreadKey,
-    ) -> Result<Vec<Covering>, StoreError> {
-        let rows = self.summary_rows(thread_key, 0).await?.entries;
-        let summary_seqs: Vec<(i64, i64)> = rows
-            .iter()
-            .filter_map(|entry| entry.seq)
-            .map(|seq| (seq, seq))
-            .collect();
-        let mut coverings = Vec::new();
-        let mut start = 0;
-        for (i, boundary) in rows.iter().enumerate() {
-            if !boundary.is_compact_boundary() {
-                continue;
-            }
-            let boundary_seq = boundary.seq.unwrap_or_default();
-            let preserved = boundary.preserved_segment();
-            let loupe_wrote = boundary
-                .compact_metadata
-                .as_ref()
-                .is_some_and(|m| m.get("job_id").is_some());
-            let summary = rows[i + 1..]
-                .iter()
-                .find(|entry| entry.is_compact_summary && entry.seq > boundary.seq);
-            if let (true, Some(summary)) = (loupe_wrote, summary) {
-                let summarizer = boundary
-                    .compact_metadata
-                    .as_ref()
-                    .and_then(|m| m.get("summarizer"))
-                    .and_then(|s| s.as_str())
-                    .unwrap_or("unknown")
-                    .to_owned();
-                let mut skipped = summary_seqs.clone();
-                skipped.extend(preserved);
-                coverings.push(Covering {
-                    summary: LedgerSummary::Compaction {
-                        seq: summary.seq.unwrap_or_default(),
-                    },
-                    summarizer,
-                    text: without_footer(summary.first_text().unwrap_or_default()).to_owned(),
-                    first_seq: start,
-                    end_seq: boundary_seq,
-                    skipped,
-                });
-            }
-            // The next window starts with this one's kept rounds, or after its summary.
-            start = preserved.map_or(boundary_seq + 1, |(first, _)| first);
-        }
-        Ok(coverings)
-    }
-
     async fn summary_ledger(
         &self,
         thread_key: &ThreadKey,
         covering: Covering,
+        summary_seqs: &[i64],
         filter: &LedgerFilter,
     ) -> Result<SummaryLedger, StoreError> {
         let rows = sqlx::query(
@@ -225,19 +178,20 @@ impl Store {
         .bind(thread_key.as_str())
         .bind(covering.first_seq)
         .bind(covering.end_seq)
-        .bind(LEDGER_ENTRIES_PER_SUMMARY)
+        .bind(LEDGER_ENTRIES_PER_SUMMARY + 1)
         .fetch_all(&self.pool)
         .await?;
-        let mut truncated = rows.len() as i64 >= LEDGER_ENTRIES_PER_SUMMARY;
+        // One more row than is read tells whether any was left.
+        let mut truncated = rows.len() as i64 > LEDGER_ENTRIES_PER_SUMMARY;
         let mut counts: BTreeMap<AnchorKind, (u64, u64)> = BTreeMap::new();
         let mut anchors = Vec::new();
         let mut seen = HashSet::new();
-        for row in &rows {
+        for row in rows.iter().take(LEDGER_ENTRIES_PER_SUMMARY as usize) {
             let seq: i64 = row.try_get("seq")?;
             if covering
-                .skipped
-                .iter()
-                .any(|&(first, last)| (first..=last).contains(&seq))
+                .kept_rounds
+                .is_some_and(|(first, last)| (first..=last).contains(&seq))
+                || summary_seqs.binary_search(&seq).is_ok()
             {
                 continue;
             }
@@ -279,5 +233,88 @@ impl Store {
             anchors,
             truncated,
         })
+    }
+}
+
+/// The compaction summaries that Loupe wrote among a thread's boundaries and summaries (`rows`,
+/// in seq order), the first `limit`, with what each covers: the entries since the boundary
+/// before it, less the rounds its boundary kept (and the summaries, which the ledger skips).
+fn compaction_coverings(rows: &[Entry], limit: usize) -> Vec<Covering> {
+    let mut coverings = Vec::new();
+    let mut start = 0;
+    for (i, boundary) in rows.iter().enumerate() {
+        if coverings.len() >= limit {
+            break;
+        }
+        if !boundary.is_compact_boundary() {
+            continue;
+        }
+        let boundary_seq = boundary.seq.unwrap_or_default();
+        let preserved = boundary.preserved_segment();
+        let metadata = boundary.compact_metadata.as_ref();
+        let loupe_wrote = metadata.is_some_and(|m| m.get("job_id").is_some());
+        let summary = rows[i + 1..]
+            .iter()
+            .find(|entry| entry.is_compact_summary && entry.seq > boundary.seq);
+        if let (true, Some(summary)) = (loupe_wrote, summary) {
+            let summarizer = metadata
+                .and_then(|m| m.get("summarizer"))
+                .and_then(|s| s.as_str())
+                .unwrap_or("unknown")
+                .to_owned();
+            coverings.push(Covering {
+                summary: LedgerSummary::Compaction {
+                    seq: summary.seq.unwrap_or_default(),
+                },
+                summarizer,
+                text: without_footer(summary.first_text().unwrap_or_default()).to_owned(),
+                first_seq: start,
+                end_seq: boundary_seq,
+                kept_rounds: preserved,
+            });
+        }
+        // The next window starts with this one's kept rounds, or after its summary.
+        start = preserved.map_or(boundary_seq + 1, |(first, _)| first);
+    }
+    coverings
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn coverings_stop_at_the_limit_and_copy_nothing_per_summary() {
+        // A client can append boundaries that look like Loupe's: 20,000 of them, with their
+        // summaries, took one `limit=1` read to 12.6 GB when each covering copied every seq.
+        let mut rows = Vec::new();
+        for i in 0..20_000i64 {
+            let boundary: Entry = serde_json::from_value(json!({
+                "type": "system", "subtype": "compact_boundary", "content": "Conversation compacted",
+                "compactMetadata": {"job_id": "x", "summarizer": "extractive", "trigger": "manual"}
+            }))
+            .unwrap();
+            let summary: Entry = serde_json::from_value(json!({
+                "type": "user", "isCompactSummary": true,
+                "message": {"role": "user", "content": "summary src/a.rs"}
+            }))
+            .unwrap();
+            rows.push(Entry {
+                seq: Some(2 * i),
+                ..boundary
+            });
+            rows.push(Entry {
+                seq: Some(2 * i + 1),
+                ..summary
+            });
+        }
+        let coverings = compaction_coverings(&rows, 1);
+        assert_eq!(coverings.len(), 1);
+        assert_eq!(coverings[0].summary, LedgerSummary::Compaction { seq: 1 });
+        assert_eq!((coverings[0].first_seq, coverings[0].end_seq), (0, 0));
+        let all = compaction_coverings(&rows, usize::MAX);
+        assert_eq!(all.len(), 20_000);
+        assert_eq!((all[1].first_seq, all[1].end_seq), (1, 2));
     }
 }

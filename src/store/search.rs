@@ -188,18 +188,29 @@ impl Store {
             .fetch_all(&self.pool)
             .await?;
         let mut last = mark.search_seq - 1;
-        let mut found = Vec::new();
+        let mut entries = Vec::with_capacity(rows.len());
         for row in &rows {
             let entry = entry_from_row(row)?;
-            let seq = entry.seq.unwrap_or_default();
-            last = last.max(seq);
-            if entry.uuid.as_deref().is_some_and(|u| hidden.contains(u)) {
-                continue;
-            }
-            if let Some(text) = searchable(&entry) {
-                found.push((seq, text, anchors::encode(&anchors_of_entry(&entry))));
+            last = last.max(entry.seq.unwrap_or_default());
+            if !entry.uuid.as_deref().is_some_and(|u| hidden.contains(u)) {
+                entries.push(entry);
             }
         }
+        drop(rows);
+        // Reading the texts and their anchors is CPU work (up to 4 MiB of bodies a step): off
+        // the async threads, so other requests do not wait behind it.
+        let found = tokio::task::spawn_blocking(move || {
+            entries
+                .iter()
+                .filter_map(|entry| {
+                    let text = searchable(entry)?;
+                    let anchors = anchors::encode(&anchors_of_entry(entry));
+                    Some((entry.seq.unwrap_or_default(), text, anchors))
+                })
+                .collect::<Vec<_>>()
+        })
+        .await
+        .map_err(|error| StoreError::Corrupt(format!("the indexer's reader stopped: {error}")))?;
         let through = last + 1;
         // The rows first, the thread's mark last: its row lock, which appends to the thread
         // wait for, is held only for the moment of the compare-and-set.

@@ -305,6 +305,12 @@ async fn outline_lines_have_a_ledger_and_the_outline_a_footer(app: TestApp) {
         }
     }
     assert!(dropped > 0, "short lines drop anchors: {lines}");
+    let dropped_of = |kind: &str| -> u64 {
+        summaries
+            .iter()
+            .filter_map(|s| s["counts"][kind]["dropped"].as_u64())
+            .sum()
+    };
     let context = app
         .get(&format!("/v1/threads/{thread}/context?view=outline"))
         .await;
@@ -314,6 +320,12 @@ async fn outline_lines_have_a_ledger_and_the_outline_a_footer(app: TestApp) {
         first.contains("Not kept in the lines above:") && first.contains("search tool finds them"),
         "{first}"
     );
+    // The footer names every kind the lines' ledgers dropped: a shell call's command too,
+    // which a line renders as `Bash(…)`.
+    for (kind, word) in [("path", "path"), ("command", "command")] {
+        assert!(dropped_of(kind) > 0, "{kind}: {lines}");
+        assert!(first.contains(word), "{kind} in {first}");
+    }
     app.finish().await;
 }
 
