@@ -186,22 +186,11 @@ impl Store {
         from: u64,
         to: u64,
     ) -> Result<HashMap<u64, String>, StoreError> {
-        let rows = sqlx::query(
-            "SELECT idx, text FROM tree_nodes WHERE thread_key = $1 AND level = $2 \
-             AND idx >= $3 AND idx < $4",
-        )
-        .bind(thread_key.as_str())
-        .bind(i64::from(level))
-        .bind(from as i64)
-        .bind(to as i64)
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter()
-            .map(|row| {
-                let idx: i64 = row.try_get("idx")?;
-                Ok((idx as u64, row.try_get("text")?))
-            })
-            .collect()
+        let lines = self.tree_level_lines(thread_key, level, from, to).await?;
+        Ok(lines
+            .into_iter()
+            .map(|(idx, line)| (idx, line.text))
+            .collect())
     }
 
     /// Writes nodes once, in one transaction; returns how many were new (a node already written

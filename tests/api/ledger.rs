@@ -8,7 +8,7 @@ use loupe::summarize::ExtractiveSummarizer;
 use serde_json::{json, Value};
 
 use crate::common::{assistant, user, TestApp};
-use crate::tree::{drain, exchange, outline_on, runner};
+use crate::tree::{compact, drain, exchange, outline_on, runner};
 
 on_both_backends!(
     a_compaction_ledger_marks_kept_and_dropped_and_the_footer_names_them,
@@ -56,13 +56,7 @@ async fn compacted(app: &TestApp, thread: &str) {
     for i in 0..14 {
         app.append(thread, work(i)).await;
     }
-    let compact = app
-        .post(
-            &format!("/v1/threads/{thread}/compact"),
-            json!({"keep_recent_rounds": 2}),
-        )
-        .await;
-    assert_eq!(compact.status, StatusCode::ACCEPTED, "{}", compact.body);
+    compact(app, thread, 2).await;
     drain(&runner).await;
 }
 
@@ -218,13 +212,7 @@ async fn an_erased_anchor_leaves_the_ledger_and_the_footer(app: TestApp) {
     for i in 0..10 {
         app.append(&thread, work(i)).await;
     }
-    let compact = app
-        .post(
-            &format!("/v1/threads/{thread}/compact"),
-            json!({"keep_recent_rounds": 2}),
-        )
-        .await;
-    assert_eq!(compact.status, StatusCode::ACCEPTED, "{}", compact.body);
+    compact(&app, &thread, 2).await;
     drain(&runner).await;
     let canary = "/srv/vault/canary_k9x.pem";
     let before = ledger(&app, &thread, "").await;

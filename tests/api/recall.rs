@@ -229,13 +229,7 @@ async fn a_scripted_agent_reaches_planted_facts_with_search_and_zoom(app: TestAp
         }
         let planted_facts = build(&app, &thread, real, compact, facts).await;
         if compact {
-            let compact = app
-                .post(
-                    &format!("/v1/threads/{thread}/compact"),
-                    json!({"keep_recent_rounds": 2}),
-                )
-                .await;
-            assert_eq!(compact.status, StatusCode::ACCEPTED, "{}", compact.body);
+            crate::tree::compact(&app, &thread, 2).await;
         }
         drain(&runner).await;
         // The agent sees what Loupe sends: the summary in place of the facts, and the tools.

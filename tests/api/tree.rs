@@ -76,6 +76,18 @@ pub(crate) fn exchange(i: usize, question: &str, answer: &str) -> Vec<Value> {
     ]
 }
 
+/// Queues a compaction of `thread` keeping its last `keep_recent_rounds` rounds (a runner
+/// runs it).
+pub(crate) async fn compact(app: &TestApp, thread: &str, keep_recent_rounds: u32) {
+    let compact = app
+        .post(
+            &format!("/v1/threads/{thread}/compact"),
+            json!({ "keep_recent_rounds": keep_recent_rounds }),
+        )
+        .await;
+    assert_eq!(compact.status, StatusCode::ACCEPTED, "{}", compact.body);
+}
+
 pub(crate) async fn zoom(app: &TestApp, thread: &str, id: i64, n: i64) -> Value {
     let response = app
         .post(
