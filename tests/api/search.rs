@@ -394,6 +394,7 @@ crate::on_both_backends!(
     snipped_erased_and_deleted_entries_are_never_found,
     another_tenant_finds_nothing,
     summary_lines_are_found_and_go_with_what_they_summarize,
+    another_tenant_never_finds_a_line,
 );
 
 /// Writes each line as a model would: its own words (`digest`), then the needles of its
@@ -500,5 +501,51 @@ async fn summary_lines_are_found_and_go_with_what_they_summarize(app: TestApp) {
     crate::tree::drain(&runner).await;
     let after = search(&app, &thread, "NEEDLE-LINE").await;
     assert!(seqs(&after).is_empty(), "{after}");
+    app.finish().await;
+}
+
+async fn another_tenant_never_finds_a_line(app: TestApp) {
+    let app = app.keyed();
+    let (key_a, key_b) = (
+        app.create_key("tenant-a").await,
+        app.create_key("tenant-b").await,
+    );
+    app.post_as(&key_a, "/v1/threads", json!({"id": "a"})).await;
+    let settings = app
+        .request_as(
+            Some(&key_a),
+            axum::http::Method::PUT,
+            "/v1/threads/a/settings",
+            Some(json!({"outline":
+                {"enabled": true, "line_bytes": 64, "budget_bytes": 600, "tail_tokens": 60}})),
+        )
+        .await;
+    assert_eq!(settings.status, StatusCode::OK, "{}", settings.body);
+    let runner = crate::tree::runner(&app, std::sync::Arc::new(Digest));
+    let filler = "the weather report and other chatter about nothing in particular";
+    for i in 0..12 {
+        let appended = app
+            .post_as(
+                &key_a,
+                "/v1/threads/a/messages",
+                json!({"messages": crate::tree::exchange(i, &format!("Question {i}: {filler}"), filler)}),
+            )
+            .await;
+        assert_eq!(appended.status, StatusCode::CREATED, "{}", appended.body);
+        crate::tree::drain(&runner).await;
+    }
+    let own = app.get_as(&key_a, "/v1/search?q=digest").await;
+    assert!(
+        own.body["hits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|hit| hit["type"] == "line"),
+        "{}",
+        own.body
+    );
+    let other = app.get_as(&key_b, "/v1/search?q=digest").await;
+    assert_eq!(other.status, StatusCode::OK, "{}", other.body);
+    assert_eq!(other.body["hits"], json!([]), "{}", other.body);
     app.finish().await;
 }
