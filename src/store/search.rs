@@ -97,7 +97,7 @@ pub struct SearchHit {
     /// Messages the hit covers: 1 for an entry, a summary line's span (its zoom address is
     /// `seq+n`).
     pub n: i64,
-    /// The entry's type (`user`, `assistant`, …), or [`LINE_KIND`] for a summary line.
+    /// The entry's type (`user`, `assistant`, …), or `line` for a summary line.
     pub kind: String,
     /// Where the first match is, marked by [`MARK_OPEN`] and [`MARK_CLOSE`].
     pub snippet: String,
