@@ -246,15 +246,9 @@ impl Store {
     pub async fn scrub_storage(&self) -> Result<(), StoreError> {
         match self.backend {
             Backend::Sqlite => {
-                // The search indexes keep a deleted row's tokens until their segments merge:
-                // merged into one, they are gone (and their pages zeroed, `secure_delete`).
-                for index in ["search_index", "line_index"] {
-                    sqlx::query(&format!(
-                        "INSERT INTO {index} ({index}) VALUES ('optimize')"
-                    ))
-                    .execute(&self.writer)
-                    .await?;
-                }
+                // The search indexes delete a row's tokens at once (FTS5 `secure-delete`,
+                // `migrations/sqlite/0014_fts_secure_delete.sql`), their pages zeroed as they
+                // are freed: what is left is the WAL.
                 if self.wal_scrub.is_some() {
                     super::truncate_wal(&self.pool).await;
                 }

@@ -369,15 +369,31 @@ impl Store {
                 in_thinking,
             });
         }
-        hits.extend(self.search_lines(tenant, thread_key, query).await?);
-        // Best first; on a tie the entry (the source) before the line that summarizes it.
-        hits.sort_by(|a, b| b.score.total_cmp(&a.score));
-        hits.truncate(query.limit as usize);
+        // The entries come first: they are the source, and the two engines' scores do not
+        // compare (a short line out-ranks its long entry on bm25, the reverse on ts_rank_cd).
+        // Lines fill the room left, each only when no entry listed lies within it: a line is
+        // worth a hit for what no listed entry says.
+        let room = (query.limit as usize).saturating_sub(hits.len());
+        if room > 0 {
+            let lines = self.search_lines(tenant, thread_key, query).await?;
+            let covered = |line: &SearchHit| {
+                hits.iter().any(|hit| {
+                    hit.thread_id == line.thread_id
+                        && (line.seq..line.seq + line.n).contains(&hit.seq)
+                })
+            };
+            let lines: Vec<SearchHit> = lines
+                .into_iter()
+                .filter(|line| !covered(line))
+                .take(room)
+                .collect();
+            hits.extend(lines);
+        }
         Ok(hits)
     }
 
     /// The summary lines a summarizer wrote that match (verbatim lines repeat entries, which
-    /// are searched already), best first: SQLite's FTS5 index over them
+    /// are searched already), best first (the finer, then the later, on a tie): SQLite's FTS5 index over them
     /// (`migrations/sqlite/0013_line_search.sql`) when every term is long enough for its
     /// trigrams, else `LIKE`; PostgreSQL's trigram index through `ILIKE`, ranked by
     /// `ts_rank_cd`. Scored as entries are, so the two lists merge.
@@ -414,7 +430,7 @@ impl Store {
                  FROM line_index JOIN tree_nodes n ON n.rowid = line_index.rowid \
                  JOIN threads t ON t.thread_key = n.thread_key \
                  WHERE line_index MATCH $1 AND t.tenant_id = $2 {scope}) \
-                 ORDER BY score DESC LIMIT $4"
+                 ORDER BY score DESC, level, idx DESC LIMIT $4"
             )
         } else {
             let rank = if postgres {
@@ -433,7 +449,7 @@ impl Store {
                 "SELECT t.thread_id, n.level, n.idx, n.text, {rank} AS score \
                  FROM tree_nodes n JOIN threads t ON t.thread_key = n.thread_key \
                  WHERE t.tenant_id = $2 {scope} AND {summarized} AND ({}) \
-                 ORDER BY score DESC LIMIT $4",
+                 ORDER BY score DESC, n.level, n.idx DESC LIMIT $4",
                 matched.join(" OR ")
             )
         };

@@ -481,15 +481,40 @@ async fn summary_lines_are_found_and_go_with_what_they_summarize(app: TestApp) {
             "{address} in {content}"
         );
     }
-    let needle_lines = |found: &Value| {
+    // Lines quote it; a line within a listed entry is not listed again, so they show where
+    // the query matches no entry ("digest" is in none).
+    let quoting = |found: &Value| {
         found["hits"]
             .as_array()
             .unwrap()
             .iter()
-            .filter(|hit| hit["type"] == "line")
+            .filter(|hit| hit["snippet"].as_str().unwrap().contains("NEEDLE-LINE"))
             .count()
     };
-    assert!(needle_lines(&search(&app, &thread, "NEEDLE-LINE").await) > 0);
+    let lines = app
+        .get(&format!("/v1/threads/{thread}/search?q=digest&limit=50"))
+        .await
+        .body;
+    assert!(quoting(&lines) > 0, "{lines}");
+    // A word every entry holds lists entries: they come first, lines fill what room is left.
+    let common = search(&app, &thread, "weather").await;
+    assert!(
+        common["hits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|hit| hit["type"] != "line"),
+        "{common}"
+    );
+    let needle = search(&app, &thread, "NEEDLE-LINE").await;
+    assert!(
+        needle["hits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|hit| hit["type"] != "line"),
+        "the entry is listed, not the lines within it: {needle}"
+    );
     // A snip takes the lines that held it out of search, with its entry.
     let snip = app
         .post(
@@ -501,6 +526,11 @@ async fn summary_lines_are_found_and_go_with_what_they_summarize(app: TestApp) {
     crate::tree::drain(&runner).await;
     let after = search(&app, &thread, "NEEDLE-LINE").await;
     assert!(seqs(&after).is_empty(), "{after}");
+    let lines = app
+        .get(&format!("/v1/threads/{thread}/search?q=digest&limit=50"))
+        .await
+        .body;
+    assert_eq!(quoting(&lines), 0, "{lines}");
     app.finish().await;
 }
 
@@ -547,5 +577,83 @@ async fn another_tenant_never_finds_a_line(app: TestApp) {
     let other = app.get_as(&key_b, "/v1/search?q=digest").await;
     assert_eq!(other.status, StatusCode::OK, "{}", other.body);
     assert_eq!(other.body["hits"], json!([]), "{}", other.body);
+    app.finish().await;
+}
+
+/// A deleted thread leaves nothing of its text in the search indexes' pages: FTS5 deletes its
+/// tokens at once (`secure-delete`), entries' and summary lines' alike. Before, the trigrams
+/// stayed in old index segments of the SQLite file until some erasure's scrub merged them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_threads_trigrams_leave_the_sqlite_file() {
+    let app = TestApp::new(crate::common::Backend::Sqlite).await;
+    let thread = app.thread("gone").await;
+    crate::tree::outline_on(
+        &app,
+        &thread,
+        json!({"enabled": true, "line_bytes": 64, "budget_bytes": 600, "tail_tokens": 60}),
+    )
+    .await;
+    let runner = crate::tree::runner(&app, std::sync::Arc::new(Digest));
+    let filler = "the weather report and other chatter about nothing in particular";
+    for i in 0..40 {
+        let question = if i == 2 {
+            format!("the vault code is NEEDLE-QX7ZV, {filler}")
+        } else {
+            format!("Question {i}: {filler}")
+        };
+        app.append(&thread, crate::tree::exchange(i, &question, filler))
+            .await;
+        crate::tree::drain(&runner).await;
+        // Each search indexes what came since: a segment of its own in the index.
+        search(&app, &thread, "weather").await;
+    }
+    // Indexed: the entry, and the lines that quote it.
+    assert!(!seqs(&search(&app, &thread, "qx7zv").await).is_empty());
+    let path = app
+        .url
+        .strip_prefix("sqlite://")
+        .unwrap()
+        .split('?')
+        .next()
+        .unwrap()
+        .to_owned();
+    // The trigram tokenizer folds case: its tokens are the canary lower-cased.
+    let residue = |path: &str| {
+        [path.to_owned(), format!("{path}-wal")].iter().any(|file| {
+            std::fs::read(file).is_ok_and(|bytes| bytes.windows(3).any(|w| w == b"7zv"))
+        })
+    };
+    assert!(residue(&path), "the index holds the canary's trigrams");
+    assert_eq!(
+        app.delete(&format!("/v1/threads/{thread}")).await.status,
+        StatusCode::NO_CONTENT
+    );
+    // The WAL is emptied after the answer: wait for it (a bound on waiting, not a timing).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while residue(&path) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the deleted thread's trigrams stay in the file"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    // Whether old segments merged away by chance or not, both indexes delete at once: the
+    // attack's thread left 6 index blocks holding its canary without this.
+    sqlx::any::install_default_drivers();
+    let mut conn = <sqlx::AnyConnection as sqlx::Connection>::connect(&app.url)
+        .await
+        .unwrap();
+    for index in ["search_index", "line_index"] {
+        let secure: Option<i64> = sqlx::query_scalar(&format!(
+            "SELECT CAST(v AS INTEGER) FROM {index}_config WHERE k = 'secure-delete'"
+        ))
+        .fetch_optional(&mut conn)
+        .await
+        .unwrap();
+        assert_eq!(secure, Some(1), "{index}");
+    }
+    <sqlx::AnyConnection as sqlx::Connection>::close(conn)
+        .await
+        .unwrap();
     app.finish().await;
 }
