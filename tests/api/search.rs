@@ -423,29 +423,43 @@ impl loupe::summarize::Summarizer for Digest {
     }
 }
 
-async fn summary_lines_are_found_and_go_with_what_they_summarize(app: TestApp) {
-    let thread = app.thread("lines").await;
+const FILLER: &str = "the weather report and other chatter about nothing in particular";
+
+/// An outlined thread of `exchanges`, its lines written by [`Digest`], with `needle` in the
+/// question of exchange `planted`; `each` runs after every exchange's tree job. Returns the
+/// runner, for what the test appends later.
+async fn digested(
+    app: &TestApp,
+    thread: &str,
+    exchanges: usize,
+    (planted, needle): (usize, &str),
+    each: impl AsyncFn(),
+) -> loupe::jobs::Runner {
     crate::tree::outline_on(
-        &app,
-        &thread,
+        app,
+        thread,
         json!({"enabled": true, "line_bytes": 64, "budget_bytes": 600, "tail_tokens": 60}),
     )
     .await;
-    let runner = crate::tree::runner(&app, std::sync::Arc::new(Digest));
-    let filler = "the weather report and other chatter about nothing in particular";
-    for i in 0..16 {
-        let question = if i == 3 {
-            format!("Remember NEEDLE-LINE for later. {filler}")
+    let runner = crate::tree::runner(app, std::sync::Arc::new(Digest));
+    for i in 0..exchanges {
+        let question = if i == planted {
+            format!("Remember {needle} for later. {FILLER}")
         } else {
-            format!("Question {i}: {filler}")
+            format!("Question {i}: {FILLER}")
         };
-        app.append(
-            &thread,
-            crate::tree::exchange(i, &question, &format!("Answer {i}: {filler}")),
-        )
-        .await;
+        let answer = format!("Answer {i}: {FILLER}");
+        app.append(thread, crate::tree::exchange(i, &question, &answer))
+            .await;
         crate::tree::drain(&runner).await;
+        each().await;
     }
+    runner
+}
+
+async fn summary_lines_are_found_and_go_with_what_they_summarize(app: TestApp) {
+    let thread = app.thread("lines").await;
+    let runner = digested(&app, &thread, 16, (3, "NEEDLE-LINE"), async || {}).await;
     // "digest" is in no entry: only the lines a summarizer wrote hold it.
     let found = search(&app, &thread, "digest").await;
     let hits = found["hits"].as_array().unwrap();
@@ -552,13 +566,12 @@ async fn another_tenant_never_finds_a_line(app: TestApp) {
         .await;
     assert_eq!(settings.status, StatusCode::OK, "{}", settings.body);
     let runner = crate::tree::runner(&app, std::sync::Arc::new(Digest));
-    let filler = "the weather report and other chatter about nothing in particular";
     for i in 0..12 {
         let appended = app
             .post_as(
                 &key_a,
                 "/v1/threads/a/messages",
-                json!({"messages": crate::tree::exchange(i, &format!("Question {i}: {filler}"), filler)}),
+                json!({"messages": crate::tree::exchange(i, &format!("Question {i}: {FILLER}"), FILLER)}),
             )
             .await;
         assert_eq!(appended.status, StatusCode::CREATED, "{}", appended.body);
@@ -587,26 +600,11 @@ async fn another_tenant_never_finds_a_line(app: TestApp) {
 async fn a_deleted_threads_trigrams_leave_the_sqlite_file() {
     let app = TestApp::new(crate::common::Backend::Sqlite).await;
     let thread = app.thread("gone").await;
-    crate::tree::outline_on(
-        &app,
-        &thread,
-        json!({"enabled": true, "line_bytes": 64, "budget_bytes": 600, "tail_tokens": 60}),
-    )
-    .await;
-    let runner = crate::tree::runner(&app, std::sync::Arc::new(Digest));
-    let filler = "the weather report and other chatter about nothing in particular";
-    for i in 0..40 {
-        let question = if i == 2 {
-            format!("the vault code is NEEDLE-QX7ZV, {filler}")
-        } else {
-            format!("Question {i}: {filler}")
-        };
-        app.append(&thread, crate::tree::exchange(i, &question, filler))
-            .await;
-        crate::tree::drain(&runner).await;
-        // Each search indexes what came since: a segment of its own in the index.
+    // Each search indexes what came since: a segment of its own in the index.
+    digested(&app, &thread, 40, (2, "NEEDLE-QX7ZV"), async || {
         search(&app, &thread, "weather").await;
-    }
+    })
+    .await;
     // Indexed: the entry, and the lines that quote it.
     assert!(!seqs(&search(&app, &thread, "qx7zv").await).is_empty());
     let path = app
