@@ -25,44 +25,6 @@ pub fn router() -> OpenApiRouter<AppState> {
 /// Most summaries one answer holds.
 const MAX_SUMMARIES: u32 = 200;
 
-/// What an anchor is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum AnchorKindDto {
-    Path,
-    Command,
-    Url,
-    Identifier,
-    ErrorCode,
-    Number,
-}
-
-impl From<AnchorKindDto> for AnchorKind {
-    fn from(kind: AnchorKindDto) -> Self {
-        match kind {
-            AnchorKindDto::Path => AnchorKind::Path,
-            AnchorKindDto::Command => AnchorKind::Command,
-            AnchorKindDto::Url => AnchorKind::Url,
-            AnchorKindDto::Identifier => AnchorKind::Identifier,
-            AnchorKindDto::ErrorCode => AnchorKind::ErrorCode,
-            AnchorKindDto::Number => AnchorKind::Number,
-        }
-    }
-}
-
-impl From<AnchorKind> for AnchorKindDto {
-    fn from(kind: AnchorKind) -> Self {
-        match kind {
-            AnchorKind::Path => AnchorKindDto::Path,
-            AnchorKind::Command => AnchorKindDto::Command,
-            AnchorKind::Url => AnchorKindDto::Url,
-            AnchorKind::Identifier => AnchorKindDto::Identifier,
-            AnchorKind::ErrorCode => AnchorKindDto::ErrorCode,
-            AnchorKind::Number => AnchorKindDto::Number,
-        }
-    }
-}
-
 /// Which summaries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
@@ -77,7 +39,7 @@ pub enum SummaryKindDto {
 #[into_params(parameter_in = Query)]
 pub struct LedgerParams {
     /// Only anchors of this kind.
-    pub kind: Option<AnchorKindDto>,
+    pub kind: Option<AnchorKind>,
     /// Only compaction summaries, or only outline lines.
     pub summary: Option<SummaryKindDto>,
     /// List only dropped anchors (the counts still hold both).
@@ -90,7 +52,7 @@ pub struct LedgerParams {
 /// One anchor of what a summary covers.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct LedgerAnchorDto {
-    pub kind: AnchorKindDto,
+    pub kind: AnchorKind,
     /// The anchor as the entry wrote it.
     pub text: String,
     /// The first covered entry that holds it (`zoom(seq, 1)` opens it).
@@ -122,7 +84,7 @@ pub struct SummaryLedgerDto {
     pub first_seq: i64,
     pub end_seq: i64,
     /// Kept and dropped anchors, by kind (every anchor read, whatever `dropped_only`).
-    pub counts: BTreeMap<AnchorKindDto, AnchorCounts>,
+    pub counts: BTreeMap<AnchorKind, AnchorCounts>,
     pub anchors: Vec<LedgerAnchorDto>,
     /// Whether bounds left anchors out: at most 500 are listed, read from the first 4,096
     /// entries with anchors in its range.
@@ -152,13 +114,13 @@ impl From<SummaryLedger> for SummaryLedgerDto {
             counts: ledger
                 .counts
                 .into_iter()
-                .map(|(kind, (kept, dropped))| (kind.into(), AnchorCounts { kept, dropped }))
+                .map(|(kind, (kept, dropped))| (kind, AnchorCounts { kept, dropped }))
                 .collect(),
             anchors: ledger
                 .anchors
                 .into_iter()
                 .map(|anchor| LedgerAnchorDto {
-                    kind: anchor.kind.into(),
+                    kind: anchor.kind,
                     text: anchor.text,
                     seq: anchor.seq,
                     kept: anchor.kept,
@@ -200,7 +162,7 @@ pub async fn thread_ledger(
     ApiQuery(params): ApiQuery<LedgerParams>,
 ) -> Result<Json<LedgerResponse>, ApiError> {
     let filter = LedgerFilter {
-        kind: params.kind.map(AnchorKind::from),
+        kind: params.kind,
         compactions: params.summary.map(|s| s == SummaryKindDto::Compaction),
         dropped_only: params.dropped_only.unwrap_or(false),
         limit: super::page_limit(params.limit, 50, MAX_SUMMARIES)? as usize,
