@@ -14,6 +14,7 @@ use super::answers::{MalformedJson, Overloaded, PayloadTooLarge, ThreadNotFound,
 use super::guard::{send_deadline, Holding};
 use super::options::{tool_list, SendOptions};
 use super::problem::{ApiError, ApiJson, ApiPath, ApiQuery, Problem, ProblemKind};
+use super::settings::ClearingBody;
 use super::threads::ThreadPath;
 use super::{AppState, ExpensiveSlot, Tenant};
 use crate::context::{
@@ -25,7 +26,7 @@ use crate::history::{
     group_rounds, normalize, round_skeleton, NormalizeOptions, Normalized, Provider, Round,
     ThinkingMode,
 };
-use crate::store::{AppendRequest, Seq};
+use crate::store::{AppendRequest, ClearingSettings, Seq};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -381,6 +382,22 @@ pub struct NormalizeRequest {
     pub cache: bool,
     #[serde(default)]
     pub advisor: bool,
+    /// Reversible clearing of old tool results, as a thread's settings size it: an old result
+    /// is sent as a stub naming `zoom N+1`, where `N` is the result's index in `messages`, and
+    /// the answer's `tools` then holds the zoom tool. A caller that keeps its own history answers
+    /// the model's `zoom(N, 1)` with `messages[N]` whole.
+    pub clearing: Option<ClearingBody>,
+}
+
+/// A normalized history, and the tools the model reads it with.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct NormalizeResponse {
+    #[serde(flatten)]
+    pub normalized: Normalized,
+    /// Tools Loupe adds to the request, in the provider's shape: the zoom tool when `clearing`
+    /// is on (its stubs name zoom addresses), else none.
+    #[schema(value_type = Vec<Object>)]
+    pub tools: Vec<serde_json::Value>,
 }
 
 /// Normalize a history sent in the request (for callers that keep their own history). Nothing is
@@ -389,7 +406,7 @@ pub struct NormalizeRequest {
     post, path = "/v1/normalize", tag = "context", operation_id = "normalizeHistory",
     request_body = NormalizeRequest,
     responses(
-        (status = 200, description = "The normalized context", body = Normalized),
+        (status = 200, description = "The normalized context", body = NormalizeResponse),
         MalformedJson,
         PayloadTooLarge,
         (status = 422, description = "An invalid entry or option (`validation`)", body = Problem, content_type = "application/problem+json"),
@@ -399,11 +416,11 @@ pub struct NormalizeRequest {
 pub async fn normalize_history(
     slot: ExpensiveSlot,
     ApiJson(request): ApiJson<NormalizeRequest>,
-) -> Result<Json<Normalized>, ApiError> {
+) -> Result<Json<NormalizeResponse>, ApiError> {
     for (index, entry) in request.messages.iter().enumerate() {
         check_entry(entry, &format!("messages[{index}]")).map_err(ApiError::field)?;
     }
-    let options = SendOptions {
+    let mut options = SendOptions {
         provider: request.provider,
         tools: request.tools,
         thinking: request.thinking,
@@ -413,14 +430,25 @@ pub async fn normalize_history(
     }
     .parse()
     .map_err(ApiError::field)?;
+    options.clearing = request
+        .clearing
+        .map(ClearingSettings::try_from)
+        .transpose()
+        .map_err(ApiError::field)?
+        .filter(|clearing| clearing.enabled)
+        .map(|clearing| clearing.options());
+    let tools = if options.clearing.is_some() {
+        vec![crate::tree::view::zoom_tool(options.provider)]
+    } else {
+        Vec::new()
+    };
     // Entries without a seq are numbered by position so repairs can name them.
     let mut entries = request.messages;
     for (index, entry) in entries.iter_mut().enumerate() {
         entry.seq = Some(index as i64);
     }
-    Ok(Json(
-        off_the_executor(&slot, move || normalize(&entries, &options)).await?,
-    ))
+    let normalized = off_the_executor(&slot, move || normalize(&entries, &options)).await?;
+    Ok(Json(NormalizeResponse { normalized, tools }))
 }
 
 /// A context answer sent from its checkpoint, piece by piece, its length announced (which spares

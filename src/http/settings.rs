@@ -69,11 +69,12 @@ pub struct ClearingBody {
     /// Off unless enabled.
     pub enabled: bool,
     /// Estimated tokens (bytes / 4) of the newest results left whole after a batch (default
-    /// 5,000; the newest result is always whole).
+    /// 2,000; the newest result is always whole).
     #[schema(maximum = 10000000)]
     pub keep_tokens: Option<u64>,
     /// Tokens of whole results a batch waits for beyond `keep_tokens` before it clears them at
-    /// once (default 20,000): larger batches are rarer, so fewer requests are rewritten.
+    /// once (default 10,000): larger batches are rarer, so fewer requests are rewritten. With
+    /// the outline on too, `keep_tokens + batch_tokens` must stay under its `tail_tokens`.
     #[schema(maximum = 10000000)]
     pub batch_tokens: Option<u64>,
     /// Results shorter than this many bytes are never cleared (default 1,000; never under 161,
@@ -116,13 +117,14 @@ pub struct OutlineBody {
     #[schema(minimum = 64, maximum = 16384)]
     pub line_bytes: Option<usize>,
     /// Bytes of all the outline's lines; past it, old lines merge in a batch down to half
-    /// (default 128,000). Cross-field rule (422 `validation` otherwise): at least 4 lines,
+    /// (default 64,000). Cross-field rule (422 `validation` otherwise): at least 4 lines,
     /// `budget_bytes` ≥ 4 × `line_bytes`, counting the line size in force (512 when
     /// `line_bytes` is not sent).
     #[schema(minimum = 256, maximum = 10000000)]
     pub budget_bytes: Option<usize>,
     /// Estimated tokens of the messages sent whole after the outline; past it, whole rounds move
-    /// into the outline down to a quarter (default 32,000).
+    /// into the outline down to a quarter (default 16,000). With clearing on, cleared results
+    /// count as their stubs.
     #[schema(minimum = 1, maximum = 10000000)]
     pub tail_tokens: Option<u64>,
 }
@@ -149,8 +151,11 @@ impl OutlineBody {
 }
 
 /// A thread's settings. `null` (or absent) means the server default. Beside each member's own
-/// bounds, one rule ties two of them: `outline.budget_bytes` ≥ 4 × `outline.line_bytes` (422
-/// `validation`, naming `outline.budget_bytes`).
+/// bounds, two rules tie members (422 `validation` otherwise):
+/// `outline.budget_bytes` ≥ 4 × `outline.line_bytes` (naming `outline.budget_bytes`), and, with
+/// the outline and clearing both on,
+/// `clearing.keep_tokens + clearing.batch_tokens` < `outline.tail_tokens` (naming
+/// `clearing.batch_tokens`): clearing works within the outline's tail.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({"auto_compact_tokens": 100000,
@@ -184,6 +189,24 @@ impl TryFrom<ThreadSettingsBody> for ThreadSettings {
             .map(OutlineBody::checked)
             .transpose()?;
         let clearing = body.clearing.map(ClearingSettings::try_from).transpose()?;
+        // Outlined, the context clears within the tail only: results past the tail are lines.
+        let tail = outline.filter(|o| o.enabled).map(|o| o.tail_tokens);
+        let whole = clearing
+            .as_ref()
+            .filter(|c| c.enabled)
+            .map(|c| c.options().most_whole_tokens());
+        if let (Some(tail), Some(whole)) = (tail, whole) {
+            if whole >= i64::try_from(tail).unwrap_or(i64::MAX) {
+                return Err(refused(
+                    "clearing.batch_tokens",
+                    format!(
+                        "keep_tokens + batch_tokens ({whole}) must be under outline.tail_tokens \
+                         ({tail}) when both are on: the tail never holds more, so nothing would \
+                         be cleared"
+                    ),
+                ));
+            }
+        }
         Ok(ThreadSettings {
             auto_compact_tokens: body.auto_compact_tokens,
             microcompact,
@@ -480,6 +503,23 @@ mod tests {
         let error = refusal(json!({"outline": {"enabled": true, "tail_tokens": 0}}));
         assert_eq!(error.path, "outline.tail_tokens");
         assert!(error.problem.contains(&MAX_TAIL_TOKENS.to_string()));
+        // Outlined and cleared, clearing must fit inside the tail, or it clears nothing.
+        let both = |tail: u64, keep: u64, batch: u64| {
+            json!({"outline": {"enabled": true, "tail_tokens": tail},
+                "clearing": {"enabled": true, "keep_tokens": keep, "batch_tokens": batch}})
+        };
+        let error = refusal(both(12_000, 2_000, 10_000));
+        assert_eq!(error.path, "clearing.batch_tokens");
+        assert!(
+            error.problem.contains("outline.tail_tokens (12000)"),
+            "{error:?}"
+        );
+        assert!(ThreadSettings::try_from(body(both(12_001, 2_000, 10_000))).is_ok());
+        // Either one off, the sizes are free.
+        assert!(ThreadSettings::try_from(body(json!({
+            "outline": {"enabled": false, "tail_tokens": 100},
+            "clearing": {"enabled": true, "keep_tokens": 2_000, "batch_tokens": 10_000}})))
+        .is_ok());
         let error =
             refusal(json!({"clearing": {"enabled": true, "batch_tokens": MAX_TAIL_TOKENS + 1}}));
         assert_eq!(error.path, "clearing.batch_tokens");

@@ -22,7 +22,9 @@ use crate::history::is_sent_to_model;
 use crate::history::ledger::{add_counts, encode_counts};
 use crate::history::model::Content;
 use crate::history::model::{Entry, EntryKind};
-use crate::history::normalize::estimate_entry_tokens;
+use crate::history::normalize::clearing::{lower_to_cleared, StoredResults};
+use crate::history::normalize::tokens::block_tokens;
+use crate::history::normalize::{estimate_entry_tokens, ClearingOptions};
 use crate::store::{ClaimedJob, LevelLine, NewNode, Store, StoreError, ThreadKey};
 use crate::summarize::text::{cut_words, squash};
 use crate::summarize::{merge_verbatim, render, Purpose, SummaryRequest};
@@ -582,7 +584,10 @@ impl Runner {
         for _ in 0..5 {
             let (outline, version) = self.store.outline_state(thread_key).await?;
             let start = outline.boundary();
-            let (tokens, round_starts) = self.tail_profile(thread_key, start, t).await?;
+            let clearing = self.store.clearing_options_of(thread_key).await?;
+            let (tokens, round_starts) = self
+                .tail_profile(thread_key, start, t, clearing.as_ref())
+                .await?;
             let tail = Tail {
                 start,
                 tokens: &tokens,
@@ -618,25 +623,37 @@ impl Runner {
         ))
     }
 
-    /// Estimated tokens of each entry in `[start, t)` and the seqs where rounds start, read in
-    /// chunks. Each chunk after the first is grouped with the previous chunk's last assistant in
-    /// front, so a round spanning chunks is seen whole.
+    /// Estimated tokens of each entry in `[start, t)` as the context sends it (with `clearing`
+    /// on, the results it clears as their stubs, so the tail holds cleared rounds and clearing
+    /// works inside it) and the seqs where rounds start, read in chunks. Each chunk after the
+    /// first is grouped with the previous chunk's last assistant in front, so a round spanning
+    /// chunks is seen whole.
     async fn tail_profile(
         &self,
         thread_key: &ThreadKey,
         start: u64,
         t: u64,
+        clearing: Option<&ClearingOptions>,
     ) -> Result<(Vec<u64>, Vec<u64>), JobError> {
         let mut tokens = Vec::with_capacity((t - start) as usize);
         let mut round_starts = vec![start];
         let mut scanner = RoundScanner::default();
+        let mut results = StoredResults::default();
         let mut at = start;
         while at < t {
             let end = (at + CHUNK).min(t);
             let entries = self.store.entries_between(thread_key, at, end).await?;
-            tokens.extend(entries.iter().map(estimate_entry_tokens));
+            for entry in &entries {
+                if let Some(clearing) = clearing {
+                    results.push(tokens.len(), entry, clearing, block_tokens);
+                }
+                tokens.push(estimate_entry_tokens(entry));
+            }
             round_starts.extend(scanner.scan(entries));
             at = end;
+        }
+        if let Some(clearing) = clearing {
+            lower_to_cleared(&mut tokens, &results, clearing);
         }
         round_starts.dedup();
         Ok((tokens, round_starts))

@@ -97,6 +97,15 @@ pub(super) fn outline_column(json: Option<String>) -> Result<Option<OutlineOptio
         .map_err(|e| StoreError::Corrupt(format!("outline settings: {e}")))
 }
 
+/// The `clearing` column: the thread's clearing options when it is on.
+pub(super) fn clearing_column(json: Option<String>) -> Result<Option<ClearingOptions>, StoreError> {
+    let settings: Option<ClearingSettings> = json
+        .map(|json| serde_json::from_str(&json))
+        .transpose()
+        .map_err(|e| StoreError::Corrupt(format!("clearing settings: {e}")))?;
+    Ok(settings.filter(|c| c.enabled).map(|c| c.options()))
+}
+
 /// The settings of a row holding the `thread_settings` columns (NULLs: the defaults).
 pub(super) fn settings_from_row(row: &sqlx::any::AnyRow) -> Result<ThreadSettings, StoreError> {
     let microcompact: Option<String> = row.try_get("microcompact")?;
@@ -173,6 +182,6 @@ impl Store {
         if job.is_some_and(|outcome| outcome.created) {
             self.job_signal.notify_one();
         }
-        Ok(())
+        self.recount_context_tokens(tenant, thread_id).await
     }
 }

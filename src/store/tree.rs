@@ -612,6 +612,19 @@ impl Store {
                 .await?;
         super::settings::outline_column(json.flatten())
     }
+
+    /// The thread's clearing options, when it clears: the outline's tail counts what it sends.
+    pub async fn clearing_options_of(
+        &self,
+        thread_key: &ThreadKey,
+    ) -> Result<Option<crate::history::normalize::ClearingOptions>, StoreError> {
+        let json: Option<Option<String>> =
+            sqlx::query_scalar("SELECT clearing FROM thread_settings WHERE thread_key = $1")
+                .bind(thread_key.as_str())
+                .fetch_optional(&self.pool)
+                .await?;
+        super::settings::clearing_column(json.flatten())
+    }
 }
 
 /// How lines are rebuilt without a model when text leaves the tree.

@@ -29,8 +29,10 @@ pub struct OutlineOptions {
 
 impl OutlineOptions {
     pub const DEFAULT_LINE_BYTES: usize = 512;
-    pub const DEFAULT_BUDGET_BYTES: usize = 128_000;
-    pub const DEFAULT_TAIL_TOKENS: u64 = 32_000;
+    /// The two budgets, chosen by the cost curve of the tool-heavy replays (BENCHMARKS.md, "Cost
+    /// curve"): under half of automatic compaction's input, alone or with clearing.
+    pub const DEFAULT_BUDGET_BYTES: usize = 64_000;
+    pub const DEFAULT_TAIL_TOKENS: u64 = 16_000;
     /// Smallest line budget accepted: shorter lines lose too much (OptChat: 128 B failed).
     pub const MIN_LINE_BYTES: usize = 64;
 }

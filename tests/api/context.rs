@@ -13,6 +13,7 @@ on_both_backends!(
     bad_context_options_are_400,
     old_tool_results_are_cleared_in_batches_and_one_zoom_reads_them,
     clearing_settings_are_bounded_and_default_when_unset,
+    the_stateless_normalizer_clears_with_the_same_stubs,
 );
 
 fn tool_use(uuid: &str, id: &str, tool_id: &str) -> Value {
@@ -462,6 +463,61 @@ async fn old_tool_results_are_cleared_in_batches_and_one_zoom_reads_them(app: Te
     app.finish().await;
 }
 
+/// `/v1/normalize` clears as a thread's context does: the same stubs, at the same results, their
+/// addresses the results' indices in `messages`, and the zoom tool offered with them.
+async fn the_stateless_normalizer_clears_with_the_same_stubs(app: TestApp) {
+    let thread = app.thread("stateless-cleared").await;
+    let clearing = json!({"enabled": true, "keep_tokens": 100, "batch_tokens": 250,
+        "min_bytes": 200});
+    let mut history = vec![user("q", "What is the weather, day by day?")];
+    for i in 0..9 {
+        history.extend(cleared_round(i));
+    }
+    app.append(&thread, Value::Array(history.clone())).await;
+    let settings = app
+        .request(
+            axum::http::Method::PUT,
+            &format!("/v1/threads/{thread}/settings"),
+            Some(json!({"clearing": clearing})),
+        )
+        .await;
+    assert_eq!(settings.status, StatusCode::OK, "{}", settings.body);
+    let stored = app.get(&format!("/v1/threads/{thread}/context")).await.body;
+    let sent = app
+        .post(
+            "/v1/normalize",
+            json!({"messages": history, "clearing": clearing}),
+        )
+        .await;
+    assert_eq!(sent.status, StatusCode::OK, "{}", sent.body);
+    // The thread's seqs are the indices of the same entries: the two answers are one.
+    assert_eq!(stubs_of(&sent.body).len(), 6);
+    assert_eq!(stubs_of(&sent.body), stubs_of(&stored));
+    assert_eq!(sent.body["messages"], stored["messages"]);
+    assert_eq!(sent.body["tools"], json!([stored["tools"][0]]));
+    for (tool_use_id, index) in stubs_of(&sent.body) {
+        let entry = &history[index as usize];
+        assert_eq!(
+            entry["message"]["content"][0]["tool_use_id"], tool_use_id,
+            "the stub names the result's index"
+        );
+    }
+    // Off, or left out, nothing is cleared and no tool is offered.
+    let plain = app
+        .post("/v1/normalize", json!({"messages": history}))
+        .await
+        .body;
+    assert!(stubs_of(&plain).is_empty());
+    assert_eq!(plain["tools"], json!([]));
+    app.post(
+        "/v1/normalize",
+        json!({"messages": [], "clearing": {"enabled": true, "keep_tokens": -1}}),
+    )
+    .await
+    .assert_problem(StatusCode::UNPROCESSABLE_ENTITY, "validation");
+    app.finish().await;
+}
+
 async fn clearing_settings_are_bounded_and_default_when_unset(app: TestApp) {
     let thread = app.thread("bounded").await;
     let uri = format!("/v1/threads/{thread}/settings");
@@ -469,7 +525,7 @@ async fn clearing_settings_are_bounded_and_default_when_unset(app: TestApp) {
     assert_eq!(unset["clearing"], Value::Null);
     assert_eq!(
         unset["effective"]["clearing"],
-        json!({"enabled": false, "keep_tokens": 5000, "batch_tokens": 20000, "min_bytes": 1000})
+        json!({"enabled": false, "keep_tokens": 2000, "batch_tokens": 10000, "min_bytes": 1000})
     );
     for (field, value) in [
         ("keep_tokens", json!(10_000_001)),

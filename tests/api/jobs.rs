@@ -28,6 +28,7 @@ on_both_backends!(
     a_second_compaction_never_brings_back_the_first_summary,
     nothing_to_summarize_succeeds_and_appends_nothing,
     auto_compaction_enqueues_exactly_one_job_when_the_threshold_is_crossed,
+    auto_compaction_counts_what_the_cleared_view_sends,
     microcompaction_settings_change_the_context,
     another_tenants_job_is_not_found,
     the_thread_jobs_listing_is_newest_first_and_limited,
@@ -591,6 +592,73 @@ async fn auto_compaction_enqueues_exactly_one_job_when_the_threshold_is_crossed(
     // The estimate restarted at the boundary: the next rounds stay below the threshold again.
     let body = append(&app, &thread, json!([user("after", "One more question?")])).await;
     assert!(body.get("compaction_job_id").is_none(), "{body}");
+    app.finish().await;
+}
+
+/// With clearing on, the trigger counts what the cleared view sends: old results as stubs, and
+/// at most `keep_tokens + batch_tokens` of whole ones. A settings change counts the thread
+/// again, and compacts it when that leaves it past its threshold.
+async fn auto_compaction_counts_what_the_cleared_view_sends(app: TestApp) {
+    let tokens = |body: &Value| body["context_tokens"]["tokens"].as_u64().unwrap();
+    let jobs = |thread: String| {
+        let store = app.store.clone();
+        async move {
+            store
+                .thread_jobs(
+                    &TenantId::default_tenant(),
+                    &thread.as_str().into(),
+                    ThreadJobs::All,
+                )
+                .await
+                .unwrap()
+                .len()
+        }
+    };
+    let cleared = app.thread("cleared-trigger").await;
+    let plain = app.thread("plain-trigger").await;
+    let clearing = json!({"enabled": true, "keep_tokens": 500, "batch_tokens": 500});
+    for (thread, settings) in [
+        (
+            &cleared,
+            json!({"auto_compact_tokens": 2500, "clearing": clearing}),
+        ),
+        (&plain, json!({"auto_compact_tokens": 2500})),
+    ] {
+        let response = app
+            .request(
+                Method::PUT,
+                &format!("/v1/threads/{thread}/settings"),
+                Some(settings),
+            )
+            .await;
+        assert_eq!(response.status, StatusCode::OK, "{}", response.body);
+    }
+    // Eight rounds of a 2,200-byte result each (880 tokens): the plain thread crosses
+    // 2,500 at its third round; the cleared one sends eight stubs and at most 1,000 tokens of
+    // whole results, and never does.
+    for i in 0..8 {
+        conversation(&app, &cleared, i, 1).await;
+        conversation(&app, &plain, i, 1).await;
+    }
+    assert_eq!(jobs(plain.clone()).await, 1);
+    assert_eq!(jobs(cleared.clone()).await, 0);
+    let context = app
+        .get(&format!("/v1/threads/{cleared}/context"))
+        .await
+        .body;
+    assert!(texts(context["messages"].as_array().unwrap()).contains("[Old tool result cleared"));
+    let stored_whole = tokens(&app.get(&format!("/v1/threads/{plain}/context")).await.body);
+    assert!(stored_whole > 2_500, "{stored_whole}");
+    // Turned off, the thread is counted whole again: past its threshold, it is compacted.
+    let response = app
+        .request(
+            Method::PUT,
+            &format!("/v1/threads/{cleared}/settings"),
+            Some(json!({"auto_compact_tokens": 2500})),
+        )
+        .await;
+    assert_eq!(response.status, StatusCode::OK, "{}", response.body);
+    assert_eq!(jobs(cleared.clone()).await, 1);
     app.finish().await;
 }
 

@@ -47,14 +47,24 @@ pub struct ClearingOptions {
 }
 
 impl Default for ClearingOptions {
-    /// 5,000 tokens kept, batches of 20,000, results under 1,000 bytes kept: on the tool-heavy
-    /// replay, half of automatic compaction's input cost (BENCHMARKS.md §8.7).
+    /// 2,000 tokens kept, batches of 10,000, results under 1,000 bytes kept: chosen by the cost
+    /// curve of the tool-heavy replays (BENCHMARKS.md, "Cost curve"), and under the outline's
+    /// default tail (16,000 tokens), so the two compose at their defaults.
     fn default() -> Self {
         ClearingOptions {
-            keep_tokens: 5_000,
-            batch_tokens: 20_000,
+            keep_tokens: 2_000,
+            batch_tokens: 10_000,
             min_bytes: 1_000,
         }
+    }
+}
+
+impl ClearingOptions {
+    /// The most tokens of results the rule leaves whole once a turn's results are in, the
+    /// newest turn's aside: past `keep_tokens + batch_tokens` it clears down to `keep_tokens`.
+    /// What an estimate that counts every clearable result as its stub adds back.
+    pub fn most_whole_tokens(&self) -> i64 {
+        i64::try_from(self.keep_tokens.saturating_add(self.batch_tokens)).unwrap_or(i64::MAX)
     }
 }
 
@@ -295,6 +305,114 @@ pub fn arrivals_before(
         .filter(|r| r.msg < end)
         .map(|r| r.arrival())
         .collect()
+}
+
+/// One tool result of a stored entry that the rule counts, for a count made over stored entries
+/// (an outline's tail, a thread's stored estimate) rather than over normalized messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoredResult {
+    /// Its entry's index in the run.
+    pub entry: usize,
+    /// Its turn: results between two assistant entries arrive together.
+    pub turn: usize,
+    pub bytes: usize,
+    /// The tokens its stub sends fewer than it, by the caller's count.
+    pub saved: u64,
+}
+
+/// The results of a run of stored entries that clearing counts, collected entry by entry, and
+/// which of them the rule clears: what the cleared view sends, without normalizing. It follows
+/// [`clear_old_results`] but for one approximation: a turn is the results between two assistant
+/// entries, where the view's turn is a user message after merging (the same on agent loops).
+#[derive(Debug, Default, Clone)]
+pub struct StoredResults {
+    results: Vec<StoredResult>,
+    turn: usize,
+    turn_has_results: bool,
+}
+
+impl StoredResults {
+    /// Notes the counted results of `entry`, the run's `index`th; `count` gives a block's tokens
+    /// (the caller's estimate), used for the result and for its stub alike.
+    pub fn push(
+        &mut self,
+        index: usize,
+        entry: &Entry,
+        opts: &ClearingOptions,
+        count: impl Fn(&Value) -> u64,
+    ) {
+        use crate::history::model::{Content, EntryKind};
+        match entry.kind {
+            EntryKind::Assistant if self.turn_has_results => {
+                self.turn += 1;
+                self.turn_has_results = false;
+            }
+            EntryKind::User if !entry.is_virtual => {
+                let Some(Content::Blocks(blocks)) = entry.message.as_ref().map(|m| &m.content)
+                else {
+                    return;
+                };
+                for block in blocks.iter().filter(|b| is_type(b, "tool_result")) {
+                    let content = block.get("content");
+                    if stub_bytes(content).is_some() {
+                        continue;
+                    }
+                    let bytes = content_bytes(content);
+                    if bytes < opts.min_bytes || bytes <= MIN_CLEARED_BYTES {
+                        continue;
+                    }
+                    let seq = entry.seq.unwrap_or(index as i64);
+                    let stubbed = serde_json::json!({"type": "tool_result",
+                        "content": stub("tool", bytes, seq)});
+                    self.results.push(StoredResult {
+                        entry: index,
+                        turn: self.turn,
+                        bytes,
+                        saved: count(block).saturating_sub(count(&stubbed)),
+                    });
+                    self.turn_has_results = true;
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The results counted, oldest first.
+    pub fn counted(&self) -> &[StoredResult] {
+        &self.results
+    }
+
+    /// The results the rule clears, oldest first.
+    pub fn cleared(&self, opts: &ClearingOptions) -> &[StoredResult] {
+        let arrivals: Vec<Arrival> = self
+            .results
+            .iter()
+            .map(|r| Arrival {
+                tokens: tokens_of(r.bytes),
+                turn: r.turn,
+            })
+            .collect();
+        &self.results[..run_rule(&[], &arrivals, opts)]
+    }
+
+    /// Tokens of the results counted and left whole.
+    pub fn whole_tokens(&self, opts: &ClearingOptions) -> u64 {
+        let cleared = self.cleared(opts).len();
+        self.results[cleared..]
+            .iter()
+            .map(|r| tokens_of(r.bytes))
+            .sum()
+    }
+}
+
+/// Per-entry token counts (`tokens[i]` for the run's `i`th entry) lowered to what the cleared view
+/// sends: each result the rule clears counts as its stub.
+pub fn lower_to_cleared(tokens: &mut [u64], results: &StoredResults, opts: &ClearingOptions) {
+    for result in results.cleared(opts) {
+        if let Some(count) = tokens.get_mut(result.entry) {
+            *count = count.saturating_sub(result.saved);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -10,7 +10,8 @@ pub fn rough(s: &str) -> u64 {
     (len + 2) / 4
 }
 
-fn block_tokens(b: &Value) -> u64 {
+/// One block's tokens as [`estimate_entry_tokens`] counts it (characters / 4).
+pub fn block_tokens(b: &Value) -> u64 {
     match block_type(b) {
         Some("text" | "input_text" | "output_text") => rough(str_field(b, "text").unwrap_or("")),
         Some(
@@ -123,7 +124,7 @@ pub fn estimate_entry_tokens(entry: &crate::history::model::Entry) -> u64 {
 /// Token count of one stored entry by the per-kind rates of [`text_tokens`]: what the thread's
 /// context estimate (and so the auto-compaction trigger) adds for content no `usage` covers.
 pub fn context_entry_tokens(entry: &crate::history::model::Entry) -> u64 {
-    entry_tokens_with(entry, text_tokens, rated_block_tokens)
+    entry_tokens_with(entry, text_tokens, context_block_tokens)
 }
 
 fn entry_tokens_with(
@@ -219,14 +220,14 @@ fn is_cjk(c: char) -> bool {
 }
 
 /// A block by the per-kind rates: tool calls and results are code; media are 2,000 flat as in
-/// [`estimate_tokens`].
-fn rated_block_tokens(b: &Value) -> u64 {
+/// [`estimate_tokens`]. What [`context_entry_tokens`] counts a block as.
+pub fn context_block_tokens(b: &Value) -> u64 {
     match block_type(b) {
         Some("text") => text_tokens(str_field(b, "text").unwrap_or("")),
         Some("image" | "document" | "image_url" | "file" | "input_audio") => 2000,
         Some("tool_result") => match b.get("content") {
             Some(Value::String(s)) => text_tokens(s),
-            Some(Value::Array(items)) => items.iter().map(rated_block_tokens).sum(),
+            Some(Value::Array(items)) => items.iter().map(context_block_tokens).sum(),
             _ => 0,
         },
         Some("tool_use") => {

@@ -38,6 +38,7 @@ pub(super) use sqlite_writer::WriterConnection;
 use super::rows::numbered;
 use super::{now_millis, Store, StoreError, TenantId, ThreadId};
 use crate::history::model::Entry;
+use crate::history::normalize::ClearingOptions;
 use plan::{Planned, PreparedBatch, QueuedAppend};
 
 /// A batch to append to one thread.
@@ -120,3 +121,65 @@ impl Store {
         }
     }
 }
+
+impl Store {
+    /// Counts the thread's stored estimate (the auto-compaction trigger's) again under its
+    /// settings, since clearing changes what it counts: a page of the window at a time, then
+    /// written only if no append moved the thread meanwhile (else counted again; an append made
+    /// after the settings changed counts its own entries under them either way). A thread the
+    /// new settings leave at or past its threshold is compacted, as an append crossing it would
+    /// be (an append made while it is already past it enqueues nothing).
+    pub(super) async fn recount_context_tokens(
+        &self,
+        tenant: &TenantId,
+        thread_id: &ThreadId,
+    ) -> Result<(), StoreError> {
+        const PAGE: u64 = 500;
+        for _ in 0..RECOUNT_TRIES {
+            let head = self.context_head(tenant, thread_id).await?;
+            let clearing = head.settings.clearing_options();
+            let bounds = self.context_bounds(&head).await?;
+            let (mut at, end) = (bounds.start_seq.max(0) as u64, head.next_seq.max(0) as u64);
+            let mut tokens = 0_i64;
+            while at < end {
+                let until = (at + PAGE).min(end);
+                let page = self.entries_between(&head.thread_key, at, until).await?;
+                tokens = plan::count_page(tokens, &page, clearing.as_ref());
+                at = until;
+            }
+            let written = sqlx::query(
+                "UPDATE threads SET context_tokens = $1 WHERE thread_key = $2 AND next_seq = $3",
+            )
+            .bind(tokens)
+            .bind(head.thread_key.as_str())
+            .bind(head.next_seq)
+            .execute(&self.writer)
+            .await?;
+            if written.rows_affected() == 1 {
+                let settings = &head.settings;
+                let threshold = settings
+                    .auto_compact_tokens
+                    .unwrap_or(self.auto_compact_tokens);
+                let allowance = clearing
+                    .as_ref()
+                    .map_or(0, ClearingOptions::most_whole_tokens);
+                let outlined = settings.outline.is_some_and(|o| o.enabled);
+                if threshold > 0 && !outlined && tokens.saturating_add(allowance) >= threshold {
+                    self.enqueue_compaction(
+                        tenant,
+                        thread_id,
+                        super::CompactionPayload::auto(thread_id).to_value(),
+                        self.job_max_attempts,
+                        now_millis(),
+                    )
+                    .await?;
+                }
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Counts of a thread's estimate a settings change tries before leaving it to the appends.
+const RECOUNT_TRIES: usize = 3;

@@ -7,9 +7,10 @@
 //! or read plainly when it does not know them; every append is decided in memory as usual; and
 //! one statement, which PostgreSQL runs as a transaction of its own, writes the whole group:
 //!
-//! - it moves each thread's counters only where `next_seq` and the settings columns behind its
-//!   triggers are still as the group saw them (a compare-and-set: another process appended,
-//!   compacted, deleted or reconfigured the thread otherwise);
+//! - it moves each thread's counters only where `next_seq`, the estimate (a settings change
+//!   counts it again) and the settings columns behind its triggers are still as the group saw
+//!   them (a compare-and-set: another process appended, compacted, deleted or reconfigured the
+//!   thread otherwise);
 //! - it inserts the rows of the threads it moved, with a plain insert, so a stored uuid is a
 //!   unique violation;
 //! - it locks the threads' rows first, in the order every group locks them, so groups never
@@ -128,8 +129,9 @@ pub(super) enum Unlocked {
 
 /// Values each moved thread binds: its key, its new `updated_at` and counters, then what the
 /// write checks is unchanged (`next_seq` as read, the settings columns, `stored_bytes` as read,
-/// which an erasure changes without appending).
-const THREAD_WIDTH: usize = 10;
+/// which an erasure changes without appending, and `context_tokens` as read, which a settings
+/// change counts again).
+const THREAD_WIDTH: usize = 12;
 
 /// The group's one statement for `threads` moved and `rows` inserted. The threads' rows are
 /// locked first, in (tenant, thread) order as the locked group takes them: the update alone
@@ -151,6 +153,8 @@ pub(super) fn unlocked_write_sql(threads: usize, rows: usize) -> String {
          AND s.auto_compact_tokens IS NOT DISTINCT FROM v.column8 \
          AND s.outline IS NOT DISTINCT FROM v.column9 \
          AND threads.stored_bytes = v.column10 \
+         AND s.clearing IS NOT DISTINCT FROM v.column11 \
+         AND threads.context_tokens = v.column12 \
          RETURNING threads.thread_key), \
          inserted AS (INSERT INTO messages (thread_key, seq, uuid, kind, subtype, visible_rank, \
          body, content_hash, created_at) SELECT r.* FROM (VALUES {}) AS r(thread_key, seq, \
@@ -233,7 +237,9 @@ impl Store {
                 .bind(thread.read_next_seq)
                 .bind(columns.auto_compact_tokens)
                 .bind(columns.outline.clone())
-                .bind(thread.read_stored_bytes);
+                .bind(thread.read_stored_bytes)
+                .bind(columns.clearing.clone())
+                .bind(thread.read_context_tokens);
         }
         let query = bind_rows(query, &rows).bind(moved.len() as i64);
         match query.execute(&mut *conn).await {

@@ -8,7 +8,9 @@ use std::collections::HashSet;
 use tokio::sync::oneshot;
 
 use crate::history::model::Entry;
-use crate::history::normalize::{context_entry_tokens, usage_tokens};
+use crate::history::normalize::clearing::{StoredResults, MIN_CLEARED_BYTES};
+use crate::history::normalize::tokens::context_block_tokens;
+use crate::history::normalize::{context_entry_tokens, usage_tokens, ClearingOptions};
 use crate::store::rows::{prepare, NewRow, Prepared};
 use crate::store::{StoreError, TenantId, ThreadId, ThreadKey};
 
@@ -27,6 +29,9 @@ pub(in crate::store) struct QueuedAppend {
 pub(super) struct PreparedBatch {
     pub(super) entries: Vec<Prepared>,
     tokens: BatchTokens,
+    /// The tool results the estimate counts (after the batch's last anchor or boundary): what a
+    /// thread that clears them sends as stubs instead.
+    clearable: Vec<Clearable>,
     /// The bytes of its bodies, as the thread's `stored_bytes` counts them.
     bytes: i64,
     now: chrono::DateTime<chrono::Utc>,
@@ -45,14 +50,22 @@ impl PreparedBatch {
         if let Some(duplicate) = entries.iter().find(|p| !uuids.insert(p.uuid.as_str())) {
             return Err(StoreError::DuplicateUuid(duplicate.uuid.clone()));
         }
-        let tokens = context_tokens_of(entries.iter().map(|p| &p.entry));
+        let (tokens, clearable) = context_tokens_of(entries.iter().map(|p| &p.entry));
         let bytes = entries.iter().map(|p| p.body.len() as i64).sum();
         Ok(PreparedBatch {
             entries,
             tokens,
+            clearable,
             bytes,
             now,
         })
+    }
+
+    /// What the batch moves the thread's estimate by, as the thread's context sends it: with
+    /// clearing on, every result it may clear counts as its stub (the allowance for the results
+    /// the rule leaves whole is added where the threshold is checked, [`CompactionTrigger::of`]).
+    fn tokens_for(&self, clearing: Option<&ClearingOptions>) -> BatchTokens {
+        sent_tokens(self.tokens, &self.clearable, clearing)
     }
 
     pub(super) fn len(&self) -> i64 {
@@ -103,6 +116,8 @@ pub(super) struct GroupThread {
     pub(super) next_seq: i64,
     pub(super) visible_count: i64,
     pub(super) context_tokens: i64,
+    /// `context_tokens` as read: a settings change counts it again without moving `next_seq`.
+    pub(super) read_context_tokens: i64,
     pub(super) stored_bytes: i64,
     /// `stored_bytes` as read: an erasure changes it without moving `next_seq`.
     pub(super) read_stored_bytes: i64,
@@ -125,6 +140,7 @@ impl GroupThread {
             next_seq,
             visible_count,
             context_tokens,
+            read_context_tokens: context_tokens,
             stored_bytes,
             read_stored_bytes: stored_bytes,
             triggers,
@@ -145,34 +161,101 @@ enum BatchTokens {
     Anchor(i64),
 }
 
-fn context_tokens_of<'a>(entries: impl Iterator<Item = &'a Entry>) -> BatchTokens {
+impl BatchTokens {
+    /// The same move, `saved` tokens lower (never below 0).
+    fn lowered_by(self, saved: i64) -> Self {
+        let lower = |tokens: i64| tokens.saturating_sub(saved).max(0);
+        match self {
+            BatchTokens::Add(tokens) => BatchTokens::Add(lower(tokens)),
+            BatchTokens::Reset(tokens) => BatchTokens::Reset(lower(tokens)),
+            BatchTokens::Anchor(tokens) => BatchTokens::Anchor(lower(tokens)),
+        }
+    }
+}
+
+/// `tokens`, lowered by what `clearing` (when on) sends as stubs of `clearable`.
+fn sent_tokens(
+    tokens: BatchTokens,
+    clearable: &[Clearable],
+    clearing: Option<&ClearingOptions>,
+) -> BatchTokens {
+    let Some(clearing) = clearing else {
+        return tokens;
+    };
+    let saved: i64 = clearable
+        .iter()
+        .filter(|c| c.bytes >= clearing.min_bytes && c.bytes > MIN_CLEARED_BYTES)
+        .map(|c| c.saved)
+        .fold(0, i64::saturating_add);
+    tokens.lowered_by(saved)
+}
+
+/// A thread's stored estimate after `entries` (a page of its window, in order) from `before`:
+/// what its appends would have made of them, under the thread's `clearing`. Pages compose, so a
+/// window is counted a page at a time.
+pub(in crate::store) fn count_page(
+    before: i64,
+    entries: &[Entry],
+    clearing: Option<&ClearingOptions>,
+) -> i64 {
+    let (tokens, clearable) = context_tokens_of(entries.iter());
+    append_tokens(before, sent_tokens(tokens, &clearable, clearing))
+}
+
+/// A tool result the estimate counted whole: its bytes and the tokens its stub would save.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Clearable {
+    bytes: usize,
+    saved: i64,
+}
+
+/// How a run of entries moves the estimate, and the results it counted whole that clearing may
+/// send as stubs.
+fn context_tokens_of<'a>(
+    entries: impl Iterator<Item = &'a Entry>,
+) -> (BatchTokens, Vec<Clearable>) {
     let mut tokens = 0_i64;
     let mut reset = false;
     let mut anchored = false;
-    for entry in entries {
+    let mut clearable = Vec::new();
+    // Every result counts, whatever a thread's `min_bytes`: the floor is applied per thread.
+    let every_result = ClearingOptions {
+        min_bytes: 0,
+        ..ClearingOptions::default()
+    };
+    for (index, entry) in entries.enumerate() {
         if entry.is_compact_boundary() {
             reset = true;
             anchored = false;
             tokens = 0;
+            clearable.clear();
         }
         match usage_tokens(entry) {
             Some(reported) => {
                 anchored = true;
                 tokens = i64::try_from(reported).unwrap_or(i64::MAX);
+                clearable.clear();
             }
             None => {
                 let added = i64::try_from(context_entry_tokens(entry)).unwrap_or(i64::MAX);
                 tokens = tokens.saturating_add(added);
+                let mut results = StoredResults::default();
+                results.push(index, entry, &every_result, context_block_tokens);
+                clearable.extend(results.counted().iter().map(|r| Clearable {
+                    bytes: r.bytes,
+                    saved: i64::try_from(r.saved).unwrap_or(i64::MAX),
+                }));
             }
         }
     }
-    if reset {
+    let tokens = if reset {
         BatchTokens::Reset(tokens)
     } else if anchored {
         BatchTokens::Anchor(tokens)
     } else {
         BatchTokens::Add(tokens)
-    }
+    };
+    (tokens, clearable)
 }
 
 /// What the server holds every thread's appends to, where the thread's settings say nothing.
@@ -190,6 +273,8 @@ pub(in crate::store) struct AppendDefaults {
 pub(super) struct AppendTriggers {
     auto_compact_tokens: i64,
     pub(super) outlined: bool,
+    /// The thread's clearing, when on: its estimate counts what the cleared view sends.
+    clearing: Option<ClearingOptions>,
     /// Most bytes of bodies the thread may store; 0 for no limit.
     max_stored_bytes: i64,
     /// The columns they were read from, for a write that checks they did not change.
@@ -202,6 +287,7 @@ pub(super) struct AppendTriggers {
 pub(super) struct SettingsColumns {
     pub(super) auto_compact_tokens: Option<i64>,
     pub(super) outline: Option<String>,
+    pub(super) clearing: Option<String>,
 }
 
 impl AppendTriggers {
@@ -209,16 +295,19 @@ impl AppendTriggers {
     pub(super) fn from_settings(
         own_threshold: Option<i64>,
         outline: Option<String>,
+        clearing: Option<String>,
         defaults: AppendDefaults,
     ) -> Result<Self, StoreError> {
         Ok(AppendTriggers {
             auto_compact_tokens: own_threshold.unwrap_or(defaults.auto_compact_tokens),
             outlined: crate::store::settings::outline_column(outline.clone())?
                 .is_some_and(|options| options.enabled),
+            clearing: crate::store::settings::clearing_column(clearing.clone())?,
             max_stored_bytes: defaults.max_thread_bytes,
             columns: SettingsColumns {
                 auto_compact_tokens: own_threshold,
                 outline,
+                clearing,
             },
         })
     }
@@ -244,7 +333,18 @@ impl CompactionTrigger {
         // A batch that holds a compact boundary has just compacted the thread.
         let eligible = !matches!(append.batch.tokens, BatchTokens::Reset(_)) && !triggers.outlined;
         // The estimate right after this append (a later append of the group may move it on).
-        let tokens_after = append_tokens(tokens_before, append.batch.tokens);
+        // With clearing, results count as stubs in it, and the threshold is checked with the most
+        // tokens of whole results the rule leaves: `keep_tokens + batch_tokens`.
+        let allowance = triggers
+            .clearing
+            .as_ref()
+            .map_or(0, ClearingOptions::most_whole_tokens);
+        let batch = append.batch.tokens_for(triggers.clearing.as_ref());
+        let tokens_before = tokens_before.saturating_add(allowance);
+        let tokens_after = append_tokens(tokens_before, batch).saturating_add(match batch {
+            BatchTokens::Add(_) => 0,
+            BatchTokens::Reset(_) | BatchTokens::Anchor(_) => allowance,
+        });
         if !eligible {
             CompactionTrigger::None
         } else if crosses_threshold(tokens_before, tokens_after, threshold) {
@@ -401,7 +501,10 @@ pub(super) fn plan_append<'g>(
         });
     }
     let tokens_before = thread.context_tokens;
-    thread.context_tokens = append_tokens(tokens_before, batch.tokens);
+    thread.context_tokens = append_tokens(
+        tokens_before,
+        batch.tokens_for(thread.triggers.clearing.as_ref()),
+    );
     thread.next_seq += batch.len();
     // `None` orders before any time.
     thread.updated_at = thread.updated_at.max(Some(created_at));
@@ -440,11 +543,11 @@ mod tests {
             e(json!({"type": "user", "message": {"role": "user", "content": "abcd"}})),
         ];
         assert!(matches!(
-            context_tokens_of(batch.iter()),
+            context_tokens_of(batch.iter()).0,
             BatchTokens::Reset(1)
         ));
         assert!(matches!(
-            context_tokens_of(batch[..1].iter()),
+            context_tokens_of(batch[..1].iter()).0,
             BatchTokens::Add(2)
         ));
     }
@@ -461,9 +564,63 @@ mod tests {
             entry(json!({"type": "user", "message": {"role": "user", "content": "abcdefgh"}})),
         ];
         assert!(matches!(
-            context_tokens_of(batch.iter()),
+            context_tokens_of(batch.iter()).0,
             BatchTokens::Anchor(30027)
         ));
+    }
+
+    #[test]
+    fn with_clearing_on_results_count_as_their_stubs_and_pages_compose() {
+        let result = |i: usize, bytes: usize| {
+            entry(
+                json!({"type": "user", "message": {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": format!("t{i}"),
+                 "content": "x".repeat(bytes)}]}}),
+            )
+        };
+        let call = |i: usize| {
+            entry(json!({"type": "assistant", "message": {"role": "assistant",
+                "id": format!("m{i}"), "content": [{"type": "tool_use", "id": format!("t{i}"),
+                "name": "Read", "input": {}}]}}))
+        };
+        let mut window = Vec::new();
+        for i in 0..12 {
+            window.push(call(i));
+            // Every third result is under the thread's floor and stays whole.
+            window.push(result(i, if i % 3 == 0 { 400 } else { 8_000 }));
+        }
+        let clearing = ClearingOptions::default();
+        let whole = count_page(0, &window, None);
+        let cleared = count_page(0, &window, Some(&clearing));
+        let stubbed: i64 = window
+            .iter()
+            .map(|e| {
+                let mut results = StoredResults::default();
+                results.push(0, e, &clearing, context_block_tokens);
+                let saved: u64 = results.counted().iter().map(|r| r.saved).sum();
+                context_entry_tokens(e) as i64 - saved as i64
+            })
+            .sum();
+        assert_eq!(cleared, stubbed);
+        // Eight results of 8,000 bytes (2,285 tokens of prose each) become stubs of about 30.
+        assert!(whole - cleared > 8 * 2_200, "{whole} against {cleared}");
+        // Counted a page at a time, the window counts the same, whatever the pages.
+        for cut in [1, 5, 11, 23] {
+            let first = count_page(0, &window[..cut], Some(&clearing));
+            assert_eq!(count_page(first, &window[cut..], Some(&clearing)), cleared);
+        }
+        // Usage anchors the count: only what follows it is counted, stubs included.
+        let mut anchored = window.clone();
+        anchored.insert(
+            10,
+            entry(
+                json!({"type": "assistant", "message": {"role": "assistant", "id": "mu",
+                "usage": {"input_tokens": 5, "cache_read_input_tokens": 40_000,
+                "output_tokens": 10}, "content": [{"type": "text", "text": "ok"}]}}),
+            ),
+        );
+        let after = count_page(0, &anchored[11..], Some(&clearing));
+        assert_eq!(count_page(0, &anchored, Some(&clearing)), 40_015 + after);
     }
 
     fn user(uuid: &str, text: &str) -> serde_json::Value {
@@ -492,7 +649,7 @@ mod tests {
             auto_compact_tokens: 0,
             max_thread_bytes: limit,
         };
-        let triggers = AppendTriggers::from_settings(None, None, defaults).unwrap();
+        let triggers = AppendTriggers::from_settings(None, None, None, defaults).unwrap();
         GroupThread::new(
             ThreadKey::from_stored("k".into()),
             [next_seq, 0, 0, stored_bytes],

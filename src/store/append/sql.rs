@@ -134,7 +134,7 @@ pub(super) fn read_group_sql(
         "{begin}WITH locked AS {materialized} (\
          SELECT threads.thread_key, threads.tenant_id, threads.thread_id, threads.next_seq, \
          threads.visible_count, threads.context_tokens, threads.stored_bytes, \
-         s.auto_compact_tokens, s.outline \
+         s.auto_compact_tokens, s.outline, s.clearing \
          FROM {from} LEFT JOIN thread_settings s ON s.thread_key = threads.thread_key \
          WHERE {terms} ORDER BY threads.tenant_id, threads.thread_id {lock})"
     );
@@ -224,6 +224,7 @@ pub(super) async fn read_group<'g>(
                 AppendTriggers::from_settings(
                     row.try_get("auto_compact_tokens")?,
                     row.try_get("outline")?,
+                    row.try_get("clearing")?,
                     defaults,
                 )?,
             )),

@@ -278,6 +278,7 @@ fn read_group<'g>(
                 AppendTriggers::from_settings(
                     row.get("auto_compact_tokens").map_err(failed)?,
                     row.get("outline").map_err(failed)?,
+                    row.get("clearing").map_err(failed)?,
                     defaults,
                 )?,
             )),
