@@ -168,17 +168,21 @@ impl ClearingRun {
 
 /// The modelled automatic compaction: the context grows by the content estimate of each entry
 /// (`context_entry_tokens`, compaction summaries of the history left out: the model writes its
-/// own); before a request whose prompt would reach the threshold, it is replaced by a summary of
-/// [`MODELLED_SUMMARY_TOKENS`]. A prompt is the fixed part (system prompt and tools: what the
-/// first response reporting `usage` counts beyond the content before it) plus the context. Each
-/// request pays 0.1× for the prefix it shares with the previous one and 1.25× for the rest; after
-/// a compaction only the fixed part is shared. The summarizer's own request is not counted.
+/// own); before a request whose prompt reaches the threshold from below (Loupe's trigger: a
+/// summary that leaves the prompt at or above it does not trigger again), it is replaced by a
+/// summary of [`MODELLED_SUMMARY_TOKENS`]. A prompt is the fixed part (system prompt and tools:
+/// what the first response reporting `usage` counts beyond the content before it) plus the
+/// context. Each request pays 0.1× for the prefix it shares with the previous one and 1.25× for
+/// the rest; after a compaction only the fixed part is shared. The summarizer's own request is
+/// not counted.
 #[derive(Debug, Clone)]
 struct Modelled {
     threshold: u64,
     fixed: Option<u64>,
     context: u64,
     previous_prompt: u64,
+    /// Whether the last prompt was below the threshold.
+    armed: bool,
     cost: u64,
 }
 
@@ -189,10 +193,13 @@ impl Modelled {
             self.fixed = reported_prompt.map(|prompt| prompt.saturating_sub(self.context));
         }
         let fixed = self.fixed.unwrap_or(0);
-        if self.threshold > 0 && fixed.saturating_add(self.context) >= self.threshold {
+        let reaches =
+            |context: u64| self.threshold > 0 && fixed.saturating_add(context) >= self.threshold;
+        if self.armed && reaches(self.context) {
             self.context = MODELLED_SUMMARY_TOKENS;
             self.previous_prompt = self.previous_prompt.min(fixed);
         }
+        self.armed = !reaches(self.context);
         let prompt = fixed.saturating_add(self.context);
         let shared = self.previous_prompt.min(prompt);
         self.cost = self
@@ -233,6 +240,7 @@ impl EconomicsFold {
                 fixed: None,
                 context: 0,
                 previous_prompt: 0,
+                armed: true,
                 cost: 0,
             },
             clearing: clearing.map(ClearingRun::new),
@@ -618,7 +626,7 @@ mod tests {
         let bad = json!({"input_tokens": "12", "cache_creation_input_tokens": -5,
             "cache_read_input_tokens": 1.5e300, "output_tokens": u64::MAX});
         let huge = usage(u64::MAX, u64::MAX, u64::MAX, u64::MAX);
-        let entries = vec![
+        let entries = [
             entry(0, user("hi")),
             entry(1, answer(Some("a"), "x", Some(bad))),
             entry(2, answer(Some("b"), "y", Some(huge))),
@@ -655,7 +663,7 @@ mod tests {
         let content = context_entry_tokens(&entry(0, user(&big)));
         assert_eq!(content, 10_000);
         let reply = |id: &str, usage: Option<Value>| answer(Some(id), "", usage);
-        let entries = vec![
+        let entries = [
             entry(0, user(&big)),
             entry(1, reply("a", Some(usage(1_000 + content, 0, 0, 1)))),
             entry(2, user(&big)),
@@ -680,6 +688,21 @@ mod tests {
         let first = 11_000 * 125;
         let second = first + 11_000 * 10 + 10_000 * 125;
         let third = second + 1_000 * 10 + MODELLED_SUMMARY_TOKENS * 125;
+        assert_eq!(costs, vec![first, second, third]);
+
+        // A threshold the summary itself reaches compacts once, then no more until the prompt
+        // has been below it again: as Loupe's trigger, which fires on crossing.
+        let mut tight = EconomicsFold::new(2_000, None);
+        let costs: Vec<u64> = entries
+            .iter()
+            .filter_map(|e| tight.push(e).point)
+            .map(|p| p.cost_auto_compaction)
+            .collect();
+        let summary = 1_000 + MODELLED_SUMMARY_TOKENS;
+        // The first request has no previous one to share a prefix with.
+        let first = summary * 125;
+        let second = first + summary * 10 + 10_000 * 125;
+        let third = second + (summary + 10_000) * 10 + 10_000 * 125;
         assert_eq!(costs, vec![first, second, third]);
     }
 
