@@ -496,37 +496,25 @@ async fn the_outline_s_boundary_is_marked(app: TestApp) {
     app.finish().await;
 }
 
-/// The peak resident memory of this process since [`reset_peak`], in KiB.
-fn peak_kib() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmHWM:"))
-        .and_then(|rest| rest.trim().trim_end_matches(" kB").trim().parse().ok())
-        .expect("VmHWM in /proc/self/status")
-}
-
-/// Sets the peak back to the current resident memory (Linux's `clear_refs` 5).
-fn reset_peak() {
-    std::fs::write("/proc/self/clear_refs", "5").expect("reset VmHWM");
-}
-
-/// A thread of 100,000 entries (a request every five, progress between): the full read holds a
-/// page and its points, not the thread, and a read of 10 points stops early. Alone in its
-/// process for its memory figure: `cargo test --test api economics_of_a_long_thread --
-/// --ignored --nocapture`.
+/// A thread of 100,000 entries (a request every ten, progress between), read whole by the real
+/// binary (`LOUPE_DRILL_BIN`, else the test build's) in a process of its own: the read's peak
+/// resident memory (`VmHWM`, reset before it) must stay well below the thread's bodies, which
+/// it reads every one of, and a read of 10 points must stop early.
+/// `cargo test --test api economics_of_a_long_thread -- --ignored --nocapture`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "builds a 100,000-entry thread; run alone for its memory figure"]
+#[ignore = "builds a 100,000-entry thread and starts the binary; run on purpose"]
 async fn economics_of_a_long_thread_is_bounded_by_its_page_and_limit() {
+    use crate::memory_bounds::{get, memory, reset_peak, Server};
+
     let app = TestApp::new(crate::common::Backend::Sqlite).await;
     let thread = app.thread("long").await;
     let filler = "x".repeat(800);
     for batch in 0..10 {
         let mut entries = Vec::with_capacity(10_000);
-        for i in 0..2_000 {
-            let n = batch * 2_000 + i;
+        for i in 0..1_000 {
+            let n = batch * 1_000 + i;
             entries.push(user(&format!("u{n}"), &format!("step {n}")));
-            for p in 0..3 {
+            for p in 0..8 {
                 entries.push(json!({"uuid": format!("p{n}-{p}"), "type": "progress", "data": {"out": filler}}));
             }
             entries.push(answer_with(
@@ -537,43 +525,41 @@ async fn economics_of_a_long_thread_is_bounded_by_its_page_and_limit() {
         }
         app.append(&thread, entries).await;
     }
-    let stored: u64 = app.export_line_bytes(&thread).await.iter().sum::<usize>() as u64;
-
-    let started = std::time::Instant::now();
-    let short = economics(&app, &thread, "?limit=10").await;
-    let short_time = started.elapsed();
-    assert_eq!(points(&short).len(), 10);
-    assert_eq!(short["truncated"], true);
-
-    reset_peak();
-    let before = peak_kib();
-    let started = std::time::Instant::now();
-    let full = economics(&app, &thread, "?limit=10000").await;
-    let full_time = started.elapsed();
-    let rise_kib = peak_kib().saturating_sub(before);
-    assert_eq!(points(&full).len(), 10_000);
-    assert_eq!(full["truncated"], true);
-    let rest = economics(
-        &app,
-        &thread,
-        &format!("?limit=10000&after_seq={}", full["next_after_seq"]),
-    )
-    .await;
-    assert_eq!(points(&rest).len(), 10_000);
-    assert_eq!(rest["truncated"], false);
+    let stored = app.export_line_bytes(&thread).await.iter().sum::<usize>() as f64 / 1_048_576.0;
+    let server = Server::start(&app.url).await;
+    let pid = server.pid();
+    // The first read of each kind warms the connections and caches up; each measured read
+    // starts its peak from the memory as it is then.
+    let measure = |path: String| {
+        let port = server.port;
+        async move {
+            reset_peak(pid);
+            let (before, _) = memory(pid);
+            let started = std::time::Instant::now();
+            let (status, bytes) = get(port, &path).await;
+            let elapsed = started.elapsed();
+            let (_, peak) = memory(pid);
+            assert_eq!(status, 200, "{path}");
+            (peak - before, elapsed, bytes)
+        }
+    };
+    get(server.port, "/v1/threads/long/economics?limit=10").await;
+    let (_, short_time, _) = measure("/v1/threads/long/economics?limit=10".to_owned()).await;
+    let (rise, full_time, bytes) =
+        measure("/v1/threads/long/economics?limit=10000".to_owned()).await;
     println!(
-        "economics of 100,000 entries ({} MB stored): 10 points in {short_time:?}, 10,000 in \
-         {full_time:?}, peak RSS rise {} MB",
-        stored / 1_000_000,
-        rise_kib / 1024
+        "economics of 100,000 entries ({stored:.0} MiB stored): 10 points in {short_time:?}; \
+         10,000 points ({} KB) in {full_time:?}, peak RSS rise {rise:.1} MiB",
+        bytes / 1000
     );
-    // The thread's bodies alone are larger than what the read may hold: a page (4 MiB) parsed,
-    // and 10,000 points with their answer.
-    assert!(stored > 50_000_000);
-    assert!(rise_kib < 48 * 1024, "the read held {rise_kib} KiB");
+    assert!(stored > 60.0, "{stored} MiB");
+    // Every entry is read (10,000 points, the last at the end), yet what is held is a page (4
+    // MiB of bodies) parsed one entry at a time, and the points and their JSON.
+    assert!(rise < 32.0, "the read's peak rose {rise:.1} MiB");
     assert!(
         short_time * 5 < full_time,
         "{short_time:?} vs {full_time:?}"
     );
+    drop(server);
     app.finish().await;
 }
