@@ -171,10 +171,10 @@ impl ClearingRun {
 /// own); before a request whose prompt reaches the threshold from below (Loupe's trigger: a
 /// summary that leaves the prompt at or above it does not trigger again), it is replaced by a
 /// summary of [`MODELLED_SUMMARY_TOKENS`]. A prompt is the fixed part (system prompt and tools:
-/// what the first response reporting `usage` counts beyond the content before it) plus the
-/// context. Each request pays 0.1× for the prefix it shares with the previous one and 1.25× for
-/// the rest; after a compaction only the fixed part is shared. The summarizer's own request is
-/// not counted.
+/// what the first response reporting `usage` counts beyond the content before it, taken as
+/// cached from the first request on) plus the context. Each request pays 0.1× for the prefix it
+/// shares with the previous one and 1.25× for the rest; after a compaction only the fixed part is
+/// shared. The summarizer's own request is not counted.
 #[derive(Debug, Clone)]
 struct Modelled {
     threshold: u64,
@@ -191,6 +191,9 @@ impl Modelled {
     fn request(&mut self, reported_prompt: Option<u64>) -> u64 {
         if self.fixed.is_none() {
             self.fixed = reported_prompt.map(|prompt| prompt.saturating_sub(self.context));
+            // The fixed part opens every request, this thread's and its neighbours': it is
+            // taken as cached already, as providers report it from the first request on.
+            self.previous_prompt = self.previous_prompt.max(self.fixed.unwrap_or(0));
         }
         let fixed = self.fixed.unwrap_or(0);
         let reaches =
@@ -682,10 +685,10 @@ mod tests {
             .filter_map(|e| economics.push(e).point)
             .map(|p| p.cost_auto_compaction)
             .collect();
-        // Request 1: 11,000 tokens, none cached. Request 2: 21,000 tokens, 11,000 shared.
-        // Request 3 would be 31,000 ≥ 25,000: the context becomes the summary, only the fixed
-        // part is shared.
-        let first = 11_000 * 125;
+        // Request 1: 11,000 tokens, the fixed 1,000 cached. Request 2: 21,000 tokens, 11,000
+        // shared. Request 3 would be 31,000 ≥ 25,000: the context becomes the summary, only the
+        // fixed part is shared.
+        let first = 1_000 * 10 + 10_000 * 125;
         let second = first + 11_000 * 10 + 10_000 * 125;
         let third = second + 1_000 * 10 + MODELLED_SUMMARY_TOKENS * 125;
         assert_eq!(costs, vec![first, second, third]);
@@ -699,8 +702,7 @@ mod tests {
             .map(|p| p.cost_auto_compaction)
             .collect();
         let summary = 1_000 + MODELLED_SUMMARY_TOKENS;
-        // The first request has no previous one to share a prefix with.
-        let first = summary * 125;
+        let first = 1_000 * 10 + MODELLED_SUMMARY_TOKENS * 125;
         let second = first + summary * 10 + 10_000 * 125;
         let third = second + (summary + 10_000) * 10 + 10_000 * 125;
         assert_eq!(costs, vec![first, second, third]);

@@ -206,9 +206,9 @@ fn window_tokens(requested: Option<u64>) -> Result<u64, ApiError> {
 /// compaction summaries left out); before a request whose prompt reaches the threshold in force
 /// from below, it is replaced by a summary of `modelled_summary_tokens` (4,000). A prompt is the
 /// fixed part (system prompt and tools: what the first response with `usage` reports beyond
-/// the content before it) plus the context. Each request pays 0.1× for the prefix the previous
-/// request shared and 1.25× for the rest; after a compaction only the fixed part is shared. The
-/// summarizer's own request is not counted.
+/// the content before it, taken as cached from the first request on) plus the context. Each
+/// request pays 0.1× for the prefix the previous request shared and 1.25× for the rest; after a
+/// compaction only the fixed part is shared. The summarizer's own request is not counted.
 ///
 /// Markers: compact boundaries; clearing batches when the thread clears old tool results (the
 /// rule run over the results after each boundary, a turn ending at the next request); the
