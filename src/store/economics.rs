@@ -1,9 +1,13 @@
 //! A thread's economics, read: its entries from the first on, a byte-bounded page at a time, up
 //! to the `next_seq` read first, each folded by `history::economics` as it is read. What a read
-//! holds is one page and the points and markers it answers, whatever the thread's length.
+//! holds is one page, the running totals of the last few thousand entries, and the points and
+//! markers it answers, whatever the thread's length. A boundary whose preserved segment reaches
+//! further back than those totals has its segment read again: its time, not its memory.
 //!
 //! The figures are cumulative, so a read that goes on after `after_seq` folds the entries before
 //! it again (without answering them): its time grows with `after_seq`, its memory does not.
+
+use std::collections::VecDeque;
 
 use sqlx::any::AnyRow;
 
@@ -17,6 +21,9 @@ use crate::history::normalize::context_entry_tokens;
 const PAGE_ENTRIES: i64 = 1_000;
 /// Bytes of stored bodies past which a page stops (it always holds one entry).
 const PAGE_BYTES: i64 = 4 * 1024 * 1024;
+/// Entries whose running content total the read keeps (16 bytes each): a boundary's preserved
+/// segment within them (the last rounds, as compactions keep) is summed without reading it again.
+const RECENT_ENTRIES: usize = 4_096;
 
 /// What an economics read answers.
 #[derive(Debug, Clone, Copy)]
@@ -71,6 +78,7 @@ impl Store {
         let (mut points, mut markers) = (Vec::new(), Vec::new());
         let mut next_after_seq = None;
         let mut after = -1;
+        let mut recent = RecentTotals::default();
         'pages: while after + 1 < head.next_seq {
             let rows = self.page(&head.thread_key, after, head.next_seq).await?;
             if rows.is_empty() {
@@ -82,10 +90,14 @@ impl Store {
                 let seq = entry.seq.unwrap_or(after + 1);
                 after = seq;
                 let pushed = fold.push(&entry);
+                let tokens = context_entry_tokens(&entry);
                 if entry.is_compact_boundary() {
-                    let tokens = self.preserved_tokens(&head.thread_key, entry, seq).await?;
-                    fold.preserve(tokens);
+                    let preserved = self
+                        .preserved_tokens(&head.thread_key, entry, seq, &recent)
+                        .await?;
+                    fold.preserve(preserved);
                 }
+                recent.push(seq, tokens);
                 if seq <= read.after_seq {
                     continue;
                 }
@@ -124,7 +136,7 @@ impl Store {
         })
     }
 
-    /// The rows after `after` and below `end`, a page cut at [`PAGE_BYTES`].
+    /// The rows after `after` and below `end`, a page cut at `PAGE_BYTES`.
     async fn page(
         &self,
         thread_key: &ThreadKey,
@@ -144,16 +156,22 @@ impl Store {
 
     /// The content tokens of the entries a compact boundary at `seq` keeps before it (its
     /// preserved segment, Claude Code's named by uuids resolved as the context read resolves
-    /// them, up to the boundary): read again, a page at a time, since the fold kept no entry.
+    /// them, up to the boundary): from the recent totals when the segment lies within them, else
+    /// read again, a page at a time, since the fold keeps no entry.
     async fn preserved_tokens(
         &self,
         thread_key: &ThreadKey,
         mut boundary: Entry,
         seq: i64,
+        recent: &RecentTotals,
     ) -> Result<u64, StoreError> {
         self.resolve_preserved_uuids(thread_key, &mut boundary)
             .await?;
-        let mut after = window_start(&boundary, seq) - 1;
+        let start = window_start(&boundary, seq);
+        if let Some(tokens) = recent.since(start) {
+            return Ok(tokens);
+        }
+        let mut after = start - 1;
         let mut tokens = 0_u64;
         while after + 1 < seq {
             let rows = self.page(thread_key, after, seq).await?;
@@ -167,5 +185,39 @@ impl Store {
             }
         }
         Ok(tokens)
+    }
+}
+
+/// The running content total before each of the last `RECENT_ENTRIES` entries.
+#[derive(Debug, Default)]
+struct RecentTotals {
+    /// `(seq, total of the entries before it)`, oldest first.
+    before: VecDeque<(i64, u64)>,
+    total: u64,
+}
+
+impl RecentTotals {
+    fn push(&mut self, seq: i64, tokens: u64) {
+        if self.before.len() == RECENT_ENTRIES {
+            self.before.pop_front();
+        }
+        self.before.push_back((seq, self.total));
+        self.total = self.total.saturating_add(tokens);
+    }
+
+    /// The tokens of the entries from `start` on, if `start` is among the recent ones (or past
+    /// them: none).
+    fn since(&self, start: i64) -> Option<u64> {
+        let next = self.before.back().map_or(0, |&(seq, _)| seq + 1);
+        if start >= next {
+            return Some(0);
+        }
+        let (first, _) = *self.before.front()?;
+        if start < first {
+            return None;
+        }
+        // Seqs are dense: the entry at `start` sits `start - first` from the front.
+        let &(seq, before) = self.before.get((start - first) as usize)?;
+        (seq == start).then(|| self.total - before)
     }
 }

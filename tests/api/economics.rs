@@ -21,6 +21,7 @@ on_both_backends!(
     malformed_usage_is_clamped_and_labels_are_clipped,
     clearing_marks_are_where_the_context_read_starts_sending_stubs,
     the_outline_s_boundary_is_marked,
+    preserved_segments_long_and_short_count_as_the_context_read_counts_them,
 );
 
 const SESSION: &str = include_str!("../fixtures/claude-code/session.jsonl");
@@ -495,6 +496,78 @@ async fn the_outline_s_boundary_is_marked(app: TestApp) {
         .unwrap()
         .iter()
         .all(|m| m["kind"] != "outline"));
+    app.finish().await;
+}
+
+/// A boundary preserving more entries than the read keeps totals of (4,096) has its segment read
+/// again; one preserving a few recent entries is summed from the totals. Both answer what a
+/// context read of the thread before the next request answers.
+async fn preserved_segments_long_and_short_count_as_the_context_read_counts_them(app: TestApp) {
+    let thread = app.thread("preserving").await;
+    let mut entries = vec![
+        user("first", "The long task starts."),
+        answer_with(
+            "a0",
+            "m0",
+            json!({"input_tokens": 10, "cache_read_input_tokens": 4_000}),
+        ),
+    ];
+    for i in 0..4_998 {
+        entries.push(user(
+            &format!("note{i}"),
+            &format!("Note {i}: step {i} of the plan is done."),
+        ));
+    }
+    let boundary = |uuid: &str, first: usize, last: usize| {
+        json!({"uuid": uuid, "type": "system", "subtype": "compact_boundary",
+            "content": "Conversation compacted", "compact_metadata": {"trigger": "manual",
+            "preserved_segment": {"first_seq": first, "last_seq": last}}})
+    };
+    let summary = |uuid: &str| {
+        json!({"uuid": uuid, "type": "user", "is_compact_summary": true,
+            "message": {"role": "user", "content": "Summary: the plan's steps are done."}})
+    };
+    // Seq 5000: a boundary keeping seqs 1 to 4999, past the recent totals.
+    entries.push(boundary("long", 1, 4_999));
+    entries.push(summary("long-summary"));
+    entries.push(user("next", "Go on."));
+    let first_point = entries.len();
+    entries.push(answer_with("a1", "m1", json!({"input_tokens": 5})));
+    entries.push(user("more", "And the last part."));
+    // A boundary keeping the last three entries: within the recent totals.
+    let kept_from = entries.len() - 3;
+    entries.push(boundary("short", kept_from, entries.len() - 1));
+    entries.push(summary("short-summary"));
+    let second_point = entries.len();
+    entries.push(answer_with("a2", "m2", json!({"input_tokens": 6})));
+    for chunk in entries.chunks(2_000) {
+        app.append(&thread, chunk).await;
+    }
+    let answer = economics(&app, &thread, "").await;
+    let seqs: Vec<usize> = points(&answer)
+        .iter()
+        .map(|p| p["seq"].as_u64().unwrap() as usize)
+        .collect();
+    assert_eq!(seqs, vec![1, first_point, second_point]);
+    for point in &points(&answer)[1..] {
+        let seq = point["seq"].as_u64().unwrap() as usize;
+        let cut = format!("preserving-{seq}");
+        app.thread(&cut).await;
+        for chunk in entries[..seq].chunks(2_000) {
+            app.append(&cut, chunk).await;
+        }
+        let context = app
+            .get(&format!("/v1/threads/{cut}/context?provider=anthropic"))
+            .await;
+        assert_eq!(context.status, StatusCode::OK, "{}", context.body);
+        assert_eq!(point["estimate"]["basis"], "content", "{point}");
+        assert_eq!(
+            point["estimate"]["tokens"], context.body["context_tokens"]["tokens"],
+            "seq {seq}"
+        );
+    }
+    // The long segment's content is in the estimate: far more than the boundary's own tail.
+    assert!(points(&answer)[1]["estimate"]["tokens"].as_u64().unwrap() > 40_000);
     app.finish().await;
 }
 
