@@ -79,7 +79,9 @@ impl Store {
         let mut next_after_seq = None;
         let mut after = -1;
         let mut recent = RecentTotals::default();
-        'pages: while after + 1 < head.next_seq {
+        // Nothing after `after_seq` to answer: the entries are not read at all.
+        let answers_any = read.after_seq + 1 < head.next_seq;
+        'pages: while answers_any && after + 1 < head.next_seq {
             let rows = self.page(&head.thread_key, after, head.next_seq).await?;
             if rows.is_empty() {
                 // The thread was deleted since its head was read.
