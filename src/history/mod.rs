@@ -3,6 +3,7 @@
 //! Everything here is pure (no I/O).
 
 pub mod anchors;
+pub mod economics;
 pub mod ingest;
 pub mod ledger;
 pub mod model;

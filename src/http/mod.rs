@@ -6,6 +6,7 @@ pub mod context;
 pub mod cursors;
 pub mod docs;
 pub mod document;
+pub mod economics;
 pub mod erasures;
 pub mod guard;
 pub mod health;
@@ -279,6 +280,7 @@ fn api_router() -> OpenApiRouter<AppState> {
         .merge(tree::router())
         .merge(search::router())
         .merge(ledger::router())
+        .merge(economics::router())
         .merge(health::router())
         .merge(observe::router())
 }

@@ -421,7 +421,7 @@ impl Store {
     /// (`compactMetadata.preservedSegment {headUuid, tailUuid}`); Loupe's reads work on seqs, so
     /// the segment is added in memory as `preserved_segment {first_seq, last_seq}` when both
     /// uuids are stored in the thread. The stored body is left as it came.
-    async fn resolve_preserved_uuids(
+    pub(super) async fn resolve_preserved_uuids(
         &self,
         thread_key: &ThreadKey,
         boundary: &mut Entry,

@@ -16,7 +16,8 @@
 //! - `rows` (a leaf every other room may use): a message read back from its row, rows made ready
 //!   and inserted many to a statement, the byte-bounded page, the stored uuids' lookup.
 //! - reads: `messages` (pages, entries by uuid), `context` (the window after the last compact
-//!   boundary, its snips and tail), `cursors`, `tree` (nodes, outline, zoom), `transcripts`.
+//!   boundary, its snips and tail), `cursors`, `tree` (nodes, outline, zoom), `transcripts`,
+//!   `economics` (a thread's requests, sizes and costs, folded page by page).
 //! - `threads`, `settings`, `keys` (tenants and API keys), `admin`.
 //! - `jobs`: the durable queue (enqueue in the caller's transaction, leases) and the
 //!   compaction's write; `payloads`: the job kinds and payloads the store enqueues itself.
@@ -25,6 +26,7 @@ mod admin;
 mod append;
 mod context;
 mod cursors;
+mod economics;
 mod erasure;
 mod ids;
 mod jobs;
@@ -52,6 +54,7 @@ pub use context::{ContextHead, ContextTail, ContextWindow, WindowBounds, MAX_WIN
 pub use cursors::{
     AdvanceOutcome, AdvanceRequest, BatchLimit, Bookmark, Claim, CursorState, Lease, PendingBatch,
 };
+pub use economics::{Economics, EconomicsRead};
 pub use erasure::{
     Erasure, ErasureArtifacts, ErasureRead, ErasureTargets, ErasureTurn, ErasureTx, SummaryRows,
     MAX_ERASED_ENTRIES,

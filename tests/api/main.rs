@@ -15,6 +15,7 @@ mod context_cache;
 mod cursors;
 mod docs_page;
 mod drills;
+mod economics;
 mod erasure;
 mod forgetting;
 mod group_commit;

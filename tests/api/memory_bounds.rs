@@ -23,7 +23,7 @@ const LINES: usize = 24;
 const LINE_BYTES: usize = 8 * 1024 * 1024;
 
 /// Resident memory of `pid` in MiB: (now, peak since the last reset).
-fn memory(pid: u32) -> (f64, f64) {
+pub(crate) fn memory(pid: u32) -> (f64, f64) {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     let field = |name: &str| {
         status
@@ -38,17 +38,17 @@ fn memory(pid: u32) -> (f64, f64) {
 }
 
 /// Starts the next peak from the resident memory as it is now.
-fn reset_peak(pid: u32) {
+pub(crate) fn reset_peak(pid: u32) {
     std::fs::write(format!("/proc/{pid}/clear_refs"), "5").unwrap();
 }
 
-struct Server {
+pub(crate) struct Server {
     child: Child,
-    port: u16,
+    pub(crate) port: u16,
 }
 
 impl Server {
-    async fn start(database_url: &str) -> Server {
+    pub(crate) async fn start(database_url: &str) -> Server {
         let port = free_port();
         let child = Command::new(binary())
             .args(["serve", "--addr", &format!("127.0.0.1:{port}")])
@@ -72,13 +72,13 @@ impl Server {
         server
     }
 
-    fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.id().unwrap()
     }
 }
 
 /// A GET, its body read and dropped piece by piece; answers the status and the body's length.
-async fn get(port: u16, path: &str) -> (u16, usize) {
+pub(crate) async fn get(port: u16, path: &str) -> (u16, usize) {
     get_accepting(port, path, "*/*").await
 }
 

@@ -511,3 +511,419 @@ async fn browse(client: Client, api: Api, base: String, key: String, seeded: See
         screenshot(&client, "3-live-append").await;
     }
 }
+
+const SESSION: &str = include_str!("../fixtures/claude-code/session.jsonl");
+
+/// The fixture's lines, as JSON.
+fn session_lines() -> Vec<Value> {
+    SESSION
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn the_inspector_draws_a_thread_s_economics_from_its_data() {
+    let Some(binary) = std::env::var("LOUPE_UI_BIN").ok().filter(|b| !b.is_empty()) else {
+        println!("SKIPPED the browser test: LOUPE_UI_BIN is not set (.ci/run sets it after the release build)");
+        return;
+    };
+    let Some(chromedriver) = chromedriver() else {
+        println!("SKIPPED the browser test: chromedriver is not installed (apt-get install chromium chromium-driver)");
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("loupe-ui-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (_server, base) = start_server(&binary, &dir).await;
+    let http = reqwest::Client::new();
+    let created: Value = http
+        .post(format!("{base}/v1/admin/keys"))
+        .bearer_auth(ADMIN_KEY)
+        .json(&json!({"tenant": "acme", "name": "ui economics test"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let key = created["key"].as_str().expect("a created key").to_owned();
+    let api = Api {
+        http: http.clone(),
+        base: base.clone(),
+        key: key.clone(),
+    };
+
+    // The real Claude Code session, imported as a client would.
+    api.post(
+        "/v1/threads",
+        json!({"id": "session", "metadata": {"agent": "economics"}}),
+    )
+    .await;
+    let imported = http
+        .post(format!("{base}/v1/threads/session/import"))
+        .bearer_auth(&key)
+        .header("content-type", "application/x-ndjson")
+        .body(SESSION)
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        imported.status().is_success(),
+        "{:?}",
+        imported.text().await
+    );
+    let economics = api.get("/v1/threads/session/economics").await;
+    assert!(economics["points"].as_array().unwrap().len() >= 8);
+
+    let profile = dir.join("chromium-profile");
+    let (_driver, client) = start_browser(&chromedriver, &profile).await;
+    let scenario = tokio::spawn(browse_economics(client.clone(), base, key, economics)).await;
+    let _ = client.close().await;
+    let _ = std::fs::remove_dir_all(&dir);
+    if let Err(failure) = scenario {
+        std::panic::resume_unwind(failure.into_panic());
+    }
+}
+
+/// A number attribute of an element.
+async fn number_attr(element: &fantoccini::elements::Element, name: &str) -> f64 {
+    element
+        .attr(name)
+        .await
+        .unwrap()
+        .unwrap_or_else(|| panic!("no {name} attribute"))
+        .parse()
+        .unwrap_or_else(|_| panic!("{name} is not a number"))
+}
+
+/// A chart's scale, as it states it on its `svg`.
+struct Scale {
+    x_min: f64,
+    x_max: f64,
+    y_max: f64,
+    left: f64,
+    top: f64,
+    width: f64,
+    height: f64,
+}
+
+impl Scale {
+    async fn of(chart: &fantoccini::elements::Element) -> Scale {
+        Scale {
+            x_min: number_attr(chart, "data-x-min").await,
+            x_max: number_attr(chart, "data-x-max").await,
+            y_max: number_attr(chart, "data-y-max").await,
+            left: number_attr(chart, "data-plot-left").await,
+            top: number_attr(chart, "data-plot-top").await,
+            width: number_attr(chart, "data-plot-width").await,
+            height: number_attr(chart, "data-plot-height").await,
+        }
+    }
+
+    fn x(&self, seq: f64) -> f64 {
+        self.left + (seq - self.x_min) / (self.x_max - self.x_min) * self.width
+    }
+
+    fn y(&self, value: f64) -> f64 {
+        self.top + self.height - value / self.y_max * self.height
+    }
+}
+
+async fn browse_economics(client: Client, base: String, key: String, economics: Value) {
+    let lines = session_lines();
+    let points = economics["points"].as_array().unwrap().clone();
+    client.goto(&format!("{base}/ui")).await.unwrap();
+    let input = client
+        .wait()
+        .at_most(PATIENCE)
+        .for_element(Locator::Id("key-input"))
+        .await
+        .unwrap();
+    input.send_keys(&key).await.unwrap();
+    client
+        .find(Locator::Css("#key-form button[type=submit]"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    client
+        .wait()
+        .at_most(PATIENCE)
+        .for_element(Locator::Css("button[data-thread='session']"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+
+    // The size chart, drawn from the thread's data: one circle per point of the endpoint.
+    let expected_points = points.len().to_string();
+    let chart = eventually("the size chart", || async {
+        let chart = client
+            .find(Locator::Css("#size-chart svg.chart-size"))
+            .await
+            .ok()?;
+        (chart.attr("data-points").await.ok()?? == expected_points).then_some(chart)
+    })
+    .await;
+    let scale = Scale::of(&chart).await;
+    assert_eq!(scale.x_max, economics["next_seq"].as_f64().unwrap());
+    let circles = client
+        .find_all(Locator::Css("#size-chart circle.pt-estimate"))
+        .await
+        .unwrap();
+    assert_eq!(circles.len(), points.len());
+    for (circle, point) in circles.iter().zip(&points) {
+        let seq = number_attr(circle, "data-seq").await;
+        let value = number_attr(circle, "data-value").await;
+        assert_eq!(seq, point["seq"].as_f64().unwrap());
+        assert_eq!(value, point["estimate"]["tokens"].as_f64().unwrap());
+        // Its position is its value on the chart's own scale.
+        assert!((number_attr(circle, "cx").await - scale.x(seq)).abs() < 0.01);
+        assert!((number_attr(circle, "cy").await - scale.y(value)).abs() < 0.01);
+    }
+    let reported: Vec<&Value> = points.iter().filter(|p| !p["reported"].is_null()).collect();
+    let squares = client
+        .find_all(Locator::Css("#size-chart rect.pt-reported"))
+        .await
+        .unwrap();
+    assert_eq!(squares.len(), reported.len());
+    for (square, point) in squares.iter().zip(&reported) {
+        let value = number_attr(square, "data-value").await;
+        assert_eq!(value, point["reported"]["prompt_tokens"].as_f64().unwrap());
+        // A 6-unit square centred on its value.
+        assert!((number_attr(square, "y").await + 3.0 - scale.y(value)).abs() < 0.01);
+    }
+    // The window and the threshold in force, as horizontal lines at their values.
+    for (css, tokens) in [
+        (
+            "#size-chart g.ref-window",
+            economics["window_tokens"].as_f64().unwrap(),
+        ),
+        (
+            "#size-chart g.ref-threshold",
+            economics["auto_compact_tokens"].as_f64().unwrap(),
+        ),
+    ] {
+        let line = client.find(Locator::Css(css)).await.unwrap();
+        assert_eq!(number_attr(&line, "data-tokens").await, tokens);
+        let drawn = line.find(Locator::Css("line")).await.unwrap();
+        assert!((number_attr(&drawn, "y1").await - scale.y(tokens)).abs() < 0.01);
+    }
+    // Compaction marks at the fixture's compact boundaries.
+    let boundaries: Vec<f64> = lines
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| l["type"] == "system" && l["subtype"] == "compact_boundary")
+        .map(|(seq, _)| seq as f64)
+        .collect();
+    assert_eq!(boundaries.len(), 2);
+    let marks = client
+        .find_all(Locator::Css("#size-chart line.mark-compaction"))
+        .await
+        .unwrap();
+    let mut marked = Vec::new();
+    for mark in &marks {
+        let seq = number_attr(mark, "data-seq").await;
+        assert!((number_attr(mark, "x1").await - scale.x(seq)).abs() < 0.01);
+        marked.push(seq);
+    }
+    assert_eq!(marked, boundaries);
+    let legend = text_of(&client, "#size-legend", |t| t.contains("compact boundary")).await;
+    assert!(legend.contains("compact boundary (2)"), "{legend}");
+    assert!(legend.contains("model window"), "{legend}");
+
+    // The cost chart: the reported cost and the modelled automatic compaction's, point by point.
+    let cost_chart = client
+        .find(Locator::Css("#cost-chart svg.chart-cost"))
+        .await
+        .unwrap();
+    let cost_scale = Scale::of(&cost_chart).await;
+    let reported_costs = client
+        .find_all(Locator::Css("#cost-chart circle.pt-cost-reported"))
+        .await
+        .unwrap();
+    assert_eq!(reported_costs.len(), reported.len());
+    let modelled = client
+        .find_all(Locator::Css("#cost-chart rect.pt-cost-modelled"))
+        .await
+        .unwrap();
+    assert_eq!(modelled.len(), points.len());
+    for (square, point) in modelled.iter().zip(&points) {
+        let value = number_attr(square, "data-value").await;
+        assert_eq!(value, point["cost"]["auto_compaction"].as_f64().unwrap());
+        assert!((number_attr(square, "y").await + 3.0 - cost_scale.y(value)).abs() < 0.01);
+    }
+    let summary = text_of(&client, "#economics-summary", |t| t.contains("requests")).await;
+    assert!(
+        summary.contains(&format!("{} requests", points.len())),
+        "{summary}"
+    );
+
+    // The chart as a person sees it: a PNG that is not blank.
+    let panel = client.find(Locator::Id("economics")).await.unwrap();
+    let png = panel.screenshot().await.unwrap();
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "a PNG");
+    let (width, height) = (
+        u32::from_be_bytes(png[16..20].try_into().unwrap()),
+        u32::from_be_bytes(png[20..24].try_into().unwrap()),
+    );
+    assert!(width >= 600 && height >= 300, "{width}×{height}");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/ui-screenshots");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("4-economics.png");
+    std::fs::write(&path, &png).unwrap();
+    println!("ui screenshot: {}", path.display());
+    // Decoded by the browser: the share of pixels that are not the background, and how many
+    // colours the image holds (lines, points, text).
+    let decoded = client
+        .execute_async(
+            "const [bytes, done] = arguments;
+             createImageBitmap(new Blob([new Uint8Array(bytes)], {type: 'image/png'})).then((bitmap) => {
+               const canvas = document.createElement('canvas');
+               canvas.width = bitmap.width; canvas.height = bitmap.height;
+               const context = canvas.getContext('2d');
+               context.drawImage(bitmap, 0, 0);
+               const data = context.getImageData(0, 0, bitmap.width, bitmap.height).data;
+               const colours = new Set();
+               let inked = 0;
+               for (let i = 0; i < data.length; i += 4) {
+                 colours.add((data[i] << 16) | (data[i + 1] << 8) | data[i + 2]);
+                 if (data[i] < 200 || data[i + 1] < 200 || data[i + 2] < 200) inked += 1;
+               }
+               done({colours: colours.size, inked: inked / (data.length / 4)});
+             }, (error) => done({error: String(error)}));",
+            vec![json!(png)],
+        )
+        .await
+        .unwrap();
+    assert!(decoded["colours"].as_u64().unwrap_or(0) > 16, "{decoded}");
+    let inked = decoded["inked"].as_f64().unwrap_or(0.0);
+    assert!(inked > 0.01 && inked < 0.5, "{decoded}");
+
+    // Each entry shows when it happened: the fixture's own timestamp, not the import's time.
+    let last_seq = lines.len() - 1;
+    let happened = lines[last_seq]["timestamp"].as_str().unwrap().to_owned();
+    let time = eventually("the last entry's time", || async {
+        client
+            .find(Locator::Css(&format!(
+                "#entries li[data-seq='{last_seq}'] time.entry-time"
+            )))
+            .await
+            .ok()
+    })
+    .await;
+    assert_eq!(
+        time.attr("datetime").await.unwrap().as_deref(),
+        Some(happened.as_str())
+    );
+    let shown = time.text().await.unwrap();
+    assert!(
+        shown.starts_with(&happened[..19].replace('T', " ")),
+        "{shown}"
+    );
+
+    // What no model sees is hidden by default, counted, and shown again on request.
+    let progress: Vec<usize> = lines
+        .iter()
+        .enumerate()
+        .filter(|(seq, l)| *seq + 100 > last_seq && l["type"] == "progress")
+        .map(|(seq, _)| seq)
+        .collect();
+    assert!(progress.len() > 30, "{progress:?}");
+    let unsent = client
+        .find_all(Locator::Css("#entries li.entry.unsent"))
+        .await
+        .unwrap();
+    assert!(unsent.len() >= progress.len());
+    let label = client
+        .find(Locator::Id("hide-unsent-label"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        label.contains(&format!("({} of 100 entries", unsent.len())),
+        "{label}"
+    );
+    let toggle = client.find(Locator::Id("hide-unsent")).await.unwrap();
+    assert_eq!(
+        toggle.prop("checked").await.unwrap().as_deref(),
+        Some("true")
+    );
+    let displayed = |seq: usize| {
+        let client = client.clone();
+        async move {
+            client
+                .find(Locator::Css(&format!("#entries li[data-seq='{seq}']")))
+                .await
+                .unwrap()
+                .is_displayed()
+                .await
+                .unwrap()
+        }
+    };
+    for &seq in &progress {
+        assert!(!displayed(seq).await, "progress {seq} is hidden");
+    }
+    assert!(displayed(last_seq).await, "the model's entries stay");
+    screenshot(&client, "5-economics-page").await;
+    toggle.click().await.unwrap();
+    for &seq in &progress {
+        assert!(displayed(seq).await, "progress {seq} is shown again");
+    }
+    toggle.click().await.unwrap();
+    assert!(!displayed(progress[0]).await);
+
+    // Scaled to the requests: the same points over the whole height, the window above the scale
+    // named instead of drawn.
+    let window = economics["window_tokens"].as_f64().unwrap();
+    client
+        .find(Locator::Id("economics-fit"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let fitted = eventually("the chart scaled to the requests", || async {
+        let chart = client
+            .find(Locator::Css("#size-chart svg.chart-size"))
+            .await
+            .ok()?;
+        let y_max: f64 = chart.attr("data-y-max").await.ok()??.parse().ok()?;
+        (y_max < window).then_some(chart)
+    })
+    .await;
+    let scale = Scale::of(&fitted).await;
+    let circles = client
+        .find_all(Locator::Css("#size-chart circle.pt-estimate"))
+        .await
+        .unwrap();
+    assert_eq!(circles.len(), points.len());
+    for (circle, point) in circles.iter().zip(&points) {
+        let value = point["estimate"]["tokens"].as_f64().unwrap();
+        assert!((number_attr(circle, "cy").await - scale.y(value)).abs() < 0.01);
+    }
+    assert!(client
+        .find_all(Locator::Css("#size-chart g.ref-window"))
+        .await
+        .unwrap()
+        .is_empty());
+    let named = text_of(&client, "#size-chart text.off-scale", |t| {
+        t.contains("model window")
+    })
+    .await;
+    assert!(named.starts_with('↑'), "{named}");
+    let png = client
+        .find(Locator::Id("economics"))
+        .await
+        .unwrap()
+        .screenshot()
+        .await
+        .unwrap();
+    let path = dir.join("6-economics-fitted.png");
+    std::fs::write(&path, &png).unwrap();
+    println!("ui screenshot: {}", path.display());
+}

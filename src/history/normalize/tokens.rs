@@ -256,18 +256,23 @@ pub fn usage_tokens(entry: &crate::history::model::Entry) -> Option<u64> {
         return None;
     }
     let usage = message.usage.as_ref()?;
-    let field = |name: &str| {
-        usage
-            .get(name)
-            .and_then(Value::as_u64)
-            .unwrap_or(0)
-            .min(MAX_USAGE_TOKENS)
-    };
+    let field = |name: &str| usage_figure(usage, name);
     let total = field("input_tokens")
         + field("cache_creation_input_tokens")
         + field("cache_read_input_tokens")
         + field("output_tokens");
     (total > 0).then_some(total)
+}
+
+/// One figure of a `usage` object, as [`usage_tokens`] counts it: 0 when absent or not a
+/// non-negative integer (a string, a negative or fractional number), at most
+/// [`MAX_USAGE_TOKENS`].
+pub fn usage_figure(usage: &Value, name: &str) -> u64 {
+    usage
+        .get(name)
+        .and_then(Value::as_u64)
+        .unwrap_or(0)
+        .min(MAX_USAGE_TOKENS)
 }
 
 /// The largest figure one `usage` field counts for: far above any provider's context window

@@ -20,6 +20,9 @@
     lastFullRefresh: 0,
     repairsBySeq: new Map(),
     polling: false,
+    economicsAt: 0,
+    economicsThread: null,
+    economicsTimer: null,
   };
 
   const $ = (id) => document.getElementById(id);
@@ -173,9 +176,12 @@
         JSON.stringify(thread.metadata || {});
       // The context first: the history highlights its repairs.
       const results = await Promise.allSettled([loadContext()]);
-      await Promise.allSettled([loadHistory(), loadOutline(), loadWork()]);
+      const later = await Promise.allSettled([loadHistory(), loadOutline(), loadWork(), refreshEconomics()]);
       const failed = results.find((result) => result.status === "rejected");
-      setStatus(failed ? "Context: " + failed.reason.message : "Up to date · " + new Date().toLocaleTimeString(), Boolean(failed));
+      const economics = later[3].status === "rejected" ? later[3].reason : null;
+      if (failed) setStatus("Context: " + failed.reason.message, true);
+      else if (economics) setStatus("Economics: " + economics.message, true);
+      else setStatus("Up to date · " + new Date().toLocaleTimeString());
     } catch (error) {
       setStatus(error.message, true);
     }
@@ -293,6 +299,7 @@
     const list = $("entries");
     list.replaceChildren();
     let lastResponseId = null;
+    let unsent = 0;
     for (const entry of entries) {
       const kind = entry.type;
       const known = KNOWN_KINDS.includes(kind);
@@ -303,6 +310,10 @@
       if (kind === "assistant") lastResponseId = responseId;
       const classes = ["entry", "kind-" + (known ? kind : "unknown")];
       if (!known || kind === "system" || kind === "progress" || entry.is_meta) classes.push("muted-entry");
+      if (!sentToModel(entry) && !boundary && entry.subtype !== "snip") {
+        classes.push("unsent");
+        unsent += 1;
+      }
       if (boundary) classes.push("boundary");
       if (entry.is_compact_summary) classes.push("summary");
       if (roundStart) classes.push("round-start");
@@ -325,7 +336,7 @@
             h("span", { class: "kind" }, known ? kind : kind + " (unknown kind)"),
             tags,
             h("span", { class: "uuid muted small" }, entry.uuid || ""),
-            h("time", { class: "muted small", datetime: entry.created_at || "" }, time(entry.created_at))
+            entryTime(entry)
           ),
           repairs.length
             ? h(
@@ -339,6 +350,350 @@
       );
     }
     if (!entries.length) list.append(h("li", { class: "muted" }, "No entries."));
+    list.dataset.unsent = String(unsent);
+    $("hide-unsent-label").textContent =
+      "Hide what no model sees (" + unsent + " of " + entries.length + " entries on this page: progress, bookkeeping, unknown kinds)";
+    applyHideUnsent();
+  }
+
+  // Whether an entry ever reaches the model: the rule of the service's `history::visibility`
+  // (`is_sent_to_model`), which the messages API does not answer per entry.
+  function sentToModel(entry) {
+    if (entry.is_virtual || entry.erased || (entry.type === "assistant" && entry.is_api_error)) return false;
+    switch (entry.type) {
+      case "user":
+      case "assistant":
+      case "attachment":
+        return Boolean(entry.message);
+      case "system":
+        return entry.subtype === "local_command";
+      default:
+        return false;
+    }
+  }
+
+  function applyHideUnsent() {
+    $("entries").classList.toggle("hide-unsent", $("hide-unsent").checked);
+  }
+
+  // When the entry happened, from its own `timestamp`; else when Loupe stored it, said so.
+  function entryTime(entry) {
+    if (entry.timestamp) {
+      return h(
+        "time",
+        { class: "small entry-time", datetime: entry.timestamp, title: "When it happened (the entry's own timestamp)" },
+        time(entry.timestamp)
+      );
+    }
+    return h(
+      "time",
+      { class: "muted small stored-time", datetime: entry.created_at || "", title: "When Loupe stored it (the entry has no timestamp)" },
+      "stored " + time(entry.created_at)
+    );
+  }
+
+  // ---- Economics -------------------------------------------------------------------------------
+
+  const SVG_NS = "http://www.w3.org/2000/svg";
+  // Pages of 10,000 points read at most: 50,000 requests, far more than a chart can show apart.
+  const MAX_ECONOMICS_PAGES = 5;
+  const ECONOMICS_REFRESH_MS = 5000;
+  const CHART = { width: 1100, height: 250, left: 60, right: 150, top: 14, bottom: 38 };
+  const MARKER_KINDS = [
+    { kind: "compaction", label: "compact boundary" },
+    { kind: "clearing", label: "clearing batch" },
+    { kind: "outline", label: "outline boundary (current)" },
+  ];
+
+  // Builds an SVG element; strings become text nodes.
+  function svg(tag, attrs, ...children) {
+    const element = document.createElementNS(SVG_NS, tag);
+    for (const [name, value] of Object.entries(attrs || {})) {
+      if (value !== null && value !== undefined) element.setAttribute(name, String(value));
+    }
+    for (const child of children.flat()) {
+      if (child === null || child === undefined || child === false) continue;
+      element.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    }
+    return element;
+  }
+
+  const number = (value) => Math.round(value).toLocaleString("en-US");
+
+  // 1,234 → "1.2k", 2,500,000 → "2.5M": axis labels stay short.
+  function short(value) {
+    const units = [[1e9, "G"], [1e6, "M"], [1e3, "k"]];
+    for (const [size, unit] of units) {
+      if (Math.abs(value) >= size) return (value / size).toFixed(value % size === 0 ? 0 : 1) + unit;
+    }
+    return String(Math.round(value));
+  }
+
+  // A step of 1, 2, 2.5 or 5 × 10^k that cuts `span` into about `count` parts.
+  function niceStep(span, count) {
+    const raw = Math.max(span / count, 1e-9);
+    const power = Math.pow(10, Math.floor(Math.log10(raw)));
+    const step = [1, 2, 2.5, 5, 10].find((m) => m * power >= raw);
+    return step * power;
+  }
+
+  function windowTokens() {
+    const value = Math.round(Number($("window-tokens").value));
+    return Math.min(10000000, Math.max(1000, Number.isFinite(value) && value > 0 ? value : 200000));
+  }
+
+  // The economics read folds the whole thread: a thread that keeps growing is read again at most
+  // every ECONOMICS_REFRESH_MS, not at every poll.
+  function refreshEconomics() {
+    const due = state.economicsAt + ECONOMICS_REFRESH_MS - Date.now();
+    if (state.economicsThread === state.threadId && due > 0) {
+      if (!state.economicsTimer) {
+        state.economicsTimer = setTimeout(() => {
+          state.economicsTimer = null;
+          refreshEconomics().catch((error) => setStatus("Economics: " + error.message, true));
+        }, due);
+      }
+      return Promise.resolve();
+    }
+    state.economicsAt = Date.now();
+    state.economicsThread = state.threadId;
+    return loadEconomics();
+  }
+
+  async function loadEconomics() {
+    const base = "/economics?limit=10000&window_tokens=" + windowTokens();
+    let answer = await api(threadPath(base));
+    const points = answer.points.slice();
+    const markers = answer.markers.slice();
+    for (let pages = 1; answer.truncated && pages < MAX_ECONOMICS_PAGES; pages += 1) {
+      answer = await api(threadPath(base + "&after_seq=" + answer.next_after_seq));
+      points.push(...answer.points);
+      markers.push(...answer.markers);
+    }
+    renderEconomics(Object.assign({}, answer, { points, markers }));
+  }
+
+  function renderEconomics(economics) {
+    const points = economics.points;
+    const last = points.length ? points[points.length - 1] : null;
+    const reportedCost = last && last.cost.reported !== null ? last.cost.reported : null;
+    const modelled = last ? last.cost.auto_compaction : null;
+    const parts = [
+      points.length + " requests",
+      "mode " + economics.mode,
+      economics.auto_compact_tokens > 0
+        ? "automatic compaction at " + number(economics.auto_compact_tokens) + " tokens"
+        : "automatic compaction off",
+    ];
+    if (reportedCost !== null && modelled) {
+      parts.push(
+        "input cost " + number(reportedCost) + " reported, " + number(modelled) + " modelled under automatic compaction (reported ÷ modelled " +
+          (reportedCost / modelled).toFixed(2) + ")"
+      );
+    }
+    if (economics.truncated) parts.push("the first " + points.length + " requests only");
+    $("economics-summary").textContent = parts.join(" · ");
+
+    const xMax = Math.max(economics.next_seq, last ? last.seq + 1 : 1);
+    const markers = economics.markers;
+    drawChart($("size-chart"), $("size-legend"), {
+      name: "size",
+      label: "Context size per request, in tokens",
+      fit: $("economics-fit").checked,
+      xMax,
+      markers,
+      series: [
+        {
+          key: "estimate",
+          label: "Loupe's estimate before the request",
+          values: points.map((p) => ({ seq: p.seq, value: p.estimate.tokens, note: p.estimate.basis })),
+        },
+        {
+          key: "reported",
+          label: "prompt the response reports",
+          values: points
+            .filter((p) => p.reported)
+            .map((p) => ({ seq: p.seq, value: p.reported.prompt_tokens, note: "output " + number(p.reported.output_tokens) })),
+        },
+      ],
+      lines: [
+        { key: "window", label: "model window " + short(economics.window_tokens), value: economics.window_tokens },
+        economics.auto_compact_tokens > 0
+          ? { key: "threshold", label: "auto-compaction " + short(economics.auto_compact_tokens), value: economics.auto_compact_tokens }
+          : null,
+      ].filter(Boolean),
+    });
+    drawChart($("cost-chart"), $("cost-legend"), {
+      name: "cost",
+      label: "Cumulative input cost per request, in token-units",
+      xMax,
+      markers,
+      series: [
+        {
+          key: "cost-reported",
+          label: "reported (mode " + economics.mode + ")",
+          values: points.filter((p) => p.cost.reported !== null).map((p) => ({ seq: p.seq, value: p.cost.reported })),
+        },
+        {
+          key: "cost-modelled",
+          label: "modelled automatic compaction (" + short(economics.modelled_summary_tokens) + "-token summary)",
+          values: points.map((p) => ({ seq: p.seq, value: p.cost.auto_compaction })),
+        },
+      ],
+      lines: [],
+    });
+  }
+
+  // One chart: series of points by seq, horizontal reference lines, vertical markers. The scale
+  // is on the element (`data-*`), so a reader, or a test, can tell what a position means.
+  function drawChart(container, legend, spec) {
+    const { width, height, left, right, top, bottom } = CHART;
+    const plotWidth = width - left - right;
+    const plotHeight = height - top - bottom;
+    // Scaled to the requests, reference lines above them are named instead of drawn.
+    const data = spec.series.flatMap((s) => s.values.map((v) => v.value));
+    const fit = spec.fit && data.length > 0;
+    const dataMax = Math.max(1, ...data);
+    const lines = fit ? spec.lines.filter((l) => l.value <= dataMax) : spec.lines;
+    const offScale = fit ? spec.lines.filter((l) => l.value > dataMax) : [];
+    const values = data.concat(lines.map((l) => l.value));
+    const step = niceStep(Math.max(1, ...values), 5);
+    const yMax = step * Math.max(1, Math.ceil((Math.max(1, ...values) * 1.04) / step));
+    const xMin = 0;
+    const xMax = Math.max(spec.xMax, 1);
+    const x = (seq) => left + ((seq - xMin) / (xMax - xMin)) * plotWidth;
+    const y = (value) => top + plotHeight - (value / yMax) * plotHeight;
+    const fixed = (value) => value.toFixed(2);
+    const root = svg("svg", {
+      class: "chart-svg chart-" + spec.name,
+      viewBox: "0 0 " + width + " " + height,
+      role: "img",
+      "aria-label": spec.label,
+      "data-x-min": xMin,
+      "data-x-max": xMax,
+      "data-y-max": yMax,
+      "data-plot-left": left,
+      "data-plot-top": top,
+      "data-plot-width": plotWidth,
+      "data-plot-height": plotHeight,
+      "data-points": spec.series[0].values.length,
+    });
+    // Grid and axes.
+    const grid = svg("g", { class: "grid" });
+    for (let value = 0; value <= yMax + step / 2; value += step) {
+      grid.append(
+        svg("line", { class: "grid-line", x1: left, x2: left + plotWidth, y1: fixed(y(value)), y2: fixed(y(value)) }),
+        svg("text", { class: "tick", x: left - 8, y: fixed(y(value) + 4), "text-anchor": "end" }, short(value))
+      );
+    }
+    const xStep = Math.max(1, niceStep(xMax - xMin, 8));
+    for (let seq = xMin; seq <= xMax; seq += xStep) {
+      grid.append(
+        svg("line", { class: "axis-tick", x1: fixed(x(seq)), x2: fixed(x(seq)), y1: top + plotHeight, y2: top + plotHeight + 5 }),
+        svg("text", { class: "tick", x: fixed(x(seq)), y: top + plotHeight + 18, "text-anchor": "middle" }, short(seq))
+      );
+    }
+    grid.append(
+      svg("line", { class: "axis", x1: left, x2: left + plotWidth, y1: top + plotHeight, y2: top + plotHeight }),
+      svg("line", { class: "axis", x1: left, x2: left, y1: top, y2: top + plotHeight }),
+      svg("text", { class: "axis-title", x: left + plotWidth / 2, y: height - 4, "text-anchor": "middle" }, "seq (entries of the thread)")
+    );
+    root.append(grid);
+    // Markers under the series.
+    const marks = svg("g", { class: "marks" });
+    for (const marker of spec.markers) {
+      const label = (MARKER_KINDS.find((k) => k.kind === marker.kind) || { label: marker.kind }).label;
+      marks.append(
+        svg(
+          "line",
+          {
+            class: "mark mark-" + marker.kind,
+            "data-seq": marker.seq,
+            x1: fixed(x(marker.seq)),
+            x2: fixed(x(marker.seq)),
+            y1: top,
+            y2: top + plotHeight,
+          },
+          svg("title", {}, label + " at seq " + marker.seq)
+        )
+      );
+    }
+    root.append(marks);
+    // Named in the right margin, where their lines would be labelled, an arrow saying they are
+    // above the scale.
+    offScale.forEach((line, index) => {
+      root.append(
+        svg("text", { class: "off-scale", x: left + plotWidth + 6, y: top + 4 + index * 16 }, "↑ " + line.label)
+      );
+    });
+    // Reference lines, labelled at their right end.
+    for (const line of lines) {
+      root.append(
+        svg(
+          "g",
+          { class: "ref ref-" + line.key, "data-tokens": line.value },
+          svg("line", { x1: left, x2: left + plotWidth, y1: fixed(y(line.value)), y2: fixed(y(line.value)) }),
+          svg("text", { x: left + plotWidth + 6, y: fixed(y(line.value) + 4) }, line.label)
+        )
+      );
+    }
+    // The series: a path through the points, and each point drawn (circles, then squares).
+    spec.series.forEach((series, index) => {
+      const group = svg("g", { class: "series series-" + series.key });
+      const d = series.values.map((v, i) => (i ? "L" : "M") + fixed(x(v.seq)) + " " + fixed(y(v.value))).join(" ");
+      if (d) group.append(svg("path", { class: "series-line", d }));
+      for (const v of series.values) {
+        const title = svg("title", {}, "seq " + v.seq + ": " + number(v.value) + (v.note ? " (" + v.note + ")" : ""));
+        const attrs = { class: "pt pt-" + series.key, "data-seq": v.seq, "data-value": v.value };
+        if (index === 0) {
+          group.append(svg("circle", Object.assign(attrs, { cx: fixed(x(v.seq)), cy: fixed(y(v.value)), r: 3.5 }), title));
+        } else {
+          group.append(
+            svg("rect", Object.assign(attrs, { x: fixed(x(v.seq) - 3), y: fixed(y(v.value) - 3), width: 6, height: 6 }), title)
+          );
+        }
+      }
+      root.append(group);
+    });
+    if (!spec.series[0].values.length) {
+      root.append(svg("text", { class: "empty", x: left + plotWidth / 2, y: top + plotHeight / 2, "text-anchor": "middle" }, "No request in this thread yet."));
+    }
+    container.replaceChildren(root);
+
+    // The legend: a swatch drawn like the element it names.
+    const swatch = (...children) => svg("svg", { class: "swatch", viewBox: "0 0 28 12", width: 28, height: 12, "aria-hidden": "true" }, ...children);
+    const items = [];
+    spec.series.forEach((series, index) => {
+      const point =
+        index === 0
+          ? svg("circle", { class: "pt pt-" + series.key, cx: 14, cy: 6, r: 3.5 })
+          : svg("rect", { class: "pt pt-" + series.key, x: 11, y: 3, width: 6, height: 6 });
+      items.push(
+        h(
+          "li",
+          { "data-key": series.key },
+          swatch(svg("g", { class: "series series-" + series.key }, svg("path", { class: "series-line", d: "M1 6 L27 6" }), point)),
+          series.label + " (" + series.values.length + ")"
+        )
+      );
+    });
+    for (const line of spec.lines) {
+      items.push(
+        h("li", { "data-key": line.key }, swatch(svg("g", { class: "ref ref-" + line.key }, svg("line", { x1: 1, x2: 27, y1: 6, y2: 6 }))), line.label)
+      );
+    }
+    for (const { kind, label } of MARKER_KINDS) {
+      const count = spec.markers.filter((m) => m.kind === kind).length;
+      items.push(
+        h(
+          "li",
+          { "data-key": "mark-" + kind, class: count ? null : "absent" },
+          swatch(svg("line", { class: "mark mark-" + kind, x1: 1, x2: 27, y1: 6, y2: 6 })),
+          label + " (" + count + ")"
+        )
+      );
+    }
+    legend.replaceChildren(...items);
   }
 
   // ---- Context ---------------------------------------------------------------------------------
@@ -556,6 +911,10 @@
     $("thread-search").addEventListener("input", renderThreads);
     $("threads-more").addEventListener("click", () => loadThreads(true).catch((error) => setStatus(error.message, true)));
     $("provider").addEventListener("change", refreshAll);
+    $("hide-unsent").addEventListener("change", applyHideUnsent);
+    const redraw = () => loadEconomics().catch((error) => setStatus("Economics: " + error.message, true));
+    $("window-tokens").addEventListener("change", redraw);
+    $("economics-fit").addEventListener("change", redraw);
     $("page-first").addEventListener("click", () => goToPage(0));
     $("page-prev").addEventListener("click", () => goToPage(pageStartFor() - PAGE));
     $("page-next").addEventListener("click", () => goToPage(pageStartFor() + PAGE));

@@ -2,10 +2,11 @@
 //!
 //! The page is rendered here (maud) and its script and stylesheet are embedded in the binary:
 //! nothing is fetched from elsewhere and nothing is built at run time. The page holds no data of
-//! its own: its script reads every thread, history, context, outline, job and cursor through the
-//! tenant API (`/v1/…`), so the guard, the tenant scoping and the rate limit apply to it exactly
-//! as to any client. `/ui` and its assets are public (see [`super::guard::access_of`]); in keyed
-//! mode the page asks for a key and keeps it in the tab's `sessionStorage` only.
+//! its own: its script reads every thread, history, context, outline, job, cursor and the
+//! economics it charts (SVG drawn by the script) through the tenant API (`/v1/…`), so the guard,
+//! the tenant scoping and the rate limit apply to it exactly as to any client. `/ui` and its
+//! assets are public (see [`super::guard::access_of`]); in keyed mode the page asks for a key and
+//! keeps it in the tab's `sessionStorage` only.
 //!
 //! These routes are not part of the API contract: they stay out of the OpenAPI document.
 
@@ -134,6 +135,31 @@ fn render_page(keyed: bool, providers: &[String]) -> Markup {
                     main id="thread" class="thread" tabindex="-1" {
                         h2 id="thread-title" { "No thread chosen" }
                         p id="thread-meta" class="muted" {}
+                        section id="economics" class="panel economics" aria-labelledby="economics-title" {
+                            h3 id="economics-title" { "Context size and input cost, request by request" }
+                            div class="economics-controls" {
+                                label for="window-tokens" { "Model window (tokens)" }
+                                input id="window-tokens" type="number" min="1000" max="10000000"
+                                    step="1000" value="200000" inputmode="numeric";
+                                label class="toggle" for="economics-fit" {
+                                    input id="economics-fit" type="checkbox";
+                                    " Scale the size chart to the requests"
+                                }
+                                span id="economics-summary" class="muted" {}
+                            }
+                            div class="charts" {
+                                figure class="chart" {
+                                    figcaption { "Context size per request" }
+                                    div id="size-chart" class="chart-area" {}
+                                    ul id="size-legend" class="legend" aria-label="Legend of the size chart" {}
+                                }
+                                figure class="chart" {
+                                    figcaption { "Cumulative input cost (token-units at prompt-cache prices)" }
+                                    div id="cost-chart" class="chart-area" {}
+                                    ul id="cost-legend" class="legend" aria-label="Legend of the cost chart" {}
+                                }
+                            }
+                        }
                         div class="columns" {
                             section id="history" class="panel" aria-labelledby="history-title" {
                                 h3 id="history-title" { "History" }
@@ -145,6 +171,11 @@ fn render_page(keyed: bool, providers: &[String]) -> Markup {
                                     label for="page-seq" { "From seq" }
                                     input id="page-seq" type="number" min="0" inputmode="numeric";
                                     span id="page-range" class="muted" {}
+                                }
+                                label class="toggle" for="hide-unsent" {
+                                    input id="hide-unsent" type="checkbox" checked;
+                                    " "
+                                    span id="hide-unsent-label" { "Hide what no model sees" }
                                 }
                                 ol id="entries" class="entries" {}
                             }
