@@ -13,15 +13,16 @@
 //! requests carry context the client added and never stored: those cuts are unexplainable, and
 //! listed apart.
 //!
-//! The replay is run by hand for its figures (`cargo test --test api estimate_replay --
-//! --ignored --nocapture`). It asserts the goals: anchored p95 |error| at most 2%,
-//! content-only median at most 15%, and an `upper_tokens` (when answered) at least the prompt on
-//! 95% of the explainable cuts.
+//! Both replays are run by hand for their figures (`cargo test --test api estimate_replay --
+//! --ignored --nocapture`). The synthetic one asserts the goals: anchored p95 |error| at
+//! most 2%, content-only median at most 15%, and an `upper_tokens` (when answered) at least the
+//! prompt on 95% of the explainable cuts. The fixtures' usage is hand-made: that replay only
+//! reports.
 
 use std::sync::LazyLock;
 
 use crate::common::{Backend, TestApp};
-use axum::http::StatusCode;
+use axum::http::{Method, StatusCode};
 use serde_json::{json, Value};
 use tiktoken_rs::CoreBPE;
 
@@ -46,6 +47,7 @@ macro_rules! ignored_on_both_backends {
 }
 
 ignored_on_both_backends!("lands with the calibrated estimate": simulated_sessions_meet_the_goals);
+ignored_on_both_backends!("a report on hand-made usage, run by hand": fixture_transcripts_report);
 
 const SESSIONS: usize = 30;
 
@@ -118,8 +120,97 @@ async fn simulated_sessions_meet_the_goals(app: TestApp) {
     app.finish().await;
 }
 
+/// The real Claude Code transcripts of `tests/fixtures/claude-code/*.jsonl`, by file stem.
+fn fixtures() -> Vec<(String, String)> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/claude-code");
+    let mut files: Vec<(String, String)> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|f| f.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "jsonl"))
+        .map(|p| {
+            let stem = p.file_stem().unwrap().to_string_lossy().into_owned();
+            (stem, std::fs::read_to_string(p).unwrap())
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+/// The same comparison over the real transcripts: each request's thread holds the lines before
+/// it, imported as they are (a sub-agent's lines go to its own thread).
+async fn fixture_transcripts_report(app: TestApp) {
+    let label = backend_label(app.backend);
+    let mut cuts = Vec::new();
+    for (name, text) in fixtures() {
+        let lines: Vec<&str> = text.lines().collect();
+        let entries: Vec<Value> = lines
+            .iter()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let mut last_id = Value::Null;
+        for (i, entry) in entries.iter().enumerate() {
+            let message = &entry["message"];
+            if entry["type"] != "assistant"
+                || entry["isApiErrorMessage"] == true
+                || message["model"] == "<synthetic>"
+            {
+                continue;
+            }
+            let first_of_response = message["id"] != last_id || message["id"].is_null();
+            last_id = message["id"].clone();
+            let prompt = prompt_of(&message["usage"]);
+            if !first_of_response || prompt == 0 {
+                continue;
+            }
+            let thread = app.thread(&format!("{name}-{i}")).await;
+            let body: String = lines[..i].iter().map(|l| format!("{l}\n")).collect();
+            let imported = app
+                .raw_as(
+                    None,
+                    Method::POST,
+                    &format!("/v1/threads/{thread}/import"),
+                    Some("application/x-ndjson"),
+                    body.into_bytes(),
+                )
+                .await;
+            assert_eq!(imported.status, StatusCode::OK, "{}", imported.body);
+            let read_from = match entry["agentId"].as_str() {
+                Some(agent) if entry["isSidechain"] == true => format!("{thread}.agent-{agent}"),
+                _ => thread,
+            };
+            let mut cut = measure(&app, &read_from, prompt).await;
+            cut.label = format!("{name}.jsonl line {}", i + 1);
+            cuts.push(cut);
+        }
+    }
+    eprintln!("[{label}] the fixtures' transcripts (hand-made usage: a report, no goal)");
+    Figures::report(&label, &cuts);
+    for cut in &cuts {
+        eprintln!(
+            "  {}: {:?} {} (upper {})",
+            cut.label,
+            cut.basis,
+            signed_pct(cut.err),
+            cut.upper_err.map_or("absent".to_owned(), signed_pct)
+        );
+    }
+    app.finish().await;
+}
+
 fn backend_label(backend: Backend) -> String {
     format!("{backend:?}").to_lowercase()
+}
+
+/// What a response's `usage` says its prompt was: input, cache writes and cache reads.
+fn prompt_of(usage: &Value) -> u64 {
+    [
+        "input_tokens",
+        "cache_creation_input_tokens",
+        "cache_read_input_tokens",
+    ]
+    .iter()
+    .map(|f| usage[f].as_u64().unwrap_or(0))
+    .sum()
 }
 
 // ---------------------------------------------------------------------------------------------
