@@ -10,7 +10,8 @@ use utoipa::ToSchema;
 use super::cache::CachedContext;
 use super::ReadError;
 use crate::history::normalize::incremental::{NormalizedJson, TailRun};
-use crate::history::normalize::ContextEstimate;
+use crate::history::normalize::{ContextEstimate, LearnedOverheads};
+use crate::history::NormalizeOptions;
 use crate::history::Normalized;
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -84,13 +85,16 @@ impl ContextAnswer {
         run: &TailRun,
         cached: Arc<CachedContext>,
         next_seq: i64,
-        tools: Vec<Value>,
+        options: &NormalizeOptions,
+        learned: &LearnedOverheads,
     ) -> Result<ContextAnswer, ReadError> {
         let body = ContextBody {
             normalized: run.json_without_prefix_items(&cached.checkpoint),
             next_seq,
-            context_tokens: run.context_estimate(),
-            tools,
+            context_tokens: run
+                .context_estimate()
+                .with_learned(learned, options.model.as_deref()),
+            tools: super::offered_tools(options, 0),
         };
         let internal = ReadError::Internal;
         let mut written = serde_json::to_vec(&body)
@@ -164,13 +168,19 @@ mod tests {
     use crate::history::{normalize, NormalizeOptions, Provider};
 
     /// The body a [`ContextAnswer`] sends, its pieces joined.
-    fn sent(run: &TailRun, checkpoint: &Checkpoint, next_seq: i64) -> String {
+    fn sent(
+        run: &TailRun,
+        checkpoint: &Checkpoint,
+        next_seq: i64,
+        options: &NormalizeOptions,
+    ) -> String {
         let cached = Arc::new(CachedContext {
             thread_key: crate::store::ThreadKey::from_stored("k".into()),
             window_start: crate::store::Seq::new(0),
             checkpoint: checkpoint.clone(),
         });
-        let answer = ContextAnswer::new(run, cached, next_seq, Vec::new()).unwrap();
+        let none = LearnedOverheads::default();
+        let answer = ContextAnswer::new(run, cached, next_seq, options, &none).unwrap();
         let length = answer.body_len();
         let bytes: Vec<u8> = answer.pieces().flatten().collect();
         assert_eq!(bytes.len(), length, "the announced length");
@@ -191,14 +201,26 @@ mod tests {
         .unwrap();
         let mut checkpoint = Checkpoint::start();
         let run = checkpoint.continue_with(entries, options).unwrap();
-        assert_eq!(sent(&run, &checkpoint, next_seq), expected, "from scratch");
+        assert_eq!(
+            sent(&run, &checkpoint, next_seq, options),
+            expected,
+            "from scratch"
+        );
         let (moved, advanced) = run.advance(&mut checkpoint, entries);
         assert_eq!(advanced, Advance::Moved, "a cut");
         assert!(checkpoint.prefix_len() > 0);
-        assert_eq!(sent(&moved, &checkpoint, next_seq), expected, "moved");
+        assert_eq!(
+            sent(&moved, &checkpoint, next_seq, options),
+            expected,
+            "moved"
+        );
         let tail = &entries[checkpoint.resume_seq().unwrap() as usize..];
         let run = checkpoint.continue_with(tail, options).unwrap();
-        assert_eq!(sent(&run, &checkpoint, next_seq), expected, "after");
+        assert_eq!(
+            sent(&run, &checkpoint, next_seq, options),
+            expected,
+            "after"
+        );
     }
 
     #[test]
@@ -253,10 +275,11 @@ mod tests {
             window_start: crate::store::Seq::new(0),
             checkpoint: checkpoint.clone(),
         });
-        let pieces: Vec<Vec<u8>> = ContextAnswer::new(&run, cached, 3_000, Vec::new())
-            .unwrap()
-            .pieces()
-            .collect();
+        let pieces: Vec<Vec<u8>> =
+            ContextAnswer::new(&run, cached, 3_000, &options, &LearnedOverheads::default())
+                .unwrap()
+                .pieces()
+                .collect();
         assert!(pieces.len() > 3, "{} pieces", pieces.len());
         assert!(pieces.iter().all(|p| p.len() < BODY_CHUNK + 4096));
         check_sent_bodies(&entries, &options);

@@ -28,6 +28,7 @@ use cache::{CachedContext, ContextCache, ContextKey};
 use crate::history::model::Entry;
 use crate::history::normalize::incremental::{Advance, Checkpoint, PagedRead};
 use crate::history::normalize::Fallback;
+use crate::history::normalize::LearnedOverheads;
 use crate::history::{normalize, NormalizeOptions};
 use crate::store::{
     ContextHead, ContextTail, ContextWindow, Seq, Store, StoreError, TenantId, ThreadId,
@@ -91,6 +92,9 @@ pub struct ContextReader<'a, O> {
     /// Entries a paged read reads at once.
     pub page_entries: usize,
     pub offload: &'a O,
+    /// The tenant's learned overheads, which a content-only estimate adds (empty when the
+    /// thread's window has `usage`).
+    pub overheads: LearnedOverheads,
 }
 
 impl<O: Offload> ContextReader<'_, O> {
@@ -154,7 +158,8 @@ impl<O: Offload> ContextReader<'_, O> {
     ) -> Result<ContextResponse, ReadError> {
         let bounds = self.store.context_bounds(head).await?;
         let window = self.store.window_entries(bounds).await?;
-        let context_tokens = crate::history::normalize::estimate_context(&window.entries);
+        let context_tokens = crate::history::normalize::estimate_context(&window.entries)
+            .with_learned(&self.overheads, options.model.as_deref());
         let entries = window.entries;
         let tools = offered_tools(&options, 0);
         let normalized = self
@@ -195,9 +200,10 @@ impl<O: Offload> ContextReader<'_, O> {
         };
         if let Some(tail) = tail.filter(|tail| tail.thread_key == cached.thread_key) {
             let (shared, key, options) = (cache.clone(), key.clone(), options.clone());
+            let learned = self.overheads.clone();
             let read = self
                 .offload
-                .offload(move || continue_read(cached, tail, &options, &shared, key))
+                .offload(move || continue_read(cached, tail, &options, &learned, &shared, key))
                 .await??;
             match read {
                 Attempt::Answered(answer) => {
@@ -256,9 +262,10 @@ impl<O: Offload> ContextReader<'_, O> {
             }
             if to >= bounds.next_seq {
                 let (cache, key, bounds) = (self.cache.clone(), key.clone(), bounds.clone());
+                let learned = self.overheads.clone();
                 let answer = self
                     .offload
-                    .offload(move || finish_read(read, page, &bounds, pages, &cache, key))
+                    .offload(move || finish_read(read, page, &bounds, pages, &learned, &cache, key))
                     .await??;
                 if let Attempt::Answered(answer) = answer {
                     return Ok(answer);
@@ -292,8 +299,9 @@ impl<O: Offload> ContextReader<'_, O> {
         key: ContextKey,
     ) -> Result<ContextAnswer, ReadError> {
         let cache = self.cache.clone();
+        let learned = self.overheads.clone();
         self.offload
-            .offload(move || full_read(window, &options, &cache, key))
+            .offload(move || full_read(window, &options, &learned, &cache, key))
             .await?
     }
 
@@ -314,7 +322,8 @@ impl<O: Offload> ContextReader<'_, O> {
             .store
             .context_window(tenant, thread_id, Some(Seq::new(boundary as i64)))
             .await?;
-        let context_tokens = crate::history::normalize::estimate_context(&window.entries);
+        let context_tokens = crate::history::normalize::estimate_context(&window.entries)
+            .with_learned(&self.overheads, options.model.as_deref());
         let (version, line_count) = (snapshot.version, snapshot.lines.len());
         let (lines, footer, render_options) = (snapshot.lines, snapshot.footer, options.clone());
         let normalized = self
@@ -348,6 +357,7 @@ fn finish_read(
     last: Vec<Entry>,
     bounds: &WindowBounds,
     pages: usize,
+    learned: &LearnedOverheads,
     cache: &Arc<ContextCache>,
     key: ContextKey,
 ) -> Result<Attempt, ReadError> {
@@ -374,7 +384,8 @@ fn finish_read(
         &run,
         cached.clone(),
         bounds.next_seq,
-        offered_tools(key.options(), 0),
+        key.options(),
+        learned,
     )?;
     // An earlier page may have moved it even when the last did not.
     if cached.checkpoint.resume_seq().is_some() && moved != Advance::NotReproduced {
@@ -392,6 +403,7 @@ fn continue_read(
     cached: Arc<CachedContext>,
     tail: ContextTail,
     options: &NormalizeOptions,
+    learned: &LearnedOverheads,
     cache: &Arc<ContextCache>,
     key: ContextKey,
 ) -> Result<Attempt, ReadError> {
@@ -401,7 +413,7 @@ fn continue_read(
     };
     crate::metrics::context_read("incremental");
     if !run.has_cut() {
-        return ContextAnswer::new(&run, cached, tail.next_seq, offered_tools(options, 0))
+        return ContextAnswer::new(&run, cached, tail.next_seq, options, learned)
             .map(Attempt::Answered);
     }
     // Moving needs a checkpoint of its own: taken out of the cache, and copied only when another
@@ -410,12 +422,7 @@ fn continue_read(
     let mut owned = Arc::unwrap_or_clone(cached);
     let (run, moved) = run.advance(&mut owned.checkpoint, &tail.entries);
     let owned = Arc::new(owned);
-    let answer = ContextAnswer::new(
-        &run,
-        owned.clone(),
-        tail.next_seq,
-        offered_tools(options, 0),
-    )?;
+    let answer = ContextAnswer::new(&run, owned.clone(), tail.next_seq, options, learned)?;
     match moved {
         Advance::NotReproduced => {
             tracing::warn!(
@@ -435,6 +442,7 @@ fn continue_read(
 fn full_read(
     window: ContextWindow,
     options: &NormalizeOptions,
+    learned: &LearnedOverheads,
     cache: &Arc<ContextCache>,
     key: ContextKey,
 ) -> Result<ContextAnswer, ReadError> {
@@ -451,12 +459,7 @@ fn full_read(
         window_start: Seq::new(window.start_seq),
         checkpoint,
     });
-    let answer = ContextAnswer::new(
-        &run,
-        cached.clone(),
-        window.next_seq,
-        offered_tools(options, 0),
-    )?;
+    let answer = ContextAnswer::new(&run, cached.clone(), window.next_seq, options, learned)?;
     if moved == Advance::Moved {
         cache.put(key, cached);
     }

@@ -20,7 +20,8 @@ use serde_json::Value;
 use super::model::{Content, Entry, EntryKind};
 use super::normalize::blocks::content_bytes;
 use super::normalize::clearing::{ClearingOptions, MIN_CLEARED_BYTES};
-use super::normalize::tokens::{context_entry_tokens, usage_figure, usage_tokens, EstimateBasis};
+use super::normalize::estimate::{context_entry_tokens, EstimateBasis, Estimator};
+use super::normalize::tokens::usage_figure;
 use super::visibility::is_sent_to_model;
 
 /// Tokens of the summary a modelled automatic compaction leaves in place of the context.
@@ -217,11 +218,9 @@ impl Modelled {
 /// The one-pass fold over a thread's entries in seq order.
 #[derive(Debug, Clone)]
 pub struct EconomicsFold {
-    /// Content tokens of the window so far: from its start (the last boundary, or the start of
-    /// the segment it preserved), every entry counted.
-    window_content: u64,
-    /// The last `usage` since the last boundary, plus the content after it.
-    anchored: Option<u64>,
+    /// The context read's estimate, over the window so far: from its start (the last boundary,
+    /// or the start of the segment it preserved).
+    estimator: Estimator,
     /// The id of the last response counted (`Some(None)`: it had none).
     last_response: Option<Option<String>>,
     reported_cost: u64,
@@ -234,8 +233,7 @@ impl EconomicsFold {
     /// and whose context clears old results by `clearing` (None: off).
     pub fn new(auto_compact_tokens: u64, clearing: Option<ClearingOptions>) -> Self {
         EconomicsFold {
-            window_content: 0,
-            anchored: None,
+            estimator: Estimator::default(),
             last_response: None,
             reported_cost: 0,
             modelled: Modelled {
@@ -251,12 +249,11 @@ impl EconomicsFold {
     }
 
     /// The context estimate of the entries pushed so far, as a context read of a thread holding
-    /// just them answers it.
+    /// just them answers it, less the overhead a content-only read adds: what the tenant had
+    /// learned then is not stored, and what it has learned since would flatter the past.
     pub fn estimate(&self) -> (u64, EstimateBasis) {
-        match self.anchored {
-            Some(tokens) => (tokens, EstimateBasis::Usage),
-            None => (self.window_content, EstimateBasis::Content),
-        }
+        let estimate = self.estimator.estimate();
+        (estimate.tokens, estimate.basis)
     }
 
     /// Folds the next entry in; a response's first entry gives a point, made before the entry
@@ -271,20 +268,13 @@ impl EconomicsFold {
         }
         let tokens = context_entry_tokens(entry);
         if entry.is_compact_boundary() {
-            self.window_content = 0;
-            self.anchored = None;
+            self.estimator.restart_window();
             if let Some(run) = self.clearing.as_mut() {
                 run.restart();
             }
             pushed.markers.push(MarkerKind::Compaction);
         }
-        self.window_content = self.window_content.saturating_add(tokens);
-        self.anchored = match usage_tokens(entry) {
-            Some(reported) => Some(reported),
-            None => self
-                .anchored
-                .map(|anchored| anchored.saturating_add(tokens)),
-        };
+        self.estimator.push(entry);
         if !entry.is_compact_summary {
             self.modelled.context = self.modelled.context.saturating_add(tokens);
         }
@@ -300,7 +290,7 @@ impl EconomicsFold {
     /// preserved segment brings back (from the segment's first seq up to the boundary), which
     /// the window, and so a content-only estimate, starts with.
     pub fn preserve(&mut self, tokens: u64) {
-        self.window_content = self.window_content.saturating_add(tokens);
+        self.estimator.preserve(tokens);
     }
 
     /// Whether `entry` is the first entry of a response: an assistant entry that reached a

@@ -214,11 +214,18 @@ pub async fn get_context(
         .await?;
     let room = state.guards.window_room(window_bytes).await;
     let slot = ExpensiveSlot::acquire(&state.guards, &tenant.0).await?;
+    // Only a window with no `usage` yet is estimated from content alone, and needs them.
+    let overheads = if head.context_anchored {
+        crate::history::normalize::LearnedOverheads::default()
+    } else {
+        state.store.learned_overheads(&tenant).await?
+    };
     let reader = ContextReader {
         store: &state.store,
         cache: &state.context_cache,
         page_entries: state.limits.context_page_entries,
         offload: &slot,
+        overheads,
     };
     let view = match view {
         ContextView::Full => View::Window,

@@ -110,7 +110,8 @@ pub struct EconomicsPoint {
     /// `message.model`, at most 100 characters.
     pub model: Option<String>,
     /// The context estimate made of the entries before the response only: what a context read
-    /// of the thread as it stood then answers as `context_tokens`.
+    /// of the thread as it stood then answers as `context_tokens`, less the `overhead_tokens` a
+    /// content-only read adds (what the tenant had learned then is not stored).
     pub estimate: EconomicsEstimate,
     /// Null when the response has no `usage`.
     pub reported: Option<ReportedUsage>,

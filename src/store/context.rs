@@ -51,6 +51,9 @@ pub struct ContextHead {
     pub stored_bytes: i64,
     /// The thread's redaction epoch: moved by every snip and erasure.
     pub redaction_epoch: i64,
+    /// Whether its window holds a response that reported `usage`: if not, its estimate is
+    /// content only, and adds the overhead learned for the model.
+    pub context_anchored: bool,
 }
 
 /// Most entries one window read returns; a larger window is refused rather than loaded whole.
@@ -317,7 +320,8 @@ impl Store {
     ) -> Result<ContextHead, StoreError> {
         // No settings row reads as NULLs, which are the defaults.
         let row = sqlx::query(
-            "SELECT t.thread_key, t.next_seq, t.stored_bytes, t.redaction_epoch, s.auto_compact_tokens, \
+            "SELECT t.thread_key, t.next_seq, t.stored_bytes, t.redaction_epoch, t.context_anchored, \
+             s.auto_compact_tokens, \
              s.microcompact, s.outline, s.clearing \
              FROM threads t LEFT JOIN thread_settings s ON s.thread_key = t.thread_key \
              WHERE t.tenant_id = $1 AND t.thread_id = $2",
@@ -333,6 +337,7 @@ impl Store {
             next_seq: row.try_get("next_seq")?,
             stored_bytes: row.try_get("stored_bytes")?,
             redaction_epoch: row.try_get("redaction_epoch")?,
+            context_anchored: row.try_get::<i64, _>("context_anchored")? != 0,
         })
     }
 

@@ -18,7 +18,7 @@ use utoipa::ToSchema;
 use super::rows::{entry_from_row, insert_entries, BOUNDARY_ROWS};
 use super::{Backend, Store, StoreError, TenantId, ThreadId, ThreadKey};
 use crate::history::model::Entry;
-use crate::history::normalize::context_entry_tokens;
+use crate::history::normalize::estimate::entry_features;
 
 /// Which of a thread's jobs [`Store::thread_jobs`] reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -720,7 +720,7 @@ impl Store {
         .await?;
         let mut tokens = write.base_tokens;
         for row in &appended_since {
-            tokens += context_entry_tokens(&entry_from_row(row)?) as i64;
+            tokens += entry_features(&entry_from_row(row)?).upper_at_default_rates() as i64;
         }
         let (entries, result) = build(next_seq);
         let (stored, visible) = insert_entries(
@@ -736,7 +736,7 @@ impl Store {
         // compaction is how a thread near its limit keeps a usable context, though it frees nothing).
         sqlx::query(
             "UPDATE threads SET next_seq = $1, visible_count = $2, context_tokens = $3, \
-             stored_bytes = stored_bytes + (SELECT COALESCE(SUM(octet_length(body)), 0) \
+             context_anchored = 0, stored_bytes = stored_bytes + (SELECT COALESCE(SUM(octet_length(body)), 0) \
              FROM messages WHERE thread_key = $4 AND seq >= $5) \
              WHERE thread_key = $4",
         )

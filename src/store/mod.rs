@@ -33,6 +33,7 @@ mod jobs;
 mod keys;
 mod ledger;
 mod messages;
+mod overheads;
 mod payloads;
 mod rows;
 mod search;

@@ -648,7 +648,11 @@ fn first_tokens_plus_one() -> i64 {
     let tokens = |batch: Vec<Entry>| -> i64 {
         batch
             .iter()
-            .map(|entry| loupe::history::normalize::context_entry_tokens(entry) as i64)
+            .map(|entry| {
+                // What the stored count (the trigger's upper bound) adds for an entry.
+                loupe::history::normalize::estimate::entry_features(entry).upper_at_default_rates()
+                    as i64
+            })
             .sum()
     };
     tokens(turn(0, 0)) + 1

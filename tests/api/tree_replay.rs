@@ -447,7 +447,8 @@ async fn replay_with(
     let mut previous: Option<Vec<u8>> = None;
     for round in rounds {
         report.history_bytes += round.iter().map(|m| m.to_string().len()).sum::<usize>();
-        app.append(&thread, round).await;
+        app.append(&thread, &with_usage(round, previous.as_deref()))
+            .await;
         loop {
             match runner.step(Clock::System).await.unwrap() {
                 StepOutcome::Idle => break,
@@ -478,6 +479,26 @@ async fn replay_with(
         report.summarizer_calls = outline["build"]["summarized_nodes"].as_u64().unwrap();
     }
     (thread, report)
+}
+
+/// The round as a client stores it: its first response carries the `usage` a provider reports
+/// for the request before it (the previous context read, as sent) and for its own output, both
+/// counted by the per-kind rates. So the automatic compaction of every mode fires where the
+/// requests it sends reach the threshold, anchored as a real client's thread is, not on the
+/// stored content's upper bound.
+fn with_usage(round: &[Value], request: Option<&[u8]>) -> Vec<Value> {
+    let mut round = round.to_vec();
+    let (Some(request), Some(response)) = (
+        request,
+        round.iter_mut().find(|entry| entry["type"] == "assistant"),
+    ) else {
+        return round;
+    };
+    let count = loupe::history::normalize::text_tokens;
+    let prompt = count(&String::from_utf8_lossy(request));
+    let output = count(&response["message"]["content"].to_string());
+    response["message"]["usage"] = json!({"input_tokens": prompt, "output_tokens": output});
+    round
 }
 
 /// How a cleared result's stub begins.

@@ -48,10 +48,11 @@ use serde_json::Value;
 use super::blocks::{
     caller_of, compaction, fnv1a, is_server_result, is_server_use, is_type, str_field,
 };
+use super::estimate::{ContextEstimate, Estimator};
 use super::media::{self, RequestMedia, MANY_IMAGES, MAX_MEDIA_ITEMS, MAX_REQUEST_BYTES};
 use super::native::native_block;
 use super::thinking::{self, LoopOpener};
-use super::tokens::{estimate_context, estimate_tokens, ContextEstimate, EstimateBasis};
+use super::tokens::estimate_tokens;
 use super::{
     gemini, pipeline, view, Ctx, Fallback, MicrocompactOptions, Msg, NormalizeOptions, Normalized,
     PassEnd, Provider, Repair,
@@ -125,8 +126,8 @@ struct Prefix {
     resume_seq: Option<i64>,
     /// The compact boundary its view starts at.
     boundary: Option<i64>,
-    /// [`estimate_context`] of its entries.
-    context: ContextEstimate,
+    /// The estimate's fold over its entries.
+    context: Estimator,
     facts: Facts,
 }
 
@@ -155,12 +156,6 @@ pub struct Checkpoint {
     rendered: Rendered,
 }
 
-const ZERO_ESTIMATE: ContextEstimate = ContextEstimate {
-    tokens: 0,
-    basis: EstimateBasis::Content,
-    anchor_seq: None,
-};
-
 impl Checkpoint {
     /// The empty prefix: [`Checkpoint::continue_with`] the whole window is a read from scratch.
     pub fn start() -> Checkpoint {
@@ -169,7 +164,7 @@ impl Checkpoint {
                 opts: None,
                 resume_seq: None,
                 boundary: None,
-                context: ZERO_ESTIMATE,
+                context: Estimator::default(),
                 facts: Facts::default(),
             },
             rendered: Rendered::default(),
@@ -205,7 +200,10 @@ impl Checkpoint {
 
     /// What the checkpoint weighs in memory, roughly.
     pub fn approx_bytes(&self) -> usize {
-        self.rendered.bytes + self.prefix.facts.approx_bytes() + 256
+        self.rendered.bytes
+            + self.prefix.facts.approx_bytes()
+            + self.prefix.context.approx_bytes()
+            + 256
     }
 
     /// Normalizes `tail`, the entries from [`Checkpoint::resume_seq`] on (the whole window for
@@ -239,8 +237,8 @@ pub struct TailRun {
     signed: Vec<(usize, Value)>,
     repairs: Vec<Repair>,
     stage_ends: Vec<usize>,
-    /// [`estimate_context`] of the whole window.
-    context: ContextEstimate,
+    /// The estimate's fold over the whole window.
+    context: Estimator,
     /// The checkpoint after this run's stable part, if the tail holds a cut.
     next: Option<Next>,
 }
@@ -313,21 +311,16 @@ fn continue_after(
         signed,
         repairs: ctx.repairs,
         stage_ends: ctx.stage_ends,
-        context: followed_by(prefix.context, estimate_context(tail)),
+        context: followed_by(&prefix.context, tail),
         next,
     })
 }
 
-/// The estimate of a window made of a prefix estimated `before` and entries estimated `after`:
-/// an anchor after the prefix replaces everything before it; otherwise the tail's content adds up.
-fn followed_by(before: ContextEstimate, after: ContextEstimate) -> ContextEstimate {
-    match after.basis {
-        EstimateBasis::Usage => after,
-        EstimateBasis::Content => ContextEstimate {
-            tokens: before.tokens + after.tokens,
-            ..before
-        },
-    }
+/// The estimate's fold over a prefix, gone on over the entries after it.
+fn followed_by(prefix: &Estimator, entries: &[Entry]) -> Estimator {
+    let mut fold = prefix.clone();
+    fold.extend(entries);
+    fold
 }
 
 fn lowest_src(m: &Msg) -> u32 {
@@ -551,15 +544,15 @@ fn next_prefix(
         opts: Some(opts.clone()),
         resume_seq: Some(cut.seq),
         boundary,
-        context: followed_by(prefix.context, estimate_context(before)),
+        context: followed_by(&prefix.context, before),
         facts,
     }
 }
 
 impl TailRun {
-    /// [`estimate_context`] of the whole window.
+    /// [`super::estimate_context`] of the whole window.
     pub fn context_estimate(&self) -> ContextEstimate {
-        self.context
+        self.context.estimate()
     }
 
     /// Whether the run holds a cut the checkpoint can [`TailRun::advance`] to.

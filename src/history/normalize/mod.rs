@@ -94,6 +94,7 @@ pub mod cleanup;
 pub mod clearing;
 pub mod convert;
 pub mod enforce;
+pub mod estimate;
 pub mod gemini;
 pub mod ids;
 pub mod image;
@@ -113,10 +114,11 @@ pub mod tokens;
 pub mod tool_reference;
 pub mod view;
 
-pub use tokens::{
-    context_entry_tokens, estimate_context, estimate_entry_tokens, estimate_tokens, text_tokens,
-    usage_tokens, ContextEstimate, EstimateBasis,
+pub use estimate::{
+    context_entry_tokens, estimate_context, ContextEstimate, EstimateBasis, Estimator,
+    LearnedOverheads, Overhead,
 };
+pub use tokens::{estimate_entry_tokens, estimate_tokens, text_tokens, usage_tokens};
 
 /// The provider whose message format is produced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema, Default)]

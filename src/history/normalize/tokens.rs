@@ -121,38 +121,49 @@ pub fn estimate_entry_tokens(entry: &crate::history::model::Entry) -> u64 {
     entry_tokens_with(entry, rough, block_tokens)
 }
 
-/// Token count of one stored entry by the per-kind rates of [`text_tokens`]: what the thread's
-/// context estimate (and so the auto-compaction trigger) adds for content no `usage` covers.
-pub fn context_entry_tokens(entry: &crate::history::model::Entry) -> u64 {
-    entry_tokens_with(entry, text_tokens, context_block_tokens)
-}
-
 fn entry_tokens_with(
     entry: &crate::history::model::Entry,
     text: fn(&str) -> u64,
     block: fn(&Value) -> u64,
 ) -> u64 {
+    match model_content(entry) {
+        ModelContent::Text(s) => text(s),
+        ModelContent::Blocks(blocks) => blocks.iter().map(block).sum(),
+        ModelContent::Nothing => 0,
+    }
+}
+
+/// What of a stored entry a model reads.
+pub(super) enum ModelContent<'a> {
+    Text(&'a str),
+    Blocks(&'a [Value]),
+    Nothing,
+}
+
+/// A user/assistant/attachment message's content, the content of a `local_command` system
+/// entry; nothing of any other entry (progress, boundaries, snips, virtual and API-error
+/// entries never reach the model).
+pub(super) fn model_content(entry: &crate::history::model::Entry) -> ModelContent<'_> {
     use crate::history::model::{subtype, Content, EntryKind};
     if entry.is_virtual || entry.is_api_error_message() {
-        return 0;
+        return ModelContent::Nothing;
     }
-    let value_tokens = |value: Option<&Value>| match value {
-        Some(Value::String(s)) => text(s),
-        Some(Value::Array(blocks)) => blocks.iter().map(block).sum(),
-        _ => 0,
-    };
     match entry.kind {
         EntryKind::User | EntryKind::Assistant | EntryKind::Attachment => match &entry.message {
             Some(message) => match &message.content {
-                Content::Text(s) => text(s),
-                Content::Blocks(blocks) => blocks.iter().map(block).sum(),
+                Content::Text(s) => ModelContent::Text(s),
+                Content::Blocks(blocks) => ModelContent::Blocks(blocks),
             },
-            None => 0,
+            None => ModelContent::Nothing,
         },
         EntryKind::System if entry.subtype.as_deref() == Some(subtype::LOCAL_COMMAND) => {
-            value_tokens(entry.content.as_ref())
+            match entry.content.as_ref() {
+                Some(Value::String(s)) => ModelContent::Text(s),
+                Some(Value::Array(blocks)) => ModelContent::Blocks(blocks),
+                _ => ModelContent::Nothing,
+            }
         }
-        _ => 0,
+        _ => ModelContent::Nothing,
     }
 }
 
@@ -179,6 +190,13 @@ const CODE_SYMBOL_PERCENT: u64 = 7;
 /// The token count of a text by the per-kind rates above. Code is told from prose by the share
 /// of symbols in its ASCII characters, CJK and other non-ASCII characters by their code points.
 pub fn text_tokens(text: &str) -> u64 {
+    let (rest, cjk) = text_split(text);
+    rest + cjk
+}
+
+/// [`text_tokens`] in two parts: its CJK characters' tokens, and the rest's (at least 1 for a
+/// non-empty text), which the estimate calibrates apart.
+pub(super) fn text_split(text: &str) -> (u64, u64) {
     let (mut ascii, mut symbols, mut cjk, mut other) = (0_u64, 0_u64, 0_u64, 0_u64);
     for c in text.chars() {
         if c.is_ascii() {
@@ -197,13 +215,12 @@ pub fn text_tokens(text: &str) -> u64 {
     } else {
         TENTHS_PER_TOKEN_PROSE
     };
-    let tokens = ascii * 10 / ascii_rate
-        + cjk * 10 / TENTHS_PER_TOKEN_CJK
-        + other * 10 / TENTHS_PER_TOKEN_OTHER;
-    if tokens == 0 && !text.is_empty() {
-        1
+    let rest = ascii * 10 / ascii_rate + other * 10 / TENTHS_PER_TOKEN_OTHER;
+    let cjk = cjk * 10 / TENTHS_PER_TOKEN_CJK;
+    if rest + cjk == 0 && !text.is_empty() {
+        (1, 0)
     } else {
-        tokens
+        (rest, cjk)
     }
 }
 
@@ -217,27 +234,6 @@ fn is_cjk(c: char) -> bool {
         | 0xF900..=0xFAFF    // CJK compatibility ideographs
         | 0xFF00..=0xFFEF    // full-width forms
         | 0x20000..=0x2FFFF) // supplementary ideographs
-}
-
-/// A block by the per-kind rates: tool calls and results are code; media are 2,000 flat as in
-/// [`estimate_tokens`]. What [`context_entry_tokens`] counts a block as.
-pub fn context_block_tokens(b: &Value) -> u64 {
-    match block_type(b) {
-        Some("text") => text_tokens(str_field(b, "text").unwrap_or("")),
-        Some("image" | "document" | "image_url" | "file" | "input_audio") => 2000,
-        Some("tool_result") => match b.get("content") {
-            Some(Value::String(s)) => text_tokens(s),
-            Some(Value::Array(items)) => items.iter().map(context_block_tokens).sum(),
-            _ => 0,
-        },
-        Some("tool_use") => {
-            let input = b.get("input").map(Value::to_string).unwrap_or_default();
-            text_tokens(&format!("{}{}", str_field(b, "name").unwrap_or(""), input))
-        }
-        Some("thinking") => text_tokens(str_field(b, "thinking").unwrap_or("")),
-        Some("redacted_thinking") => text_tokens(str_field(b, "data").unwrap_or("")),
-        _ => text_tokens(&b.to_string()),
-    }
 }
 
 /// The tokens an assistant entry's `message.usage` reports for its request and response:
@@ -279,87 +275,10 @@ pub fn usage_figure(usage: &Value, name: &str) -> u64 {
 /// (a few million tokens), far below where four of them could overflow an `i64`.
 pub const MAX_USAGE_TOKENS: u64 = 1_000_000_000;
 
-/// What a context-token estimate is based on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum EstimateBasis {
-    /// The `usage` of the last assistant entry that reports one, plus the content after it.
-    Usage,
-    /// The content alone, by per-kind rates (no entry reports `usage`).
-    Content,
-}
-
-/// A thread's context size in tokens, and how it was found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
-pub struct ContextEstimate {
-    pub tokens: u64,
-    pub basis: EstimateBasis,
-    /// The seq of the assistant entry whose `usage` anchors the estimate.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub anchor_seq: Option<i64>,
-}
-
-/// The context size of a window (entries in seq order): anchored on the last assistant entry
-/// after the last compact boundary that reports `usage` (the provider's own count of everything
-/// sent, the system prompt and tools included), plus the per-kind estimate of what follows it;
-/// without one, the per-kind estimate of everything.
-pub fn estimate_context(entries: &[crate::history::model::Entry]) -> ContextEstimate {
-    let since_boundary = entries
-        .iter()
-        .rposition(|e| e.is_compact_boundary())
-        .unwrap_or(0);
-    let anchor = entries[since_boundary.min(entries.len())..]
-        .iter()
-        .enumerate()
-        .rev()
-        .find_map(|(offset, e)| usage_tokens(e).map(|tokens| (since_boundary + offset, tokens)));
-    match anchor {
-        Some((index, tokens)) => ContextEstimate {
-            tokens: entries[index + 1..]
-                .iter()
-                .map(context_entry_tokens)
-                .fold(tokens, u64::saturating_add),
-            basis: EstimateBasis::Usage,
-            anchor_seq: Some(entries[index].seq_or(index)),
-        },
-        None => ContextEstimate {
-            tokens: entries
-                .iter()
-                .map(context_entry_tokens)
-                .fold(0, u64::saturating_add),
-            basis: EstimateBasis::Content,
-            anchor_seq: None,
-        },
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
-
-    #[test]
-    fn entry_estimates_count_only_what_the_model_sees() {
-        let entry =
-            |v: Value| -> crate::history::model::Entry { serde_json::from_value(v).unwrap() };
-        let user =
-            entry(json!({"type": "user", "message": {"role": "user", "content": "abcdefgh"}}));
-        assert_eq!(estimate_entry_tokens(&user), 2);
-        let asst = entry(json!({"type": "assistant", "message": {"role": "assistant",
-            "content": [{"type": "text", "text": "abcd"}, {"type": "image", "source": {}}]}}));
-        assert_eq!(estimate_entry_tokens(&asst), 2001);
-        let prose = entry(
-            json!({"type": "user", "message": {"role": "user", "content": "abcdefg hijklmn"}}),
-        );
-        assert_eq!(context_entry_tokens(&prose), 4); // 15 prose characters / 3.5
-        assert_eq!(context_entry_tokens(&asst), 2001);
-        let progress = entry(json!({"type": "progress", "data": "x".repeat(400)}));
-        assert_eq!(estimate_entry_tokens(&progress), 0);
-        let boundary = entry(
-            json!({"type": "system", "subtype": "compact_boundary", "content": "Conversation compacted"}),
-        );
-        assert_eq!(estimate_entry_tokens(&boundary), 0);
-    }
 
     #[test]
     fn each_kind_of_text_has_its_rate_and_none_counts_less_than_chars_over_4() {
@@ -374,45 +293,6 @@ mod tests {
         assert_eq!(text_tokens(code), 54 * 10 / 25);
         assert_eq!(text_tokens(cjk), 13);
         assert!(text_tokens(json) >= rough(json) * 3 / 2);
-    }
-
-    #[test]
-    fn the_estimate_anchors_on_the_last_usage_after_the_last_boundary() {
-        let entry =
-            |v: Value| -> crate::history::model::Entry { serde_json::from_value(v).unwrap() };
-        let usage = json!({"input_tokens": 3, "cache_creation_input_tokens": 1000,
-            "cache_read_input_tokens": 20000, "output_tokens": 97});
-        let history = vec![
-            entry(json!({"type": "user", "message": {"role": "user", "content": "abcdefg"}})),
-            entry(
-                json!({"type": "assistant", "message": {"role": "assistant", "id": "m1",
-                "usage": usage, "content": [{"type": "text", "text": "hi"}]}}),
-            ),
-            entry(json!({"type": "user", "message": {"role": "user", "content": "abcdefg"}})),
-            entry(
-                json!({"type": "assistant", "isApiErrorMessage": true, "message": {"role": "assistant",
-                "model": "<synthetic>", "usage": {"input_tokens": 0, "output_tokens": 0},
-                "content": [{"type": "text", "text": "API Error"}]}}),
-            ),
-        ];
-        let estimate = estimate_context(&history);
-        assert_eq!(estimate.basis, EstimateBasis::Usage);
-        assert_eq!(estimate.anchor_seq, Some(1));
-        assert_eq!(estimate.tokens, 21100 + 2);
-        let content = estimate_context(&history[..1]);
-        assert_eq!(content.basis, EstimateBasis::Content);
-        assert_eq!(content.tokens, 2);
-        // Usage before a boundary describes a context that is gone.
-        let mut compacted = history[..2].to_vec();
-        compacted.push(entry(
-            json!({"type": "system", "subtype": "compact_boundary"}),
-        ));
-        compacted.push(history[2].clone());
-        let after = estimate_context(&compacted);
-        assert_eq!(
-            (after.basis, after.tokens),
-            (EstimateBasis::Content, 2 + 1 + 2)
-        );
     }
 
     #[test]

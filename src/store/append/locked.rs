@@ -5,7 +5,8 @@
 use sqlx::AnyConnection;
 
 use super::plan::{
-    may_be_replays, plan_group, thread_of, CompactionTrigger, GroupThread, Planned, QueuedAppend,
+    may_be_replays, plan_group, thread_of, CompactionTrigger, GroupThread, OverheadSample, Planned,
+    QueuedAppend,
 };
 use super::sql::{read_group, write_rows, RowLock, Transaction, UuidCheck};
 use crate::store::jobs::{auto_compaction_due, compaction_dedup_key, enqueue_in, enqueue_tree_in};
@@ -68,6 +69,7 @@ impl Store {
                 *jobs_created = jobs.created;
             }
         }
+        self.learn_overheads(conn, group, &plans).await?;
         if plans.iter().any(Planned::writes) {
             let inserted = write_rows(
                 conn,
@@ -133,6 +135,42 @@ impl Store {
             jobs.created |= outcome.created;
         }
         Ok(jobs)
+    }
+}
+
+impl Store {
+    /// Folds what the group's first calls taught into their tenants' `model_overheads`, in
+    /// (tenant, model) order, so that two groups lock the rows in one order.
+    async fn learn_overheads(
+        &self,
+        conn: &mut AnyConnection,
+        group: &[QueuedAppend],
+        plans: &[Planned],
+    ) -> Result<(), StoreError> {
+        let mut samples: Vec<(&str, &OverheadSample)> = group
+            .iter()
+            .zip(plans)
+            .filter_map(|(append, plan)| match plan {
+                Planned::Write {
+                    overhead: Some(sample),
+                    ..
+                } => Some((append.tenant.0.as_str(), sample)),
+                _ => None,
+            })
+            .collect();
+        samples.sort_by(|a, b| (a.0, &a.1.model_digest).cmp(&(b.0, &b.1.model_digest)));
+        let now = now_millis();
+        for (tenant, sample) in samples {
+            crate::store::overheads::learn_in(
+                conn,
+                tenant,
+                &sample.model_digest,
+                sample.tokens,
+                now,
+            )
+            .await?;
+        }
+        Ok(())
     }
 }
 

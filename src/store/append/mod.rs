@@ -140,19 +140,22 @@ impl Store {
             let clearing = head.settings.clearing_options();
             let bounds = self.context_bounds(&head).await?;
             let (mut at, end) = (bounds.start_seq.max(0) as u64, head.next_seq.max(0) as u64);
-            let mut tokens = 0_i64;
+            let mut count = plan::StoredCount::default();
             while at < end {
                 let until = (at + PAGE).min(end);
                 let page = self.entries_between(&head.thread_key, at, until).await?;
-                tokens = plan::count_page(tokens, &page, clearing.as_ref());
+                count = plan::count_page(count, &page, clearing.as_ref());
                 at = until;
             }
+            let tokens = count.tokens;
             let written = sqlx::query(
-                "UPDATE threads SET context_tokens = $1 WHERE thread_key = $2 AND next_seq = $3",
+                "UPDATE threads SET context_tokens = $1, context_anchored = $4 \
+                 WHERE thread_key = $2 AND next_seq = $3",
             )
             .bind(tokens)
             .bind(head.thread_key.as_str())
             .bind(head.next_seq)
+            .bind(i64::from(count.anchored))
             .execute(&self.writer)
             .await?;
             if written.rows_affected() == 1 {

@@ -9,8 +9,10 @@ use tokio::sync::oneshot;
 
 use crate::history::model::Entry;
 use crate::history::normalize::clearing::{StoredResults, MIN_CLEARED_BYTES};
-use crate::history::normalize::tokens::context_block_tokens;
-use crate::history::normalize::{context_entry_tokens, usage_tokens, ClearingOptions};
+use crate::history::normalize::estimate::{
+    block_features, entry_features, model_digest, prompt_tokens,
+};
+use crate::history::normalize::{usage_tokens, ClearingOptions};
 use crate::store::rows::{prepare, NewRow, Prepared};
 use crate::store::{StoreError, TenantId, ThreadId, ThreadKey};
 
@@ -32,6 +34,11 @@ pub(super) struct PreparedBatch {
     /// The tool results the estimate counts (after the batch's last anchor or boundary): what a
     /// thread that clears them sends as stubs instead.
     clearable: Vec<Clearable>,
+    /// Whether it ends with a response that reported `usage` after its last boundary.
+    anchored: bool,
+    /// The first response of its last window that reported `usage`, when the batch or its
+    /// thread holds none before it in that window.
+    first_call: Option<FirstCall>,
     /// The bytes of its bodies, as the thread's `stored_bytes` counts them.
     bytes: i64,
     now: chrono::DateTime<chrono::Utc>,
@@ -50,12 +57,14 @@ impl PreparedBatch {
         if let Some(duplicate) = entries.iter().find(|p| !uuids.insert(p.uuid.as_str())) {
             return Err(StoreError::DuplicateUuid(duplicate.uuid.clone()));
         }
-        let (tokens, clearable) = context_tokens_of(entries.iter().map(|p| &p.entry));
+        let counted = context_tokens_of(entries.iter().map(|p| &p.entry));
         let bytes = entries.iter().map(|p| p.body.len() as i64).sum();
         Ok(PreparedBatch {
             entries,
-            tokens,
-            clearable,
+            tokens: counted.tokens,
+            clearable: counted.clearable,
+            anchored: counted.anchored,
+            first_call: counted.first_call,
             bytes,
             now,
         })
@@ -93,6 +102,8 @@ pub(super) enum Planned {
         auto_compaction_job: Option<String>,
         /// A job was created, so a worker should wake once the group commits.
         jobs_created: bool,
+        /// What the append's first call taught of its model's overhead.
+        overhead: Option<OverheadSample>,
     },
     /// Every entry is stored already: an idempotent retry, nothing written.
     Replay {
@@ -118,6 +129,8 @@ pub(super) struct GroupThread {
     pub(super) context_tokens: i64,
     /// `context_tokens` as read: a settings change counts it again without moving `next_seq`.
     pub(super) read_context_tokens: i64,
+    /// Whether its window holds a response that reported `usage` (`context_anchored`).
+    pub(super) anchored: bool,
     pub(super) stored_bytes: i64,
     /// `stored_bytes` as read: an erasure changes it without moving `next_seq`.
     pub(super) read_stored_bytes: i64,
@@ -130,10 +143,21 @@ pub(super) struct GroupThread {
 }
 
 impl GroupThread {
+    /// Its counters as [`GroupThread::new`] takes them, as the group left them.
+    pub(super) fn counters(&self) -> [i64; 5] {
+        [
+            self.next_seq,
+            self.visible_count,
+            self.context_tokens,
+            self.stored_bytes,
+            i64::from(self.anchored),
+        ]
+    }
+
     /// The thread as its row was read: `[next_seq, visible_count, context_tokens,
-    /// stored_bytes]`.
-    pub(super) fn new(thread_key: ThreadKey, counters: [i64; 4], triggers: AppendTriggers) -> Self {
-        let [next_seq, visible_count, context_tokens, stored_bytes] = counters;
+    /// stored_bytes, context_anchored]`.
+    pub(super) fn new(thread_key: ThreadKey, counters: [i64; 5], triggers: AppendTriggers) -> Self {
+        let [next_seq, visible_count, context_tokens, stored_bytes, anchored] = counters;
         GroupThread {
             thread_key,
             read_next_seq: next_seq,
@@ -141,6 +165,7 @@ impl GroupThread {
             visible_count,
             context_tokens,
             read_context_tokens: context_tokens,
+            anchored: anchored != 0,
             stored_bytes,
             read_stored_bytes: stored_bytes,
             triggers,
@@ -190,16 +215,37 @@ fn sent_tokens(
     tokens.lowered_by(saved)
 }
 
-/// A thread's stored estimate after `entries` (a page of its window, in order) from `before`:
-/// what its appends would have made of them, under the thread's `clearing`. Pages compose, so a
+/// A thread's stored estimate (`context_tokens`) and whether its window holds a response that
+/// reported `usage` (`context_anchored`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(in crate::store) struct StoredCount {
+    pub(in crate::store) tokens: i64,
+    pub(in crate::store) anchored: bool,
+}
+
+/// A thread's stored count after `entries` (a page of its window, in order) from `before`: what
+/// its appends would have made of them, under the thread's `clearing`. Pages compose, so a
 /// window is counted a page at a time.
 pub(in crate::store) fn count_page(
-    before: i64,
+    before: StoredCount,
     entries: &[Entry],
     clearing: Option<&ClearingOptions>,
-) -> i64 {
-    let (tokens, clearable) = context_tokens_of(entries.iter());
-    append_tokens(before, sent_tokens(tokens, &clearable, clearing))
+) -> StoredCount {
+    let counted = context_tokens_of(entries.iter());
+    let tokens = sent_tokens(counted.tokens, &counted.clearable, clearing);
+    StoredCount {
+        tokens: append_tokens(before.tokens, tokens),
+        anchored: anchored_after(before.anchored, tokens, counted.anchored),
+    }
+}
+
+/// Whether a thread's window holds a response with `usage` after a batch that moved its
+/// estimate by `tokens` and ends `anchored` (after its last boundary).
+fn anchored_after(before: bool, tokens: BatchTokens, anchored: bool) -> bool {
+    match tokens {
+        BatchTokens::Add(_) => before,
+        BatchTokens::Reset(_) | BatchTokens::Anchor(_) => anchored,
+    }
 }
 
 /// A tool result the estimate counted whole: its bytes and the tokens its stub would save.
@@ -209,15 +255,64 @@ struct Clearable {
     saved: i64,
 }
 
-/// How a run of entries moves the estimate, and the results it counted whole that clearing may
-/// send as stubs.
-fn context_tokens_of<'a>(
-    entries: impl Iterator<Item = &'a Entry>,
-) -> (BatchTokens, Vec<Clearable>) {
+/// The first response of a window that reported `usage`: its prompt, less the content before it
+/// in the window, is what its model's requests carry that no entry holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct FirstCall {
+    model: String,
+    prompt: i64,
+    /// The window's content before it, counted as the thread's estimate counts it.
+    content_before: i64,
+    /// Whether its window opens in the batch (after a boundary the batch holds).
+    window_in_batch: bool,
+}
+
+/// What one first call taught of a model's overhead: written to `model_overheads` with the
+/// append, the model by its digest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct OverheadSample {
+    pub(super) model_digest: String,
+    pub(super) tokens: i64,
+}
+
+/// Longest model name an overhead is learned for: no provider's is near it, and a longer one is
+/// the caller's text rather than a model.
+const MAX_MODEL_NAME_CHARS: usize = 200;
+
+impl FirstCall {
+    /// The overhead it shows after `thread_before` (the thread's estimate before the batch, when
+    /// the window began before it), if its content is small beside its prompt: only then is the
+    /// residual mostly overhead, not the estimate's error on the content.
+    fn sample(&self, thread_before: i64) -> Option<OverheadSample> {
+        let before = if self.window_in_batch {
+            self.content_before
+        } else {
+            thread_before.saturating_add(self.content_before)
+        };
+        (self.prompt > 0 && before.saturating_mul(2) <= self.prompt).then(|| OverheadSample {
+            model_digest: model_digest(&self.model),
+            tokens: self.prompt - before,
+        })
+    }
+}
+
+/// How a run of entries moves the stored count.
+struct Counted {
+    tokens: BatchTokens,
+    /// The results it counted whole that clearing may send as stubs.
+    clearable: Vec<Clearable>,
+    anchored: bool,
+    first_call: Option<FirstCall>,
+}
+
+/// How a run of entries moves the estimate: content at the upper bound of the default rates (what
+/// automatic compaction counts), a response's `usage` replacing what came before.
+fn context_tokens_of<'a>(entries: impl Iterator<Item = &'a Entry>) -> Counted {
     let mut tokens = 0_i64;
     let mut reset = false;
     let mut anchored = false;
     let mut clearable = Vec::new();
+    let mut first_call = None;
     // Every result counts, whatever a thread's `min_bytes`: the floor is applied per thread.
     let every_result = ClearingOptions {
         min_bytes: 0,
@@ -232,15 +327,21 @@ fn context_tokens_of<'a>(
         }
         match usage_tokens(entry) {
             Some(reported) => {
+                if !anchored {
+                    first_call = first_call_of(entry, tokens, reset);
+                }
                 anchored = true;
                 tokens = i64::try_from(reported).unwrap_or(i64::MAX);
                 clearable.clear();
             }
             None => {
-                let added = i64::try_from(context_entry_tokens(entry)).unwrap_or(i64::MAX);
-                tokens = tokens.saturating_add(added);
+                let upper = entry_features(entry).upper_at_default_rates();
+                tokens = tokens.saturating_add(i64::try_from(upper).unwrap_or(i64::MAX));
+                // A result and its stub counted alike, so a cleared result counts as its stub.
                 let mut results = StoredResults::default();
-                results.push(index, entry, &every_result, context_block_tokens);
+                results.push(index, entry, &every_result, |block| {
+                    block_features(block).upper_at_default_rates()
+                });
                 clearable.extend(results.counted().iter().map(|r| Clearable {
                     bytes: r.bytes,
                     saved: i64::try_from(r.saved).unwrap_or(i64::MAX),
@@ -255,7 +356,25 @@ fn context_tokens_of<'a>(
     } else {
         BatchTokens::Add(tokens)
     };
-    (tokens, clearable)
+    Counted {
+        tokens,
+        clearable,
+        anchored,
+        first_call,
+    }
+}
+
+fn first_call_of(entry: &Entry, content_before: i64, window_in_batch: bool) -> Option<FirstCall> {
+    let model = entry.message.as_ref()?.model.as_deref()?;
+    if model.chars().count() > MAX_MODEL_NAME_CHARS {
+        return None;
+    }
+    Some(FirstCall {
+        model: model.to_owned(),
+        prompt: i64::try_from(prompt_tokens(entry)?).ok()?,
+        content_before,
+        window_in_batch,
+    })
 }
 
 /// What the server holds every thread's appends to, where the thread's settings say nothing.
@@ -357,19 +476,25 @@ impl CompactionTrigger {
     }
 }
 
-/// Whether any append the group writes may enqueue a job: a compaction, or an outlined
-/// thread's tree job.
+/// Whether any append the group writes may enqueue a job (a compaction, or an outlined thread's
+/// tree job) or teaches a model's overhead: what only the locked group writes.
 pub(super) fn group_needs_jobs(
     group: &[QueuedAppend],
     plans: &[Planned],
     threads: &HashMap<(&str, &str), GroupThread>,
 ) -> bool {
     group.iter().zip(plans).any(|(append, plan)| {
-        let Planned::Write { tokens_before, .. } = plan else {
+        let Planned::Write {
+            tokens_before,
+            overhead,
+            ..
+        } = plan
+        else {
             return false;
         };
         let thread = &threads[&thread_of(append)];
-        thread.triggers.outlined
+        overhead.is_some()
+            || thread.triggers.outlined
             || CompactionTrigger::of(append, thread, *tokens_before) != CompactionTrigger::None
     })
 }
@@ -501,10 +626,14 @@ pub(super) fn plan_append<'g>(
         });
     }
     let tokens_before = thread.context_tokens;
-    thread.context_tokens = append_tokens(
-        tokens_before,
-        batch.tokens_for(thread.triggers.clearing.as_ref()),
-    );
+    let moved = batch.tokens_for(thread.triggers.clearing.as_ref());
+    let overhead = batch
+        .first_call
+        .as_ref()
+        .filter(|call| call.window_in_batch || !thread.anchored)
+        .and_then(|call| call.sample(tokens_before));
+    thread.context_tokens = append_tokens(tokens_before, moved);
+    thread.anchored = anchored_after(thread.anchored, moved, batch.anchored);
     thread.next_seq += batch.len();
     // `None` orders before any time.
     thread.updated_at = thread.updated_at.max(Some(created_at));
@@ -513,6 +642,7 @@ pub(super) fn plan_append<'g>(
         tokens_before,
         auto_compaction_job: None,
         jobs_created: false,
+        overhead,
     })
 }
 
@@ -542,14 +672,19 @@ mod tests {
             e(json!({"type": "system", "subtype": "compact_boundary", "content": "x"})),
             e(json!({"type": "user", "message": {"role": "user", "content": "abcd"}})),
         ];
+        let upper = |e: &Entry| entry_features(e).upper_at_default_rates() as i64;
+        let reset = upper(&batch[2]);
         assert!(matches!(
-            context_tokens_of(batch.iter()).0,
-            BatchTokens::Reset(1)
+            context_tokens_of(batch.iter()).tokens,
+            BatchTokens::Reset(tokens) if tokens == reset
         ));
+        let added = upper(&batch[0]);
         assert!(matches!(
-            context_tokens_of(batch[..1].iter()).0,
-            BatchTokens::Add(2)
+            context_tokens_of(batch[..1].iter()).tokens,
+            BatchTokens::Add(tokens) if tokens == added
         ));
+        // The upper bound: a quarter more than the default rates, and framing.
+        assert_eq!(added, 2 * 125 / 100 + 8);
     }
 
     #[test]
@@ -558,15 +693,26 @@ mod tests {
             entry(json!({"type": "user", "message": {"role": "user", "content": "abcdefgh"}})),
             entry(
                 json!({"type": "assistant", "message": {"role": "assistant", "id": "m",
+                "model": "claude-sonnet-4-5",
                 "usage": {"input_tokens": 5, "cache_read_input_tokens": 30000, "output_tokens": 20},
                 "content": [{"type": "text", "text": "hi"}]}}),
             ),
             entry(json!({"type": "user", "message": {"role": "user", "content": "abcdefgh"}})),
         ];
+        let after = entry_features(&batch[2]).upper_at_default_rates() as i64;
+        let counted = context_tokens_of(batch.iter());
         assert!(matches!(
-            context_tokens_of(batch.iter()).0,
-            BatchTokens::Anchor(30027)
+            counted.tokens,
+            BatchTokens::Anchor(tokens) if tokens == 30025 + after
         ));
+        assert!(counted.anchored);
+        // Its first call, after content worth `upper(batch[0])` of the window.
+        let call = counted.first_call.unwrap();
+        assert_eq!((call.prompt, call.window_in_batch), (30005, false));
+        let sample = call.sample(100).unwrap();
+        assert_eq!(sample.tokens, 30005 - 100 - call.content_before);
+        // Content larger than half the prompt teaches nothing: its error would be the lesson.
+        assert_eq!(call.sample(20_000), None);
     }
 
     #[test]
@@ -590,15 +736,18 @@ mod tests {
             window.push(result(i, if i % 3 == 0 { 400 } else { 8_000 }));
         }
         let clearing = ClearingOptions::default();
-        let whole = count_page(0, &window, None);
-        let cleared = count_page(0, &window, Some(&clearing));
+        let zero = StoredCount::default();
+        let whole = count_page(zero, &window, None).tokens;
+        let cleared = count_page(zero, &window, Some(&clearing)).tokens;
         let stubbed: i64 = window
             .iter()
             .map(|e| {
                 let mut results = StoredResults::default();
-                results.push(0, e, &clearing, context_block_tokens);
+                results.push(0, e, &clearing, |b| {
+                    block_features(b).upper_at_default_rates()
+                });
                 let saved: u64 = results.counted().iter().map(|r| r.saved).sum();
-                context_entry_tokens(e) as i64 - saved as i64
+                entry_features(e).upper_at_default_rates() as i64 - saved as i64
             })
             .sum();
         assert_eq!(cleared, stubbed);
@@ -606,8 +755,9 @@ mod tests {
         assert!(whole - cleared > 8 * 2_200, "{whole} against {cleared}");
         // Counted a page at a time, the window counts the same, whatever the pages.
         for cut in [1, 5, 11, 23] {
-            let first = count_page(0, &window[..cut], Some(&clearing));
-            assert_eq!(count_page(first, &window[cut..], Some(&clearing)), cleared);
+            let first = count_page(zero, &window[..cut], Some(&clearing));
+            let then = count_page(first, &window[cut..], Some(&clearing));
+            assert_eq!(then.tokens, cleared);
         }
         // Usage anchors the count: only what follows it is counted, stubs included.
         let mut anchored = window.clone();
@@ -619,8 +769,10 @@ mod tests {
                 "output_tokens": 10}, "content": [{"type": "text", "text": "ok"}]}}),
             ),
         );
-        let after = count_page(0, &anchored[11..], Some(&clearing));
-        assert_eq!(count_page(0, &anchored, Some(&clearing)), 40_015 + after);
+        let after = count_page(zero, &anchored[11..], Some(&clearing));
+        let counted = count_page(zero, &anchored, Some(&clearing));
+        assert_eq!(counted.tokens, 40_015 + after.tokens);
+        assert!(counted.anchored && !after.anchored);
     }
 
     fn user(uuid: &str, text: &str) -> serde_json::Value {
@@ -652,7 +804,7 @@ mod tests {
         let triggers = AppendTriggers::from_settings(None, None, None, defaults).unwrap();
         GroupThread::new(
             ThreadKey::from_stored("k".into()),
-            [next_seq, 0, 0, stored_bytes],
+            [next_seq, 0, 0, stored_bytes, 0],
             triggers,
         )
     }

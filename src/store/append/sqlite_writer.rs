@@ -274,6 +274,7 @@ fn read_group<'g>(
                     row.get("visible_count").map_err(failed)?,
                     row.get("context_tokens").map_err(failed)?,
                     row.get("stored_bytes").map_err(failed)?,
+                    row.get("context_anchored").map_err(failed)?,
                 ],
                 AppendTriggers::from_settings(
                     row.get("auto_compact_tokens").map_err(failed)?,
@@ -324,14 +325,22 @@ fn update_threads<'a>(
     conn: &Connection,
     threads: impl Iterator<Item = &'a GroupThread>,
 ) -> Result<(), StoreError> {
-    let written: Vec<(&GroupThread, &str, i64)> = threads
-        .filter_map(|thread| Some((thread, thread.thread_key.as_str(), thread.updated_at?)))
+    let written: Vec<(&GroupThread, &str, i64, i64)> = threads
+        .filter_map(|thread| {
+            let anchored = i64::from(thread.anchored);
+            Some((
+                thread,
+                thread.thread_key.as_str(),
+                thread.updated_at?,
+                anchored,
+            ))
+        })
         .collect();
     if written.is_empty() {
         return Ok(());
     }
     let mut values: Vec<&dyn ToSql> = Vec::with_capacity(written.len() * THREAD_COUNTERS_WIDTH);
-    for (thread, key, updated_at) in &written {
+    for (thread, key, updated_at, anchored) in &written {
         values.extend([
             key as &dyn ToSql,
             updated_at,
@@ -339,6 +348,7 @@ fn update_threads<'a>(
             &thread.visible_count,
             &thread.context_tokens,
             &thread.stored_bytes,
+            anchored,
         ]);
     }
     execute(conn, &update_threads_sql(1, written.len()), &values)
