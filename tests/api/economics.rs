@@ -35,16 +35,7 @@ fn lines() -> Vec<Value> {
 
 async fn import(app: &TestApp, thread: &str, body: &str) {
     app.thread(thread).await;
-    let response = app
-        .raw_as(
-            None,
-            Method::POST,
-            &format!("/v1/threads/{thread}/import"),
-            Some("application/x-ndjson"),
-            body.as_bytes().to_vec(),
-        )
-        .await;
-    assert_eq!(response.status, StatusCode::OK, "{}", response.body);
+    app.import(thread, body).await;
 }
 
 async fn economics(app: &TestApp, thread: &str, query: &str) -> Value {

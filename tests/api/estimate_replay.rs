@@ -22,7 +22,7 @@
 use std::sync::LazyLock;
 
 use crate::common::{Backend, TestApp};
-use axum::http::{Method, StatusCode};
+use axum::http::StatusCode;
 use serde_json::{json, Value};
 use tiktoken_rs::CoreBPE;
 
@@ -163,16 +163,7 @@ async fn fixture_transcripts_report(app: TestApp) {
             }
             let thread = app.thread(&format!("{name}-{i}")).await;
             let body: String = lines[..i].iter().map(|l| format!("{l}\n")).collect();
-            let imported = app
-                .raw_as(
-                    None,
-                    Method::POST,
-                    &format!("/v1/threads/{thread}/import"),
-                    Some("application/x-ndjson"),
-                    body.into_bytes(),
-                )
-                .await;
-            assert_eq!(imported.status, StatusCode::OK, "{}", imported.body);
+            app.import(&thread, &body).await;
             let read_from = match entry["agentId"].as_str() {
                 Some(agent) if entry["isSidechain"] == true => format!("{thread}.agent-{agent}"),
                 _ => thread,

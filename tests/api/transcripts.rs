@@ -31,20 +31,6 @@ on_both_backends!(
 const SESSION: &str = include_str!("../fixtures/claude-code/session.jsonl");
 const AGENT: &str = include_str!("../fixtures/claude-code/agent-a7c41e9.jsonl");
 
-async fn import(app: &TestApp, thread: &str, body: &str) -> Value {
-    let response = app
-        .raw_as(
-            None,
-            Method::POST,
-            &format!("/v1/threads/{thread}/import"),
-            Some("application/x-ndjson"),
-            body.as_bytes().to_vec(),
-        )
-        .await;
-    assert_eq!(response.status, StatusCode::OK, "{}", response.body);
-    response.body
-}
-
 async fn export(app: &TestApp, thread: &str) -> String {
     let response = app.get(&format!("/v1/threads/{thread}/export")).await;
     assert_eq!(response.status, StatusCode::OK, "{}", response.body);
@@ -65,7 +51,7 @@ fn values(jsonl: &str) -> Vec<Value> {
 
 async fn import_then_export_gives_every_line_back(app: TestApp) {
     let thread = app.thread("session").await;
-    let report = import(&app, &thread, &format!("{SESSION}{AGENT}")).await;
+    let report = app.import(&thread, &format!("{SESSION}{AGENT}")).await;
     let lines = SESSION.lines().count() + AGENT.lines().count();
     assert_eq!(report["lines"], lines as u64, "{report}");
     assert_eq!(report["stored"], lines as u64, "{report}");
@@ -120,13 +106,13 @@ async fn a_reimport_stores_nothing_and_a_partial_one_continues(app: TestApp) {
     let thread = app.thread("again").await;
     // A crash after the first 40 lines: the re-run stores only the rest.
     let first: String = SESSION.lines().take(40).map(|l| format!("{l}\n")).collect();
-    let report = import(&app, &thread, &first).await;
+    let report = app.import(&thread, &first).await;
     assert_eq!(report["stored"], 40);
-    let report = import(&app, &thread, SESSION).await;
+    let report = app.import(&thread, SESSION).await;
     let total = SESSION.lines().count() as u64;
     assert_eq!(report["stored"], total - 40, "{report}");
     assert_eq!(report["already_stored"], 40, "{report}");
-    let report = import(&app, &thread, SESSION).await;
+    let report = app.import(&thread, SESSION).await;
     assert_eq!(report["stored"], 0, "{report}");
     assert_eq!(report["already_stored"], total, "{report}");
     assert_eq!(export(&app, &thread).await, SESSION);
@@ -135,7 +121,7 @@ async fn a_reimport_stores_nothing_and_a_partial_one_continues(app: TestApp) {
     let other = app.thread("split").await;
     let (head, rest) =
         SESSION.split_at(SESSION.find("\n{\"type\":\"queue-operation\"").unwrap() + 1);
-    let part = import(&app, &other, head).await;
+    let part = app.import(&other, head).await;
     let previous = part["last_uuid"].as_str().unwrap().to_owned();
     let response = app
         .raw_as(
@@ -270,7 +256,7 @@ async fn bad_lines_are_refused_with_their_reason_and_the_rest_is_stored(app: Tes
         "{\"uuid\":\"g1\",\"type\":\"user\",\"message\":{\"role\":\"user\",\"content\":\"changed\"}}\n",
         "{\"uuid\":\"g3\",\"type\":\"user\",\"message\":{\"role\":\"user\",\"content\":\"three\"}}",
     );
-    let report = import(&app, &thread, body).await;
+    let report = app.import(&thread, body).await;
     assert_eq!(report["lines"], 5, "{report}");
     assert_eq!(report["stored"], 2, "{report}");
     assert_eq!(report["refused"], 3, "{report}");
@@ -500,7 +486,7 @@ async fn a_stalled_import_is_cut_off_and_a_retry_continues() {
         (500..600).contains(&stored),
         "the first batch of 500 is committed, the unfinished one is not: {stored}"
     );
-    let report = import(&app, &thread, &text).await;
+    let report = app.import(&thread, &text).await;
     assert_eq!(report["already_stored"], stored);
     assert_eq!(report["stored"], 700 - stored);
     assert_eq!(export(&app, &thread).await, text);
@@ -853,7 +839,7 @@ async fn a_refused_giant_item_leaves_a_small_report(app: TestApp) {
     let thread = app.thread("giant-refusals").await;
     let giant = format!("\"{}\"", "s".repeat(2 << 20));
     let lines = [giant.as_str(); 4].join("\n");
-    let report = import(&app, &thread, &lines).await;
+    let report = app.import(&thread, &lines).await;
     let array = format!("[{}]", [giant.as_str(); 4].join(","));
     let response = import_json(&app, &thread, array.as_bytes()).await;
     assert_eq!(response.status, StatusCode::OK, "{}", response.body);
@@ -925,7 +911,7 @@ async fn many_sub_agents_are_counted_and_the_first_hundred_listed(app: TestApp) 
             .to_string()
         })
         .collect();
-    let report = import(&app, &thread, &lines.join("\n")).await;
+    let report = app.import(&thread, &lines.join("\n")).await;
     assert_eq!(report["stored"], 130, "{report}");
     assert_eq!(report["sidechain_thread_count"], 130);
     assert_eq!(report["sidechain_threads"].as_array().unwrap().len(), 100);
@@ -937,7 +923,9 @@ async fn many_sub_agents_are_counted_and_the_first_hundred_listed(app: TestApp) 
 async fn a_byte_order_mark_is_read_alike_by_both_forms(app: TestApp) {
     let first = SESSION.lines().next().unwrap();
     let lines_thread = app.thread("bom-lines").await;
-    let report = import(&app, &lines_thread, &format!("\u{feff}{first}\n")).await;
+    let report = app
+        .import(&lines_thread, &format!("\u{feff}{first}\n"))
+        .await;
     assert_eq!(
         (report["stored"].as_u64(), report["refused"].as_u64()),
         (Some(1), Some(0)),

@@ -64,6 +64,7 @@ where
     }
 }
 
+#[derive(Clone)]
 struct Api {
     http: reqwest::Client,
     base: String,
@@ -199,38 +200,83 @@ async fn text_of(client: &Client, css: &str, accept: impl Fn(&str) -> bool) -> S
     .await
 }
 
+/// A release server on a fresh SQLite file with a tenant key, and the chromedriver to browse it:
+/// what both browser tests start from. `None`, the reason printed, when the binary or
+/// chromedriver is missing.
+struct Served {
+    _server: Process,
+    dir: PathBuf,
+    base: String,
+    key: String,
+    api: Api,
+    chromedriver: PathBuf,
+}
+
+impl Served {
+    async fn start(key_name: &str) -> Option<Served> {
+        let Some(binary) = std::env::var("LOUPE_UI_BIN").ok().filter(|b| !b.is_empty()) else {
+            println!("SKIPPED the browser test: LOUPE_UI_BIN is not set (.ci/run sets it after the release build)");
+            return None;
+        };
+        let Some(chromedriver) = chromedriver() else {
+            println!("SKIPPED the browser test: chromedriver is not installed (apt-get install chromium chromium-driver)");
+            return None;
+        };
+        let dir = std::env::temp_dir().join(format!("loupe-ui-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (server, base) = start_server(&binary, &dir).await;
+        // A tenant key, through the admin API.
+        let http = reqwest::Client::new();
+        let created: Value = http
+            .post(format!("{base}/v1/admin/keys"))
+            .bearer_auth(ADMIN_KEY)
+            .json(&json!({"tenant": "acme", "name": key_name}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let key = created["key"].as_str().expect("a created key").to_owned();
+        let api = Api {
+            http,
+            base: base.clone(),
+            key: key.clone(),
+        };
+        Some(Served {
+            _server: server,
+            dir,
+            base,
+            key,
+            api,
+            chromedriver,
+        })
+    }
+
+    /// Runs `scenario` against a headless browser, in a task of its own so that the browser is
+    /// closed (and the files removed) even when it fails; its failure is the test's.
+    async fn browse<F, Fut>(self, scenario: F)
+    where
+        F: FnOnce(Client) -> Fut,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let profile = self.dir.join("chromium-profile");
+        let (_driver, client) = start_browser(&self.chromedriver, &profile).await;
+        let outcome = tokio::spawn(scenario(client.clone())).await;
+        let _ = client.close().await;
+        let _ = std::fs::remove_dir_all(&self.dir);
+        if let Err(failure) = outcome {
+            std::panic::resume_unwind(failure.into_panic());
+        }
+    }
+}
+
 #[tokio::test]
 async fn the_inspector_shows_repairs_zooms_the_outline_and_follows_appends() {
-    let Some(binary) = std::env::var("LOUPE_UI_BIN").ok().filter(|b| !b.is_empty()) else {
-        println!("SKIPPED the browser test: LOUPE_UI_BIN is not set (.ci/run sets it after the release build)");
+    let Some(served) = Served::start("ui test").await else {
         return;
     };
-    let Some(chromedriver) = chromedriver() else {
-        println!("SKIPPED the browser test: chromedriver is not installed (apt-get install chromium chromium-driver)");
-        return;
-    };
-    let dir = std::env::temp_dir().join(format!("loupe-ui-{}", uuid::Uuid::new_v4().simple()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (_server, base) = start_server(&binary, &dir).await;
-
-    // A tenant key, through the admin API.
-    let http = reqwest::Client::new();
-    let created: Value = http
-        .post(format!("{base}/v1/admin/keys"))
-        .bearer_auth(ADMIN_KEY)
-        .json(&json!({"tenant": "acme", "name": "ui test"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let key = created["key"].as_str().expect("a created key").to_owned();
-    let api = Api {
-        http,
-        base: base.clone(),
-        key: key.clone(),
-    };
+    let api = &served.api;
 
     // The seeded thread: exchanges summarized into an outline, a compaction (boundary and
     // summary), then a tool call the agent crashed after: its result was never stored.
@@ -322,15 +368,10 @@ async fn the_inspector_shows_repairs_zooms_the_outline_and_follows_appends() {
         first_line,
         zoom,
     };
-    let profile = dir.join("chromium-profile");
-    let (_driver, client) = start_browser(&chromedriver, &profile).await;
-    // The scenario runs in a task of its own so that the browser is closed even when it fails.
-    let scenario = tokio::spawn(browse(client.clone(), api, base, key, seeded)).await;
-    let _ = client.close().await;
-    let _ = std::fs::remove_dir_all(&dir);
-    if let Err(failure) = scenario {
-        std::panic::resume_unwind(failure.into_panic());
-    }
+    let (api, base, key) = (api.clone(), served.base.clone(), served.key.clone());
+    served
+        .browse(|client| browse(client, api, base, key, seeded))
+        .await;
 }
 
 /// What the seeding wrote and what the API answers about it.
@@ -524,34 +565,10 @@ fn session_lines() -> Vec<Value> {
 
 #[tokio::test]
 async fn the_inspector_draws_a_thread_s_economics_from_its_data() {
-    let Some(binary) = std::env::var("LOUPE_UI_BIN").ok().filter(|b| !b.is_empty()) else {
-        println!("SKIPPED the browser test: LOUPE_UI_BIN is not set (.ci/run sets it after the release build)");
+    let Some(served) = Served::start("ui economics test").await else {
         return;
     };
-    let Some(chromedriver) = chromedriver() else {
-        println!("SKIPPED the browser test: chromedriver is not installed (apt-get install chromium chromium-driver)");
-        return;
-    };
-    let dir = std::env::temp_dir().join(format!("loupe-ui-{}", uuid::Uuid::new_v4().simple()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (_server, base) = start_server(&binary, &dir).await;
-    let http = reqwest::Client::new();
-    let created: Value = http
-        .post(format!("{base}/v1/admin/keys"))
-        .bearer_auth(ADMIN_KEY)
-        .json(&json!({"tenant": "acme", "name": "ui economics test"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let key = created["key"].as_str().expect("a created key").to_owned();
-    let api = Api {
-        http: http.clone(),
-        base: base.clone(),
-        key: key.clone(),
-    };
+    let (api, base, key) = (&served.api, served.base.clone(), served.key.clone());
 
     // The real Claude Code session, imported as a client would.
     api.post(
@@ -559,7 +576,8 @@ async fn the_inspector_draws_a_thread_s_economics_from_its_data() {
         json!({"id": "session", "metadata": {"agent": "economics"}}),
     )
     .await;
-    let imported = http
+    let imported = api
+        .http
         .post(format!("{base}/v1/threads/session/import"))
         .bearer_auth(&key)
         .header("content-type", "application/x-ndjson")
@@ -575,14 +593,9 @@ async fn the_inspector_draws_a_thread_s_economics_from_its_data() {
     let economics = api.get("/v1/threads/session/economics").await;
     assert!(economics["points"].as_array().unwrap().len() >= 8);
 
-    let profile = dir.join("chromium-profile");
-    let (_driver, client) = start_browser(&chromedriver, &profile).await;
-    let scenario = tokio::spawn(browse_economics(client.clone(), base, key, economics)).await;
-    let _ = client.close().await;
-    let _ = std::fs::remove_dir_all(&dir);
-    if let Err(failure) = scenario {
-        std::panic::resume_unwind(failure.into_panic());
-    }
+    served
+        .browse(|client| browse_economics(client, base, key, economics))
+        .await;
 }
 
 /// A number attribute of an element.

@@ -259,6 +259,22 @@ impl TestApp {
         assert_eq!(response.status, StatusCode::CREATED, "{}", response.body);
     }
 
+    /// Imports a Claude Code transcript (JSON Lines) into an existing thread, asserts it was
+    /// taken, and returns the import's report.
+    pub async fn import(&self, thread: &str, transcript: &str) -> Value {
+        let response = self
+            .raw_as(
+                None,
+                Method::POST,
+                &format!("/v1/threads/{thread}/import"),
+                Some("application/x-ndjson"),
+                transcript.as_bytes().to_vec(),
+            )
+            .await;
+        assert_eq!(response.status, StatusCode::OK, "{}", response.body);
+        response.body
+    }
+
     /// Creates a thread and returns its id.
     pub async fn thread(&self, id: &str) -> String {
         let response = self
