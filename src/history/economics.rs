@@ -45,7 +45,7 @@ pub enum MarkerKind {
     /// Reversible clearing's frontier moved: the request at the marker is the first to send the
     /// batch's results as stubs.
     Clearing,
-    /// The outline's boundary: entries before it are sent as outline lines.
+    /// An outline merge: the outline's boundary moved at this seq.
     Outline,
 }
 

@@ -150,7 +150,8 @@ pub enum EconomicsMarkerKind {
     /// Reversible clearing's frontier moved: the request at this seq is the first to send a
     /// batch of old tool results as stubs.
     Clearing,
-    /// The outline's current boundary: entries before it are sent as outline lines.
+    /// An outline merge: the outline's boundary moved here (the thread's next seq then), so the
+    /// request after it is the first sent with the new lines.
     Outline,
 }
 
@@ -174,8 +175,7 @@ pub struct EconomicsResponse {
     pub next_seq: i64,
     /// The requests after `after_seq`, in seq order.
     pub points: Vec<EconomicsPoint>,
-    /// Compact boundaries, clearing batches and the outline's boundary after `after_seq`, in seq
-    /// order.
+    /// Compact boundaries, clearing batches and outline merges after `after_seq`, in seq order.
     pub markers: Vec<EconomicsMarker>,
     /// Whether `limit` (or the bound of 10,000 markers) cut the answer short.
     pub truncated: bool,
@@ -212,8 +212,9 @@ fn window_tokens(requested: Option<u64>) -> Result<u64, ApiError> {
 /// compaction only the fixed part is shared. The summarizer's own request is not counted.
 ///
 /// Markers: compact boundaries; clearing batches when the thread clears old tool results (the
-/// rule run over the results after each boundary, a turn ending at the next request); the
-/// outline's current boundary only, as its earlier states are not stored.
+/// rule run over the results after each boundary, a turn ending at the next request); outline
+/// merges, where the outline's boundary moved (an outline saved before merges were kept: its
+/// current boundary).
 ///
 /// The thread is read a page at a time; at most `limit` points are answered, then `truncated`
 /// and `next_after_seq` say where to go on (a read that goes on folds the entries before

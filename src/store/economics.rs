@@ -57,8 +57,9 @@ impl Store {
     /// The tenant's thread's economics (`history::economics`): every entry folded in seq order,
     /// the points and markers after `read.after_seq` answered, until `read.limit` points or
     /// `read.max_markers` markers (an entry's points and markers go together, so the answer is
-    /// cut between entries). The outline's current boundary is the one outline marker: the
-    /// outline's earlier states are not stored.
+    /// cut between entries). An outline marker is where the outline's boundary moved (a merge:
+    /// the request after it is the first sent with the new lines); an outline from before merges
+    /// were kept is marked at its current boundary alone.
     pub async fn economics(
         &self,
         tenant: &TenantId,
@@ -73,8 +74,7 @@ impl Store {
             .max(0);
         let mut fold =
             EconomicsFold::new(auto_compact_tokens as u64, head.settings.clearing_options());
-        let outline_boundary = self.outline_state(&head.thread_key).await?.0.boundary() as i64;
-        let outline_seq = (outline_boundary > 0).then_some(outline_boundary);
+        let outline_seqs = self.outline_markers(&head, &read).await?;
         let (mut points, mut markers) = (Vec::new(), Vec::new());
         let mut next_after_seq = None;
         let mut after = -1;
@@ -104,7 +104,7 @@ impl Store {
                     continue;
                 }
                 let mut kinds = pushed.markers;
-                if outline_seq == Some(seq) {
+                if outline_seqs.binary_search(&seq).is_ok() {
                     kinds.push(MarkerKind::Outline);
                 }
                 let answered = !points.is_empty() || !markers.is_empty();
@@ -119,13 +119,16 @@ impl Store {
                 points.extend(pushed.point);
             }
         }
-        // An outline that covers every entry has its boundary where the next entry will be.
-        if let Some(seq) = outline_seq {
-            if next_after_seq.is_none() && seq >= head.next_seq && seq > read.after_seq {
-                markers.push(Marker {
-                    seq,
-                    kind: MarkerKind::Outline,
-                });
+        // A merge after the last entry (an outline that covers every entry) is where the next
+        // entry will be.
+        if next_after_seq.is_none() {
+            for &seq in outline_seqs.iter().filter(|&&seq| seq >= head.next_seq) {
+                if seq > read.after_seq && markers.len() < read.max_markers {
+                    markers.push(Marker {
+                        seq,
+                        kind: MarkerKind::Outline,
+                    });
+                }
             }
         }
         Ok(Economics {
@@ -154,6 +157,32 @@ impl Store {
                 .fetch_all(&self.pool)
                 .await?,
         )
+    }
+
+    /// The seqs to mark as outline merges after `read.after_seq`, in order: the merges kept,
+    /// or, for an outline saved before they were, its current boundary alone.
+    async fn outline_markers(
+        &self,
+        head: &crate::store::ContextHead,
+        read: &EconomicsRead,
+    ) -> Result<Vec<i64>, StoreError> {
+        let merges = self
+            .outline_merges(&head.thread_key, read.after_seq, read.max_markers + 1)
+            .await?;
+        if !merges.is_empty()
+            || !self
+                .outline_merges(&head.thread_key, -1, 1)
+                .await?
+                .is_empty()
+        {
+            return Ok(merges);
+        }
+        let boundary = self.outline_state(&head.thread_key).await?.0.boundary() as i64;
+        Ok(if boundary > read.after_seq.max(0) {
+            vec![boundary]
+        } else {
+            Vec::new()
+        })
     }
 
     /// The content tokens of the entries a compact boundary at `seq` keeps before it (its

@@ -292,6 +292,7 @@ const THREAD_DATA_TABLES: &[&str] = &[
     "thread_settings",
     "tree_nodes",
     "outlines",
+    "outline_merges",
 ];
 
 static POSTGRES_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");

@@ -414,6 +414,11 @@ impl Store {
         if !Store::thread_exists_in(&mut tx, self.backend, thread_key).await? {
             return Err(StoreError::ThreadNotFound);
         }
+        let previous: Option<i64> =
+            sqlx::query_scalar("SELECT boundary FROM outlines WHERE thread_key = $1")
+                .bind(thread_key.as_str())
+                .fetch_optional(&mut *tx)
+                .await?;
         let changed = if expected_version == 0 {
             sqlx::query(
                 "INSERT INTO outlines (thread_key, tiles, boundary, version, updated_at) \
@@ -438,8 +443,41 @@ impl Store {
             .execute(&mut *tx)
             .await?
         };
+        let saved = changed.rows_affected() == 1;
+        if saved && previous.unwrap_or(0) != boundary {
+            // A merge: kept so that the economics chart can mark each one where it happened.
+            sqlx::query(
+                "INSERT INTO outline_merges (thread_key, at_seq, boundary) \
+                 SELECT thread_key, next_seq, $2 FROM threads WHERE thread_key = $1 \
+                 ON CONFLICT DO NOTHING",
+            )
+            .bind(thread_key.as_str())
+            .bind(boundary)
+            .execute(&mut *tx)
+            .await?;
+        }
         tx.commit().await?;
-        Ok(changed.rows_affected() == 1)
+        Ok(saved)
+    }
+
+    /// The seqs at which the outline's boundary moved after `after_seq`, in order, at most
+    /// `limit` of them.
+    pub async fn outline_merges(
+        &self,
+        thread_key: &ThreadKey,
+        after_seq: i64,
+        limit: usize,
+    ) -> Result<Vec<i64>, StoreError> {
+        let seqs: Vec<i64> = sqlx::query_scalar(
+            "SELECT DISTINCT at_seq FROM outline_merges WHERE thread_key = $1 AND at_seq > $2 \
+             ORDER BY at_seq LIMIT $3",
+        )
+        .bind(thread_key.as_str())
+        .bind(after_seq)
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(seqs)
     }
 
     /// Texts of the given nodes (one indexed query per level present).
