@@ -445,9 +445,10 @@ async fn replay_with(
     let view = mode.view();
     let mut report = Report::default();
     let mut previous: Option<Vec<u8>> = None;
+    let mut previous_prompt: Option<u64> = None;
     for round in rounds {
         report.history_bytes += round.iter().map(|m| m.to_string().len()).sum::<usize>();
-        app.append(&thread, &with_usage(round, previous.as_deref()))
+        app.append(&thread, &with_usage(round, previous_prompt))
             .await;
         loop {
             match runner.step(Clock::System).await.unwrap() {
@@ -469,6 +470,7 @@ async fn replay_with(
         )
         .unwrap();
         report.add(previous.as_deref(), &request);
+        previous_prompt = Some(prompt_tokens(&context.body));
         if mode.clears() && context.body.to_string().contains(STUB) {
             report.last_cleared = Some(context.body);
         }
@@ -482,23 +484,41 @@ async fn replay_with(
 }
 
 /// The round as a client stores it: its first response carries the `usage` a provider reports
-/// for the request before it (the previous context read, as sent) and for its own output, both
-/// counted by the per-kind rates. So the automatic compaction of every mode fires where the
-/// requests it sends reach the threshold, anchored as a real client's thread is, not on the
-/// stored content's upper bound.
-fn with_usage(round: &[Value], request: Option<&[u8]>) -> Vec<Value> {
+/// for the request before it (`prompt`, the previous context read as sent) and for its own
+/// output. So the automatic compaction of every mode fires where the requests it sends reach
+/// the threshold, anchored as a real client's thread is, not on the stored content's upper bound.
+fn with_usage(round: &[Value], prompt: Option<u64>) -> Vec<Value> {
     let mut round = round.to_vec();
-    let (Some(request), Some(response)) = (
-        request,
+    let (Some(prompt), Some(response)) = (
+        prompt,
         round.iter_mut().find(|entry| entry["type"] == "assistant"),
     ) else {
         return round;
     };
-    let count = loupe::history::normalize::text_tokens;
-    let prompt = count(&String::from_utf8_lossy(request));
-    let output = count(&response["message"]["content"].to_string());
+    let output = content_tokens(&response["message"]["content"]);
     response["message"]["usage"] = json!({"input_tokens": prompt, "output_tokens": output});
     round
+}
+
+/// A context read's request as the simulated provider counts it: its messages' content and its
+/// tools, by the per-kind rates the stored estimate counts content with.
+fn prompt_tokens(context: &Value) -> u64 {
+    let messages: u64 = context["messages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|message| content_tokens(&message["content"]))
+        .sum();
+    messages + loupe::history::normalize::text_tokens(&context["tools"].to_string())
+}
+
+fn content_tokens(content: &Value) -> u64 {
+    use loupe::history::normalize::estimate::context_block_tokens;
+    match content {
+        Value::String(text) => loupe::history::normalize::text_tokens(text),
+        Value::Array(blocks) => blocks.iter().map(context_block_tokens).sum(),
+        _ => 0,
+    }
 }
 
 /// How a cleared result's stub begins.
