@@ -533,6 +533,8 @@ impl ErasureTx {
         reason: Option<String>,
     ) -> Result<Erasure, StoreError> {
         self.artifacts.jobs_fenced = self.count_fenced_jobs().await?;
+        // The overheads the thread taught came from its first calls, which may be among these.
+        super::overheads::forget_taught_by(&mut self.tx, &self.thread_key).await?;
         let seqs_json = Value::from(seqs.clone()).to_string();
         let artifacts_json = serde_json::to_string(&self.artifacts)
             .map_err(|e| StoreError::Corrupt(e.to_string()))?;

@@ -5,7 +5,7 @@
 use sqlx::{AnyConnection, Row};
 
 use crate::history::normalize::{LearnedOverheads, Overhead};
-use crate::store::{Store, StoreError, TenantId};
+use crate::store::{Store, StoreError, TenantId, ThreadKey};
 
 /// Samples after which a new one moves the learned overhead by an eighth: a running mean that
 /// follows a changed system prompt within a few threads.
@@ -18,11 +18,21 @@ const MAX_OVERHEAD_MODELS: i64 = 16;
 /// it (a new row starts with a tenth of the sample as its spread).
 pub(super) async fn learn_in(
     conn: &mut AnyConnection,
+    thread_key: &ThreadKey,
     tenant: &str,
     model: &str,
     tokens: i64,
     now: i64,
 ) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO overhead_sources (thread_key, tenant_id, model) VALUES ($1, $2, $3) \
+         ON CONFLICT DO NOTHING",
+    )
+    .bind(thread_key.as_str())
+    .bind(tenant)
+    .bind(model)
+    .execute(&mut *conn)
+    .await?;
     sqlx::query(&format!(
         "INSERT INTO model_overheads (tenant_id, model, tokens, spread, samples, updated_at) \
          VALUES ($1, $2, $3, $3 / 10, 1, $4) ON CONFLICT (tenant_id, model) DO UPDATE SET \
@@ -50,6 +60,27 @@ pub(super) async fn learn_in(
     .bind(MAX_OVERHEAD_MODELS)
     .execute(&mut *conn)
     .await?;
+    Ok(())
+}
+
+/// Forgets the overheads `thread_key` taught, in the caller's transaction: an erasure in the
+/// thread or its deletion. Other threads' first calls of those models learn them again.
+pub(super) async fn forget_taught_by(
+    conn: &mut AnyConnection,
+    thread_key: &ThreadKey,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "DELETE FROM model_overheads WHERE EXISTS (SELECT 1 FROM overhead_sources s \
+         WHERE s.thread_key = $1 AND s.tenant_id = model_overheads.tenant_id \
+         AND s.model = model_overheads.model)",
+    )
+    .bind(thread_key.as_str())
+    .execute(&mut *conn)
+    .await?;
+    sqlx::query("DELETE FROM overhead_sources WHERE thread_key = $1")
+        .bind(thread_key.as_str())
+        .execute(&mut *conn)
+        .await?;
     Ok(())
 }
 

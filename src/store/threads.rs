@@ -199,6 +199,7 @@ impl Store {
         .await?;
         let thread_key = ThreadKey::from_stored(thread_key.ok_or(StoreError::ThreadNotFound)?);
         let chunked = self.backend == super::Backend::Sqlite;
+        super::overheads::forget_taught_by(&mut tx, &thread_key).await?;
         for table in super::THREAD_DATA_TABLES {
             if chunked && CHUNKED_TABLES.contains(table) {
                 continue;

@@ -24,6 +24,7 @@ on_both_backends!(
     a_snip_reaches_the_compaction_summaries_that_covered_it,
     a_summary_apart_from_its_boundary_and_a_forged_tombstone_are_erased_too,
     an_erasure_whose_scrub_never_ran_is_scrubbed_at_the_next_start,
+    an_erased_model_name_leaves_no_hash_in_the_database,
 );
 
 /// A summarizer as leaky as a model can be: it keeps every `NEEDLE-` word of what it reads,
@@ -943,6 +944,65 @@ async fn entries_before_a_boundary_past_the_window_bound_can_be_erased() {
         !context.body.to_string().contains("NEEDLE-LONG"),
         "{}",
         context.body
+    );
+    app.finish().await;
+}
+
+/// An erasure takes an entry's content "and any hash of it" away (README § Erase): the
+/// tombstone keeps no `model`. But the entry was its thread's first call, so the append taught
+/// `model_overheads` a row named by the SHA-256 of that model name, with the prompt size it
+/// showed and when: the erasure leaves it, and so does deleting the thread. An unsalted
+/// SHA-256 of a short name is no secret (anyone holding the files confirms a guess, or a list
+/// of names, by hashing it), so the files still say the tenant used that model then.
+async fn an_erased_model_name_leaves_no_hash_in_the_database(app: TestApp) {
+    use sha2::{Digest, Sha256};
+    let model = "acme-finetune-customer-7";
+    let thread = app.thread("private").await;
+    app.append(
+        &thread,
+        json!([user("q0", "hello"), {"uuid": "a0", "type": "assistant", "message": {
+            "role": "assistant", "id": "msg_0", "model": model,
+            "content": [{"type": "text", "text": "ok"}],
+            "usage": {"input_tokens": 20_000, "output_tokens": 1}}}]),
+    )
+    .await;
+    let erased = app
+        .post(
+            &format!("/v1/threads/{thread}/erasures"),
+            json!({"uuids": ["q0", "a0"]}),
+        )
+        .await;
+    assert_eq!(erased.status, StatusCode::CREATED, "{}", erased.body);
+    let digest = hex::encode(Sha256::digest(model.as_bytes()));
+    let left = stored_copies(&app, &[thread.as_str()], &[model.to_owned(), digest]).await;
+    assert!(left.is_empty(), "the files still hold {left:?}");
+    // Deleting a thread forgets what its first call taught just as well.
+    let other = "acme-finetune-customer-8";
+    let deleted = app.thread("deleted").await;
+    app.append(
+        &deleted,
+        json!([user("q1", "hello"), {"uuid": "a1", "type": "assistant", "message": {
+            "role": "assistant", "id": "msg_1", "model": other,
+            "content": [{"type": "text", "text": "ok"}],
+            "usage": {"input_tokens": 20_000, "output_tokens": 1}}}]),
+    )
+    .await;
+    let fresh = app.thread("fresh").await;
+    app.append(&fresh, json!([user("q2", "hello again")])).await;
+    let overhead = |body: Value| body["context_tokens"]["overhead_tokens"].clone();
+    let read = app.get(&format!("/v1/threads/{fresh}/context")).await;
+    // The prompt less the upper bound of "hello" before it.
+    assert!(
+        overhead(read.body).as_u64().is_some_and(|t| t > 19_900),
+        "taught by it"
+    );
+    let response = app.delete(&format!("/v1/threads/{deleted}")).await;
+    assert!(response.status.is_success(), "{}", response.body);
+    let read = app.get(&format!("/v1/threads/{fresh}/context")).await;
+    assert_eq!(
+        overhead(read.body),
+        Value::Null,
+        "forgotten with its source"
     );
     app.finish().await;
 }

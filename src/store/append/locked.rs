@@ -2,6 +2,8 @@
 //! the jobs its appends trigger enqueued in the same transaction. Every group can go this way;
 //! the faster paths (`sqlite_writer`, `pg_unlocked`) hand it what they cannot write.
 
+use std::collections::HashMap;
+
 use sqlx::AnyConnection;
 
 use super::plan::{
@@ -11,7 +13,7 @@ use super::plan::{
 use super::sql::{read_group, write_rows, RowLock, Transaction, UuidCheck};
 use crate::store::jobs::{auto_compaction_due, compaction_dedup_key, enqueue_in, enqueue_tree_in};
 use crate::store::payloads::{CompactionPayload, KIND_COMPACTION};
-use crate::store::{now_millis, NewJob, Store, StoreError};
+use crate::store::{now_millis, NewJob, Store, StoreError, ThreadKey};
 
 /// What [`Store::write_group`] did.
 pub(super) enum GroupOutcome {
@@ -69,7 +71,7 @@ impl Store {
                 *jobs_created = jobs.created;
             }
         }
-        self.learn_overheads(conn, group, &plans).await?;
+        self.learn_overheads(conn, group, &plans, &threads).await?;
         if plans.iter().any(Planned::writes) {
             let inserted = write_rows(
                 conn,
@@ -146,29 +148,28 @@ impl Store {
         conn: &mut AnyConnection,
         group: &[QueuedAppend],
         plans: &[Planned],
+        threads: &HashMap<(&str, &str), GroupThread>,
     ) -> Result<(), StoreError> {
-        let mut samples: Vec<(&str, &OverheadSample)> = group
+        let mut samples: Vec<(&str, &OverheadSample, &ThreadKey)> = group
             .iter()
             .zip(plans)
             .filter_map(|(append, plan)| match plan {
                 Planned::Write {
                     overhead: Some(sample),
                     ..
-                } => Some((append.tenant.0.as_str(), sample)),
+                } => Some((
+                    append.tenant.0.as_str(),
+                    sample,
+                    &threads[&thread_of(append)].thread_key,
+                )),
                 _ => None,
             })
             .collect();
         samples.sort_by(|a, b| (a.0, &a.1.model_digest).cmp(&(b.0, &b.1.model_digest)));
         let now = now_millis();
-        for (tenant, sample) in samples {
-            crate::store::overheads::learn_in(
-                conn,
-                tenant,
-                &sample.model_digest,
-                sample.tokens,
-                now,
-            )
-            .await?;
+        for (tenant, sample, thread_key) in samples {
+            let (model, tokens) = (&sample.model_digest, sample.tokens);
+            crate::store::overheads::learn_in(conn, thread_key, tenant, model, tokens, now).await?;
         }
         Ok(())
     }
