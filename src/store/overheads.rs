@@ -11,11 +11,17 @@ use crate::store::{Store, StoreError, TenantId, ThreadKey};
 /// follows a changed system prompt within a few threads.
 const OVERHEAD_MEMORY: i64 = 8;
 
-/// Models a tenant keeps an overhead for; the least recently learned goes first.
+/// Models a tenant learns overheads for at once: a new model's first row is not written while
+/// the tenant has this many learned in the last `STALE_AFTER_MILLIS`. Nothing is evicted in the
+/// append's transaction: a delete there locks rows in another order than the upserts, and two
+/// groups of one tenant deadlocked on PostgreSQL (found by the hostile-tenant attack).
 const MAX_OVERHEAD_MODELS: i64 = 16;
 
+/// After this long without a sample, a model's row no longer counts against the tenant's.
+const STALE_AFTER_MILLIS: i64 = 30 * 24 * 3600 * 1000;
+
 /// One sample into the tenant's overhead for its model: the mean and mean deviation move toward
-/// it (a new row starts with a tenth of the sample as its spread).
+/// it (a new row starts with a tenth of the sample as its spread, if the tenant has room).
 pub(super) async fn learn_in(
     conn: &mut AnyConnection,
     thread_key: &ThreadKey,
@@ -35,7 +41,10 @@ pub(super) async fn learn_in(
     .await?;
     sqlx::query(&format!(
         "INSERT INTO model_overheads (tenant_id, model, tokens, spread, samples, updated_at) \
-         VALUES ($1, $2, $3, $3 / 10, 1, $4) ON CONFLICT (tenant_id, model) DO UPDATE SET \
+         SELECT $1, $2, $3, $3 / 10, 1, $4 \
+         WHERE EXISTS (SELECT 1 FROM model_overheads WHERE tenant_id = $1 AND model = $2) \
+         OR (SELECT COUNT(*) FROM model_overheads WHERE tenant_id = $1 AND updated_at > $5) < $6 \
+         ON CONFLICT (tenant_id, model) DO UPDATE SET \
          tokens = model_overheads.tokens + (excluded.tokens - model_overheads.tokens) / {weight}, \
          spread = model_overheads.spread \
          + (ABS(excluded.tokens - model_overheads.tokens) - model_overheads.spread) / {weight}, \
@@ -49,14 +58,7 @@ pub(super) async fn learn_in(
     .bind(model)
     .bind(tokens)
     .bind(now)
-    .execute(&mut *conn)
-    .await?;
-    sqlx::query(
-        "DELETE FROM model_overheads WHERE tenant_id = $1 AND model NOT IN \
-         (SELECT model FROM model_overheads WHERE tenant_id = $1 \
-         ORDER BY updated_at DESC, model LIMIT $2)",
-    )
-    .bind(tenant)
+    .bind(now - STALE_AFTER_MILLIS)
     .bind(MAX_OVERHEAD_MODELS)
     .execute(&mut *conn)
     .await?;

@@ -26,26 +26,6 @@ use axum::http::StatusCode;
 use serde_json::{json, Value};
 use tiktoken_rs::CoreBPE;
 
-macro_rules! ignored_on_both_backends {
-    ($reason:literal: $($name:ident),* $(,)?) => {
-        $(
-            mod $name {
-                use crate::common::{Backend, TestApp};
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                #[ignore = $reason]
-                async fn sqlite() {
-                    super::$name(TestApp::new(Backend::Sqlite).await).await;
-                }
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                #[ignore = $reason]
-                async fn postgres() {
-                    super::$name(TestApp::new(Backend::Postgres).await).await;
-                }
-            }
-        )*
-    };
-}
-
 on_both_backends!(simulated_sessions_meet_the_goals);
 ignored_on_both_backends!("a report on hand-made usage, run by hand": fixture_transcripts_report);
 

@@ -39,6 +39,7 @@ mod search;
 mod summarize_extractive;
 mod summarize_models;
 mod tenants;
+mod token_estimates;
 mod transcripts;
 mod tree;
 mod tree_props;

@@ -391,6 +391,29 @@ macro_rules! on_both_backends {
     };
 }
 
+/// `on_both_backends!` for tests run on purpose only, each with the reason.
+#[macro_export]
+macro_rules! ignored_on_both_backends {
+    ($reason:literal: $($name:ident),* $(,)?) => {
+        $(
+            mod $name {
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                #[ignore = $reason]
+                async fn sqlite() {
+                    let app = $crate::common::TestApp::new($crate::common::Backend::Sqlite).await;
+                    super::$name(app).await;
+                }
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                #[ignore = $reason]
+                async fn postgres() {
+                    let app = $crate::common::TestApp::new($crate::common::Backend::Postgres).await;
+                    super::$name(app).await;
+                }
+            }
+        )*
+    };
+}
+
 /// A user text entry.
 pub fn user(uuid: &str, text: &str) -> Value {
     serde_json::json!({"uuid": uuid, "type": "user", "message": {"role": "user", "content": text}})
