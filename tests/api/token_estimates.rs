@@ -11,11 +11,17 @@ use serde_json::{json, Value};
 
 use crate::common::{user, TestApp};
 
-on_both_backends!(first_calls_of_many_models_at_once_never_deadlock);
+on_both_backends!(
+    first_calls_of_many_models_at_once_never_deadlock,
+    a_usage_no_provider_could_report_teaches_no_overhead,
+);
 ignored_on_both_backends!(
     "open finding of issue 36, to fix next: see the test's doc":
     a_content_read_of_a_first_calls_window_answers_that_calls_prompt,
     a_window_whose_usage_was_erased_adds_the_learned_overhead,
+    a_preserved_segment_is_not_taken_for_overhead,
+    after_a_compaction_the_stored_count_is_still_an_upper_bound,
+    upper_tokens_is_what_automatic_compaction_counts,
 );
 
 /// An assistant entry of `model` whose request's prompt was `prompt` tokens.
@@ -183,5 +189,155 @@ async fn a_window_whose_usage_was_erased_adds_the_learned_overhead(app: TestApp)
         .await;
     let expected = context_tokens(&app, &twin).await;
     assert_eq!(estimate["overhead_tokens"], expected["overhead_tokens"]);
+    app.finish().await;
+}
+
+/// A client-side compact boundary that keeps a preserved segment (`compact_metadata.
+/// preserved_segment`): the next request carries the segment, the summary and the overhead,
+/// and the context read counts the segment in the window. The append path counts the batch
+/// from the boundary on (`BatchTokens::Reset`) and takes the first call after it as a window
+/// that opened in the batch with nothing before it but the summary: the whole preserved segment
+/// (2,000 tokens here, any size a client keeps) is learned as the model's overhead, and every
+/// content-only read of the tenant adds it.
+async fn a_preserved_segment_is_not_taken_for_overhead(app: TestApp) {
+    let thread = app.thread("kept").await;
+    app.append(&thread, json!([user("p0", &prose())])).await;
+    app.append(
+        &thread,
+        json!([
+            {"uuid": "b1", "type": "system", "subtype": "compact_boundary",
+             "content": "Conversation compacted",
+             "compact_metadata": {"trigger": "manual", "pre_tokens": 2000,
+                                  "preserved_segment": {"first_seq": 0, "last_seq": 0}}},
+            user("s1", "Summary: ok."),
+            // 20,000 of overhead, the 2,000 preserved, the summary's 3.
+            response("a1", "msg_1", "sim", 22_003)
+        ]),
+    )
+    .await;
+    let fresh = app.thread("fresh").await;
+    app.append(&fresh, json!([user("q1", "hi")])).await;
+    let estimate = context_tokens(&app, &fresh).await;
+    assert!(
+        estimate["overhead_tokens"]
+            .as_u64()
+            .is_some_and(|overhead| overhead < 21_000),
+        "the overhead is 20,000, not the preserved segment too: {estimate}"
+    );
+    app.finish().await;
+}
+
+/// `usage_tokens` clamps each figure to 10^9 so that `2^64-1` ("a figure no provider could
+/// report") wraps nothing; but the first call that reports it still teaches the tenant's
+/// overhead a prompt of a billion tokens, and every content-only read of the tenant's threads
+/// (any model: the most recent overhead stands in for a model without one) then answers
+/// about a billion tokens, for dozens of first calls (the running mean forgets an eighth a
+/// sample).
+async fn a_usage_no_provider_could_report_teaches_no_overhead(app: TestApp) {
+    let absurd = app.thread("absurd").await;
+    app.append(
+        &absurd,
+        json!([user("q0", "hi"), {"uuid": "a0", "type": "assistant", "message": {
+            "role": "assistant", "id": "msg_0", "model": "sim",
+            "content": [{"type": "text", "text": "ok"}],
+            "usage": {"input_tokens": u64::MAX, "cache_read_input_tokens": u64::MAX,
+                      "output_tokens": 1}}}]),
+    )
+    .await;
+    // Then three ordinary first calls of the same model.
+    for i in 1..4 {
+        let thread = app.thread(&format!("ordinary-{i}")).await;
+        app.append(
+            &thread,
+            json!([
+                user(&format!("q{i}"), "hi"),
+                response(&format!("a{i}"), &format!("msg_{i}"), "sim", 20_000)
+            ]),
+        )
+        .await;
+    }
+    let fresh = app.thread("fresh").await;
+    app.append(&fresh, json!([user("q9", "hi")])).await;
+    let estimate = context_tokens(&app, &fresh).await;
+    // No model's window is near 10 million tokens.
+    assert!(
+        estimate["tokens"].as_u64() < Some(10_000_000),
+        "a thread saying `hi`: {estimate}"
+    );
+    app.finish().await;
+}
+
+/// The stored count that triggers automatic compaction is "the last `usage` plus the content
+/// after it at the uncalibrated upper rates" (NORMALIZATION.md § Token estimate): after a
+/// compaction, with no usage anywhere, at least the read's `upper_tokens` of the same window
+/// (no overhead is learned here, so that is the content's upper bound alone). But
+/// `write_compaction` sets it to the summary and the kept rounds at characters / 4
+/// (`estimate_entry_tokens`, the compaction plan's `kept_tokens`), about half of the upper
+/// rates for code: the next automatic compaction comes that much later than the bound says,
+/// the late compaction the upper bound exists to prevent.
+async fn after_a_compaction_the_stored_count_is_still_an_upper_bound(app: TestApp) {
+    let thread = app.thread("compacted").await;
+    app.append(&thread, crate::common::tool_rounds("q", 0, 6, 200))
+        .await;
+    crate::tree::compact(&app, &thread, 2).await;
+    let runner = crate::tree::runner(
+        &app,
+        std::sync::Arc::new(loupe::summarize::ExtractiveSummarizer::new()),
+    );
+    crate::tree::drain(&runner).await;
+    let estimate = context_tokens(&app, &thread).await;
+    assert_eq!(estimate["basis"], "content", "{estimate}");
+    assert!(estimate["overhead_tokens"].is_null(), "{estimate}");
+    let pool = sqlx::AnyPool::connect(&app.url).await.unwrap();
+    let stored: i64 = sqlx::query_scalar("SELECT context_tokens FROM threads WHERE thread_id = $1")
+        .bind(&thread)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+    assert!(
+        stored as u64 >= estimate["upper_tokens"].as_u64().unwrap(),
+        "stored count {stored} against the read's {estimate}"
+    );
+    app.finish().await;
+}
+
+/// The OpenAPI document (and `ContextEstimate::upper_tokens`' doc) says `upper_tokens` is
+/// "what automatic compaction counts". It is not: the trigger compares the stored count
+/// (`threads.context_tokens`: the last usage plus the content at the uncalibrated upper rates,
+/// and no overhead), while a content-only read's `upper_tokens` holds the learned overhead
+/// (and a calibrated one its own margin). A client that budgets by `upper_tokens` against its
+/// `auto_compact_tokens` expects a compaction that never comes.
+async fn upper_tokens_is_what_automatic_compaction_counts(app: TestApp) {
+    let taught = app.thread("taught").await;
+    app.append(
+        &taught,
+        json!([user("q0", "hello"), response("a0", "msg_0", "sim", 20_000)]),
+    )
+    .await;
+    let thread = app.thread("budgeted").await;
+    let settings = app
+        .request(
+            axum::http::Method::PUT,
+            &format!("/v1/threads/{thread}/settings"),
+            Some(json!({"auto_compact_tokens": 5_000})),
+        )
+        .await;
+    assert_eq!(settings.status, StatusCode::OK, "{}", settings.body);
+    app.append(&thread, json!([user("q1", &prose())])).await;
+    let estimate = context_tokens(&app, &thread).await;
+    let upper = estimate["upper_tokens"].as_u64().unwrap();
+    let jobs = app.get(&format!("/v1/threads/{thread}/jobs")).await;
+    let compactions = jobs.body["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|job| job["kind"] == "compaction")
+        .count();
+    assert!(
+        upper < 5_000 || compactions == 1,
+        "upper_tokens {upper} is past the thread's 5,000 yet nothing compacts: {estimate}, {}",
+        jobs.body
+    );
     app.finish().await;
 }

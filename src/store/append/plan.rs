@@ -275,6 +275,11 @@ pub(super) struct OverheadSample {
     pub(super) tokens: i64,
 }
 
+/// The largest prompt a first call teaches an overhead from: past every provider's context
+/// window, so a `usage` no provider could report (found by the hostile-tenant attack: one such
+/// call made every content-only read of the tenant answer half a billion tokens) teaches nothing.
+const MAX_OVERHEAD_PROMPT_TOKENS: i64 = 2_000_000;
+
 /// Longest model name an overhead is learned for: no provider's is near it, and a longer one is
 /// the caller's text rather than a model.
 const MAX_MODEL_NAME_CHARS: usize = 200;
@@ -289,7 +294,8 @@ impl FirstCall {
         } else {
             thread_before.saturating_add(self.content_before)
         };
-        (self.prompt > 0 && before.saturating_mul(2) <= self.prompt).then(|| OverheadSample {
+        let plausible = self.prompt > 0 && self.prompt <= MAX_OVERHEAD_PROMPT_TOKENS;
+        (plausible && before.saturating_mul(2) <= self.prompt).then(|| OverheadSample {
             model_digest: model_digest(&self.model),
             tokens: self.prompt - before,
         })
@@ -366,7 +372,7 @@ fn context_tokens_of<'a>(entries: impl Iterator<Item = &'a Entry>) -> Counted {
 
 fn first_call_of(entry: &Entry, content_before: i64, window_in_batch: bool) -> Option<FirstCall> {
     let model = entry.message.as_ref()?.model.as_deref()?;
-    if model.chars().count() > MAX_MODEL_NAME_CHARS {
+    if model.is_empty() || model.chars().count() > MAX_MODEL_NAME_CHARS {
         return None;
     }
     Some(FirstCall {
