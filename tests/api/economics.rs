@@ -38,6 +38,17 @@ async fn import(app: &TestApp, thread: &str, body: &str) {
     app.import(thread, body).await;
 }
 
+/// A point's estimate is the context read's `context_tokens`, less the overhead a content-only
+/// read adds (which the economics leave out).
+fn assert_estimate_is_the_read(point: &Value, read: &Value, seq: usize) {
+    let overhead = read["overhead_tokens"].as_u64().unwrap_or(0);
+    assert_eq!(
+        point["estimate"]["tokens"].as_u64(),
+        read["tokens"].as_u64().map(|tokens| tokens - overhead),
+        "seq {seq}"
+    );
+}
+
 async fn economics(app: &TestApp, thread: &str, query: &str) -> Value {
     let answer = app
         .get(&format!("/v1/threads/{thread}/economics{query}"))
@@ -200,13 +211,7 @@ async fn each_estimate_is_the_context_read_of_the_thread_before_the_request(app:
             .await;
         assert_eq!(context.status, StatusCode::OK, "{}", context.body);
         let read = &context.body["context_tokens"];
-        // Less the overhead a content-only read adds, which the economics leave out.
-        let overhead = read["overhead_tokens"].as_u64().unwrap_or(0);
-        assert_eq!(
-            point["estimate"]["tokens"].as_u64(),
-            read["tokens"].as_u64().map(|tokens| tokens - overhead),
-            "seq {seq}"
-        );
+        assert_estimate_is_the_read(point, read, seq);
         assert_eq!(point["estimate"]["basis"], read["basis"], "seq {seq}");
         bases.push(read["basis"].clone());
     }
@@ -563,13 +568,7 @@ async fn preserved_segments_long_and_short_count_as_the_context_read_counts_them
             .await;
         assert_eq!(context.status, StatusCode::OK, "{}", context.body);
         assert_eq!(point["estimate"]["basis"], "content", "{point}");
-        let read = &context.body["context_tokens"];
-        let overhead = read["overhead_tokens"].as_u64().unwrap_or(0);
-        assert_eq!(
-            point["estimate"]["tokens"].as_u64(),
-            read["tokens"].as_u64().map(|tokens| tokens - overhead),
-            "seq {seq}"
-        );
+        assert_estimate_is_the_read(point, &context.body["context_tokens"], seq);
     }
     // The long segment's content is in the estimate: far more than the boundary's own tail.
     assert!(points(&answer)[1]["estimate"]["tokens"].as_u64().unwrap() > 40_000);

@@ -399,22 +399,8 @@ async fn browse(client: Client, api: Api, base: String, key: String, seeded: See
     } = seeded;
     let repair_kind = repair["kind"].as_str().unwrap().to_owned();
     {
-        client.goto(&format!("{base}/ui")).await.unwrap();
         // Keyed mode: the page asks for a key and keeps it in this tab only.
-        let input = client
-            .wait()
-            .at_most(PATIENCE)
-            .for_element(Locator::Id("key-input"))
-            .await
-            .unwrap();
-        input.send_keys(&key).await.unwrap();
-        client
-            .find(Locator::Css("#key-form button[type=submit]"))
-            .await
-            .unwrap()
-            .click()
-            .await
-            .unwrap();
+        sign_in(&client, &base, &key).await;
         let stored = client
             .execute("return sessionStorage.getItem('loupe.key')", vec![])
             .await
@@ -642,9 +628,8 @@ impl Scale {
     }
 }
 
-async fn browse_economics(client: Client, base: String, key: String, economics: Value) {
-    let lines = session_lines();
-    let points = economics["points"].as_array().unwrap().clone();
+/// Opens the inspector and gives it the tenant's key.
+async fn sign_in(client: &Client, base: &str, key: &str) {
     client.goto(&format!("{base}/ui")).await.unwrap();
     let input = client
         .wait()
@@ -652,7 +637,7 @@ async fn browse_economics(client: Client, base: String, key: String, economics: 
         .for_element(Locator::Id("key-input"))
         .await
         .unwrap();
-    input.send_keys(&key).await.unwrap();
+    input.send_keys(key).await.unwrap();
     client
         .find(Locator::Css("#key-form button[type=submit]"))
         .await
@@ -660,6 +645,12 @@ async fn browse_economics(client: Client, base: String, key: String, economics: 
         .click()
         .await
         .unwrap();
+}
+
+async fn browse_economics(client: Client, base: String, key: String, economics: Value) {
+    let lines = session_lines();
+    let points = economics["points"].as_array().unwrap().clone();
+    sign_in(&client, &base, &key).await;
     client
         .wait()
         .at_most(PATIENCE)
