@@ -141,7 +141,14 @@ pub async fn erase(
         tx.count_cached_contexts(cached_contexts);
         tx.tombstone(&plan.seqs).await?;
         plan.write_derived(&mut tx).await?;
-        return tx.commit(plan.seqs.clone(), request.reason).await;
+        let erasure = tx.commit(plan.seqs.clone(), request.reason).await?;
+        // The erasure is committed, whatever happens to the count: a fault here leaves the old
+        // count (high, never low: an erasure only takes content out) until the thread's next
+        // erasure or settings change counts it again.
+        if let Err(error) = store.recount_after_erasure(tenant, thread_id).await {
+            tracing::warn!(%error, "the erased thread's token count was not recounted");
+        }
+        return Ok(erasure);
     }
     Err(StoreError::SourcesChanged)
 }

@@ -122,8 +122,9 @@ pub struct CompactionWrite {
     /// The thread's next seq when the job read it: entries from there on were appended while
     /// the job ran.
     pub read_next_seq: i64,
-    /// Estimated tokens of the new context as of the read (summary + kept rounds).
-    pub base_tokens: i64,
+    /// The kept rounds as of the read, at the upper bound of the default rates (as the stored
+    /// count counts them); the boundary and the summary are counted when they are written.
+    pub kept_tokens: i64,
     /// The thread's redaction epoch read before the job read its sources: a snip or an
     /// erasure since then refuses the write ([`StoreError::SourcesChanged`]).
     pub epoch: i64,
@@ -668,8 +669,8 @@ impl Store {
     /// [`StoreError::BoundaryMoved`] when another boundary was appended since the job read the
     /// thread, with [`StoreError::SourcesChanged`] when a snip or an erasure moved the redaction
     /// epoch since (the summary may hold what they took out), and with [`StoreError::LeaseLost`]
-    /// when the claim was taken over (nothing is written then). The thread's running token estimate becomes `base_tokens` plus the estimate of the
-    /// entries appended while the job ran.
+    /// when the claim was taken over (nothing is written then). The thread's stored count becomes `kept_tokens` plus the
+    /// new entries and the entries appended while the job ran, all at the upper rates.
     pub async fn write_compaction<F>(
         &self,
         claimed: &ClaimedJob,
@@ -718,11 +719,21 @@ impl Store {
         .bind(write.read_next_seq)
         .fetch_all(&mut *tx)
         .await?;
-        let mut tokens = write.base_tokens;
+        let mut tokens = write.kept_tokens;
         for row in &appended_since {
             tokens += entry_features(&entry_from_row(row)?).upper_at_default_rates() as i64;
         }
         let (entries, result) = build(next_seq);
+        tokens += entries
+            .iter()
+            .map(|e| entry_features(e).upper_at_default_rates() as i64)
+            .sum::<i64>();
+        let content = match entries.split_first() {
+            Some((boundary, after)) => {
+                super::append::WindowContent::opened_at(boundary, after.iter())
+            }
+            None => super::append::WindowContent::EMPTY,
+        };
         let (stored, visible) = insert_entries(
             &mut tx,
             &thread_key,
@@ -736,7 +747,7 @@ impl Store {
         // compaction is how a thread near its limit keeps a usable context, though it frees nothing).
         sqlx::query(
             "UPDATE threads SET next_seq = $1, visible_count = $2, context_tokens = $3, \
-             context_anchored = 0, stored_bytes = stored_bytes + (SELECT COALESCE(SUM(octet_length(body)), 0) \
+             context_anchored = 0, window_content_tokens = $6, stored_bytes = stored_bytes + (SELECT COALESCE(SUM(octet_length(body)), 0) \
              FROM messages WHERE thread_key = $4 AND seq >= $5) \
              WHERE thread_key = $4",
         )
@@ -745,6 +756,7 @@ impl Store {
         .bind(tokens)
         .bind(thread_key.as_str())
         .bind(next_seq)
+        .bind(content.column())
         .execute(&mut *tx)
         .await?;
         complete_in(&mut tx, claimed, &result, now_ms).await?;

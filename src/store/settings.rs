@@ -182,6 +182,7 @@ impl Store {
         if job.is_some_and(|outcome| outcome.created) {
             self.job_signal.notify_one();
         }
-        self.recount_context_tokens(tenant, thread_id).await
+        self.recount_context_tokens(tenant, thread_id, super::append::Recount::Settings)
+            .await
     }
 }

@@ -4,6 +4,7 @@
 //! history and any page size.
 
 use futures_util::FutureExt;
+use loupe::history::normalize::estimate::entry_features;
 use loupe::history::normalize::view;
 use loupe::history::{estimate_entry_tokens, group_rounds, Entry};
 use loupe::jobs::compaction::SUMMARY_PREFIX;
@@ -18,7 +19,7 @@ pub struct PlainPlan {
     /// The seqs summarized, in order.
     pub summarized: Vec<Option<i64>>,
     pub pre_tokens: u64,
-    pub kept_tokens: u64,
+    pub kept_upper_tokens: u64,
     pub first_kept_seq: Option<i64>,
     pub previous_summary: Option<String>,
     pub rounds: usize,
@@ -57,7 +58,10 @@ pub fn reference_plan(entries: &[Entry], keep: u32) -> Option<PlainPlan> {
     Some(PlainPlan {
         summarized: summarized.iter().map(|e| e.seq).collect(),
         pre_tokens: view.iter().map(estimate_entry_tokens).sum(),
-        kept_tokens: view[cut..].iter().map(estimate_entry_tokens).sum(),
+        kept_upper_tokens: view[cut..]
+            .iter()
+            .map(|e| entry_features(e).upper_at_default_rates())
+            .sum(),
         first_kept_seq: view[cut..].iter().filter_map(|e| e.seq).min(),
         previous_summary: (!previous.is_empty()).then(|| previous.join("\n\n")),
         rounds: rounds.len(),
@@ -82,7 +86,7 @@ fn streamed_plan(window: &[Entry], keep: u32, page: i64) -> Option<PlainPlan> {
     Some(PlainPlan {
         summarized,
         pre_tokens: plan.pre_tokens,
-        kept_tokens: plan.kept_tokens,
+        kept_upper_tokens: plan.kept_upper_tokens,
         first_kept_seq: plan.first_kept_seq,
         previous_summary: plan.previous_summary,
         rounds: plan.rounds,

@@ -168,9 +168,12 @@ pub enum EstimateBasis {
 pub struct ContextEstimate {
     /// The best estimate of the prompt the next request sends, in the model's tokens.
     pub tokens: u64,
-    /// An upper bound: what automatic compaction counts. The estimate plus twice the spread the
-    /// calibration measured (or a quarter more than the default rates when the window has too
-    /// few deltas to calibrate), plus the learned overhead's spread.
+    /// An upper bound of `tokens`: the estimate plus twice the spread the calibration measured
+    /// (or a quarter more than the default rates when the window has too few deltas to
+    /// calibrate), plus the learned overhead's spread. Automatic compaction compares a bound of
+    /// its own with the thread's threshold, kept as entries are appended: the last `usage` plus
+    /// the content after it at the uncalibrated upper rates, without the learned overhead. On a
+    /// content-only window it is this bound less the overhead's.
     pub upper_tokens: u64,
     pub basis: EstimateBasis,
     /// The seq of the assistant entry whose `usage` anchors the estimate.
@@ -359,8 +362,11 @@ fn count(features: &Features, calibration: Option<&Calibration>) -> (u64, u64) {
     let defaults = features.at_default_rates();
     match calibration {
         None => {
-            let upper = (defaults - features.fixed).saturating_mul(UNCALIBRATED_UPPER_PERCENT)
-                / 100
+            // Rounded up, so that the entries' bounds summed (the stored count, an entry at a
+            // time) are never below the bound of their sum (a read's).
+            let upper = (defaults - features.fixed)
+                .saturating_mul(UNCALIBRATED_UPPER_PERCENT)
+                .div_ceil(100)
                 + features.kinds[FRAMES].saturating_mul(UNCALIBRATED_UPPER_FRAME_TOKENS)
                 + features.fixed;
             (defaults, upper.max(defaults))

@@ -22,7 +22,6 @@ use super::{Clock, JobError, Runner};
 use crate::history::estimate_entry_tokens;
 use crate::history::ledger::Tally;
 use crate::history::model::Entry;
-use crate::history::normalize::tokens::rough;
 use crate::store::{ClaimedJob, CompactionWrite, StoreError, TenantId};
 use crate::summarize::{Purpose, SummaryRequest};
 use plan::{
@@ -98,12 +97,11 @@ impl Runner {
         // The summary's text as sent: with the footer naming what it dropped.
         let summary_entry =
             summary_entry(&format!("{}{}", summary.text, tally.footer(&summary.text)));
-        let summary_tokens = rough(summary_entry.first_text().unwrap_or_default());
         // Write the boundary and the summary, and complete the job, in one transaction.
         let write = CompactionWrite {
             expected_boundary_seq: boundary_seq,
             read_next_seq,
-            base_tokens: (summary_tokens + plan.kept_tokens) as i64,
+            kept_tokens: plan.kept_upper_tokens as i64,
             epoch,
         };
         let job_id = claimed.job.id.clone();

@@ -8,6 +8,7 @@ use serde_json::{json, Value};
 
 use crate::history::ledger::without_footer;
 use crate::history::model::{subtype, ApiMessage, Content, Entry, EntryKind, Role};
+use crate::history::normalize::estimate::entry_features;
 
 /// The first words of the summary message (`docs/NORMALIZATION.md` § Compaction).
 pub const SUMMARY_PREFIX: &str = "This session is being continued from a previous conversation that ran out of context. The summary below covers the earlier portion of the conversation.\n\n";
@@ -28,8 +29,9 @@ pub struct CompactionPlan {
     pub first_kept_seq: Option<i64>,
     /// Estimated tokens of the current context (the boundary's `pre_tokens`).
     pub pre_tokens: u64,
-    /// Estimated tokens of the kept rounds.
-    pub kept_tokens: u64,
+    /// The kept rounds at the upper bound of the default rates: what the thread's stored count
+    /// (the automatic compaction trigger's) counts them as.
+    pub kept_upper_tokens: u64,
     pub rounds: usize,
 }
 
@@ -50,6 +52,8 @@ pub fn is_superseded(entry: &Entry) -> bool {
 #[derive(Debug, Clone, Copy, Default)]
 struct Totals {
     tokens: u64,
+    /// The upper bound of the same at the default rates.
+    upper_tokens: u64,
     /// Entries that would be summarized (not superseded).
     summarized: usize,
     /// Of those, the ones a model reads.
@@ -130,6 +134,7 @@ impl PlanScan {
             round.min_seq = Some(round.min_seq.map_or(seq, |min| min.min(seq)));
         }
         self.totals.tokens += tokens;
+        self.totals.upper_tokens += entry_features(entry).upper_at_default_rates();
         if is_superseded(entry) {
             if entry.is_compact_summary {
                 if let Some(text) = entry.first_text() {
@@ -178,7 +183,7 @@ impl PlanScan {
             previous_summary: (!previous.is_empty()).then(|| previous.join("\n\n")),
             first_kept_seq,
             pre_tokens: self.totals.tokens,
-            kept_tokens: self.totals.tokens - before.tokens,
+            kept_upper_tokens: self.totals.upper_tokens - before.upper_tokens,
             rounds: self.rounds,
         })
     }

@@ -28,6 +28,7 @@ mod sqlite_writer;
 
 pub(super) use pg_unlocked::ThreadCache;
 pub(super) use plan::AppendDefaults;
+pub(in crate::store) use plan::WindowContent;
 pub use plan::SNIP_HEADROOM_BYTES;
 pub(super) use queue::GroupCommit;
 pub use queue::GroupCommitStats;
@@ -123,16 +124,18 @@ impl Store {
 }
 
 impl Store {
-    /// Counts the thread's stored estimate (the auto-compaction trigger's) again under its
-    /// settings, since clearing changes what it counts: a page of the window at a time, then
+    /// Counts the thread's stored estimate (the auto-compaction trigger's) again, after a
+    /// change the appends did not make: new settings (clearing changes what it counts) or an
+    /// erasure (the entries and their `usage` are gone). A page of the window at a time, then
     /// written only if no append moved the thread meanwhile (else counted again; an append made
-    /// after the settings changed counts its own entries under them either way). A thread the
-    /// new settings leave at or past its threshold is compacted, as an append crossing it would
-    /// be (an append made while it is already past it enqueues nothing).
-    pub(super) async fn recount_context_tokens(
+    /// after the change counts its own entries under it either way). After a settings change, a
+    /// thread left at or past its threshold is compacted, as an append crossing it would be (an
+    /// append made while it is already past it enqueues nothing); an erasure only lowers it.
+    pub(in crate::store) async fn recount_context_tokens(
         &self,
         tenant: &TenantId,
         thread_id: &ThreadId,
+        after: Recount,
     ) -> Result<(), StoreError> {
         const PAGE: u64 = 500;
         for _ in 0..RECOUNT_TRIES {
@@ -149,16 +152,20 @@ impl Store {
             }
             let tokens = count.tokens;
             let written = sqlx::query(
-                "UPDATE threads SET context_tokens = $1, context_anchored = $4 \
-                 WHERE thread_key = $2 AND next_seq = $3",
+                "UPDATE threads SET context_tokens = $1, context_anchored = $4, \
+                 window_content_tokens = $5 WHERE thread_key = $2 AND next_seq = $3",
             )
             .bind(tokens)
             .bind(head.thread_key.as_str())
             .bind(head.next_seq)
             .bind(i64::from(count.anchored))
+            .bind(count.content.column())
             .execute(&self.writer)
             .await?;
             if written.rows_affected() == 1 {
+                if after == Recount::Erasure {
+                    return Ok(());
+                }
                 let settings = &head.settings;
                 let threshold = settings
                     .auto_compact_tokens
@@ -184,5 +191,28 @@ impl Store {
     }
 }
 
+impl Store {
+    /// Counts the thread's stored estimate again after an erasure in it committed: the erased
+    /// entries count as their tombstones, and a window whose only `usage` was erased is
+    /// estimated from content again (with the learned overhead).
+    pub async fn recount_after_erasure(
+        &self,
+        tenant: &TenantId,
+        thread_id: &ThreadId,
+    ) -> Result<(), StoreError> {
+        self.recount_context_tokens(tenant, thread_id, Recount::Erasure)
+            .await
+    }
+}
+
 /// Counts of a thread's estimate a settings change tries before leaving it to the appends.
 const RECOUNT_TRIES: usize = 3;
+
+/// What changed a thread's window other than an append, for [`Store::recount_context_tokens`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::store) enum Recount {
+    /// Its settings: may leave it past its compaction threshold.
+    Settings,
+    /// An erasure: takes entries (and the `usage` they reported) out, never adds any.
+    Erasure,
+}

@@ -56,7 +56,7 @@ pub(in crate::store) struct ThreadCache {
 #[derive(Clone)]
 struct CachedThread {
     thread_key: ThreadKey,
-    counters: [i64; 5],
+    counters: [i64; 6],
     triggers: AppendTriggers,
 }
 
@@ -125,8 +125,9 @@ pub(super) enum Unlocked {
 /// Values each moved thread binds: its key, its new `updated_at` and counters, then what the
 /// write checks is unchanged (`next_seq` as read, the settings columns, `stored_bytes` as read,
 /// which an erasure changes without appending, and `context_tokens` as read, which a settings
-/// change counts again); then `context_anchored`, which only appends move.
-const THREAD_WIDTH: usize = 13;
+/// change counts again); then `context_anchored` and `window_content_tokens`, which only appends
+/// move.
+const THREAD_WIDTH: usize = 14;
 
 /// The group's one statement for `threads` moved and `rows` inserted. The threads' rows are
 /// locked first, in (tenant, thread) order as the locked group takes them: the update alone
@@ -142,7 +143,7 @@ pub(super) fn unlocked_write_sql(threads: usize, rows: usize) -> String {
          ORDER BY tenant_id, thread_id FOR UPDATE), \
          moved AS (UPDATE threads SET updated_at = v.column2, next_seq = v.column3, \
          visible_count = v.column4, context_tokens = v.column5, stored_bytes = v.column6, \
-         context_anchored = v.column13 \
+         context_anchored = v.column13, window_content_tokens = v.column14 \
          FROM (VALUES {}) AS v LEFT JOIN thread_settings s ON s.thread_key = v.column1 \
          WHERE threads.thread_key = v.column1 AND threads.next_seq = v.column7 \
          AND threads.thread_key IN (SELECT thread_key FROM locked) \
@@ -236,7 +237,8 @@ impl Store {
                 .bind(thread.read_stored_bytes)
                 .bind(columns.clearing.clone())
                 .bind(thread.read_context_tokens)
-                .bind(i64::from(thread.anchored));
+                .bind(i64::from(thread.anchored))
+                .bind(thread.window_content.column());
         }
         let query = bind_rows(query, &rows).bind(moved.len() as i64);
         match query.execute(&mut *conn).await {

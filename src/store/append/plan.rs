@@ -36,6 +36,9 @@ pub(super) struct PreparedBatch {
     clearable: Vec<Clearable>,
     /// Whether it ends with a response that reported `usage` after its last boundary.
     anchored: bool,
+    /// Its content after its last anchor or boundary at the default rates (`None` when its last
+    /// boundary brings back a preserved segment, whose content the batch does not hold).
+    content: Option<i64>,
     /// The first response of its last window that reported `usage`, when the batch or its
     /// thread holds none before it in that window.
     first_call: Option<FirstCall>,
@@ -64,6 +67,7 @@ impl PreparedBatch {
             tokens: counted.tokens,
             clearable: counted.clearable,
             anchored: counted.anchored,
+            content: counted.content,
             first_call: counted.first_call,
             bytes,
             now,
@@ -131,6 +135,9 @@ pub(super) struct GroupThread {
     pub(super) read_context_tokens: i64,
     /// Whether its window holds a response that reported `usage` (`context_anchored`).
     pub(super) anchored: bool,
+    /// Its window's content at the default rates while no response of it reported `usage`
+    /// (`window_content_tokens`): what a first call's prompt is compared with.
+    pub(super) window_content: WindowContent,
     pub(super) stored_bytes: i64,
     /// `stored_bytes` as read: an erasure changes it without moving `next_seq`.
     pub(super) read_stored_bytes: i64,
@@ -144,20 +151,21 @@ pub(super) struct GroupThread {
 
 impl GroupThread {
     /// Its counters as [`GroupThread::new`] takes them, as the group left them.
-    pub(super) fn counters(&self) -> [i64; 5] {
+    pub(super) fn counters(&self) -> [i64; 6] {
         [
             self.next_seq,
             self.visible_count,
             self.context_tokens,
             self.stored_bytes,
             i64::from(self.anchored),
+            self.window_content.column(),
         ]
     }
 
     /// The thread as its row was read: `[next_seq, visible_count, context_tokens,
-    /// stored_bytes, context_anchored]`.
-    pub(super) fn new(thread_key: ThreadKey, counters: [i64; 5], triggers: AppendTriggers) -> Self {
-        let [next_seq, visible_count, context_tokens, stored_bytes, anchored] = counters;
+    /// stored_bytes, context_anchored, window_content_tokens]`.
+    pub(super) fn new(thread_key: ThreadKey, counters: [i64; 6], triggers: AppendTriggers) -> Self {
+        let [next_seq, visible_count, context_tokens, stored_bytes, anchored, content] = counters;
         GroupThread {
             thread_key,
             read_next_seq: next_seq,
@@ -166,6 +174,7 @@ impl GroupThread {
             context_tokens,
             read_context_tokens: context_tokens,
             anchored: anchored != 0,
+            window_content: WindowContent::from_column(content),
             stored_bytes,
             read_stored_bytes: stored_bytes,
             triggers,
@@ -215,12 +224,66 @@ fn sent_tokens(
     tokens.lowered_by(saved)
 }
 
-/// A thread's stored estimate (`context_tokens`) and whether its window holds a response that
-/// reported `usage` (`context_anchored`).
+/// A window's content at the default rates before any response of it reported `usage`: what
+/// its first call's prompt less the content is the model's overhead of. Unknown when the window
+/// opened at a boundary that brings back a preserved segment (the segment was counted by
+/// whatever wrote the boundary), or was stored before the count existed: no overhead is learned
+/// from such a window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::store) struct WindowContent(Option<i64>);
+
+impl WindowContent {
+    pub(in crate::store) const EMPTY: WindowContent = WindowContent(Some(0));
+    pub(in crate::store) const UNKNOWN: WindowContent = WindowContent(None);
+
+    /// As `threads.window_content_tokens` holds it: -1 for unknown.
+    pub(in crate::store) fn column(self) -> i64 {
+        self.0.unwrap_or(-1)
+    }
+
+    pub(in crate::store) fn from_column(tokens: i64) -> Self {
+        WindowContent((tokens >= 0).then_some(tokens))
+    }
+
+    /// The content of a window that opens at `boundary` and holds `entries` after it (nothing
+    /// reporting `usage` among them).
+    pub(in crate::store) fn opened_at<'a>(
+        boundary: &Entry,
+        entries: impl Iterator<Item = &'a Entry>,
+    ) -> Self {
+        if brings_back_a_segment(boundary) {
+            return WindowContent::UNKNOWN;
+        }
+        let tokens = entries
+            .map(|e| entry_features(e).at_default_rates())
+            .sum::<u64>();
+        WindowContent(i64::try_from(tokens).ok())
+    }
+
+    fn plus(self, tokens: Option<i64>) -> Self {
+        WindowContent(self.0.zip(tokens).map(|(a, b)| a.saturating_add(b)))
+    }
+}
+
+impl Default for WindowContent {
+    fn default() -> Self {
+        WindowContent::EMPTY
+    }
+}
+
+/// Whether a compact boundary keeps entries from before it in its window (Loupe's
+/// `preserved_segment` by seqs, or a Claude Code `preservedSegment` by uuids).
+fn brings_back_a_segment(boundary: &Entry) -> bool {
+    boundary.preserved_segment().is_some() || boundary.preserved_uuids().is_some()
+}
+
+/// A thread's stored estimate (`context_tokens`), whether its window holds a response that
+/// reported `usage` (`context_anchored`), and the window's content before one did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(in crate::store) struct StoredCount {
     pub(in crate::store) tokens: i64,
     pub(in crate::store) anchored: bool,
+    pub(in crate::store) content: WindowContent,
 }
 
 /// A thread's stored count after `entries` (a page of its window, in order) from `before`: what
@@ -236,6 +299,21 @@ pub(in crate::store) fn count_page(
     StoredCount {
         tokens: append_tokens(before.tokens, tokens),
         anchored: anchored_after(before.anchored, tokens, counted.anchored),
+        content: content_after(before.content, tokens, counted.content),
+    }
+}
+
+/// A window's content before its first `usage`, after a batch that moved its estimate by
+/// `tokens` and holds `content` after its last anchor or boundary.
+fn content_after(
+    before: WindowContent,
+    tokens: BatchTokens,
+    content: Option<i64>,
+) -> WindowContent {
+    match tokens {
+        BatchTokens::Add(_) => before.plus(content),
+        // Once anchored the content is not asked for; what follows the anchor is kept anyway.
+        BatchTokens::Reset(_) | BatchTokens::Anchor(_) => WindowContent(content),
     }
 }
 
@@ -261,8 +339,9 @@ struct Clearable {
 struct FirstCall {
     model: String,
     prompt: i64,
-    /// The window's content before it, counted as the thread's estimate counts it.
-    content_before: i64,
+    /// The window's content before it in its batch, at the default rates (what a content-only
+    /// read counts); `None` when its window opened at a boundary that brings back a segment.
+    content_before: Option<i64>,
     /// Whether its window opens in the batch (after a boundary the batch holds).
     window_in_batch: bool,
 }
@@ -285,14 +364,15 @@ const MAX_OVERHEAD_PROMPT_TOKENS: i64 = 2_000_000;
 const MAX_MODEL_NAME_CHARS: usize = 200;
 
 impl FirstCall {
-    /// The overhead it shows after `thread_before` (the thread's estimate before the batch, when
-    /// the window began before it), if its content is small beside its prompt: only then is the
-    /// residual mostly overhead, not the estimate's error on the content.
-    fn sample(&self, thread_before: i64) -> Option<OverheadSample> {
+    /// The overhead it shows after `thread_before` (the window's content before the batch, when
+    /// the window began before it), if its content is known and small beside its prompt: only
+    /// then is the residual mostly overhead, not the estimate's error on the content. Content is
+    /// counted at the default rates, as the content-only read it is added to counts it.
+    fn sample(&self, thread_before: WindowContent) -> Option<OverheadSample> {
         let before = if self.window_in_batch {
-            self.content_before
+            self.content_before?
         } else {
-            thread_before.saturating_add(self.content_before)
+            thread_before.plus(self.content_before).0?
         };
         let plausible = self.prompt > 0 && self.prompt <= MAX_OVERHEAD_PROMPT_TOKENS;
         (plausible && before.saturating_mul(2) <= self.prompt).then(|| OverheadSample {
@@ -308,6 +388,8 @@ struct Counted {
     /// The results it counted whole that clearing may send as stubs.
     clearable: Vec<Clearable>,
     anchored: bool,
+    /// Its content after its last anchor or boundary, at the default rates.
+    content: Option<i64>,
     first_call: Option<FirstCall>,
 }
 
@@ -317,6 +399,7 @@ fn context_tokens_of<'a>(entries: impl Iterator<Item = &'a Entry>) -> Counted {
     let mut tokens = 0_i64;
     let mut reset = false;
     let mut anchored = false;
+    let mut content = Some(0_i64);
     let mut clearable = Vec::new();
     let mut first_call = None;
     // Every result counts, whatever a thread's `min_bytes`: the floor is applied per thread.
@@ -329,20 +412,28 @@ fn context_tokens_of<'a>(entries: impl Iterator<Item = &'a Entry>) -> Counted {
             reset = true;
             anchored = false;
             tokens = 0;
+            content = (!brings_back_a_segment(entry)).then_some(0);
             clearable.clear();
         }
         match usage_tokens(entry) {
             Some(reported) => {
                 if !anchored {
-                    first_call = first_call_of(entry, tokens, reset);
+                    first_call = first_call_of(entry, content, reset);
                 }
                 anchored = true;
+                content = Some(0);
                 tokens = i64::try_from(reported).unwrap_or(i64::MAX);
                 clearable.clear();
             }
             None => {
-                let upper = entry_features(entry).upper_at_default_rates();
-                tokens = tokens.saturating_add(i64::try_from(upper).unwrap_or(i64::MAX));
+                let features = entry_features(entry);
+                let [upper, at_default] = [
+                    features.upper_at_default_rates(),
+                    features.at_default_rates(),
+                ]
+                .map(|n| i64::try_from(n).unwrap_or(i64::MAX));
+                tokens = tokens.saturating_add(upper);
+                content = content.map(|c| c.saturating_add(at_default));
                 // A result and its stub counted alike, so a cleared result counts as its stub.
                 let mut results = StoredResults::default();
                 results.push(index, entry, &every_result, |block| {
@@ -366,11 +457,16 @@ fn context_tokens_of<'a>(entries: impl Iterator<Item = &'a Entry>) -> Counted {
         tokens,
         clearable,
         anchored,
+        content,
         first_call,
     }
 }
 
-fn first_call_of(entry: &Entry, content_before: i64, window_in_batch: bool) -> Option<FirstCall> {
+fn first_call_of(
+    entry: &Entry,
+    content_before: Option<i64>,
+    window_in_batch: bool,
+) -> Option<FirstCall> {
     let model = entry.message.as_ref()?.model.as_deref()?;
     if model.is_empty() || model.chars().count() > MAX_MODEL_NAME_CHARS {
         return None;
@@ -637,9 +733,10 @@ pub(super) fn plan_append<'g>(
         .first_call
         .as_ref()
         .filter(|call| call.window_in_batch || !thread.anchored)
-        .and_then(|call| call.sample(tokens_before));
+        .and_then(|call| call.sample(thread.window_content));
     thread.context_tokens = append_tokens(tokens_before, moved);
     thread.anchored = anchored_after(thread.anchored, moved, batch.anchored);
+    thread.window_content = content_after(thread.window_content, moved, batch.content);
     thread.next_seq += batch.len();
     // `None` orders before any time.
     thread.updated_at = thread.updated_at.max(Some(created_at));
@@ -690,7 +787,7 @@ mod tests {
             BatchTokens::Add(tokens) if tokens == added
         ));
         // The upper bound: a quarter more than the default rates, and framing.
-        assert_eq!(added, 2 * 125 / 100 + 8);
+        assert_eq!(added, (2 * 125_u64).div_ceil(100) as i64 + 8);
     }
 
     #[test]
@@ -715,10 +812,15 @@ mod tests {
         // Its first call, after content worth `upper(batch[0])` of the window.
         let call = counted.first_call.unwrap();
         assert_eq!((call.prompt, call.window_in_batch), (30005, false));
-        let sample = call.sample(100).unwrap();
-        assert_eq!(sample.tokens, 30005 - 100 - call.content_before);
+        // Counted at the default rates, as a content-only read counts it.
+        let content_before = entry_features(&batch[0]).at_default_rates() as i64;
+        assert_eq!(call.content_before, Some(content_before));
+        let sample = call.sample(WindowContent(Some(100))).unwrap();
+        assert_eq!(sample.tokens, 30005 - 100 - content_before);
         // Content larger than half the prompt teaches nothing: its error would be the lesson.
-        assert_eq!(call.sample(20_000), None);
+        assert_eq!(call.sample(WindowContent(Some(20_000))), None);
+        // Nor does a window whose content is not known.
+        assert_eq!(call.sample(WindowContent::UNKNOWN), None);
     }
 
     #[test]
@@ -810,7 +912,7 @@ mod tests {
         let triggers = AppendTriggers::from_settings(None, None, None, defaults).unwrap();
         GroupThread::new(
             ThreadKey::from_stored("k".into()),
-            [next_seq, 0, 0, stored_bytes, 0],
+            [next_seq, 0, 0, stored_bytes, 0, 0],
             triggers,
         )
     }

@@ -134,7 +134,7 @@ pub(super) fn read_group_sql(
         "{begin}WITH locked AS {materialized} (\
          SELECT threads.thread_key, threads.tenant_id, threads.thread_id, threads.next_seq, \
          threads.visible_count, threads.context_tokens, threads.stored_bytes, \
-         threads.context_anchored, s.auto_compact_tokens, s.outline, s.clearing \
+         threads.context_anchored, threads.window_content_tokens, s.auto_compact_tokens, s.outline, s.clearing \
          FROM {from} LEFT JOIN thread_settings s ON s.thread_key = threads.thread_key \
          WHERE {terms} ORDER BY threads.tenant_id, threads.thread_id {lock})"
     );
@@ -221,6 +221,7 @@ pub(super) async fn read_group<'g>(
                     row.try_get("context_tokens")?,
                     row.try_get("stored_bytes")?,
                     row.try_get("context_anchored")?,
+                    row.try_get("window_content_tokens")?,
                 ],
                 AppendTriggers::from_settings(
                     row.try_get("auto_compact_tokens")?,
@@ -305,15 +306,15 @@ pub(super) async fn write_rows<'a>(
 }
 
 /// Values each thread's counters bind: its key, `updated_at`, `next_seq`, `visible_count`,
-/// `context_tokens`, `stored_bytes` and `context_anchored`.
-pub(super) const THREAD_COUNTERS_WIDTH: usize = 7;
+/// `context_tokens`, `stored_bytes`, `context_anchored` and `window_content_tokens`.
+pub(super) const THREAD_COUNTERS_WIDTH: usize = 8;
 
 /// The update of `count` threads' counters, its placeholders numbered from `$start`.
 pub(super) fn update_threads_sql(start: usize, count: usize) -> String {
     format!(
         "UPDATE threads SET updated_at = v.column2, next_seq = v.column3, \
          visible_count = v.column4, context_tokens = v.column5, stored_bytes = v.column6, \
-         context_anchored = v.column7 \
+         context_anchored = v.column7, window_content_tokens = v.column8 \
          FROM (VALUES {}) AS v WHERE threads.thread_key = v.column1",
         crate::store::values_placeholders_from(start, count, THREAD_COUNTERS_WIDTH)
     )
@@ -328,7 +329,8 @@ fn bind_thread_counters<'q>(mut query: AnyQuery<'q>, threads: &[&GroupThread]) -
             .bind(thread.visible_count)
             .bind(thread.context_tokens)
             .bind(thread.stored_bytes)
-            .bind(i64::from(thread.anchored));
+            .bind(i64::from(thread.anchored))
+            .bind(thread.window_content.column());
     }
     query
 }

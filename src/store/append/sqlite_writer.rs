@@ -275,6 +275,7 @@ fn read_group<'g>(
                     row.get("context_tokens").map_err(failed)?,
                     row.get("stored_bytes").map_err(failed)?,
                     row.get("context_anchored").map_err(failed)?,
+                    row.get("window_content_tokens").map_err(failed)?,
                 ],
                 AppendTriggers::from_settings(
                     row.get("auto_compact_tokens").map_err(failed)?,
@@ -325,14 +326,15 @@ fn update_threads<'a>(
     conn: &Connection,
     threads: impl Iterator<Item = &'a GroupThread>,
 ) -> Result<(), StoreError> {
-    let written: Vec<(&GroupThread, &str, i64, i64)> = threads
+    // The flag and the content as their columns hold them, owned beside the thread.
+    let written: Vec<(&GroupThread, &str, i64, [i64; 2])> = threads
         .filter_map(|thread| {
-            let anchored = i64::from(thread.anchored);
+            let columns = [i64::from(thread.anchored), thread.window_content.column()];
             Some((
                 thread,
                 thread.thread_key.as_str(),
                 thread.updated_at?,
-                anchored,
+                columns,
             ))
         })
         .collect();
@@ -340,7 +342,7 @@ fn update_threads<'a>(
         return Ok(());
     }
     let mut values: Vec<&dyn ToSql> = Vec::with_capacity(written.len() * THREAD_COUNTERS_WIDTH);
-    for (thread, key, updated_at, anchored) in &written {
+    for (thread, key, updated_at, [anchored, content]) in &written {
         values.extend([
             key as &dyn ToSql,
             updated_at,
@@ -349,6 +351,7 @@ fn update_threads<'a>(
             &thread.context_tokens,
             &thread.stored_bytes,
             anchored,
+            content,
         ]);
     }
     execute(conn, &update_threads_sql(1, written.len()), &values)
