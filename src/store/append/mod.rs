@@ -25,16 +25,17 @@ mod plan;
 mod queue;
 mod sql;
 mod sqlite_writer;
+mod window_content;
 
 pub(super) use pg_unlocked::ThreadCache;
 pub(super) use plan::AppendDefaults;
-pub(in crate::store) use plan::WindowContent;
 pub use plan::SNIP_HEADROOM_BYTES;
 pub(super) use queue::GroupCommit;
 pub use queue::GroupCommitStats;
 pub(super) use sqlite_writer::SqliteWriter;
 #[cfg(test)]
 pub(super) use sqlite_writer::WriterConnection;
+pub(in crate::store) use window_content::WindowContent;
 
 use super::rows::numbered;
 use super::{now_millis, Store, StoreError, TenantId, ThreadId};

@@ -7,6 +7,7 @@ use std::collections::HashSet;
 
 use tokio::sync::oneshot;
 
+use super::window_content::{brings_back_a_segment, WindowContent};
 use crate::history::model::Entry;
 use crate::history::normalize::clearing::{StoredResults, MIN_CLEARED_BYTES};
 use crate::history::normalize::estimate::{
@@ -222,59 +223,6 @@ fn sent_tokens(
         .map(|c| c.saved)
         .fold(0, i64::saturating_add);
     tokens.lowered_by(saved)
-}
-
-/// A window's content at the default rates before any response of it reported `usage`: what
-/// its first call's prompt less the content is the model's overhead of. Unknown when the window
-/// opened at a boundary that brings back a preserved segment (the segment was counted by
-/// whatever wrote the boundary), or was stored before the count existed: no overhead is learned
-/// from such a window.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(in crate::store) struct WindowContent(Option<i64>);
-
-impl WindowContent {
-    pub(in crate::store) const EMPTY: WindowContent = WindowContent(Some(0));
-    pub(in crate::store) const UNKNOWN: WindowContent = WindowContent(None);
-
-    /// As `threads.window_content_tokens` holds it: -1 for unknown.
-    pub(in crate::store) fn column(self) -> i64 {
-        self.0.unwrap_or(-1)
-    }
-
-    pub(in crate::store) fn from_column(tokens: i64) -> Self {
-        WindowContent((tokens >= 0).then_some(tokens))
-    }
-
-    /// The content of a window that opens at `boundary` and holds `entries` after it (nothing
-    /// reporting `usage` among them).
-    pub(in crate::store) fn opened_at<'a>(
-        boundary: &Entry,
-        entries: impl Iterator<Item = &'a Entry>,
-    ) -> Self {
-        if brings_back_a_segment(boundary) {
-            return WindowContent::UNKNOWN;
-        }
-        let tokens = entries
-            .map(|e| entry_features(e).at_default_rates())
-            .sum::<u64>();
-        WindowContent(i64::try_from(tokens).ok())
-    }
-
-    fn plus(self, tokens: Option<i64>) -> Self {
-        WindowContent(self.0.zip(tokens).map(|(a, b)| a.saturating_add(b)))
-    }
-}
-
-impl Default for WindowContent {
-    fn default() -> Self {
-        WindowContent::EMPTY
-    }
-}
-
-/// Whether a compact boundary keeps entries from before it in its window (Loupe's
-/// `preserved_segment` by seqs, or a Claude Code `preservedSegment` by uuids).
-fn brings_back_a_segment(boundary: &Entry) -> bool {
-    boundary.preserved_segment().is_some() || boundary.preserved_uuids().is_some()
 }
 
 /// A thread's stored estimate (`context_tokens`), whether its window holds a response that
