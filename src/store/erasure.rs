@@ -535,6 +535,12 @@ impl ErasureTx {
         self.artifacts.jobs_fenced = self.count_fenced_jobs().await?;
         // The overheads the thread taught came from its first calls, which may be among these.
         super::overheads::forget_taught_by(&mut self.tx, &self.thread_key).await?;
+        // Until the thread is counted again (after the commit), its window's content is not
+        // known: a first call appended in between must learn nothing from the erased entries.
+        sqlx::query("UPDATE threads SET window_content_tokens = -1 WHERE thread_key = $1")
+            .bind(self.thread_key.as_str())
+            .execute(&mut *self.tx)
+            .await?;
         let seqs_json = Value::from(seqs.clone()).to_string();
         let artifacts_json = serde_json::to_string(&self.artifacts)
             .map_err(|e| StoreError::Corrupt(e.to_string()))?;

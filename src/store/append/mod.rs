@@ -40,6 +40,7 @@ pub(in crate::store) use window_content::WindowContent;
 use super::rows::numbered;
 use super::{now_millis, Store, StoreError, TenantId, ThreadId};
 use crate::history::model::Entry;
+use crate::history::normalize::estimate::entry_features;
 use crate::history::normalize::ClearingOptions;
 use plan::{Planned, PreparedBatch, QueuedAppend};
 
@@ -79,6 +80,7 @@ impl Store {
         // Times are stored in milliseconds: the answer shows what a later read will.
         let now = chrono::DateTime::from_timestamp_millis(now_millis()).unwrap_or_default();
         let batch = PreparedBatch::new(request.entries, now)?;
+        let recount = batch.brings_back_a_segment();
         let (reply, answer) = tokio::sync::oneshot::channel();
         self.group_commit.submit(
             self,
@@ -99,12 +101,24 @@ impl Store {
                 first_seq,
                 auto_compaction_job,
                 ..
-            } => Ok(AppendOutcome {
-                next_seq: first_seq + batch.len(),
-                messages: numbered(batch.entries, first_seq),
-                replayed: false,
-                auto_compaction_job,
-            }),
+            } => {
+                if recount {
+                    // Committed whatever the count does: a fault leaves it low until the next
+                    // `usage` anchors it.
+                    if let Err(error) = self
+                        .recount_context_tokens(tenant, thread_id, Recount::CountOnly)
+                        .await
+                    {
+                        tracing::warn!(%error, "the thread's token count was not recounted");
+                    }
+                }
+                Ok(AppendOutcome {
+                    next_seq: first_seq + batch.len(),
+                    messages: numbered(batch.entries, first_seq),
+                    replayed: false,
+                    auto_compaction_job,
+                })
+            }
             Planned::Replay {
                 thread_key,
                 next_seq,
@@ -145,13 +159,27 @@ impl Store {
             let bounds = self.context_bounds(&head).await?;
             let (mut at, end) = (bounds.start_seq.max(0) as u64, head.next_seq.max(0) as u64);
             let mut count = plan::StoredCount::default();
+            // The entries before the last boundary in the window are the segment it brings
+            // back: the boundary restarts the count, and they are added after it.
+            let boundary_seq = bounds.boundary_seq().unwrap_or(i64::MIN);
+            let mut segment = 0_i64;
             while at < end {
                 let until = (at + PAGE).min(end);
                 let page = self.entries_between(&head.thread_key, at, until).await?;
+                segment = page
+                    .iter()
+                    .filter(|e| e.seq.is_some_and(|seq| seq < boundary_seq))
+                    .map(|e| entry_features(e).upper_at_default_rates() as i64)
+                    .fold(segment, i64::saturating_add);
                 count = plan::count_page(count, &page, clearing.as_ref());
                 at = until;
             }
-            let tokens = count.tokens;
+            // A `usage` after the boundary counted the segment already.
+            let tokens = if count.anchored {
+                count.tokens
+            } else {
+                count.tokens.saturating_add(segment)
+            };
             let written = sqlx::query(
                 "UPDATE threads SET context_tokens = $1, context_anchored = $4, \
                  window_content_tokens = $5 WHERE thread_key = $2 AND next_seq = $3",
@@ -164,7 +192,7 @@ impl Store {
             .execute(&self.writer)
             .await?;
             if written.rows_affected() == 1 {
-                if after == Recount::Erasure {
+                if after == Recount::CountOnly {
                     return Ok(());
                 }
                 let settings = &head.settings;
@@ -201,7 +229,7 @@ impl Store {
         tenant: &TenantId,
         thread_id: &ThreadId,
     ) -> Result<(), StoreError> {
-        self.recount_context_tokens(tenant, thread_id, Recount::Erasure)
+        self.recount_context_tokens(tenant, thread_id, Recount::CountOnly)
             .await
     }
 }
@@ -214,6 +242,8 @@ const RECOUNT_TRIES: usize = 3;
 pub(in crate::store) enum Recount {
     /// Its settings: may leave it past its compaction threshold.
     Settings,
-    /// An erasure: takes entries (and the `usage` they reported) out, never adds any.
-    Erasure,
+    /// The count alone, never a trigger: after an erasure (which takes entries and their
+    /// `usage` out), or an append whose boundary brings back a segment of stored entries the
+    /// append could not count (the boundary compacted the thread already).
+    CountOnly,
 }

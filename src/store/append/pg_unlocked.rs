@@ -125,9 +125,9 @@ pub(super) enum Unlocked {
 /// Values each moved thread binds: its key, its new `updated_at` and counters, then what the
 /// write checks is unchanged (`next_seq` as read, the settings columns, `stored_bytes` as read,
 /// which an erasure changes without appending, and `context_tokens` as read, which a settings
-/// change counts again); then `context_anchored` and `window_content_tokens`, which only appends
-/// move.
-const THREAD_WIDTH: usize = 14;
+/// change counts again); then `context_anchored` and `window_content_tokens`, and the same two
+/// as read (an erasure's recount moves them).
+const THREAD_WIDTH: usize = 16;
 
 /// The group's one statement for `threads` moved and `rows` inserted. The threads' rows are
 /// locked first, in (tenant, thread) order as the locked group takes them: the update alone
@@ -152,6 +152,7 @@ pub(super) fn unlocked_write_sql(threads: usize, rows: usize) -> String {
          AND threads.stored_bytes = v.column10 \
          AND s.clearing IS NOT DISTINCT FROM v.column11 \
          AND threads.context_tokens = v.column12 \
+         AND threads.context_anchored = v.column15 AND threads.window_content_tokens = v.column16 \
          RETURNING threads.thread_key), \
          inserted AS (INSERT INTO messages (thread_key, seq, uuid, kind, subtype, visible_rank, \
          body, content_hash, created_at) SELECT r.* FROM (VALUES {}) AS r(thread_key, seq, \
@@ -238,7 +239,9 @@ impl Store {
                 .bind(columns.clearing.clone())
                 .bind(thread.read_context_tokens)
                 .bind(i64::from(thread.anchored))
-                .bind(thread.window_content.column());
+                .bind(thread.window_content.column())
+                .bind(i64::from(thread.read_anchored))
+                .bind(thread.read_window_content.column());
         }
         let query = bind_rows(query, &rows).bind(moved.len() as i64);
         match query.execute(&mut *conn).await {

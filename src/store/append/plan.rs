@@ -86,6 +86,14 @@ impl PreparedBatch {
         self.entries.len() as i64
     }
 
+    /// Whether a boundary of the batch brings back a segment of entries stored before it, which
+    /// the batch's own count cannot hold.
+    pub(super) fn brings_back_a_segment(&self) -> bool {
+        self.entries
+            .iter()
+            .any(|p| p.entry.is_compact_boundary() && brings_back_a_segment(&p.entry))
+    }
+
     /// Snips alone: what a thread at its byte limit may still take, within
     /// [`SNIP_HEADROOM_BYTES`] past it.
     fn is_snips(&self) -> bool {
@@ -139,6 +147,10 @@ pub(super) struct GroupThread {
     /// Its window's content at the default rates while no response of it reported `usage`
     /// (`window_content_tokens`): what a first call's prompt is compared with.
     pub(super) window_content: WindowContent,
+    /// `context_anchored` and `window_content_tokens` as read: an erasure's recount moves them
+    /// without moving `next_seq`.
+    pub(super) read_anchored: bool,
+    pub(super) read_window_content: WindowContent,
     pub(super) stored_bytes: i64,
     /// `stored_bytes` as read: an erasure changes it without moving `next_seq`.
     pub(super) read_stored_bytes: i64,
@@ -176,6 +188,8 @@ impl GroupThread {
             read_context_tokens: context_tokens,
             anchored: anchored != 0,
             window_content: WindowContent::from_column(content),
+            read_anchored: anchored != 0,
+            read_window_content: WindowContent::from_column(content),
             stored_bytes,
             read_stored_bytes: stored_bytes,
             triggers,
