@@ -30,7 +30,8 @@ use std::sync::Mutex;
 use sqlx::AnyConnection;
 
 use super::plan::{
-    group_needs_jobs, plan_group, thread_of, AppendTriggers, GroupThread, Planned, QueuedAppend,
+    group_needs_jobs, plan_group, set_counters_sql, thread_of, AppendTriggers, Counters,
+    GroupThread, Planned, QueuedAppend, COUNTER_COLUMNS,
 };
 use super::sql::{read_group, RowLock, Transaction, UuidCheck};
 use crate::store::rows::{bind_rows, INSERT_CHUNK, INSERT_WIDTH};
@@ -56,7 +57,7 @@ pub(in crate::store) struct ThreadCache {
 #[derive(Clone)]
 struct CachedThread {
     thread_key: ThreadKey,
-    counters: [i64; 6],
+    counters: Counters,
     triggers: AppendTriggers,
 }
 
@@ -122,12 +123,10 @@ pub(super) enum Unlocked {
     UnderLocks(UuidCheck),
 }
 
-/// Values each moved thread binds: its key, its new `updated_at` and counters, then what the
-/// write checks is unchanged (`next_seq` as read, the settings columns, `stored_bytes` as read,
-/// which an erasure changes without appending, and `context_tokens` as read, which a settings
-/// change counts again); then `context_anchored` and `window_content_tokens`, and the same two
-/// as read (an erasure's recount moves them).
-const THREAD_WIDTH: usize = 16;
+/// Values each moved thread binds: its key, its new `updated_at` and [`COUNTER_COLUMNS`], then
+/// what the write checks is unchanged: the counters as read (an erasure or a settings change
+/// moves some without appending) and the settings columns.
+const THREAD_WIDTH: usize = 2 + 2 * COUNTER_COLUMNS.len() + 3;
 
 /// The group's one statement for `threads` moved and `rows` inserted. The threads' rows are
 /// locked first, in (tenant, thread) order as the locked group takes them: the update alone
@@ -138,21 +137,24 @@ pub(super) fn unlocked_write_sql(threads: usize, rows: usize) -> String {
         .map(|thread| format!("${}", thread * THREAD_WIDTH + 1))
         .collect::<Vec<_>>()
         .join(", ");
+    let counters = COUNTER_COLUMNS.len();
+    let unmoved = COUNTER_COLUMNS
+        .iter()
+        .zip(3 + counters..)
+        .map(|(column, n)| format!("threads.{column} = v.column{n}"))
+        .collect::<Vec<_>>()
+        .join(" AND ");
+    let settings = 3 + 2 * counters;
     format!(
         "WITH locked AS MATERIALIZED (SELECT thread_key FROM threads WHERE thread_key IN ({keys}) \
          ORDER BY tenant_id, thread_id FOR UPDATE), \
-         moved AS (UPDATE threads SET updated_at = v.column2, next_seq = v.column3, \
-         visible_count = v.column4, context_tokens = v.column5, stored_bytes = v.column6, \
-         context_anchored = v.column13, window_content_tokens = v.column14 \
+         moved AS (UPDATE threads SET updated_at = v.column2, {} \
          FROM (VALUES {}) AS v LEFT JOIN thread_settings s ON s.thread_key = v.column1 \
-         WHERE threads.thread_key = v.column1 AND threads.next_seq = v.column7 \
+         WHERE threads.thread_key = v.column1 AND {unmoved} \
          AND threads.thread_key IN (SELECT thread_key FROM locked) \
-         AND s.auto_compact_tokens IS NOT DISTINCT FROM v.column8 \
-         AND s.outline IS NOT DISTINCT FROM v.column9 \
-         AND threads.stored_bytes = v.column10 \
-         AND s.clearing IS NOT DISTINCT FROM v.column11 \
-         AND threads.context_tokens = v.column12 \
-         AND threads.context_anchored = v.column15 AND threads.window_content_tokens = v.column16 \
+         AND s.auto_compact_tokens IS NOT DISTINCT FROM v.column{settings} \
+         AND s.outline IS NOT DISTINCT FROM v.column{outline} \
+         AND s.clearing IS NOT DISTINCT FROM v.column{clearing} \
          RETURNING threads.thread_key), \
          inserted AS (INSERT INTO messages (thread_key, seq, uuid, kind, subtype, visible_rank, \
          body, content_hash, created_at) SELECT r.* FROM (VALUES {}) AS r(thread_key, seq, \
@@ -160,9 +162,12 @@ pub(super) fn unlocked_write_sql(threads: usize, rows: usize) -> String {
          JOIN moved ON moved.thread_key = r.thread_key RETURNING 1) \
          SELECT loupe_assert(count(*) = ${}, 'a thread of the group moved since it was read') \
          FROM moved",
+        set_counters_sql(3),
         crate::store::values_placeholders(threads, THREAD_WIDTH),
         crate::store::values_placeholders_from(threads * THREAD_WIDTH + 1, rows, INSERT_WIDTH),
         threads * THREAD_WIDTH + rows * INSERT_WIDTH + 1,
+        outline = settings + 1,
+        clearing = settings + 2,
     )
 }
 
@@ -227,21 +232,14 @@ impl Store {
             let columns = &thread.triggers.columns;
             query = query
                 .bind(thread.thread_key.as_str().to_owned())
-                .bind(thread.updated_at.unwrap_or_default())
-                .bind(thread.next_seq)
-                .bind(thread.visible_count)
-                .bind(thread.context_tokens)
-                .bind(thread.stored_bytes)
-                .bind(thread.read_next_seq)
+                .bind(thread.updated_at.unwrap_or_default());
+            for counter in thread.counters().into_iter().chain(thread.read) {
+                query = query.bind(counter);
+            }
+            query = query
                 .bind(columns.auto_compact_tokens)
                 .bind(columns.outline.clone())
-                .bind(thread.read_stored_bytes)
-                .bind(columns.clearing.clone())
-                .bind(thread.read_context_tokens)
-                .bind(i64::from(thread.anchored))
-                .bind(thread.window_content.column())
-                .bind(i64::from(thread.read_anchored))
-                .bind(thread.read_window_content.column());
+                .bind(columns.clearing.clone());
         }
         let query = bind_rows(query, &rows).bind(moved.len() as i64);
         match query.execute(&mut *conn).await {

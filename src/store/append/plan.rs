@@ -132,28 +132,45 @@ impl Planned {
     }
 }
 
+/// A thread row's counters, as [`COUNTER_COLUMNS`] names them.
+pub(super) type Counters = [i64; 6];
+
+/// The `threads` columns every write path reads into a [`GroupThread`] and writes back from
+/// [`GroupThread::counters`], in that order.
+pub(super) const COUNTER_COLUMNS: [&str; 6] = [
+    "next_seq",
+    "visible_count",
+    "context_tokens",
+    "stored_bytes",
+    "context_anchored",
+    "window_content_tokens",
+];
+
+/// `column = v.columnN, ...` for the counters, their values from `v.column{first}` on.
+pub(super) fn set_counters_sql(first: usize) -> String {
+    COUNTER_COLUMNS
+        .iter()
+        .zip(first..)
+        .map(|(column, n)| format!("{column} = v.column{n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// One thread of a group, as read under its lock and then moved on by each append written.
 pub(super) struct GroupThread {
     pub(super) thread_key: ThreadKey,
-    /// `next_seq` as read, before the group's appends moved it on.
-    pub(super) read_next_seq: i64,
+    /// Its counters as read: a write that must find the row as it was read checks them all (an
+    /// erasure or a settings change moves some without moving `next_seq`).
+    pub(super) read: Counters,
     pub(super) next_seq: i64,
     pub(super) visible_count: i64,
     pub(super) context_tokens: i64,
-    /// `context_tokens` as read: a settings change counts it again without moving `next_seq`.
-    pub(super) read_context_tokens: i64,
     /// Whether its window holds a response that reported `usage` (`context_anchored`).
     pub(super) anchored: bool,
     /// Its window's content at the default rates while no response of it reported `usage`
     /// (`window_content_tokens`): what a first call's prompt is compared with.
     pub(super) window_content: WindowContent,
-    /// `context_anchored` and `window_content_tokens` as read: an erasure's recount moves them
-    /// without moving `next_seq`.
-    pub(super) read_anchored: bool,
-    pub(super) read_window_content: WindowContent,
     pub(super) stored_bytes: i64,
-    /// `stored_bytes` as read: an erasure changes it without moving `next_seq`.
-    pub(super) read_stored_bytes: i64,
     pub(super) triggers: AppendTriggers,
     /// When an append of the group last wrote to it; `None` leaves the row as it was.
     pub(super) updated_at: Option<i64>,
@@ -164,7 +181,7 @@ pub(super) struct GroupThread {
 
 impl GroupThread {
     /// Its counters as [`GroupThread::new`] takes them, as the group left them.
-    pub(super) fn counters(&self) -> [i64; 6] {
+    pub(super) fn counters(&self) -> Counters {
         [
             self.next_seq,
             self.visible_count,
@@ -175,23 +192,18 @@ impl GroupThread {
         ]
     }
 
-    /// The thread as its row was read: `[next_seq, visible_count, context_tokens,
-    /// stored_bytes, context_anchored, window_content_tokens]`.
-    pub(super) fn new(thread_key: ThreadKey, counters: [i64; 6], triggers: AppendTriggers) -> Self {
+    /// The thread as its row was read (its [`COUNTER_COLUMNS`]).
+    pub(super) fn new(thread_key: ThreadKey, counters: Counters, triggers: AppendTriggers) -> Self {
         let [next_seq, visible_count, context_tokens, stored_bytes, anchored, content] = counters;
         GroupThread {
             thread_key,
-            read_next_seq: next_seq,
+            read: counters,
             next_seq,
             visible_count,
             context_tokens,
-            read_context_tokens: context_tokens,
             anchored: anchored != 0,
             window_content: WindowContent::from_column(content),
-            read_anchored: anchored != 0,
-            read_window_content: WindowContent::from_column(content),
             stored_bytes,
-            read_stored_bytes: stored_bytes,
             triggers,
             updated_at: None,
             known: HashMap::new(),
@@ -895,7 +907,8 @@ mod tests {
             rows.iter().map(|r| r.visible_rank).collect::<Vec<_>>(),
             [1, 2]
         );
-        assert_eq!((t.next_seq, t.read_next_seq, t.visible_count), (7, 5, 2));
+        // `next_seq` as read stays 5.
+        assert_eq!((t.next_seq, t.read[0], t.visible_count), (7, 5, 2));
         assert_eq!(t.stored_bytes, 100 + append.batch.bytes);
         assert!(t.updated_at.is_some());
     }

@@ -6,7 +6,10 @@ use std::collections::HashMap;
 
 use sqlx::{AnyConnection, Row};
 
-use super::plan::{thread_of, AppendDefaults, AppendTriggers, GroupThread, QueuedAppend};
+use super::plan::{
+    set_counters_sql, thread_of, AppendDefaults, AppendTriggers, Counters, GroupThread,
+    QueuedAppend, COUNTER_COLUMNS,
+};
 use crate::store::rows::{
     bind_rows, insert_rows, insert_rows_sql, stored_hashes_of, AnyQuery, NewRow, INSERT_CHUNK,
     INSERT_WIDTH,
@@ -130,11 +133,13 @@ pub(super) fn read_group_sql(
         Transaction::OwnStatements => "BEGIN IMMEDIATE; ",
         Transaction::Caller => "",
     };
+    let counters = COUNTER_COLUMNS
+        .map(|column| format!("threads.{column}"))
+        .join(", ");
     let locked = format!(
         "{begin}WITH locked AS {materialized} (\
-         SELECT threads.thread_key, threads.tenant_id, threads.thread_id, threads.next_seq, \
-         threads.visible_count, threads.context_tokens, threads.stored_bytes, \
-         threads.context_anchored, threads.window_content_tokens, s.auto_compact_tokens, s.outline, s.clearing \
+         SELECT threads.thread_key, threads.tenant_id, threads.thread_id, {counters}, \
+         s.auto_compact_tokens, s.outline, s.clearing \
          FROM {from} LEFT JOIN thread_settings s ON s.thread_key = threads.thread_key \
          WHERE {terms} ORDER BY threads.tenant_id, threads.thread_id {lock})"
     );
@@ -215,14 +220,13 @@ pub(super) async fn read_group<'g>(
             Slot::Occupied(known) => known.into_mut(),
             Slot::Vacant(new) => new.insert(GroupThread::new(
                 ThreadKey::from_stored(row.try_get("thread_key")?),
-                [
-                    row.try_get("next_seq")?,
-                    row.try_get("visible_count")?,
-                    row.try_get("context_tokens")?,
-                    row.try_get("stored_bytes")?,
-                    row.try_get("context_anchored")?,
-                    row.try_get("window_content_tokens")?,
-                ],
+                {
+                    let mut counters: Counters = [0; COUNTER_COLUMNS.len()];
+                    for (counter, column) in counters.iter_mut().zip(COUNTER_COLUMNS) {
+                        *counter = row.try_get(column)?;
+                    }
+                    counters
+                },
                 AppendTriggers::from_settings(
                     row.try_get("auto_compact_tokens")?,
                     row.try_get("outline")?,
@@ -305,17 +309,15 @@ pub(super) async fn write_rows<'a>(
     Ok(Some(usize::try_from(inserted).unwrap_or(0)))
 }
 
-/// Values each thread's counters bind: its key, `updated_at`, `next_seq`, `visible_count`,
-/// `context_tokens`, `stored_bytes`, `context_anchored` and `window_content_tokens`.
-pub(super) const THREAD_COUNTERS_WIDTH: usize = 8;
+/// Values each thread binds: its key, `updated_at`, then its [`COUNTER_COLUMNS`].
+pub(super) const THREAD_COUNTERS_WIDTH: usize = 2 + COUNTER_COLUMNS.len();
 
 /// The update of `count` threads' counters, its placeholders numbered from `$start`.
 pub(super) fn update_threads_sql(start: usize, count: usize) -> String {
     format!(
-        "UPDATE threads SET updated_at = v.column2, next_seq = v.column3, \
-         visible_count = v.column4, context_tokens = v.column5, stored_bytes = v.column6, \
-         context_anchored = v.column7, window_content_tokens = v.column8 \
+        "UPDATE threads SET updated_at = v.column2, {} \
          FROM (VALUES {}) AS v WHERE threads.thread_key = v.column1",
+        set_counters_sql(3),
         crate::store::values_placeholders_from(start, count, THREAD_COUNTERS_WIDTH)
     )
 }
@@ -324,13 +326,10 @@ fn bind_thread_counters<'q>(mut query: AnyQuery<'q>, threads: &[&GroupThread]) -
     for thread in threads {
         query = query
             .bind(thread.thread_key.as_str().to_owned())
-            .bind(thread.updated_at.unwrap_or_default())
-            .bind(thread.next_seq)
-            .bind(thread.visible_count)
-            .bind(thread.context_tokens)
-            .bind(thread.stored_bytes)
-            .bind(i64::from(thread.anchored))
-            .bind(thread.window_content.column());
+            .bind(thread.updated_at.unwrap_or_default());
+        for counter in thread.counters() {
+            query = query.bind(counter);
+        }
     }
     query
 }

@@ -21,8 +21,8 @@ use std::sync::mpsc;
 use rusqlite::{Connection, OpenFlags, ToSql};
 
 use super::plan::{
-    group_needs_jobs, plan_group, AppendDefaults, AppendTriggers, GroupThread, Planned,
-    QueuedAppend,
+    group_needs_jobs, plan_group, AppendDefaults, AppendTriggers, Counters, GroupThread, Planned,
+    QueuedAppend, COUNTER_COLUMNS,
 };
 use super::sql::{
     read_group_sql, update_threads_sql, GroupRead, RowLock, Transaction, UuidCheck,
@@ -269,14 +269,13 @@ fn read_group<'g>(
             Slot::Occupied(known) => known.into_mut(),
             Slot::Vacant(new) => new.insert(GroupThread::new(
                 ThreadKey::from_stored(row.get("thread_key").map_err(failed)?),
-                [
-                    row.get("next_seq").map_err(failed)?,
-                    row.get("visible_count").map_err(failed)?,
-                    row.get("context_tokens").map_err(failed)?,
-                    row.get("stored_bytes").map_err(failed)?,
-                    row.get("context_anchored").map_err(failed)?,
-                    row.get("window_content_tokens").map_err(failed)?,
-                ],
+                {
+                    let mut counters: Counters = [0; COUNTER_COLUMNS.len()];
+                    for (counter, column) in counters.iter_mut().zip(COUNTER_COLUMNS) {
+                        *counter = row.get(column).map_err(failed)?;
+                    }
+                    counters
+                },
                 AppendTriggers::from_settings(
                     row.get("auto_compact_tokens").map_err(failed)?,
                     row.get("outline").map_err(failed)?,
@@ -326,33 +325,19 @@ fn update_threads<'a>(
     conn: &Connection,
     threads: impl Iterator<Item = &'a GroupThread>,
 ) -> Result<(), StoreError> {
-    // The flag and the content as their columns hold them, owned beside the thread.
-    let written: Vec<(&GroupThread, &str, i64, [i64; 2])> = threads
+    let written: Vec<(&str, i64, Counters)> = threads
         .filter_map(|thread| {
-            let columns = [i64::from(thread.anchored), thread.window_content.column()];
-            Some((
-                thread,
-                thread.thread_key.as_str(),
-                thread.updated_at?,
-                columns,
-            ))
+            let key = thread.thread_key.as_str();
+            Some((key, thread.updated_at?, thread.counters()))
         })
         .collect();
     if written.is_empty() {
         return Ok(());
     }
     let mut values: Vec<&dyn ToSql> = Vec::with_capacity(written.len() * THREAD_COUNTERS_WIDTH);
-    for (thread, key, updated_at, [anchored, content]) in &written {
-        values.extend([
-            key as &dyn ToSql,
-            updated_at,
-            &thread.next_seq,
-            &thread.visible_count,
-            &thread.context_tokens,
-            &thread.stored_bytes,
-            anchored,
-            content,
-        ]);
+    for (key, updated_at, counters) in &written {
+        values.extend([key as &dyn ToSql, updated_at]);
+        values.extend(counters.iter().map(|c| c as &dyn ToSql));
     }
     execute(conn, &update_threads_sql(1, written.len()), &values)
 }
