@@ -20,7 +20,7 @@ use serde_json::Value;
 use super::model::{Content, Entry, EntryKind};
 use super::normalize::blocks::content_bytes;
 use super::normalize::clearing::{ClearingOptions, MIN_CLEARED_BYTES};
-use super::normalize::estimate::{context_entry_tokens, EstimateBasis, Estimator};
+use super::normalize::estimate::{EstimateBasis, Estimator};
 use super::normalize::tokens::usage_figure;
 use super::visibility::is_sent_to_model;
 
@@ -90,6 +90,8 @@ pub struct Point {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Pushed {
     pub point: Option<Point>,
+    /// The entry's content tokens ([`super::normalize::estimate::context_entry_tokens`]).
+    pub tokens: u64,
     /// Markers at this entry.
     pub markers: Vec<MarkerKind>,
 }
@@ -266,7 +268,6 @@ impl EconomicsFold {
             }
             pushed.point = Some(self.point(entry));
         }
-        let tokens = context_entry_tokens(entry);
         if entry.is_compact_boundary() {
             self.estimator.restart_window();
             if let Some(run) = self.clearing.as_mut() {
@@ -274,7 +275,8 @@ impl EconomicsFold {
             }
             pushed.markers.push(MarkerKind::Compaction);
         }
-        self.estimator.push(entry);
+        let tokens = self.estimator.push(entry).at_default_rates();
+        pushed.tokens = tokens;
         if !entry.is_compact_summary {
             self.modelled.context = self.modelled.context.saturating_add(tokens);
         }
@@ -371,6 +373,7 @@ pub fn window_start(boundary: &Entry, boundary_seq: i64) -> i64 {
 mod tests {
     use super::*;
     use crate::history::normalize::clearing::{still_whole, Arrival};
+    use crate::history::normalize::estimate::context_entry_tokens;
     use crate::history::normalize::estimate_context;
     use serde_json::json;
 

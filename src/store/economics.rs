@@ -92,7 +92,7 @@ impl Store {
                 let seq = entry.seq.unwrap_or(after + 1);
                 after = seq;
                 let pushed = fold.push(&entry);
-                let tokens = context_entry_tokens(&entry);
+                let tokens = pushed.tokens;
                 if entry.is_compact_boundary() {
                     let preserved = self
                         .preserved_tokens(&head.thread_key, entry, seq, &recent)

@@ -414,7 +414,9 @@ impl Estimator {
         }
     }
 
-    pub fn push(&mut self, entry: &Entry) {
+    /// Folds the next entry in; returns its content, which a caller that counts it too need
+    /// not read again.
+    pub fn push(&mut self, entry: &Entry) -> Features {
         let features = entry_features(entry);
         self.window.add(&features);
         if entry.is_compact_boundary() {
@@ -451,6 +453,7 @@ impl Estimator {
             None => self.since_anchor.add(&features),
         }
         self.pushed += 1;
+        features
     }
 
     /// What the fold weighs in memory, roughly: a checkpoint keeps one.
@@ -525,36 +528,32 @@ impl Estimator {
             .as_ref()
             .and_then(|a| a.model.clone())
             .or_else(|| self.model.clone());
+        let Some(anchor) = &self.anchor else {
+            // No anchor since the last boundary, so no delta either: the default rates.
+            let (tokens, upper) = count(&self.window, None);
+            return ContextEstimate {
+                tokens,
+                upper_tokens: upper,
+                basis: EstimateBasis::Content,
+                anchor_seq: None,
+                model,
+                calibration_samples: 0,
+                overhead_tokens: None,
+            };
+        };
         let calibration = model
             .as_deref()
             .and_then(|m| self.deltas.iter().find(|d| d.model == m))
             .and_then(ModelDeltas::fit);
-        let samples = calibration.as_ref().map_or(0, |c| c.samples);
-        match &self.anchor {
-            Some(anchor) => {
-                let (tail, upper) = count(&self.since_anchor, calibration.as_ref());
-                ContextEstimate {
-                    tokens: anchor.total.saturating_add(tail),
-                    upper_tokens: anchor.total.saturating_add(upper),
-                    basis: EstimateBasis::Usage,
-                    anchor_seq: Some(anchor.seq),
-                    model,
-                    calibration_samples: samples,
-                    overhead_tokens: None,
-                }
-            }
-            None => {
-                let (tokens, upper) = count(&self.window, calibration.as_ref());
-                ContextEstimate {
-                    tokens,
-                    upper_tokens: upper,
-                    basis: EstimateBasis::Content,
-                    anchor_seq: None,
-                    model,
-                    calibration_samples: samples,
-                    overhead_tokens: None,
-                }
-            }
+        let (tail, upper) = count(&self.since_anchor, calibration.as_ref());
+        ContextEstimate {
+            tokens: anchor.total.saturating_add(tail),
+            upper_tokens: anchor.total.saturating_add(upper),
+            basis: EstimateBasis::Usage,
+            anchor_seq: Some(anchor.seq),
+            model,
+            calibration_samples: calibration.map_or(0, |c| c.samples),
+            overhead_tokens: None,
         }
     }
 }
