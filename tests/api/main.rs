@@ -40,7 +40,6 @@ mod summarize_extractive;
 mod summarize_models;
 mod tenants;
 mod token_estimates;
-mod token_estimates_attack;
 mod transcripts;
 mod tree;
 mod tree_props;
