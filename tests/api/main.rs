@@ -17,6 +17,7 @@ mod docs_page;
 mod drills;
 mod economics;
 mod erasure;
+mod estimate_blocks;
 mod estimate_replay;
 mod forgetting;
 mod group_commit;

@@ -9,7 +9,7 @@
 
 use serde_json::Value;
 
-use super::blocks::{block_type, str_field};
+use super::blocks::{block_type, compaction, str_field, Compaction};
 use super::tokens::{model_content, text_split, usage_figure, usage_tokens, ModelContent};
 use crate::history::model::{Entry, EntryKind};
 
@@ -61,6 +61,12 @@ impl Features {
         count(self, None).1
     }
 
+    /// Whether some of it is counted flat (media, a PDF by its size): a count that may be far
+    /// from the provider's either way.
+    pub fn has_flat_counts(&self) -> bool {
+        self.fixed > 0
+    }
+
     /// Content known only by its total, counted as it is.
     pub fn add_fixed(&mut self, tokens: u64) {
         self.fixed = self.fixed.saturating_add(tokens);
@@ -108,15 +114,29 @@ pub fn block_features(block: &Value) -> Features {
     features
 }
 
+/// Media counted flat (an image, a file or audio whose size the estimate cannot see in tokens).
+const MEDIA_TOKENS: u64 = 2000;
+
+/// Decoded PDF bytes a token stands for: a page (text and its image) is 1,500–3,000 tokens,
+/// and a page of a typical PDF 50–100 KB.
+const PDF_BYTES_PER_TOKEN: u64 = 40;
+
+/// Characters of an encrypted or opaque payload a token stands for (search results and
+/// compactions the provider reads as the text they encrypt).
+const OPAQUE_CHARS_PER_TOKEN: u64 = 4;
+
 /// Adds a block; `text` is the kind its plain text counts as (a result's own blocks are the
 /// result's).
 fn add_block(features: &mut Features, b: &Value, text: usize) {
     features.kinds[FRAMES] += 1;
     match block_type(b) {
-        Some("text") => features.add_text(text, str_field(b, "text").unwrap_or("")),
-        Some("image" | "document" | "image_url" | "file" | "input_audio") => {
-            features.add_fixed(2000);
+        Some("text" | "input_text" | "output_text") => {
+            features.add_text(text, str_field(b, "text").unwrap_or(""));
         }
+        Some("image" | "image_url" | "file" | "input_audio" | "input_image" | "input_file") => {
+            features.add_fixed(MEDIA_TOKENS);
+        }
+        Some("document") => add_document(features, b, text),
         Some("tool_result") => match b.get("content") {
             Some(Value::String(s)) => features.add_text(RESULTS, s),
             Some(Value::Array(items)) => {
@@ -136,7 +156,102 @@ fn add_block(features: &mut Features, b: &Value, text: usize) {
         }
         Some("thinking") => features.add_text(text, str_field(b, "thinking").unwrap_or("")),
         Some("redacted_thinking") => features.add_text(text, str_field(b, "data").unwrap_or("")),
+        // What a server tool, an MCP server or a search returned: documents, search results and
+        // encrypted pages nested in it count as themselves, not as their JSON (a fetched PDF's
+        // base64 read as prose is hundreds of thousands of tokens).
+        Some(
+            "web_search_tool_result"
+            | "web_fetch_tool_result"
+            | "code_execution_tool_result"
+            | "bash_code_execution_tool_result"
+            | "text_editor_code_execution_tool_result"
+            | "tool_search_tool_result"
+            | "mcp_tool_result"
+            | "advisor_tool_result",
+        ) => add_value(features, b.get("content").unwrap_or(&Value::Null), RESULTS),
+        Some("search_result") => {
+            for field in ["title", "source"] {
+                add_value(features, b.get(field).unwrap_or(&Value::Null), text);
+            }
+            add_value(features, b.get("content").unwrap_or(&Value::Null), text);
+        }
+        // A server-side compaction: its summary, or the payload that stands for one.
+        Some("compaction") => {
+            add_value(features, b.get("content").unwrap_or(&Value::Null), text);
+            add_opaque(features, b.get("encrypted_content"));
+        }
         _ => features.add_text(text, &b.to_string()),
+    }
+}
+
+/// A document: a text one by its text, one made of blocks by its blocks, a base64 PDF by its
+/// size, any other (a URL or a file id) flat.
+fn add_document(features: &mut Features, b: &Value, text: usize) {
+    for field in ["title", "context"] {
+        if let Some(value) = str_field(b, field) {
+            features.add_text(text, value);
+        }
+    }
+    let source = b.get("source");
+    match source.and_then(|s| str_field(s, "type")) {
+        Some("text") => features.add_text(
+            text,
+            source.and_then(|s| str_field(s, "data")).unwrap_or(""),
+        ),
+        Some("content") => add_value(
+            features,
+            source
+                .and_then(|s| s.get("content"))
+                .unwrap_or(&Value::Null),
+            text,
+        ),
+        Some("base64") => {
+            let chars = source
+                .and_then(|s| str_field(s, "data"))
+                .map_or(0, str::len) as u64;
+            features.add_fixed((chars * 3 / 4 / PDF_BYTES_PER_TOKEN).max(MEDIA_TOKENS));
+        }
+        _ => features.add_fixed(MEDIA_TOKENS),
+    }
+}
+
+/// A value nested in a result: blocks as blocks, strings as text, objects by their fields
+/// (encrypted payloads by their size, signatures and type tags as nothing).
+fn add_value(features: &mut Features, value: &Value, text: usize) {
+    match value {
+        Value::String(s) => features.add_text(text, s),
+        Value::Array(items) => {
+            for item in items {
+                add_value(features, item, text);
+            }
+        }
+        Value::Object(_) if block_type(value).is_some_and(is_content_block) => {
+            add_block(features, value, text);
+        }
+        Value::Object(fields) => {
+            for (key, field) in fields {
+                match key.as_str() {
+                    "type" | "signature" => {}
+                    "encrypted_content" | "encrypted_index" => add_opaque(features, Some(field)),
+                    _ => add_value(features, field, text),
+                }
+            }
+        }
+        Value::Number(_) | Value::Bool(_) | Value::Null => {}
+    }
+}
+
+/// The blocks a result may hold that [`add_block`] counts by their own rule.
+fn is_content_block(kind: &str) -> bool {
+    matches!(
+        kind,
+        "text" | "image" | "document" | "search_result" | "tool_result" | "tool_use"
+    )
+}
+
+fn add_opaque(features: &mut Features, value: Option<&Value>) {
+    if let Some(Value::String(s)) = value {
+        features.add_fixed(s.len() as u64 / OPAQUE_CHARS_PER_TOKEN);
     }
 }
 
@@ -418,8 +533,13 @@ impl Estimator {
     /// not read again.
     pub fn push(&mut self, entry: &Entry) -> Features {
         let features = entry_features(entry);
+        let server_compaction = holds_server_compaction(entry);
+        if server_compaction {
+            // The provider drops everything before a compaction block, as before a boundary.
+            self.window = Features::default();
+        }
         self.window.add(&features);
-        if entry.is_compact_boundary() {
+        if entry.is_compact_boundary() || server_compaction {
             // Usage before a boundary describes a context that is gone, and a delta across it
             // compares two different contexts.
             self.anchor = None;
@@ -558,6 +678,14 @@ impl Estimator {
     }
 }
 
+/// Whether a response holds a server-side compaction summary, which every provider's request
+/// starts at (`view::cut_at_server_compaction`).
+fn holds_server_compaction(entry: &Entry) -> bool {
+    entry.kind == EntryKind::Assistant
+        && matches!(model_content(entry), ModelContent::Blocks(blocks)
+            if blocks.iter().any(|b| matches!(compaction(b), Some(Compaction::Summary(_)))))
+}
+
 /// The SHA-256 of a model's name, in hex: how the learned overheads name it.
 pub fn model_digest(model: &str) -> String {
     use sha2::{Digest, Sha256};
@@ -642,6 +770,37 @@ mod tests {
         );
         assert!(features.kinds[CJK] >= 3 && features.kinds[RESULTS] > 0);
         assert!(features.kinds[INPUTS] > 0 && features.fixed == 2000);
+    }
+
+    #[test]
+    fn nested_payloads_count_as_what_they_stand_for() {
+        let text = super::super::tokens::text_tokens;
+        // A Responses text part is text, not its JSON.
+        let part = json!({"type": "input_text", "text": "hello there"});
+        assert_eq!(
+            block_features(&part).at_default_rates(),
+            text("hello there")
+        );
+        // A search result's page is encrypted: counted by its size, its signature not at all.
+        let page = "Zm9v".repeat(1_000);
+        let search = json!({"type": "web_search_tool_result", "tool_use_id": "s",
+            "content": [{"type": "web_search_result", "url": "https://a.example", "title": "A",
+                "encrypted_content": page, "page_age": null}]});
+        let counted = block_features(&search);
+        assert_eq!(counted.fixed, 4_000 / OPAQUE_CHARS_PER_TOKEN);
+        assert!(counted.at_default_rates() < 1_100, "{counted:?}");
+        // A text document by its text; a PDF by its size, at least as much as any media.
+        let document = |source: Value| json!({"type": "document", "source": source});
+        let words = "word ".repeat(1_000);
+        let as_text = document(json!({"type": "text", "media_type": "text/plain", "data": words}));
+        assert_eq!(block_features(&as_text).at_default_rates(), text(&words));
+        let small_pdf = document(json!({"type": "base64", "data": "JVBERi0xLjQK"}));
+        assert_eq!(block_features(&small_pdf).at_default_rates(), MEDIA_TOKENS);
+        let big_pdf = document(json!({"type": "base64", "data": "A".repeat(4_000_000)}));
+        assert_eq!(
+            block_features(&big_pdf).at_default_rates(),
+            3_000_000 / PDF_BYTES_PER_TOKEN
+        );
     }
 
     /// A thread whose model counts results at `rate` times the default and each entry and

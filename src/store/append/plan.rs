@@ -407,7 +407,11 @@ fn context_tokens_of<'a>(entries: impl Iterator<Item = &'a Entry>) -> Counted {
                 ]
                 .map(|n| i64::try_from(n).unwrap_or(i64::MAX));
                 tokens = tokens.saturating_add(upper);
-                content = content.map(|c| c.saturating_add(at_default));
+                // Media counted flat may be far from the provider's count: a first call after
+                // them would learn the error as overhead.
+                content = content
+                    .filter(|_| !features.has_flat_counts())
+                    .map(|c| c.saturating_add(at_default));
                 // A result and its stub counted alike, so a cleared result counts as its stub.
                 let mut results = StoredResults::default();
                 results.push(index, entry, &every_result, |block| {
@@ -795,6 +799,32 @@ mod tests {
         assert_eq!(call.sample(WindowContent(Some(20_000))), None);
         // Nor does a window whose content is not known.
         assert_eq!(call.sample(WindowContent::UNKNOWN), None);
+    }
+
+    #[test]
+    fn a_window_holding_media_teaches_no_overhead() {
+        let batch = [
+            entry(
+                json!({"type": "user", "message": {"role": "user", "content": [
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                 "data": "iVBORw0KGgo="}},
+                {"type": "text", "text": "What is in it?"}]}}),
+            ),
+            entry(
+                json!({"type": "assistant", "message": {"role": "assistant", "id": "m",
+                "model": "claude-sonnet-4-5", "usage": {"input_tokens": 21_000, "output_tokens": 9},
+                "content": [{"type": "text", "text": "A cat."}]}}),
+            ),
+        ];
+        let counted = context_tokens_of(batch.iter());
+        let call = counted.first_call.unwrap();
+        // The image counts 2,000 flat: the provider's figure may be far from it either way.
+        assert_eq!(call.content_before, None);
+        assert_eq!(call.sample(WindowContent::EMPTY), None);
+        // The same question without the image teaches.
+        let plain = [batch[1].clone()];
+        let call = context_tokens_of(plain.iter()).first_call.unwrap();
+        assert!(call.sample(WindowContent::EMPTY).is_some());
     }
 
     #[test]
