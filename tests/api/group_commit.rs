@@ -117,6 +117,26 @@ async fn release(mut conn: sqlx::AnyConnection) {
     sqlx::query("COMMIT").execute(&mut conn).await.unwrap();
 }
 
+/// Returns once a PostgreSQL backend of the test's database waits for a lock.
+async fn wait_for_a_lock_waiter(app: &TestApp) {
+    sqlx::any::install_default_drivers();
+    let admin = sqlx::AnyPool::connect(&app.url).await.unwrap();
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM pg_stat_activity \
+             WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(&admin)
+        .await
+        .unwrap();
+        if waiting > 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    admin.close().await;
+}
+
 /// Runs `statements` on a connection of their own (the test's schema changes).
 async fn run_as_admin(app: &TestApp, statements: &[&str]) {
     sqlx::any::install_default_drivers();
@@ -525,12 +545,19 @@ async fn a_transient_failure_answers_the_whole_group_at_once() {
     let before = store.group_commit_stats();
     let contended = entries(vec![user("contended", "this row meets a conflict")]);
     let lock = hold_append_lock(&app, &a).await;
-    let appends = join_all([
-        append_to(&store, &a, turn(1, 0), None),
-        append_to(&store, &b, contended, None),
-        append_to(&store, &b, turn(2, 0), None),
-    ]);
-    let (results, ()) = tokio::join!(appends, release(lock));
+    // The first append holds the one runner, waiting for the lock; only then are the other two
+    // queued, together, so that they form the next group whole (queued with the first, the
+    // runner could take the first two as a group and leave the third to a group of its own).
+    let first = append_to(&store, &a, turn(1, 0), None);
+    let (first, results) = tokio::join!(first, async {
+        wait_for_a_lock_waiter(&app).await;
+        let appends = join_all([
+            append_to(&store, &b, contended, None),
+            append_to(&store, &b, turn(2, 0), None),
+        ]);
+        tokio::join!(appends, release(lock)).0
+    });
+    let results: Vec<_> = std::iter::once(first).chain(results).collect();
     let after = store.group_commit_stats();
     store.close().await;
     // The first append ran alone while the lock was held, or in the group with the other two.
