@@ -73,6 +73,27 @@ async fn erase(app: &TestApp, thread: &str, uuids: &[&str]) {
     assert_eq!(erasure.status, StatusCode::CREATED, "{}", erasure.body);
 }
 
+/// A client compact boundary whose preserved segment is the thread's first entry.
+fn keeping_the_first_entry(uuid: &str) -> Value {
+    json!({"uuid": uuid, "type": "system", "subtype": "compact_boundary",
+        "content": "Conversation compacted",
+        "compact_metadata": {"trigger": "manual", "pre_tokens": 2000,
+                             "preserved_segment": {"first_seq": 0, "last_seq": 0}}})
+}
+
+/// The read is content only, with no overhead learned, and the stored count (the compaction
+/// trigger's) is at least its upper bound; `when` says at what point, for the message.
+async fn assert_the_stored_count_bounds_the_content_read(app: &TestApp, thread: &str, when: &str) {
+    let estimate = context_tokens(app, thread).await;
+    assert_eq!(estimate["basis"], "content", "{estimate}");
+    assert!(estimate["overhead_tokens"].is_null(), "{estimate}");
+    let (stored, ..) = stored(app, thread).await;
+    assert!(
+        stored as u64 >= estimate["upper_tokens"].as_u64().unwrap(),
+        "{when}stored count {stored} against the read's {estimate}"
+    );
+}
+
 /// Six tool rounds, compacted keeping two (a boundary bringing back a preserved segment), the
 /// summary written by the extractive summarizer.
 async fn compacted_thread(app: &TestApp) -> String {
@@ -264,13 +285,7 @@ async fn a_preserved_segment_is_not_taken_for_overhead(app: TestApp) {
     app.append(&later, json!([user("l0", &prose())])).await;
     app.append(
         &later,
-        json!([
-            {"uuid": "lb", "type": "system", "subtype": "compact_boundary",
-             "content": "Conversation compacted",
-             "compact_metadata": {"trigger": "manual", "pre_tokens": 2000,
-                                  "preserved_segment": {"first_seq": 0, "last_seq": 0}}},
-            user("ls", "Summary: ok.")
-        ]),
+        json!([keeping_the_first_entry("lb"), user("ls", "Summary: ok.")]),
     )
     .await;
     app.append(&later, json!([response("la", "msg_l", "sim", 22_003)]))
@@ -280,10 +295,7 @@ async fn a_preserved_segment_is_not_taken_for_overhead(app: TestApp) {
     app.append(
         &thread,
         json!([
-            {"uuid": "b1", "type": "system", "subtype": "compact_boundary",
-             "content": "Conversation compacted",
-             "compact_metadata": {"trigger": "manual", "pre_tokens": 2000,
-                                  "preserved_segment": {"first_seq": 0, "last_seq": 0}}},
+            keeping_the_first_entry("b1"),
             user("s1", "Summary: ok."),
             // 20,000 of overhead, the 2,000 preserved, the summary's 3.
             response("a1", "msg_1", "sim", 22_003)
@@ -351,14 +363,7 @@ async fn a_usage_no_provider_could_report_teaches_no_overhead(app: TestApp) {
 /// bound says: the late compaction the upper bound exists to prevent.)
 async fn after_a_compaction_the_stored_count_is_still_an_upper_bound(app: TestApp) {
     let thread = compacted_thread(&app).await;
-    let estimate = context_tokens(&app, &thread).await;
-    assert_eq!(estimate["basis"], "content", "{estimate}");
-    assert!(estimate["overhead_tokens"].is_null(), "{estimate}");
-    let (stored, ..) = stored(&app, &thread).await;
-    assert!(
-        stored as u64 >= estimate["upper_tokens"].as_u64().unwrap(),
-        "stored count {stored} against the read's {estimate}"
-    );
+    assert_the_stored_count_bounds_the_content_read(&app, &thread, "").await;
     app.finish().await;
 }
 
@@ -465,23 +470,10 @@ async fn a_client_boundary_with_a_preserved_segment_keeps_the_stored_count_an_up
     app.append(&thread, json!([user("p0", &prose())])).await;
     app.append(
         &thread,
-        json!([
-            {"uuid": "b1", "type": "system", "subtype": "compact_boundary",
-             "content": "Conversation compacted",
-             "compact_metadata": {"trigger": "manual", "pre_tokens": 2000,
-                                  "preserved_segment": {"first_seq": 0, "last_seq": 0}}},
-            user("s1", "Summary: ok.")
-        ]),
+        json!([keeping_the_first_entry("b1"), user("s1", "Summary: ok.")]),
     )
     .await;
-    let estimate = context_tokens(&app, &thread).await;
-    assert_eq!(estimate["basis"], "content", "{estimate}");
-    assert!(estimate["overhead_tokens"].is_null(), "{estimate}");
-    let (tokens, ..) = stored(&app, &thread).await;
-    assert!(
-        tokens as u64 >= estimate["upper_tokens"].as_u64().unwrap(),
-        "stored count {tokens} against the read's {estimate}"
-    );
+    assert_the_stored_count_bounds_the_content_read(&app, &thread, "").await;
     app.finish().await;
 }
 
