@@ -145,6 +145,19 @@ pub struct ServeDatabaseArgs {
     /// less per append; a lone writer never waits.
     #[arg(long, env = "LOUPE_APPEND_GATHER_US", default_value_t = crate::store::DEFAULT_APPEND_GATHER.as_micros() as u64)]
     pub append_gather_us: u64,
+    /// PostgreSQL only: a streaming standby of the primary that reads may go to (repeatable; in
+    /// the environment, comma-separated). A read that must see a write waits for a standby to
+    /// replay it at most `--read-wait-ms`, then reads from the primary (docs/SCALING.md).
+    #[arg(
+        long = "read-database-url",
+        env = "LOUPE_READ_DATABASE_URLS",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
+    pub read_database_urls: Vec<String>,
+    /// Milliseconds a read waits for a standby to replay what it must see.
+    #[arg(long, env = "LOUPE_READ_WAIT_MS", default_value_t = 100)]
+    pub read_wait_ms: u64,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -520,7 +533,15 @@ impl ServeDatabaseArgs {
     }
 
     pub async fn open_with(&self, options: StoreOptions) -> anyhow::Result<Store> {
-        self.connection.open_with(options).await
+        let store = self.connection.open_with(options.clone()).await?;
+        store
+            .with_standbys(
+                &self.read_database_urls,
+                Duration::from_millis(self.read_wait_ms),
+                &options,
+            )
+            .await
+            .context("cannot use the read standbys")
     }
 }
 

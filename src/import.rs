@@ -59,6 +59,15 @@ pub struct ImportReport {
     /// How many sub-agent threads received entries (`sidechain_threads` lists at most 100).
     #[serde(default)]
     pub sidechain_thread_count: u64,
+    /// The write's consistency token (also the `Loupe-LSN` header): send it back with a read
+    /// (`Loupe-LSN` or `min_lsn`) to see this write on a read standby. Present only where the
+    /// service reads from standbys.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(
+        pattern = r"^[0-9A-Fa-f]{1,8}/[0-9A-Fa-f]{1,8}$",
+        example = "0/3000148"
+    )]
+    pub lsn: Option<String>,
 }
 
 /// A line that was not stored, and why.

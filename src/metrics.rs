@@ -42,6 +42,9 @@ pub const OVERLOADED: &str = "loupe_overloaded_total";
 pub const CONTEXT_READS: &str = "loupe_context_reads_total";
 pub const CONTEXT_FALLBACKS: &str = "loupe_context_fallbacks_total";
 pub const CONTEXT_CACHE_BYTES: &str = "loupe_context_cache_bytes";
+pub const STANDBY_READS: &str = "loupe_standby_reads_total";
+pub const STANDBY_READ_RETRIES: &str = "loupe_standby_read_retries_total";
+pub const STANDBY_LAG_BYTES: &str = "loupe_standby_lag_bytes";
 pub const APPEND_GROUPS: &str = "loupe_append_groups_total";
 pub const APPEND_GROUP_APPENDS: &str = "loupe_append_group_appends_total";
 pub const APPEND_SPLIT_GROUPS: &str = "loupe_append_split_groups_total";
@@ -120,6 +123,19 @@ fn describe() {
     describe_counter!(
         APPEND_SPLIT_GROUPS,
         "Groups a failed statement rolled back, then written one append at a time"
+    );
+    describe_counter!(
+        STANDBY_READS,
+        "Reads by where they were served: standby, standby_after_wait or primary"
+    );
+    describe_counter!(
+        STANDBY_READ_RETRIES,
+        "Reads a standby failed that the primary then served"
+    );
+    describe_gauge!(
+        STANDBY_LAG_BYTES,
+        Unit::Bytes,
+        "The largest WAL gap between this process's last write and a healthy standby's replay"
     );
     // Gauges exist from the start, so dashboards see a zero instead of no data.
     metrics::gauge!(JOBS_QUEUED).set(0.0);
@@ -208,6 +224,18 @@ pub fn context_read(path: &'static str) {
 /// `paged`: a page at a time), and why (a fixed text).
 pub fn context_fallback(path: &'static str, reason: &'static str) {
     metrics::counter!(CONTEXT_FALLBACKS, "path" => path, "reason" => reason).increment(1);
+}
+
+/// A read routed to `route` (`standby`, `standby_after_wait` or `primary`), with the standbys'
+/// largest lag then.
+pub fn standby_read(route: &'static str, lag_bytes: u64) {
+    metrics::counter!(STANDBY_READS, "route" => route).increment(1);
+    metrics::gauge!(STANDBY_LAG_BYTES).set(lag_bytes as f64);
+}
+
+/// A read a standby failed, served again by the primary.
+pub fn standby_read_retried() {
+    metrics::counter!(STANDBY_READ_RETRIES).increment(1);
 }
 
 /// What the context cache holds now.

@@ -1,6 +1,8 @@
 //! The model-facing views of a thread: API rounds, the normalized context (read by
 //! `crate::context`), snips, and the stateless normalizer.
 
+use super::consistency::{on_standby, ReadToken, Written};
+use crate::store::{TenantId, ThreadId};
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{header, StatusCode};
@@ -145,16 +147,19 @@ pub async fn get_rounds(
     Tenant(tenant): Tenant,
     ApiPath(path): ApiPath<ThreadPath>,
     ApiQuery(query): ApiQuery<RoundsQuery>,
+    token: ReadToken,
 ) -> Result<Json<RoundsResponse>, ApiError> {
-    let bounds = state
-        .store
-        .window_bounds(&tenant, &path.thread_id, query.from_seq.map(Seq::new))
-        .await?;
+    let (tenant, thread_id, from_seq) = (&tenant, &path.thread_id, query.from_seq.map(Seq::new));
     // Rounds need kinds, response ids and tool ids: each entry is cut to those as it is read.
     let max_bytes = i64::try_from(state.limits.max_page_bytes).unwrap_or(i64::MAX);
-    let skeletons = state
-        .store
-        .window_reduced(&bounds, max_bytes, round_skeleton)
+    let (bounds, skeletons) =
+        on_standby(&state, tenant, Some(thread_id), token, |store| async move {
+            let bounds = store.window_bounds(tenant, thread_id, from_seq).await?;
+            let skeletons = store
+                .window_reduced(&bounds, max_bytes, round_skeleton)
+                .await?;
+            Ok((bounds, skeletons))
+        })
         .await?;
     let from_seq = skeletons
         .first()
@@ -198,18 +203,34 @@ pub async fn get_context(
     Tenant(tenant): Tenant,
     ApiPath(path): ApiPath<ThreadPath>,
     ApiQuery(options): ApiQuery<ContextOptions>,
+    token: ReadToken,
 ) -> Result<Response, ApiError> {
     let view = options.view;
-    let mut options = options.normalize_options()?;
-    let head = state.store.context_head(&tenant, &path.thread_id).await?;
+    let options = options.normalize_options()?;
+    let (state, tenant, thread_id, options) = (&state, &tenant, &path.thread_id, &options);
+    on_standby(state, tenant, Some(thread_id), token, |store| async move {
+        read_context(state, &store, tenant, thread_id, view, options.clone()).await
+    })
+    .await
+}
+
+/// One context read on `store` (a standby's or the primary's).
+async fn read_context(
+    state: &AppState,
+    store: &crate::store::Store,
+    tenant: &TenantId,
+    thread_id: &ThreadId,
+    view: ContextView,
+    mut options: NormalizeOptions,
+) -> Result<Response, ApiError> {
+    let head = store.context_head(tenant, thread_id).await?;
     options.microcompact = head.settings.microcompact_options();
     options.clearing = head.settings.clearing_options();
     // A large window waits for room in the process's window budget, held until the answer is
     // sent: concurrent reads of large threads take turns instead of holding them all at once.
     // The room comes before the slot, so reads waiting their turn hold no slot other requests
     // need.
-    let window_bytes = state
-        .store
+    let window_bytes = store
         .window_bytes(&head, state.guards.window_exact_above())
         .await?;
     let room = state.guards.window_room(window_bytes).await;
@@ -218,10 +239,10 @@ pub async fn get_context(
     let overheads = if head.context_anchored {
         crate::history::normalize::LearnedOverheads::default()
     } else {
-        state.store.learned_overheads(&tenant).await?
+        store.learned_overheads(tenant).await?
     };
     let reader = ContextReader {
-        store: &state.store,
+        store,
         cache: &state.context_cache,
         page_entries: state.limits.context_page_entries,
         offload: &slot,
@@ -231,10 +252,7 @@ pub async fn get_context(
         ContextView::Full => View::Window,
         ContextView::Outline => View::Outline,
     };
-    let answer = match reader
-        .read(&tenant, &path.thread_id, head, view, options)
-        .await?
-    {
+    let answer = match reader.read(tenant, thread_id, head, view, options).await? {
         ContextRead::Streamed(answer) => streamed(answer),
         ContextRead::Whole(response) => Json(response).into_response(),
     };
@@ -275,6 +293,15 @@ pub struct SnipResponse {
     /// The stored snip entry (a `system` entry with subtype `snip`).
     pub snip: Entry,
     pub next_seq: i64,
+    /// The write's consistency token (also the `Loupe-LSN` header): send it back with a read
+    /// (`Loupe-LSN` or `min_lsn`) to see this write on a read standby. Present only where the
+    /// service reads from standbys.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(
+        pattern = r"^[0-9A-Fa-f]{1,8}/[0-9A-Fa-f]{1,8}$",
+        example = "0/3000148"
+    )]
+    pub lsn: Option<String>,
 }
 
 /// Hide messages from every model-facing view: the context in both views, the outline's lines
@@ -302,7 +329,7 @@ pub async fn snip_messages(
     Tenant(tenant): Tenant,
     ApiPath(path): ApiPath<ThreadPath>,
     ApiJson(request): ApiJson<SnipRequest>,
-) -> Result<(StatusCode, Json<SnipResponse>), ApiError> {
+) -> Result<(StatusCode, Written, Json<SnipResponse>), ApiError> {
     for (index, uuid) in request.uuids.iter().enumerate() {
         super::check_key_field(&format!("uuids[{index}]"), uuid, MAX_UUID_LEN)?;
     }
@@ -349,11 +376,14 @@ pub async fn snip_messages(
             "the snip was not stored",
         )
     })?;
+    let written = Written::now(&state, &tenant, Some(&path.thread_id)).await;
     Ok((
         status,
+        written.clone(),
         Json(SnipResponse {
             snip,
             next_seq: outcome.next_seq,
+            lsn: written.lsn(),
         }),
     ))
 }

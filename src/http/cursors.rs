@@ -1,6 +1,7 @@
 //! `/v1/threads/{thread_id}/cursors`: incremental consumers. Each named cursor is a bookmark that
 //! a consumer moves forward once it has processed what follows it; see `docs/CURSORS.md`.
 
+use super::consistency::Written;
 use axum::extract::State;
 use axum::Json;
 use chrono::{DateTime, Utc};
@@ -257,6 +258,15 @@ pub struct ClaimResponse {
     pub batch: PendingResponse,
     /// `null` when nothing is pending (no lease is taken).
     pub lease: Option<LeaseResponse>,
+    /// The write's consistency token (also the `Loupe-LSN` header): send it back with a read
+    /// (`Loupe-LSN` or `min_lsn`) to see this write on a read standby. Present only where the
+    /// service reads from standbys.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(
+        pattern = r"^[0-9A-Fa-f]{1,8}/[0-9A-Fa-f]{1,8}$",
+        example = "0/3000148"
+    )]
+    pub lsn: Option<String>,
 }
 
 fn double_option<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Option<String>>, D::Error> {
@@ -283,6 +293,15 @@ pub struct AdvanceResponse {
     pub cursor: CursorResponse,
     /// False when the bookmark already was at `to` (an idempotent repeat).
     pub moved: bool,
+    /// The write's consistency token (also the `Loupe-LSN` header): send it back with a read
+    /// (`Loupe-LSN` or `min_lsn`) to see this write on a read standby. Present only where the
+    /// service reads from standbys.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(
+        pattern = r"^[0-9A-Fa-f]{1,8}/[0-9A-Fa-f]{1,8}$",
+        example = "0/3000148"
+    )]
+    pub lsn: Option<String>,
 }
 
 /// List a thread's cursors.
@@ -413,7 +432,7 @@ pub async fn claim_cursor(
     ApiQuery(query): ApiQuery<PendingQuery>,
     ApiQuery(options): ApiQuery<ContextOptions>,
     ApiJson(request): ApiJson<ClaimRequest>,
-) -> Result<Json<ClaimResponse>, ApiError> {
+) -> Result<(Written, Json<ClaimResponse>), ApiError> {
     let path = path.checked()?;
     let max_limit = state.limits.max_page_size_messages;
     let limit = match request.limit.or(query.limit) {
@@ -451,22 +470,27 @@ pub async fn claim_cursor(
             now_millis(),
         )
         .await?;
-    Ok(Json(ClaimResponse {
-        batch: PendingResponse::build(
-            &state,
-            &tenant,
-            &path.thread_id,
-            claim.batch,
-            query.format,
-            &options,
-            slot.as_ref(),
-        )
-        .await?,
-        lease: claim.lease.map(|lease| LeaseResponse {
-            token: lease.token,
-            expires_at: millis_to_datetime(lease.expires_at),
+    let written = Written::now(&state, &tenant, Some(&path.thread_id)).await;
+    Ok((
+        written.clone(),
+        Json(ClaimResponse {
+            lsn: written.lsn(),
+            batch: PendingResponse::build(
+                &state,
+                &tenant,
+                &path.thread_id,
+                claim.batch,
+                query.format,
+                &options,
+                slot.as_ref(),
+            )
+            .await?,
+            lease: claim.lease.map(|lease| LeaseResponse {
+                token: lease.token,
+                expires_at: millis_to_datetime(lease.expires_at),
+            }),
         }),
-    }))
+    ))
 }
 
 /// Move the bookmark forward, after the consumer processed everything up to `to`.
@@ -491,7 +515,7 @@ pub async fn advance_cursor(
     Tenant(tenant): Tenant,
     ApiPath(path): ApiPath<CursorPath>,
     ApiJson(request): ApiJson<AdvanceCursorRequest>,
-) -> Result<Json<AdvanceResponse>, ApiError> {
+) -> Result<(Written, Json<AdvanceResponse>), ApiError> {
     let path = path.checked()?;
     use crate::history::ingest::MAX_UUID_LEN;
     super::check_key_field("to", &request.to, MAX_UUID_LEN)?;
@@ -519,10 +543,15 @@ pub async fn advance_cursor(
             StoreError::NoSuchMessage(_) => ApiError::no_such_message("to", error.to_string()),
             other => other.into(),
         })?;
-    Ok(Json(AdvanceResponse {
-        cursor: outcome.cursor.into(),
-        moved: outcome.moved,
-    }))
+    let written = Written::now(&state, &tenant, Some(&path.thread_id)).await;
+    Ok((
+        written.clone(),
+        Json(AdvanceResponse {
+            cursor: outcome.cursor.into(),
+            moved: outcome.moved,
+            lsn: written.lsn(),
+        }),
+    ))
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@ use crate::history::ingest::MAX_UUID_LEN;
 /// The finished document, as served and checked in.
 pub fn complete(openapi: &utoipa::openapi::OpenApi) -> Value {
     let mut document = serde_json::to_value(openapi).expect("the OpenAPI document serializes");
+    describe_consistency(&mut document);
     add_shared_answers(&mut document);
     describe_problem(&mut document);
     add_history_rules(&mut document);
@@ -364,6 +365,71 @@ fn describe_token_counts(document: &mut Value) {
          micro-compaction or clearing saved); to decide whether a request fits the model's \
          window or when to compact, use a thread context's `context_tokens`."
     );
+}
+
+/// The consistency token (`docs/SCALING.md`): the `Loupe-LSN` header on the answers of every
+/// write, and the header or `min_lsn` on every read a standby may serve. One list each, in
+/// `consistency`, so the document and the handlers name the same operations.
+fn describe_consistency(document: &mut Value) {
+    let token_schema =
+        json!({"type": "string", "pattern": super::consistency::LSN_PATTERN, "maxLength": 17});
+    let read_description = "A write's consistency token (its `Loupe-LSN` header or `lsn`): the \
+        read sees that write. A read standby serves it once it has replayed the write, else the \
+        primary does, after a bounded wait. Without standbys every read sees every write.";
+    let write_header = json!({
+        "description": "The write's consistency token, also the body's `lsn` where it has one: \
+            send it back with a read (`Loupe-LSN` or `min_lsn`) to see this write on a read \
+            standby. Present only where the service reads from standbys.",
+        "schema": token_schema,
+    });
+    let Some(paths) = document["paths"].as_object_mut() else {
+        return;
+    };
+    let mut seen = Vec::new();
+    for operation in paths
+        .values_mut()
+        .filter_map(Value::as_object_mut)
+        .flat_map(|item| item.values_mut())
+        .filter_map(Value::as_object_mut)
+    {
+        let id = operation
+            .get("operationId")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        seen.push(id.clone());
+        if super::consistency::ROUTED_READS.contains(&id.as_str()) {
+            let parameters = operation
+                .entry("parameters")
+                .or_insert_with(|| json!([]))
+                .as_array_mut()
+                .expect("parameters are an array");
+            for (name, place) in [("Loupe-LSN", "header"), ("min_lsn", "query")] {
+                parameters.push(json!({
+                    "name": name, "in": place, "required": false,
+                    "description": read_description, "schema": token_schema,
+                }));
+            }
+        }
+        if super::consistency::TOKEN_WRITES.contains(&id.as_str()) {
+            let responses = operation
+                .get_mut("responses")
+                .and_then(Value::as_object_mut)
+                .expect("responses are an object");
+            for (status, response) in responses.iter_mut() {
+                if status.starts_with('2') {
+                    response["headers"]["Loupe-LSN"] = write_header.clone();
+                }
+            }
+        }
+    }
+    // The lists name operations the code has: a renamed one is a bug, found here.
+    for id in super::consistency::ROUTED_READS
+        .iter()
+        .chain(super::consistency::TOKEN_WRITES)
+    {
+        assert!(seen.iter().any(|s| s == id), "no operation {id}");
+    }
 }
 
 /// Says `additionalProperties: true` on every object schema that names no member (metadata,

@@ -1,5 +1,6 @@
 //! `/v1/threads/{thread_id}/erasures`: erase entries for good, and list the receipts.
 
+use super::consistency::Written;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
@@ -92,6 +93,15 @@ pub struct ErasureReceipt {
     /// the README's Forgetting section). `null` until then: it runs after the answer, and no
     /// read serves the text meanwhile.
     pub storage_scrubbed_at: Option<DateTime<Utc>>,
+    /// The write's consistency token (also the `Loupe-LSN` header): send it back with a read
+    /// (`Loupe-LSN` or `min_lsn`) to see this write on a read standby. Present only where the
+    /// service reads from standbys.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(
+        pattern = r"^[0-9A-Fa-f]{1,8}/[0-9A-Fa-f]{1,8}$",
+        example = "0/3000148"
+    )]
+    pub lsn: Option<String>,
 }
 
 impl ErasureReceipt {
@@ -104,6 +114,7 @@ impl ErasureReceipt {
             artifacts: erasure.artifacts.into(),
             created_at: erasure.created_at,
             storage_scrubbed_at: erasure.scrubbed_at,
+            lsn: None,
         }
     }
 }
@@ -158,7 +169,7 @@ pub async fn create_erasure(
     Tenant(tenant): Tenant,
     ApiPath(path): ApiPath<ThreadPath>,
     ApiJson(body): ApiJson<ErasureRequestBody>,
-) -> Result<(StatusCode, Json<ErasureReceipt>), ApiError> {
+) -> Result<(StatusCode, Written, Json<ErasureReceipt>), ApiError> {
     let targets = ErasureTargets {
         uuids: body.uuids.unwrap_or_default(),
         seqs: body.seqs.unwrap_or_default(),
@@ -193,7 +204,9 @@ pub async fn create_erasure(
     };
     // On a task of its own, holding the slot: a client that goes away after the commit does not
     // stop what follows it (the cache dropped, the files scrubbed, the tree job enqueued).
+    let (spawned_state, spawned_tenant) = (state.clone(), tenant.clone());
     let erasure = tokio::spawn(async move {
+        let (state, tenant) = (spawned_state, spawned_tenant);
         let _slot = slot;
         // Dropped before and after: a read that started before the erasure may put its
         // checkpoint back meanwhile (never served: the epoch in its key is an old one).
@@ -209,10 +222,12 @@ pub async fn create_erasure(
     })
     .await
     .map_err(|_| ApiError::new(super::problem::ProblemKind::Internal, "the erasure stopped"))??;
-    Ok((
-        StatusCode::CREATED,
-        Json(ErasureReceipt::new(path.thread_id, erasure)),
-    ))
+    let written = Written::now(&state, &tenant, Some(&path.thread_id)).await;
+    let receipt = ErasureReceipt {
+        lsn: written.lsn(),
+        ..ErasureReceipt::new(path.thread_id, erasure)
+    };
+    Ok((StatusCode::CREATED, written, Json(receipt)))
 }
 
 /// List a thread's erasures: their receipts, oldest first, without content.

@@ -2,6 +2,7 @@
 //! `GET /v1/threads/{thread_id}/jobs`, and the compaction trigger
 //! `POST /v1/threads/{thread_id}/compact`.
 
+use super::consistency::Written;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
@@ -82,6 +83,15 @@ pub struct JobResponse {
     pub updated_at: DateTime<Utc>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub finished_at: Option<DateTime<Utc>>,
+    /// The write's consistency token (also the `Loupe-LSN` header): send it back with a read
+    /// (`Loupe-LSN` or `min_lsn`) to see this write on a read standby. Present only where the
+    /// service reads from standbys.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(
+        pattern = r"^[0-9A-Fa-f]{1,8}/[0-9A-Fa-f]{1,8}$",
+        example = "0/3000148"
+    )]
+    pub lsn: Option<String>,
 }
 
 impl From<Job> for JobResponse {
@@ -105,6 +115,7 @@ impl From<Job> for JobResponse {
             created_at: millis_to_datetime(job.created_at),
             updated_at: millis_to_datetime(job.updated_at),
             finished_at: job.finished_at.map(millis_to_datetime),
+            lsn: None,
         }
     }
 }
@@ -202,7 +213,7 @@ pub async fn compact_thread(
     Tenant(tenant): Tenant,
     ApiPath(path): ApiPath<ThreadPath>,
     ApiJson(request): ApiJson<CompactRequest>,
-) -> Result<(StatusCode, Json<JobResponse>), ApiError> {
+) -> Result<(StatusCode, Written, Json<JobResponse>), ApiError> {
     let keep = request
         .keep_recent_rounds
         .unwrap_or(DEFAULT_KEEP_RECENT_ROUNDS);
@@ -236,5 +247,10 @@ pub async fn compact_thread(
     } else {
         StatusCode::OK
     };
-    Ok((status, Json(outcome.job.into())))
+    let written = Written::now(&state, &tenant, Some(&path.thread_id)).await;
+    let job = JobResponse {
+        lsn: written.lsn(),
+        ..outcome.job.into()
+    };
+    Ok((status, written, Json(job)))
 }

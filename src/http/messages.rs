@@ -1,5 +1,6 @@
 //! `/v1/threads/{thread_id}/messages`: atomic, idempotent appends and paging.
 
+use super::consistency::{on_standby, ReadToken, Written};
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
@@ -56,6 +57,15 @@ pub struct AppendMessagesResponse {
     /// auto-compaction threshold: the compaction job (see `GET /v1/jobs/{job_id}`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub compaction_job_id: Option<String>,
+    /// The write's consistency token (also the `Loupe-LSN` header): send it back with a read
+    /// (`Loupe-LSN` or `min_lsn`) to see this write on a read standby. Present only where the
+    /// service reads from standbys.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(
+        pattern = r"^[0-9A-Fa-f]{1,8}/[0-9A-Fa-f]{1,8}$",
+        example = "0/3000148"
+    )]
+    pub lsn: Option<String>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -101,7 +111,7 @@ pub async fn append_messages(
     Tenant(tenant): Tenant,
     ApiPath(path): ApiPath<ThreadPath>,
     ApiJson(request): ApiJson<AppendMessagesRequest>,
-) -> Result<(StatusCode, Json<AppendMessagesResponse>), ApiError> {
+) -> Result<(StatusCode, Written, Json<AppendMessagesResponse>), ApiError> {
     if request.messages.is_empty() {
         return Err(ApiError::invalid_field(
             "messages",
@@ -140,13 +150,16 @@ pub async fn append_messages(
     } else {
         StatusCode::CREATED
     };
+    let written = Written::now(&state, &tenant, Some(&path.thread_id)).await;
     Ok((
         status,
+        written.clone(),
         Json(AppendMessagesResponse {
             messages: outcome.messages,
             next_seq: outcome.next_seq,
             replayed: outcome.replayed,
             compaction_job_id: outcome.auto_compaction_job,
+            lsn: written.lsn(),
         }),
     ))
 }
@@ -166,18 +179,23 @@ pub async fn list_messages(
     Tenant(tenant): Tenant,
     ApiPath(path): ApiPath<ThreadPath>,
     ApiQuery(query): ApiQuery<ListMessagesQuery>,
+    token: ReadToken,
 ) -> Result<Json<MessagePageResponse>, ApiError> {
     let limit = super::page_limit(query.limit, 100, state.limits.max_page_size_messages)?;
-    let page = state
-        .store
-        .list_messages_within(
-            &tenant,
-            &path.thread_id,
-            query.after_seq.map(Seq::new),
-            limit,
-            state.limits.max_page_bytes as i64,
-        )
-        .await?;
+    let (tenant, thread_id, query) = (&tenant, &path.thread_id, &query);
+    let max_bytes = state.limits.max_page_bytes as i64;
+    let page = on_standby(&state, tenant, Some(thread_id), token, |store| async move {
+        Ok(store
+            .list_messages_within(
+                tenant,
+                thread_id,
+                query.after_seq.map(Seq::new),
+                limit,
+                max_bytes,
+            )
+            .await?)
+    })
+    .await?;
     let last_seq = page.messages.last().and_then(|m| m.seq);
     let next_after_seq = last_seq.filter(|seq| seq + 1 < page.next_seq);
     Ok(Json(MessagePageResponse {

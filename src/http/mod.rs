@@ -2,6 +2,7 @@
 
 pub mod admin;
 pub mod answers;
+pub mod consistency;
 pub mod context;
 pub mod cursors;
 pub mod docs;

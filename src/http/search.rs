@@ -1,6 +1,7 @@
 //! Search over HTTP: a thread's entries, all of a tenant's, and the `search` tool the model
 //! calls (its results in the outline's `id+n|text` form, so the next call is a zoom).
 
+use super::consistency::{on_standby, ReadToken};
 use axum::extract::State;
 use axum::Json;
 use serde::{Deserialize, Serialize};
@@ -151,12 +152,14 @@ pub async fn search_thread(
     Tenant(tenant): Tenant,
     ApiPath(path): ApiPath<ThreadPath>,
     ApiQuery(params): ApiQuery<SearchParams>,
+    token: ReadToken,
 ) -> Result<Json<ThreadSearchResponse>, ApiError> {
-    let query = query_of(&params)?;
-    let (hits, lag) = state
-        .store
-        .search_thread(&tenant, &path.thread_id, &query)
-        .await?;
+    let query = &query_of(&params)?;
+    let (tenant, thread_id) = (&tenant, &path.thread_id);
+    let (hits, lag) = on_standby(&state, tenant, Some(thread_id), token, |store| async move {
+        Ok(store.search_thread(tenant, thread_id, query).await?)
+    })
+    .await?;
     Ok(Json(ThreadSearchResponse {
         hits: hits.into_iter().map(SearchHitDto::from).collect(),
         index: lag.into(),
@@ -178,9 +181,14 @@ pub async fn search_tenant(
     _slot: ExpensiveSlot,
     Tenant(tenant): Tenant,
     ApiQuery(params): ApiQuery<SearchParams>,
+    token: ReadToken,
 ) -> Result<Json<TenantSearchResponse>, ApiError> {
-    let query = query_of(&params)?;
-    let (hits, pending) = state.store.search_tenant(&tenant, &query).await?;
+    let query = &query_of(&params)?;
+    let tenant = &tenant;
+    let (hits, pending) = on_standby(&state, tenant, None, token, |store| async move {
+        Ok(store.search_tenant(tenant, query).await?)
+    })
+    .await?;
     Ok(Json(TenantSearchResponse {
         hits: hits.into_iter().map(SearchHitDto::from).collect(),
         pending,
@@ -229,6 +237,7 @@ pub async fn search_tool(
     _slot: ExpensiveSlot,
     Tenant(tenant): Tenant,
     ApiPath(path): ApiPath<ThreadPath>,
+    token: ReadToken,
     ApiJson(body): ApiJson<SearchToolRequest>,
 ) -> Result<Json<SearchToolResponse>, ApiError> {
     let terms = SearchQuery::terms_of(&body.query);
@@ -255,10 +264,11 @@ pub async fn search_tool(
         limit: body.limit.unwrap_or(10).clamp(1, i64::from(MAX_HITS)),
         thinking: false,
     };
-    let (hits, lag) = state
-        .store
-        .search_thread(&tenant, &path.thread_id, &query)
-        .await?;
+    let (query, tenant, thread_id) = (&query, &tenant, &path.thread_id);
+    let (hits, lag) = on_standby(&state, tenant, Some(thread_id), token, |store| async move {
+        Ok(store.search_thread(tenant, thread_id, query).await?)
+    })
+    .await?;
     let mut content = if hits.is_empty() {
         format!(
             "Nothing in this conversation matches {:?}. Try another word, a shorter part of it, \

@@ -1,6 +1,7 @@
 //! `/v1/threads/{thread_id}/settings`: the auto-compaction threshold, micro-compaction and
 //! clearing of the context view, outline mode.
 
+use super::consistency::Written;
 use axum::extract::State;
 use axum::Json;
 use serde::{Deserialize, Serialize};
@@ -332,6 +333,15 @@ pub struct ThreadSettingsResponse {
     pub outline: Option<OutlineBody>,
     pub clearing: Option<ClearingBody>,
     pub effective: EffectiveSettings,
+    /// The write's consistency token (also the `Loupe-LSN` header): send it back with a read
+    /// (`Loupe-LSN` or `min_lsn`) to see this write on a read standby. Present only where the
+    /// service reads from standbys.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(
+        pattern = r"^[0-9A-Fa-f]{1,8}/[0-9A-Fa-f]{1,8}$",
+        example = "0/3000148"
+    )]
+    pub lsn: Option<String>,
 }
 
 fn response(settings: ThreadSettings, default_threshold: i64) -> ThreadSettingsResponse {
@@ -359,6 +369,7 @@ fn response(settings: ThreadSettings, default_threshold: i64) -> ThreadSettingsR
         ),
     };
     ThreadSettingsResponse {
+        lsn: None,
         effective: EffectiveSettings {
             auto_compact_tokens: settings.auto_compact_tokens.unwrap_or(default_threshold),
             microcompact: effective_mc,
@@ -418,16 +429,18 @@ pub async fn put_settings(
     Tenant(tenant): Tenant,
     ApiPath(path): ApiPath<ThreadPath>,
     ApiJson(body): ApiJson<ThreadSettingsBody>,
-) -> Result<Json<ThreadSettingsResponse>, ApiError> {
+) -> Result<(Written, Json<ThreadSettingsResponse>), ApiError> {
     let settings = ThreadSettings::try_from(body).map_err(ApiError::field)?;
     state
         .store
         .put_thread_settings(&tenant, &path.thread_id, &settings)
         .await?;
-    Ok(Json(response(
-        settings,
-        state.store.default_auto_compact_tokens(),
-    )))
+    let written = Written::now(&state, &tenant, Some(&path.thread_id)).await;
+    let answer = ThreadSettingsResponse {
+        lsn: written.lsn(),
+        ..response(settings, state.store.default_auto_compact_tokens())
+    };
+    Ok((written, Json(answer)))
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! `/v1/threads`: create, list, read, delete.
 
+use super::consistency::Written;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
@@ -49,6 +50,15 @@ pub struct ThreadResponse {
     pub stored_bytes: i64,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+    /// The write's consistency token (also the `Loupe-LSN` header): send it back with a read
+    /// (`Loupe-LSN` or `min_lsn`) to see this write on a read standby. Present only where the
+    /// service reads from standbys.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(
+        pattern = r"^[0-9A-Fa-f]{1,8}/[0-9A-Fa-f]{1,8}$",
+        example = "0/3000148"
+    )]
+    pub lsn: Option<String>,
 }
 
 impl From<Thread> for ThreadResponse {
@@ -60,6 +70,7 @@ impl From<Thread> for ThreadResponse {
             stored_bytes: thread.stored_bytes,
             created_at: thread.created_at,
             updated_at: thread.updated_at,
+            lsn: None,
         }
     }
 }
@@ -117,7 +128,7 @@ pub async fn create_thread(
     State(state): State<AppState>,
     Tenant(tenant): Tenant,
     ApiJson(request): ApiJson<CreateThreadRequest>,
-) -> Result<(StatusCode, Json<ThreadResponse>), ApiError> {
+) -> Result<(StatusCode, Written, Json<ThreadResponse>), ApiError> {
     if let Some(id) = &request.id {
         check_thread_id(id)?;
     }
@@ -142,7 +153,12 @@ pub async fn create_thread(
             },
         )
         .await?;
-    Ok((StatusCode::CREATED, Json(thread.into())))
+    let written = Written::now(&state, &tenant, Some(&thread.id)).await;
+    let response = ThreadResponse {
+        lsn: written.lsn(),
+        ..thread.into()
+    };
+    Ok((StatusCode::CREATED, written, Json(response)))
 }
 
 /// List threads, oldest first.
@@ -201,12 +217,13 @@ pub async fn delete_thread(
     State(state): State<AppState>,
     Tenant(tenant): Tenant,
     ApiPath(path): ApiPath<ThreadPath>,
-) -> Result<StatusCode, ApiError> {
+) -> Result<(StatusCode, Written, ()), ApiError> {
     state.store.delete_thread(&tenant, &path.thread_id).await?;
     // Never served again (a thread made later under the id has another key), but a deleted
     // thread's text should not stay in the process either.
     state.context_cache.forget_thread(&tenant, &path.thread_id);
-    Ok(StatusCode::NO_CONTENT)
+    let written = Written::now(&state, &tenant, Some(&path.thread_id)).await;
+    Ok((StatusCode::NO_CONTENT, written, ()))
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use super::consistency::{on_standby, ReadToken, Written};
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue};
@@ -102,7 +103,7 @@ pub async fn import_transcript(
     ApiQuery(query): ApiQuery<ImportQuery>,
     headers: HeaderMap,
     body: Body,
-) -> Result<Json<ImportReport>, ApiError> {
+) -> Result<(Written, Json<ImportReport>), ApiError> {
     let form = match media_type(&headers, header::CONTENT_TYPE) {
         Some(media) if media.eq_ignore_ascii_case(NDJSON) => Form::Lines,
         Some(media) if media.eq_ignore_ascii_case(JSON) => Form::Array,
@@ -117,8 +118,8 @@ pub async fn import_transcript(
     state.store.get_thread(&tenant, &path.thread_id).await?;
     let importer = Importer::new(
         state.store.clone(),
-        tenant,
-        path.thread_id,
+        tenant.clone(),
+        path.thread_id.clone(),
         query.previous_uuid.unwrap_or_default(),
     )
     .with_max_parsed_bytes(state.limits.max_inflight_body_bytes);
@@ -152,7 +153,12 @@ pub async fn import_transcript(
             importer.finish().await?
         }
     };
-    Ok(Json(report))
+    let written = Written::now(&state, &tenant, Some(&path.thread_id)).await;
+    let report = ImportReport {
+        lsn: written.lsn(),
+        ..report
+    };
+    Ok((written, Json(report)))
 }
 
 /// The two forms of a transcript: JSON Lines (the default), or one JSON array of the same entries.
@@ -312,19 +318,32 @@ pub async fn export_transcript(
     Tenant(tenant): Tenant,
     ApiPath(path): ApiPath<ThreadPath>,
     headers: HeaderMap,
+    token: ReadToken,
 ) -> Result<Response, ApiError> {
     let form = export_form(&headers);
-    let first = state
-        .store
-        .export_page(
-            &tenant,
-            &path.thread_id,
-            Seq::new(-1),
-            EXPORT_PAGE_ENTRIES,
-            EXPORT_PAGE_BYTES,
-        )
-        .await?;
-    let pages = export_pages(state.store.clone(), tenant, path.thread_id, first);
+    let (tenant_ref, thread_id) = (&tenant, &path.thread_id);
+    // The pages after the first are read where it was: a standby gone mid-export ends the
+    // stream (the client sees it cut short, never a page out of place).
+    let (store, first) = on_standby(
+        &state,
+        tenant_ref,
+        Some(thread_id),
+        token,
+        |store| async move {
+            let first = store
+                .export_page(
+                    tenant_ref,
+                    thread_id,
+                    Seq::new(-1),
+                    EXPORT_PAGE_ENTRIES,
+                    EXPORT_PAGE_BYTES,
+                )
+                .await?;
+            Ok((store, first))
+        },
+    )
+    .await?;
+    let pages = export_pages(store, tenant, path.thread_id, first);
     let (body, media) = match form {
         Form::Lines => (
             Body::from_stream(pages.map(|page| page.map(|page| jsonl(&page)))),

@@ -1,5 +1,6 @@
 //! The summary tree over HTTP: `zoom` (the tool the model calls) and the outline page.
 
+use super::consistency::{on_standby, ReadToken};
 use axum::extract::State;
 use axum::Json;
 use serde::{Deserialize, Serialize};
@@ -122,12 +123,14 @@ pub async fn zoom(
     State(state): State<AppState>,
     Tenant(tenant): Tenant,
     ApiPath(path): ApiPath<ThreadPath>,
+    token: ReadToken,
     ApiJson(body): ApiJson<ZoomRequest>,
 ) -> Result<Json<ZoomResponse>, ApiError> {
-    let read = state
-        .store
-        .zoom_read(&tenant, &path.thread_id, body.id, body.n)
-        .await?;
+    let (tenant, thread_id, id, n) = (&tenant, &path.thread_id, body.id, body.n);
+    let read = on_standby(&state, tenant, Some(thread_id), token, |store| async move {
+        Ok(store.zoom_read(tenant, thread_id, id, n).await?)
+    })
+    .await?;
     let no_line = || ZoomError::NoSuchLine {
         id: body.id,
         n: body.n,
@@ -223,16 +226,17 @@ pub async fn get_outline(
     State(state): State<AppState>,
     Tenant(tenant): Tenant,
     ApiPath(path): ApiPath<ThreadPath>,
+    token: ReadToken,
 ) -> Result<Json<OutlineResponse>, ApiError> {
-    let settings = state
-        .store
-        .thread_settings(&tenant, &path.thread_id)
+    let (tenant, thread_id) = (&tenant, &path.thread_id);
+    let (settings, snapshot, status) =
+        on_standby(&state, tenant, Some(thread_id), token, |store| async move {
+            let settings = store.thread_settings(tenant, thread_id).await?;
+            let snapshot = store.outline_snapshot(tenant, thread_id).await?;
+            let status = store.tree_status(&snapshot.thread_key).await?;
+            Ok((settings, snapshot, status))
+        })
         .await?;
-    let snapshot = state
-        .store
-        .outline_snapshot(&tenant, &path.thread_id)
-        .await?;
-    let status = state.store.tree_status(&snapshot.thread_key).await?;
     let line_bytes = snapshot
         .lines
         .iter()

@@ -367,7 +367,7 @@ pub fn spawn_workers(
     let signal = first.store.job_signal();
     if first.store.backend() == Backend::Postgres {
         handles.push(tokio::spawn(listen(
-            first.store.url().to_owned(),
+            first.store.clone(),
             signal.clone(),
             stop.clone(),
         )));
@@ -434,8 +434,10 @@ const INDEXER_THREADS: i64 = 16;
 const INDEXER_SHARE_PERCENT: u32 = 2;
 
 /// Forwards PostgreSQL `NOTIFY loupe_jobs` to the in-process signal, reconnecting on errors.
-async fn listen(url: String, signal: Arc<tokio::sync::Notify>, stop: CancellationToken) {
+async fn listen(store: Store, signal: Arc<tokio::sync::Notify>, stop: CancellationToken) {
     while !stop.is_cancelled() {
+        // Asked each time: after a failover, the primary's URL is another.
+        let url = store.url();
         let listener = async {
             let mut listener = sqlx::postgres::PgListener::connect(&url).await?;
             listener.listen(NOTIFY_CHANNEL).await?;

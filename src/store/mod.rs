@@ -28,6 +28,7 @@ mod context;
 mod cursors;
 mod economics;
 mod erasure;
+mod hosts;
 mod ids;
 mod jobs;
 mod keys;
@@ -38,6 +39,8 @@ mod payloads;
 mod rows;
 mod search;
 mod settings;
+mod standbys;
+pub use standbys::{Lsn, ReadRoute, StandbyStats};
 mod threads;
 mod transcripts;
 mod tree;
@@ -261,13 +264,16 @@ impl StoreError {
             sqlx::Error::Database(db) => {
                 let code = db.code().unwrap_or_default();
                 // PostgreSQL: class 08 connection exception, 57P0x shutdown or restart, 53xxx
-                // insufficient resources, 40001 serialization failure, 40P01 deadlock.
+                // insufficient resources, 40001 serialization failure (a standby's query cancelled to
+                // replay, too), 40P01 deadlock.
                 // SQLite: 5 SQLITE_BUSY and 6 SQLITE_LOCKED, with their extended codes.
                 let postgres = code.starts_with("08")
                     || code.starts_with("57P")
                     || code.starts_with("53")
                     || code == "40001"
-                    || code == "40P01";
+                    || code == "40P01"
+                    // 25006: a write reached a host that became a standby (a failover under way).
+                    || code == "25006";
                 let sqlite = code
                     .parse::<i64>()
                     .is_ok_and(|code| matches!(code & 0xff, 5 | 6));
@@ -333,6 +339,10 @@ pub struct Store {
     /// Asks the WAL task to empty the WAL file (SQLite file databases only): after a delete, the
     /// WAL still holds the pages as they were, deleted text included.
     wal_scrub: Option<Arc<tokio::sync::Notify>>,
+    /// PostgreSQL standbys that reads may go to (`--read-database-url`).
+    standbys: Option<Arc<standbys::Standbys>>,
+    /// The hosts of a multi-host `DATABASE_URL`, and which is the primary now.
+    primary: Option<Arc<hosts::PrimaryHosts>>,
 }
 
 /// How to open a [`Store`].
@@ -433,17 +443,33 @@ impl Store {
         if backend == Backend::Sqlite {
             create_sqlite_parent_dir(&options.url)?;
         }
-        let connect_options = AnyConnectOptions::from_str(&sqlite_create_mode(&options.url))?
-            .log_statements(tracing::log::LevelFilter::Trace)
-            .log_slow_statements(tracing::log::LevelFilter::Warn, Duration::from_secs(1));
+        // libpq's multi-host form: the pool writes to whichever host is the primary.
+        let primary = match backend {
+            Backend::Postgres => match hosts::split_hosts(&options.url)? {
+                urls if urls.len() > 1 => {
+                    Some(hosts::PrimaryHosts::find(urls, options.acquire_timeout).await?)
+                }
+                _ => None,
+            },
+            Backend::Sqlite => None,
+        };
+        let connect_options = match &primary {
+            Some(primary) => primary.current_options(),
+            None => AnyConnectOptions::from_str(&sqlite_create_mode(&options.url))?,
+        };
         let pool = open_pool(
             backend,
-            &connect_options,
+            &logged(connect_options.clone()),
             options.max_connections,
             options.acquire_timeout,
             options.sqlite_synchronous,
+            primary.clone(),
         )
         .await?;
+        if let Some(primary) = &primary {
+            tokio::spawn(primary.clone().watch(pool.clone()));
+        }
+        let connect_options = logged(connect_options);
         // A file database gets its one writer connection, SQLite's group writer and the WAL's
         // checkpoints; an in-memory one (tests) writes through its one pool.
         let (writer, sqlite_writer, wal_scrub) =
@@ -454,6 +480,7 @@ impl Store {
                     1,
                     options.acquire_timeout,
                     options.sqlite_synchronous,
+                    None,
                 )
                 .await?;
                 let file = sqlx::sqlite::SqliteConnectOptions::from_str(&options.url)?;
@@ -490,7 +517,96 @@ impl Store {
             thread_cache: Arc::default(),
             scrubs: Arc::default(),
             erasure_turns: Arc::default(),
+            standbys: None,
+            primary,
         })
+    }
+
+    /// Reads may go to these PostgreSQL standbys (`urls`), each checked to be one
+    /// (`pg_is_in_recovery()`); a read that must see a write waits at most `wait` for a standby
+    /// to replay it, then reads from the primary.
+    pub async fn with_standbys(
+        mut self,
+        urls: &[String],
+        wait: Duration,
+        options: &StoreOptions,
+    ) -> Result<Self, StoreError> {
+        if urls.is_empty() {
+            return Ok(self);
+        }
+        if self.backend != Backend::Postgres {
+            return Err(StoreError::Config(
+                "read standbys need a PostgreSQL primary".into(),
+            ));
+        }
+        let mut pools = Vec::with_capacity(urls.len());
+        let mut hosts = Vec::new();
+        for url in urls {
+            hosts.extend(hosts::split_hosts(url)?);
+        }
+        for url in &hosts {
+            if Backend::from_url(url)? != Backend::Postgres {
+                return Err(StoreError::Config(
+                    "a read standby must be a PostgreSQL URL".into(),
+                ));
+            }
+            let connect = logged(AnyConnectOptions::from_str(url)?);
+            // Lazily: a standby down at start is read from once its poller reaches it.
+            pools.push(
+                sqlx::pool::PoolOptions::<sqlx::Any>::new()
+                    .max_connections(options.max_connections)
+                    .acquire_timeout(options.acquire_timeout)
+                    .connect_lazy_with(connect),
+            );
+        }
+        self.standbys = Some(standbys::Standbys::start(pools, wait));
+        Ok(self)
+    }
+
+    /// The store a read of the tenant's thread (or of the tenant's threads, without one) runs
+    /// on: a standby that has replayed `token` and the last write this process made to the
+    /// thread, else the primary. Writes made through it still go to the primary.
+    pub async fn for_read(
+        &self,
+        tenant: &TenantId,
+        thread_id: Option<&ThreadId>,
+        token: Option<Lsn>,
+    ) -> (Store, ReadRoute) {
+        let Some(standbys) = &self.standbys else {
+            return (self.clone(), ReadRoute::Primary);
+        };
+        match standbys.route(tenant, thread_id, token).await {
+            (Some(pool), route) => (
+                Store {
+                    pool,
+                    ..self.clone()
+                },
+                route,
+            ),
+            (None, route) => (self.clone(), route),
+        }
+    }
+
+    /// After a write the caller answered: the primary's WAL position, past the write's commit,
+    /// remembered for the thread's next reads; `None` without standbys.
+    pub async fn written(
+        &self,
+        tenant: &TenantId,
+        thread_id: Option<&ThreadId>,
+    ) -> Result<Option<Lsn>, StoreError> {
+        let Some(standbys) = &self.standbys else {
+            return Ok(None);
+        };
+        let lsn = standbys::primary_position(&self.writer).await?;
+        if let Some(thread_id) = thread_id {
+            standbys.wrote(tenant, thread_id.as_str(), lsn);
+        }
+        Ok(Some(lsn))
+    }
+
+    /// How reads were routed, when the store has standbys.
+    pub fn standby_stats(&self) -> Option<StandbyStats> {
+        self.standbys.as_ref().map(|s| s.stats())
     }
 
     /// Applies the migrations of this backend that have not run yet.
@@ -507,9 +623,12 @@ impl Store {
         self.backend
     }
 
-    /// The URL the store was opened with.
-    pub fn url(&self) -> &str {
-        &self.url
+    /// The URL of the database: of the primary now, when the URL named several hosts.
+    pub fn url(&self) -> String {
+        match &self.primary {
+            Some(primary) => primary.current_url().to_owned(),
+            None => self.url.to_string(),
+        }
     }
 
     /// Notified when this process enqueues a job.
@@ -656,7 +775,9 @@ async fn open_pool(
     max_connections: u32,
     acquire_timeout: Duration,
     synchronous: SqliteSynchronous,
+    primary: Option<Arc<hosts::PrimaryHosts>>,
 ) -> Result<AnyPool, StoreError> {
+    let checked = primary.clone();
     let pool = AnyPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(acquire_timeout)
@@ -666,7 +787,14 @@ async fn open_pool(
         // broken while busy fails its statement with a 503 and is dropped when given back.
         .test_before_acquire(false)
         .before_acquire(move |conn, meta| {
+            // A connection to the host that was the primary before a switch is dropped.
+            let stale = primary
+                .as_ref()
+                .is_some_and(|primary| primary.predates_switch(meta.age));
             Box::pin(async move {
+                if stale {
+                    return Ok(false);
+                }
                 if backend == Backend::Postgres && meta.idle_for >= IDLE_BEFORE_PING {
                     sqlx::Connection::ping(conn).await?;
                 }
@@ -674,7 +802,18 @@ async fn open_pool(
             })
         })
         .after_connect(move |conn, _meta| {
+            let multi_host = checked.is_some();
             Box::pin(async move {
+                // Of several hosts, only the primary takes writes: a host found in recovery
+                // (the old primary come back as a standby) is refused until the watcher moves.
+                if multi_host {
+                    let recovering: bool = sqlx::query_scalar("SELECT pg_is_in_recovery()")
+                        .fetch_one(&mut *conn)
+                        .await?;
+                    if recovering {
+                        return Err(hosts::not_primary());
+                    }
+                }
                 if backend == Backend::Sqlite {
                     // WAL lets readers run beside the one writer; `synchronous` decides what a
                     // commit survives (see the README, "Durability"). The busy timeout only
@@ -698,6 +837,13 @@ async fn open_pool(
         .connect_with(connect_options.clone())
         .await?;
     Ok(pool)
+}
+
+/// Statements logged at trace level, slow ones as warnings.
+fn logged(options: AnyConnectOptions) -> AnyConnectOptions {
+    options
+        .log_statements(tracing::log::LevelFilter::Trace)
+        .log_slow_statements(tracing::log::LevelFilter::Warn, Duration::from_secs(1))
 }
 
 /// `sqlite:` URLs open read-write and create the file when missing.
