@@ -35,6 +35,7 @@ mod openapi;
 mod problems;
 mod providers;
 mod recall;
+mod replicas;
 mod sdk_fidelity;
 mod search;
 mod summarize_extractive;

@@ -218,21 +218,7 @@ impl TestApp {
     }
 
     pub async fn send(&self, request: Request<Body>) -> TestResponse {
-        let response = self.router.clone().oneshot(request).await.unwrap();
-        let status = response.status();
-        let headers = response.headers().clone();
-        let bytes = response.into_body().collect().await.unwrap().to_bytes();
-        let body = if bytes.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_slice(&bytes)
-                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()))
-        };
-        TestResponse {
-            status,
-            headers,
-            body,
-        }
+        send_to(&self.router, request).await
     }
 
     pub async fn get(&self, uri: &str) -> TestResponse {
@@ -341,6 +327,25 @@ impl TestApp {
             }
             None => {}
         }
+    }
+}
+
+/// One request to `router`, its answer read whole (JSON, or the text as a JSON string).
+pub async fn send_to(router: &Router, request: Request<Body>) -> TestResponse {
+    let response = router.clone().oneshot(request).await.unwrap();
+    let status = response.status();
+    let headers = response.headers().clone();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    let body = if bytes.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&bytes)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()))
+    };
+    TestResponse {
+        status,
+        headers,
+        body,
     }
 }
 
