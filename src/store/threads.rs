@@ -86,20 +86,33 @@ impl Store {
         let thread_key = ThreadKey::mint();
         let now = now_millis();
         let metadata = Value::Object(new.metadata.clone()).to_string();
-        let inserted = sqlx::query(
+        // The name is unique in `thread_names` (distributed by tenant, where `threads` is
+        // distributed by thread: migration 0018), taken in the transaction that creates the row.
+        let mut tx = self.writer.begin().await?;
+        let named = sqlx::query(
+            "INSERT INTO thread_names (tenant_id, thread_id, thread_key) VALUES ($1, $2, $3) \
+             ON CONFLICT (tenant_id, thread_id) DO NOTHING",
+        )
+        .bind(&tenant.0)
+        .bind(id.as_str())
+        .bind(thread_key.as_str())
+        .execute(&mut *tx)
+        .await?;
+        if named.rows_affected() == 0 {
+            return Err(StoreError::ThreadExists(id.into_string()));
+        }
+        sqlx::query(
             "INSERT INTO threads (thread_key, tenant_id, thread_id, metadata, next_seq, visible_count, created_at, updated_at) \
-             VALUES ($1, $2, $3, $4, 0, 0, $5, $5) ON CONFLICT (tenant_id, thread_id) DO NOTHING",
+             VALUES ($1, $2, $3, $4, 0, 0, $5, $5)",
         )
         .bind(thread_key.as_str())
         .bind(&tenant.0)
         .bind(id.as_str())
         .bind(&metadata)
         .bind(now)
-        .execute(&self.writer)
+        .execute(&mut *tx)
         .await?;
-        if inserted.rows_affected() == 0 {
-            return Err(StoreError::ThreadExists(id.into_string()));
-        }
+        tx.commit().await?;
         Ok(Thread {
             id,
             metadata: new.metadata,
@@ -181,8 +194,8 @@ impl Store {
         })
     }
 
-    /// Removes the thread and everything stored under it. The thread's row goes first, in a
-    /// transaction with its small tables, so from then on the thread is gone for every reader
+    /// Removes the thread and everything stored under it. The thread's row and its name go
+    /// first, in a transaction with its small tables, so from then on the thread is gone for every reader
     /// and no job can write under it (tree and compaction writes check it in their own
     /// transactions). On PostgreSQL the rest goes in the same transaction (row locks block no
     /// one else). On SQLite, whose single write lock a long delete would hold against every
@@ -198,6 +211,11 @@ impl Store {
         .fetch_optional(&mut *tx)
         .await?;
         let thread_key = ThreadKey::from_stored(thread_key.ok_or(StoreError::ThreadNotFound)?);
+        sqlx::query("DELETE FROM thread_names WHERE tenant_id = $1 AND thread_id = $2")
+            .bind(&tenant.0)
+            .bind(id.as_str())
+            .execute(&mut *tx)
+            .await?;
         let chunked = self.backend == super::Backend::Sqlite;
         super::overheads::forget_taught_by(&mut tx, &thread_key).await?;
         for table in super::THREAD_DATA_TABLES {

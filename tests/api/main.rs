@@ -38,6 +38,7 @@ mod recall;
 mod replicas;
 mod sdk_fidelity;
 mod search;
+mod shard_ready;
 mod summarize_extractive;
 mod summarize_models;
 mod tenants;
