@@ -70,12 +70,23 @@ async fn fresh_database(primary_url: &str, standby_url: Option<&str>) -> (String
     (primary, standby)
 }
 
-/// Drops a drill's database (from the primary at `admin_url`).
-async fn drop_database(admin_url: &str, database_url: &str) {
-    let admin = Store::connect(&StoreOptions::new(admin_url)).await.unwrap();
+/// A fresh database on the read pair: its URLs on the primary and on the standby.
+async fn on_read_pair() -> (String, String) {
+    let (primary, standby) = fresh_database(
+        &env_url("TEST_PRIMARY_URL"),
+        Some(&env_url("TEST_STANDBY_URL")),
+    )
+    .await;
+    (primary, standby.expect("a standby URL"))
+}
+
+/// Closes the drill's stores, then drops its database from the read pair's primary.
+async fn finish_on_read_pair(stores: &[&Store], database_url: &str) {
+    for store in stores {
+        store.close().await;
+    }
     let name = database_url.rsplit('/').next().unwrap();
-    admin.drop_database(name).await.unwrap();
-    admin.close().await;
+    crate::common::drop_test_database(&env_url("TEST_PRIMARY_URL"), name).await;
 }
 
 /// A Loupe process: its own store (and memory of its writes) over the shared databases.
@@ -256,12 +267,8 @@ async fn read_your_writes(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_with_the_token_see_every_write_and_most_go_to_the_standby() {
     let _pair = READ_PAIR.lock().await;
-    let (primary, standby) = fresh_database(
-        &env_url("TEST_PRIMARY_URL"),
-        Some(&env_url("TEST_STANDBY_URL")),
-    )
-    .await;
-    let standbys = vec![standby.unwrap()];
+    let (primary, standby) = on_read_pair().await;
+    let standbys = vec![standby];
     // A short wait: a read whose write the standby replays 200 ms late goes to the primary.
     let wait = Duration::from_millis(20);
     let (writer, writer_store) = process(&primary, &standbys, wait).await;
@@ -295,9 +302,7 @@ async fn reads_with_the_token_see_every_write_and_most_go_to_the_standby() {
         "the writer's reads never went to the standby"
     );
 
-    writer_store.close().await;
-    reader_store.close().await;
-    drop_database(&env_url("TEST_PRIMARY_URL"), &primary).await;
+    finish_on_read_pair(&[&writer_store, &reader_store], &primary).await;
 }
 
 /// Every routed read takes the token and every write gives one; a malformed token is the
@@ -305,12 +310,8 @@ async fn reads_with_the_token_see_every_write_and_most_go_to_the_standby() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_write_answers_a_token_and_every_routed_read_takes_one() {
     let _pair = READ_PAIR.lock().await;
-    let (primary, standby) = fresh_database(
-        &env_url("TEST_PRIMARY_URL"),
-        Some(&env_url("TEST_STANDBY_URL")),
-    )
-    .await;
-    let (router, store) = process(&primary, &[standby.unwrap()], Duration::from_millis(100)).await;
+    let (primary, standby) = on_read_pair().await;
+    let (router, store) = process(&primary, &[standby], Duration::from_millis(100)).await;
     let created = call(
         &router,
         Method::POST,
@@ -414,8 +415,7 @@ async fn every_write_answers_a_token_and_every_routed_read_takes_one() {
     let deleted = call(&router, Method::DELETE, "/v1/threads/t", None, None).await;
     assert_eq!(deleted.status, StatusCode::NO_CONTENT);
     assert!(deleted.headers.contains_key("loupe-lsn"));
-    store.close().await;
-    drop_database(&env_url("TEST_PRIMARY_URL"), &primary).await;
+    finish_on_read_pair(&[&store], &primary).await;
 }
 
 /// The standby stops under reads: they go to the primary, with no error, and back to the
@@ -423,12 +423,8 @@ async fn every_write_answers_a_token_and_every_routed_read_takes_one() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_fall_back_to_the_primary_when_the_standby_is_lost() {
     let _pair = READ_PAIR.lock().await;
-    let (primary, standby) = fresh_database(
-        &env_url("TEST_PRIMARY_URL"),
-        Some(&env_url("TEST_STANDBY_URL")),
-    )
-    .await;
-    let (router, store) = process(&primary, &[standby.unwrap()], Duration::from_millis(100)).await;
+    let (primary, standby) = on_read_pair().await;
+    let (router, store) = process(&primary, &[standby], Duration::from_millis(100)).await;
     create(&router, "lost").await;
     let answer = append(&router, "lost", "lost-0").await;
     assert_eq!(answer.status, StatusCode::CREATED);
@@ -476,8 +472,7 @@ async fn reads_fall_back_to_the_primary_when_the_standby_is_lost() {
         routed(&store).0 > standby_back,
         "reads did not return to the standby"
     );
-    store.close().await;
-    drop_database(&env_url("TEST_PRIMARY_URL"), &primary).await;
+    finish_on_read_pair(&[&store], &primary).await;
 }
 
 /// Appends run while the primary is killed (`-m immediate`) and its synchronous standby is
@@ -607,14 +602,9 @@ async fn a_failover_with_synchronous_replication_loses_no_acknowledged_append() 
 #[ignore = "a measurement: cargo test --test api replicas::read_throughput -- --ignored --nocapture"]
 async fn read_throughput_with_a_standby_against_the_primary_alone() {
     let _pair = READ_PAIR.lock().await;
-    let (primary, standby) = fresh_database(
-        &env_url("TEST_PRIMARY_URL"),
-        Some(&env_url("TEST_STANDBY_URL")),
-    )
-    .await;
+    let (primary, standby) = on_read_pair().await;
     let (alone, alone_store) = process(&primary, &[], Duration::ZERO).await;
-    let (beside, beside_store) =
-        process(&primary, &[standby.unwrap()], Duration::from_millis(100)).await;
+    let (beside, beside_store) = process(&primary, &[standby], Duration::from_millis(100)).await;
     // 40 threads of 20 agent rounds each, written more than the standby's lag before.
     for t in 0..40 {
         let id = format!("bench-{t}");
@@ -670,7 +660,5 @@ async fn read_throughput_with_a_standby_against_the_primary_alone() {
     let (on_standby, on_primary) = routed(&beside_store);
     println!("with a standby: {on_standby} reads on it, {on_primary} on the primary");
     assert!(on_standby > 0);
-    alone_store.close().await;
-    beside_store.close().await;
-    drop_database(&env_url("TEST_PRIMARY_URL"), &primary).await;
+    finish_on_read_pair(&[&alone_store, &beside_store], &primary).await;
 }

@@ -420,13 +420,8 @@ async fn the_schema_before_0018_breaks_the_rules_it_broke() {
              threads_tenant_id_thread_id_key is on (tenant_id, thread_id) only",
         ]
     );
-    let mut attempts = 0;
-    while let Err(error) = admin.drop_database(&name).await {
-        attempts += 1;
-        assert!(attempts < 20, "drop the test database: {error:?}");
-        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
-    }
     admin.close().await;
+    crate::common::drop_test_database(&admin_url, &name).await;
 }
 
 /// The checks of foreign keys and reference tables, on planted catalogs (the schema has one

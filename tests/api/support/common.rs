@@ -312,22 +312,25 @@ impl TestApp {
                 }
             }
             Some(Scratch::PostgresDb { admin_url, name }) => {
-                let admin = Store::connect(&StoreOptions::new(&admin_url))
-                    .await
-                    .unwrap();
-                // A non-superuser cannot end an autovacuum worker that happens to be in the
-                // database, so FORCE can fail for a moment: try again until it has moved on.
-                let mut attempts = 0;
-                while let Err(error) = admin.drop_database(&name).await {
-                    attempts += 1;
-                    assert!(attempts < 20, "drop the test database: {error:?}");
-                    tokio::time::sleep(std::time::Duration::from_millis(250)).await;
-                }
-                admin.close().await;
+                drop_test_database(&admin_url, &name).await;
             }
             None => {}
         }
     }
+}
+
+/// Drops a test's PostgreSQL database `name` through the role of `admin_url`.
+pub async fn drop_test_database(admin_url: &str, name: &str) {
+    let admin = Store::connect(&StoreOptions::new(admin_url)).await.unwrap();
+    // A non-superuser cannot end an autovacuum worker that happens to be in the database, so
+    // FORCE can fail for a moment: try again until it has moved on.
+    let mut attempts = 0;
+    while let Err(error) = admin.drop_database(name).await {
+        attempts += 1;
+        assert!(attempts < 20, "drop the test database: {error:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+    admin.close().await;
 }
 
 /// One request to `router`, its answer read whole (JSON, or the text as a JSON string).
