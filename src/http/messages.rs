@@ -76,6 +76,9 @@ pub struct MessagePageResponse {
     /// Pass as `after_seq` to read on; absent when the page reached the end.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub next_after_seq: Option<i64>,
+    /// With `order=desc`: pass as `before_seq` to read on (older); absent once seq 0 is in.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_before_seq: Option<i64>,
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -86,6 +89,11 @@ pub struct ListMessagesQuery {
     /// Page size, 1–1000 (default 100).
     #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<u32>,
+    /// `asc` (oldest first, the default) or `desc` (newest first).
+    #[param(inline)]
+    pub order: Option<super::threads::SortOrder>,
+    /// With `order=desc`: return messages with a smaller seq (from the newest when omitted).
+    pub before_seq: Option<i64>,
 }
 
 /// Append messages to a thread, atomically.
@@ -164,7 +172,8 @@ pub async fn append_messages(
     ))
 }
 
-/// Page through a thread's messages exactly as they were appended.
+/// Page through a thread's messages exactly as they were appended: oldest first from
+/// `after_seq`, or newest first (`order=desc`) from `before_seq`.
 #[utoipa::path(
     get, path = "/v1/threads/{thread_id}/messages", tag = "messages", operation_id = "listMessages",
     params(ThreadPath, ListMessagesQuery),
@@ -184,23 +193,36 @@ pub async fn list_messages(
     let limit = super::page_limit(query.limit, 100, state.limits.max_page_size_messages)?;
     let (tenant, thread_id, query) = (&tenant, &path.thread_id, &query);
     let max_bytes = state.limits.max_page_bytes as i64;
+    let descending = query.order == Some(super::threads::SortOrder::Desc);
+    if descending && query.after_seq.is_some() || !descending && query.before_seq.is_some() {
+        return Err(ApiError::bad_request(
+            "after_seq goes with order=asc, before_seq with order=desc",
+        ));
+    }
     let page = on_standby(&state, tenant, Some(thread_id), token, |store| async move {
-        Ok(store
-            .list_messages_within(
-                tenant,
-                thread_id,
-                query.after_seq.map(Seq::new),
-                limit,
-                max_bytes,
-            )
-            .await?)
+        Ok(if descending {
+            let before = query.before_seq.map(Seq::new);
+            store
+                .list_messages_before_within(tenant, thread_id, before, limit, max_bytes)
+                .await?
+        } else {
+            let after = query.after_seq.map(Seq::new);
+            store
+                .list_messages_within(tenant, thread_id, after, limit, max_bytes)
+                .await?
+        })
     })
     .await?;
     let last_seq = page.messages.last().and_then(|m| m.seq);
-    let next_after_seq = last_seq.filter(|seq| seq + 1 < page.next_seq);
+    let (next_after_seq, next_before_seq) = if descending {
+        (None, last_seq.filter(|seq| *seq > 0))
+    } else {
+        (last_seq.filter(|seq| seq + 1 < page.next_seq), None)
+    };
     Ok(Json(MessagePageResponse {
         messages: page.messages,
         next_seq: page.next_seq,
         next_after_seq,
+        next_before_seq,
     }))
 }

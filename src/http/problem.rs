@@ -336,6 +336,9 @@ impl From<StoreError> for ApiError {
             ),
             StoreError::KeyNotFound => ApiError::not_found("API key"),
             StoreError::BadCursor => ApiError::bad_request("invalid cursor"),
+            StoreError::MetadataTooLarge { .. } => {
+                ApiError::invalid_field("metadata", error.to_string())
+            }
             StoreError::JobNotFound => ApiError::not_found("job"),
             StoreError::NoSuchMessage(ref named) => {
                 let path = match named {

@@ -1,4 +1,4 @@
-//! `/v1/threads`: create, list, read, delete.
+//! `/v1/threads`: create, find, read, update, delete.
 
 use super::consistency::Written;
 use axum::extract::State;
@@ -13,12 +13,14 @@ use utoipa_axum::{router::OpenApiRouter, routes};
 use super::answers::{MalformedJson, ThreadNotFound};
 use super::problem::{ApiError, ApiJson, ApiPath, ApiQuery, Problem};
 use super::{AppState, Tenant};
-use crate::store::{NewThread, Thread, ThreadId};
+use crate::store::{
+    filterable_key, NewThread, Thread, ThreadFilter, ThreadId, ThreadOrder, MAX_FILTER_KEY_CHARS,
+};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(create_thread, list_threads))
-        .routes(routes!(get_thread, delete_thread))
+        .routes(routes!(get_thread, update_thread, delete_thread))
 }
 
 /// Longest client-chosen thread id.
@@ -78,9 +80,42 @@ impl From<Thread> for ThreadResponse {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ThreadListResponse {
     pub threads: Vec<ThreadResponse>,
-    /// Pass as `cursor` to get the next page; absent on the last page.
+    /// Pass as `cursor`, with the same filter and order, to get the next page; absent on the
+    /// last page.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub next_cursor: Option<String>,
+    /// How many threads match the filter, with `include_total=true`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub total: Option<i64>,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"metadata": {"status": "closed", "draft": null}}))]
+pub struct UpdateThreadRequest {
+    /// Merged into the thread's metadata: each member given replaces the one of that name, and
+    /// a member set to `null` is removed; members not named stay. The result is held to
+    /// `--max-metadata-bytes` (422 `validation` otherwise, nothing changed).
+    #[schema(value_type = Object)]
+    pub metadata: Map<String, Value>,
+}
+
+/// What a list of threads goes by.
+#[derive(Debug, Clone, Copy, Default, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ThreadListOrderBy {
+    #[default]
+    CreatedAt,
+    UpdatedAt,
+}
+
+/// Oldest first, or newest first.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SortOrder {
+    #[default]
+    Asc,
+    Desc,
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -92,6 +127,63 @@ pub struct ListThreadsQuery {
     /// Page size, 1–200 (default 50).
     #[param(minimum = 1, maximum = 200)]
     pub limit: Option<u32>,
+    /// Only threads whose metadata has each of these members with this value: a JSON object of
+    /// strings, numbers and booleans, like `{"user":"ana","tier":2}` (URL-encoded). Keys are
+    /// 1–64 characters of `[A-Za-z0-9_.:-]`.
+    #[param(max_length = 4096, example = r#"{"user":"ana"}"#)]
+    pub metadata: Option<String>,
+    /// Only threads created after this time (RFC 3339).
+    pub created_after: Option<DateTime<Utc>>,
+    /// Only threads updated (appended to, or their metadata changed) after this time.
+    pub updated_after: Option<DateTime<Utc>>,
+    /// What the list goes by: `created_at` (the default) or `updated_at`.
+    #[param(inline)]
+    pub order_by: Option<ThreadListOrderBy>,
+    /// `asc` (oldest first, the default) or `desc` (newest first).
+    #[param(inline)]
+    pub order: Option<SortOrder>,
+    /// Also count every thread the filter matches (`total`).
+    pub include_total: Option<bool>,
+}
+
+impl ListThreadsQuery {
+    fn filter(&self) -> Result<ThreadFilter, ApiError> {
+        let metadata = match &self.metadata {
+            None => Map::new(),
+            Some(text) => {
+                let Ok(Value::Object(members)) = serde_json::from_str::<Value>(text) else {
+                    return Err(ApiError::bad_request(
+                        "metadata must be a JSON object, like {\"user\":\"ana\"}",
+                    ));
+                };
+                for (key, value) in &members {
+                    if !filterable_key(key) {
+                        return Err(ApiError::bad_request(format!(
+                            "metadata keys to filter on are 1–{MAX_FILTER_KEY_CHARS} characters \
+                             of [A-Za-z0-9_.:-]"
+                        )));
+                    }
+                    if !(value.is_string() || value.is_number() || value.is_boolean()) {
+                        return Err(ApiError::bad_request(
+                            "metadata filter values are strings, numbers or booleans",
+                        ));
+                    }
+                }
+                members
+            }
+        };
+        Ok(ThreadFilter {
+            metadata,
+            created_after: self.created_after.map(|at| at.timestamp_millis()),
+            updated_after: self.updated_after.map(|at| at.timestamp_millis()),
+            order_by: match self.order_by.unwrap_or_default() {
+                ThreadListOrderBy::CreatedAt => ThreadOrder::Created,
+                ThreadListOrderBy::UpdatedAt => ThreadOrder::Updated,
+            },
+            descending: self.order == Some(SortOrder::Desc),
+            with_total: self.include_total.unwrap_or(false),
+        })
+    }
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -161,7 +253,8 @@ pub async fn create_thread(
     Ok((StatusCode::CREATED, written, Json(response)))
 }
 
-/// List threads, oldest first.
+/// Find the tenant's threads: filtered by metadata and time, by creation or update time, oldest
+/// or newest first, with the count of all that match when asked.
 #[utoipa::path(
     get, path = "/v1/threads", tag = "threads", operation_id = "listThreads",
     params(ListThreadsQuery),
@@ -178,11 +271,12 @@ pub async fn list_threads(
     let limit = super::page_limit(query.limit, 50, state.limits.max_page_size)?;
     let page = state
         .store
-        .list_threads(&tenant, query.cursor.as_deref(), limit)
+        .list_threads(&tenant, &query.filter()?, query.cursor.as_deref(), limit)
         .await?;
     Ok(Json(ThreadListResponse {
         threads: page.threads.into_iter().map(Into::into).collect(),
         next_cursor: page.next_cursor,
+        total: page.total,
     }))
 }
 
@@ -202,6 +296,41 @@ pub async fn get_thread(
 ) -> Result<Json<ThreadResponse>, ApiError> {
     let thread = state.store.get_thread(&tenant, &path.thread_id).await?;
     Ok(Json(thread.into()))
+}
+
+/// Update a thread's metadata: a merge (JSON Merge Patch, one level), `null` removing a member.
+#[utoipa::path(
+    patch, path = "/v1/threads/{thread_id}", tag = "threads", operation_id = "updateThread",
+    params(ThreadPath),
+    request_body = UpdateThreadRequest,
+    responses(
+        (status = 200, description = "The thread, updated", body = ThreadResponse),
+        MalformedJson,
+        ThreadNotFound,
+        (status = 422, description = "The metadata would pass `--max-metadata-bytes` (`validation`)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn update_thread(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    ApiPath(path): ApiPath<ThreadPath>,
+    ApiJson(request): ApiJson<UpdateThreadRequest>,
+) -> Result<(Written, Json<ThreadResponse>), ApiError> {
+    let thread = state
+        .store
+        .update_thread_metadata(
+            &tenant,
+            &path.thread_id,
+            &request.metadata,
+            state.limits.max_metadata_bytes,
+        )
+        .await?;
+    let written = Written::now(&state, &tenant, Some(&path.thread_id)).await;
+    let response = ThreadResponse {
+        lsn: written.lsn(),
+        ..thread.into()
+    };
+    Ok((written, Json(response)))
 }
 
 /// Delete a thread and everything stored under it.

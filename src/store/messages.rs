@@ -1,6 +1,6 @@
 //! Messages: pages of a thread's entries, and entries by uuid.
 
-use super::rows::{entry_from_row, page_within_bytes};
+use super::rows::{entry_from_row, page_within_bytes, page_within_bytes_towards};
 use super::{Seq, Store, StoreError, TenantId, ThreadId, ThreadKey};
 use crate::history::model::Entry;
 
@@ -40,6 +40,32 @@ impl Store {
         let rows = sqlx::query(&page_within_bytes("m.seq, m.uuid, m.created_at, m.body"))
             .bind(thread_key.as_str())
             .bind(after_seq.map_or(-1, Seq::get))
+            .bind(i64::from(limit))
+            .bind(max_bytes)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(MessagePage {
+            messages: rows.iter().map(entry_from_row).collect::<Result<_, _>>()?,
+            next_seq,
+        })
+    }
+
+    /// Messages with `seq < before_seq` (from the newest when `None`), newest first, at most
+    /// `limit`, cut once the stored bodies reach `max_bytes` as [`Store::list_messages_within`].
+    pub async fn list_messages_before_within(
+        &self,
+        tenant: &TenantId,
+        thread_id: &ThreadId,
+        before_seq: Option<Seq>,
+        limit: u32,
+        max_bytes: i64,
+    ) -> Result<MessagePage, StoreError> {
+        let head = self.thread_head(tenant, thread_id).await?;
+        let (thread_key, next_seq) = (head.thread_key, head.next_seq);
+        let sql = page_within_bytes_towards("m.seq, m.uuid, m.created_at, m.body", true);
+        let rows = sqlx::query(&sql)
+            .bind(thread_key.as_str())
+            .bind(before_seq.map_or(next_seq, Seq::get).min(next_seq))
             .bind(i64::from(limit))
             .bind(max_bytes)
             .fetch_all(&self.pool)

@@ -81,7 +81,9 @@ pub use search::{
     MAX_TERMS,
 };
 pub use settings::{ClearingSettings, MicrocompactSettings, ThreadSettings};
-pub use threads::{NewThread, Thread, ThreadPage};
+pub use threads::{
+    filterable_key, NewThread, Thread, ThreadFilter, ThreadOrder, ThreadPage, MAX_FILTER_KEY_CHARS,
+};
 pub use tree::{
     LevelLine, NewNode, OutlineSnapshot, StandIns, TreeStatus, ZoomRead, LINE_CONTEXT_LINES,
 };
@@ -197,6 +199,8 @@ pub enum StoreError {
     CursorLeased { expires_at: i64 },
     #[error("the bookmark is at seq {current_seq}; it cannot move back to seq {target_seq}")]
     CursorBackward { current_seq: i64, target_seq: i64 },
+    #[error("the metadata would be {bytes} bytes of JSON, more than {max}")]
+    MetadataTooLarge { bytes: usize, max: usize },
     #[error("a tenant with id {0:?} already exists")]
     TenantExists(String),
     #[error("API key not found")]

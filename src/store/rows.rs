@@ -92,13 +92,23 @@ pub(super) fn entry_from_row(row: &AnyRow) -> Result<Entry, StoreError> {
 /// the value (SQLite from the record header, PostgreSQL from the TOAST pointer); `LENGTH` counts
 /// characters and so loads every body it sizes.
 pub(super) fn page_within_bytes(columns: &str) -> String {
+    page_within_bytes_towards(columns, false)
+}
+
+/// [`page_within_bytes`], or with `descending` the rows with `seq < $2`, newest first.
+pub(super) fn page_within_bytes_towards(columns: &str, descending: bool) -> String {
+    let (past, order) = if descending {
+        ("<", "seq DESC")
+    } else {
+        (">", "seq")
+    };
     format!(
         "SELECT {columns} FROM \
-         (SELECT seq, SUM(size) OVER (ORDER BY seq) - size AS before_size FROM \
+         (SELECT seq, SUM(size) OVER (ORDER BY {order}) - size AS before_size FROM \
           (SELECT seq, octet_length(body) AS size FROM messages \
-           WHERE thread_key = $1 AND seq > $2 ORDER BY seq LIMIT $3) sizes) page \
+           WHERE thread_key = $1 AND seq {past} $2 ORDER BY {order} LIMIT $3) sizes) page \
          JOIN messages m ON m.thread_key = $1 AND m.seq = page.seq \
-         WHERE page.before_size < $4 ORDER BY m.seq"
+         WHERE page.before_size < $4 ORDER BY m.{order}"
     )
 }
 

@@ -1,4 +1,4 @@
-//! Threads: create, read, list, delete.
+//! Threads: create, read, update, find, delete.
 
 use chrono::{DateTime, Utc};
 use serde_json::{Map, Value};
@@ -28,12 +28,58 @@ pub struct NewThread {
     pub metadata: Map<String, Value>,
 }
 
-/// One page of threads, oldest first.
+/// One page of threads, in the order asked for.
 #[derive(Debug, Clone)]
 pub struct ThreadPage {
     pub threads: Vec<Thread>,
-    /// Pass back as `cursor` to read the next page; `None` on the last page.
+    /// Pass back as `cursor` (with the same filter) to read the next page; `None` on the last.
     pub next_cursor: Option<String>,
+    /// How many threads match the filter, when asked for.
+    pub total: Option<i64>,
+}
+
+/// Which time a list of threads goes by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ThreadOrder {
+    #[default]
+    Created,
+    Updated,
+}
+
+impl ThreadOrder {
+    fn column(self) -> &'static str {
+        match self {
+            ThreadOrder::Created => "created_at",
+            ThreadOrder::Updated => "updated_at",
+        }
+    }
+}
+
+/// Which of a tenant's threads a list holds, and in which order.
+#[derive(Debug, Clone, Default)]
+pub struct ThreadFilter {
+    /// Top-level metadata members every listed thread has, each with this value (a string,
+    /// number or boolean; never null, which is how an update removes a member).
+    pub metadata: Map<String, Value>,
+    /// Unix ms: only threads created, or updated, after it.
+    pub created_after: Option<i64>,
+    pub updated_after: Option<i64>,
+    pub order_by: ThreadOrder,
+    pub descending: bool,
+    /// Also count every thread the filter matches (one more query).
+    pub with_total: bool,
+}
+
+/// The longest metadata key a filter may name (the JSON path quotes it).
+pub const MAX_FILTER_KEY_CHARS: usize = 64;
+
+/// Whether `key` may be filtered on: it is quoted into a JSON path on SQLite.
+pub fn filterable_key(key: &str) -> bool {
+    !key.is_empty()
+        && key.chars().count() <= MAX_FILTER_KEY_CHARS
+        && key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':'))
 }
 
 /// What a read or write of a thread's data needs first: its internal key and where it stands.
@@ -157,41 +203,164 @@ impl Store {
         })
     }
 
+    /// A page of the tenant's threads that `filter` matches, after `cursor`, at most `limit`.
+    /// Served by an index on both backends: by (tenant, created or updated time), and on
+    /// PostgreSQL a GIN index of the metadata for its filter.
     pub async fn list_threads(
         &self,
         tenant: &TenantId,
+        filter: &ThreadFilter,
         cursor: Option<&str>,
         limit: u32,
     ) -> Result<ThreadPage, StoreError> {
-        let (after_millis, after_key) = match cursor {
-            Some(cursor) => decode_cursor(cursor)?,
-            None => (i64::MIN, String::new()),
+        let column = filter.order_by.column();
+        let (past, direction) = if filter.descending {
+            ("<", "DESC")
+        } else {
+            (">", "ASC")
         };
-        let rows = sqlx::query(&format!(
-            "SELECT {THREAD_COLUMNS} FROM threads WHERE tenant_id = $1 \
-             AND (created_at > $2 OR (created_at = $2 AND thread_key > $3)) \
-             ORDER BY created_at, thread_key LIMIT $4"
-        ))
-        .bind(&tenant.0)
-        .bind(after_millis)
-        .bind(&after_key)
-        .bind(i64::from(limit) + 1)
-        .fetch_all(&self.pool)
-        .await?;
+        let (conditions, binds) = self.filter_conditions(filter, 2);
+        let mut sql =
+            format!("SELECT {THREAD_COLUMNS} FROM threads WHERE tenant_id = $1{conditions}");
+        let next = binds.len() + 2;
+        let cursor = cursor.map(decode_cursor).transpose()?;
+        if cursor.is_some() {
+            sql.push_str(&format!(
+                " AND ({column} {past} ${next} OR ({column} = ${next} AND thread_key {past} ${}))",
+                next + 1
+            ));
+        }
+        let limit_at = next + if cursor.is_some() { 2 } else { 0 };
+        sql.push_str(&format!(
+            " ORDER BY {column} {direction}, thread_key {direction} LIMIT ${limit_at}"
+        ));
+        let mut query = sqlx::query(&sql).bind(&tenant.0);
+        for bind in &binds {
+            query = query.bind(bind.clone());
+        }
+        if let Some((millis, key)) = &cursor {
+            query = query.bind(*millis).bind(key.clone());
+        }
+        let rows = query
+            .bind(i64::from(limit) + 1)
+            .fetch_all(&self.pool)
+            .await?;
         let page = &rows[..rows.len().min(limit as usize)];
         let threads = page.iter().map(thread_from_row).collect::<Result<_, _>>()?;
         // A row past the page means more follow: the cursor is the page's last thread.
         let next_cursor = match page.last() {
             Some(last) if rows.len() > page.len() => Some(encode_cursor(
-                last.try_get("created_at")?,
+                last.try_get(column)?,
                 &last.try_get::<String, _>("thread_key")?,
             )),
             _ => None,
         };
+        let total = if filter.with_total {
+            let sql = format!("SELECT COUNT(*) FROM threads WHERE tenant_id = $1{conditions}");
+            let mut query = sqlx::query_scalar::<_, i64>(&sql).bind(&tenant.0);
+            for bind in binds {
+                query = query.bind(bind);
+            }
+            Some(query.fetch_one(&self.pool).await?)
+        } else {
+            None
+        };
         Ok(ThreadPage {
             threads,
             next_cursor,
+            total,
         })
+    }
+
+    /// The SQL conditions of `filter` (each starting with ` AND`), numbered from `$first`, and
+    /// their values in order: every value binds as text.
+    fn filter_conditions(&self, filter: &ThreadFilter, first: usize) -> (String, Vec<String>) {
+        let mut sql = String::new();
+        let mut binds: Vec<String> = Vec::new();
+        let next = |binds: &mut Vec<String>, value: String| {
+            binds.push(value);
+            first + binds.len() - 1
+        };
+        if let Some(after) = filter.created_after {
+            let n = next(&mut binds, after.to_string());
+            sql.push_str(&format!(" AND created_at > CAST(${n} AS BIGINT)"));
+        }
+        if let Some(after) = filter.updated_after {
+            let n = next(&mut binds, after.to_string());
+            sql.push_str(&format!(" AND updated_at > CAST(${n} AS BIGINT)"));
+        }
+        if !filter.metadata.is_empty() {
+            match self.backend {
+                super::Backend::Postgres => {
+                    let wanted = Value::Object(filter.metadata.clone()).to_string();
+                    let n = next(&mut binds, wanted);
+                    sql.push_str(&format!(" AND metadata::jsonb @> ${n}::jsonb"));
+                }
+                // Each member: the same value, and a boolean only for a boolean (SQLite reads
+                // true as 1).
+                super::Backend::Sqlite => {
+                    for (key, value) in &filter.metadata {
+                        let path = next(&mut binds, format!("$.\"{key}\""));
+                        let wanted = next(&mut binds, value.to_string());
+                        sql.push_str(&format!(
+                            " AND json_extract(metadata, ${path}) = json_extract(${wanted}, '$') \
+                             AND (json_type(metadata, ${path}) IN ('true', 'false')) \
+                             = (json_type(${wanted}, '$') IN ('true', 'false'))"
+                        ));
+                    }
+                }
+            }
+        }
+        (sql, binds)
+    }
+
+    /// Merges `patch` into the thread's metadata (a member set to null is removed) and returns
+    /// the thread. Refused, with nothing changed, when the result would pass `max_bytes` of JSON.
+    pub async fn update_thread_metadata(
+        &self,
+        tenant: &TenantId,
+        id: &ThreadId,
+        patch: &Map<String, Value>,
+        max_bytes: usize,
+    ) -> Result<Thread, StoreError> {
+        let lock = match self.backend {
+            super::Backend::Postgres => " FOR UPDATE",
+            super::Backend::Sqlite => "",
+        };
+        let mut tx = self.writer.begin().await?;
+        let row = sqlx::query(&format!(
+            "SELECT {THREAD_COLUMNS} FROM threads WHERE tenant_id = $1 AND thread_id = $2{lock}"
+        ))
+        .bind(&tenant.0)
+        .bind(id.as_str())
+        .fetch_optional(&mut *tx)
+        .await?
+        .ok_or(StoreError::ThreadNotFound)?;
+        let mut thread = thread_from_row(&row)?;
+        for (key, value) in patch {
+            if value.is_null() {
+                thread.metadata.remove(key);
+            } else {
+                thread.metadata.insert(key.clone(), value.clone());
+            }
+        }
+        let metadata = Value::Object(thread.metadata.clone()).to_string();
+        if metadata.len() > max_bytes {
+            return Err(StoreError::MetadataTooLarge {
+                bytes: metadata.len(),
+                max: max_bytes,
+            });
+        }
+        let now = now_millis().max(thread.updated_at.timestamp_millis());
+        sqlx::query("UPDATE threads SET metadata = $1, updated_at = $2 WHERE thread_key = $3")
+            .bind(&metadata)
+            .bind(now)
+            .bind(row.try_get::<String, _>("thread_key")?)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        thread.updated_at = millis_to_datetime(now);
+        Ok(thread)
     }
 
     /// Removes the thread and everything stored under it. The thread's row and its name go

@@ -42,6 +42,7 @@ mod shard_ready;
 mod summarize_extractive;
 mod summarize_models;
 mod tenants;
+mod thread_life;
 mod token_estimates;
 mod transcripts;
 mod tree;
