@@ -69,6 +69,15 @@ pair_ctl() {
   as_root pg_ctlcluster "$version" "${1}_$2" "$3" "${@:4}"
 }
 
+# pair_sql NAME ROLE SQL: runs SQL as the superuser on one cluster of a pair (a drill pauses the
+# standby's replay with pg_wal_replay_pause(), which needs it).
+pair_sql() {
+  local version port
+  version=$(ls /usr/lib/postgresql | sort -V | tail -n 1)
+  port=$(pg_lsclusters -h | awk -v v="$version" -v c="${1}_$2" '$1 == v && $2 == c { print $3 }')
+  as_postgres psql -p "$port" -qAt -v ON_ERROR_STOP=1 -c "$3"
+}
+
 wait_for_port() {
   for _ in $(seq 1 60); do
     as_postgres psql -p "$1" -qAtc "SELECT 1" >/dev/null 2>&1 && return 0

@@ -72,16 +72,16 @@ impl<S: Send + Sync> FromRequestParts<S> for ReadToken {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
-        let header = match parts.headers.get(&LSN_HEADER) {
-            None => None,
-            Some(value) => Some(
-                value
-                    .to_str()
-                    .ok()
-                    .and_then(|text| text.trim().parse::<Lsn>().ok())
-                    .ok_or_else(|| malformed("Loupe-LSN"))?,
-            ),
-        };
+        // Every copy of the header counts: one malformed is refused, the latest is kept.
+        let mut header: Option<Lsn> = None;
+        for value in parts.headers.get_all(&LSN_HEADER) {
+            let lsn = value
+                .to_str()
+                .ok()
+                .and_then(|text| text.trim().parse::<Lsn>().ok())
+                .ok_or_else(|| malformed("Loupe-LSN"))?;
+            header = header.max(Some(lsn));
+        }
         let param = axum::extract::Query::<MinLsnQuery>::try_from_uri(&parts.uri)
             .map_err(|_| malformed("min_lsn"))?
             .0
@@ -138,13 +138,29 @@ pub struct Written(pub Option<String>);
 impl Written {
     /// The token of the tenant's write just answered (to `thread_id`, if it wrote one thread).
     pub async fn now(state: &AppState, tenant: &TenantId, thread_id: Option<&ThreadId>) -> Self {
-        match state.store.written(tenant, thread_id).await {
-            Ok(lsn) => Written(lsn.map(|lsn| lsn.to_string())),
-            Err(error) => {
+        Written(
+            Self::remembered(state, tenant, thread_id)
+                .await
+                .map(|lsn| lsn.to_string()),
+        )
+    }
+
+    /// The position past the tenant's write, remembered for its next reads in this process: for
+    /// a write that must be remembered even if its client is gone before the answer (an
+    /// erasure), called where the write runs.
+    pub async fn remembered(
+        state: &AppState,
+        tenant: &TenantId,
+        thread_id: Option<&ThreadId>,
+    ) -> Option<Lsn> {
+        state
+            .store
+            .written(tenant, thread_id)
+            .await
+            .unwrap_or_else(|error| {
                 tracing::warn!(%error, "the primary's WAL position was not read");
-                Written(None)
-            }
-        }
+                None
+            })
     }
 
     /// The token for a response body's `lsn` field.

@@ -213,16 +213,20 @@ pub async fn create_erasure(
         let dropped = state.context_cache.forget_thread(&tenant, &thread_id) as u64;
         let erasure = erase(&state.store, &tenant, &thread_id, request, dropped).await?;
         state.context_cache.forget_thread(&tenant, &thread_id);
+        // Remembered here, not in the handler: this process's reads must wait for the erasure
+        // on a standby even if the client is gone before its answer.
+        let position = Written::remembered(&state, &tenant, Some(&thread_id)).await;
         state.store.queue_scrub(erasure.erasure_id.clone());
         // A tree job summarizes the stand-ins again with the thread's summarizer.
         if erasure.artifacts.tree_nodes > 0 {
             state.store.enqueue_tree(&tenant, &thread_id).await?;
         }
-        Ok::<_, crate::store::StoreError>(erasure)
+        Ok::<_, crate::store::StoreError>((erasure, position))
     })
     .await
     .map_err(|_| ApiError::new(super::problem::ProblemKind::Internal, "the erasure stopped"))??;
-    let written = Written::now(&state, &tenant, Some(&path.thread_id)).await;
+    let (erasure, position) = erasure;
+    let written = Written(position.map(|lsn| lsn.to_string()));
     let receipt = ErasureReceipt {
         lsn: written.lsn(),
         ..ErasureReceipt::new(path.thread_id, erasure)

@@ -447,6 +447,9 @@ async fn listen(store: Store, signal: Arc<tokio::sync::Notify>, stop: Cancellati
             Ok(mut listener) => loop {
                 tokio::select! {
                     _ = stop.cancelled() => return,
+                    // sqlx's listener connects again to the host it was made for: after a
+                    // failover, that is the old primary.
+                    () = store.primary_switched() => break,
                     notification = listener.recv() => match notification {
                         Ok(_) => signal.notify_one(),
                         Err(error) => {

@@ -1,15 +1,18 @@
 //! libpq's multi-host connection strings (`postgres://u:p@host1:5432,host2:5432/db`), which sqlx
 //! does not read, and failover among their hosts (`docs/SCALING.md`).
 //!
-//! Writes go to the primary: the first host, in the order given, that is not in recovery
-//! (libpq's `target_session_attrs=read-write`). Every new connection checks that its host is
-//! still that one, and a watcher looks for the primary again once the one in use stops answering
-//! or is found in recovery. Connections made before a switch are dropped as they come back.
+//! Writes go to the primary: the host not in recovery (libpq's `target_session_attrs=read-write`)
+//! on the latest timeline. Two such hosts are an old primary come back beside the standby
+//! promoted in its place: the promoted one's timeline is the later, and a process never moves
+//! back to an earlier timeline. Every new connection checks that its host is not in recovery,
+//! and a watcher looks for the primary again once the one in use stops answering or is found in
+//! recovery. Connections made before a switch are dropped as they come back, and the job
+//! listener connects again.
 //! Between the loss and the switch, requests fail as the database's faults do: 503 with
 //! `Retry-After`.
 
 use std::str::FromStr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -57,9 +60,13 @@ pub struct PrimaryHosts {
     urls: Vec<String>,
     options: Vec<AnyConnectOptions>,
     current: AtomicUsize,
+    /// The timeline of the primary in use: never moved back from.
+    timeline: AtomicI64,
     /// When the pool last switched host, as nanoseconds after `start`.
     switched: AtomicU64,
     start: Instant,
+    /// Told of each switch (the job listener connects again).
+    switches: tokio::sync::Notify,
 }
 
 impl PrimaryHosts {
@@ -74,13 +81,16 @@ impl PrimaryHosts {
             urls,
             options,
             current: AtomicUsize::new(0),
+            timeline: AtomicI64::new(0),
             switched: AtomicU64::new(0),
             start: Instant::now(),
+            switches: tokio::sync::Notify::new(),
         };
         let deadline = Instant::now() + wait;
         loop {
-            if let Some(index) = hosts.probe().await {
+            if let Some((index, timeline)) = hosts.probe().await {
                 hosts.current.store(index, Ordering::Relaxed);
+                hosts.timeline.store(timeline, Ordering::Relaxed);
                 return Ok(Arc::new(hosts));
             }
             if Instant::now() >= deadline {
@@ -114,14 +124,29 @@ impl PrimaryHosts {
                     .saturating_sub(Duration::from_nanos(switched))
     }
 
-    /// The first host, in order, that answers and is not in recovery.
-    async fn probe(&self) -> Option<usize> {
-        for (index, options) in self.options.iter().enumerate() {
-            if let Ok(Ok(false)) = tokio::time::timeout(PROBE_TIMEOUT, in_recovery(options)).await {
-                return Some(index);
+    /// Waits for the next switch of host.
+    pub async fn switched(&self) {
+        self.switches.notified().await;
+    }
+
+    /// The host that answers, is not in recovery and is on the latest timeline (the first in
+    /// order among equals), with its timeline; asks every host.
+    async fn probe(&self) -> Option<(usize, i64)> {
+        let answers = futures_util::future::join_all(
+            self.options
+                .iter()
+                .map(|options| tokio::time::timeout(PROBE_TIMEOUT, writable_timeline(options))),
+        )
+        .await;
+        let mut best: Option<(usize, i64)> = None;
+        for (index, answer) in answers.into_iter().enumerate() {
+            if let Ok(Ok(Some(timeline))) = answer {
+                if best.is_none_or(|(_, known)| timeline > known) {
+                    best = Some((index, timeline));
+                }
             }
         }
-        None
+        best
     }
 
     /// Checks the primary in use through `pool` every [`CHECK_EVERY`]; when it fails to answer or
@@ -135,29 +160,60 @@ impl PrimaryHosts {
             if let Ok(Ok(false)) = tokio::time::timeout(PROBE_TIMEOUT, check).await {
                 continue;
             }
-            let Some(index) = self.probe().await else {
+            let Some((index, timeline)) = self.probe().await else {
                 tracing::warn!("no host of the database URL accepts writes yet");
                 continue;
             };
+            let current_timeline = self.timeline.load(Ordering::Relaxed);
+            if timeline < current_timeline {
+                // An old primary come back beside the one promoted in its place: its writes
+                // since the fork are not on the new timeline, and ours must not go there.
+                tracing::error!(
+                    host = index,
+                    timeline,
+                    current_timeline,
+                    "the only host accepting writes is on an earlier timeline: not writing to it"
+                );
+                continue;
+            }
             if index != self.current.load(Ordering::Relaxed) {
-                tracing::warn!(host = index, "the primary moved: writing to another host");
+                tracing::warn!(
+                    host = index,
+                    timeline,
+                    "the primary moved: writing to another host"
+                );
                 self.current.store(index, Ordering::Relaxed);
+                self.timeline.store(timeline, Ordering::Relaxed);
                 pool.set_connect_options(super::logged(self.options[index].clone()));
                 let at = u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX);
                 self.switched.store(at.max(1), Ordering::Relaxed);
+                self.switches.notify_waiters();
             }
         }
     }
 }
 
-/// Whether the host of `options` is in recovery (a standby), on a connection of its own.
-pub async fn in_recovery(options: &AnyConnectOptions) -> Result<bool, sqlx::Error> {
+/// The timeline of the host of `options` if it takes writes (`None` in recovery), on a
+/// connection of its own: the first 8 hex digits of its current WAL file's name, which a
+/// promotion moves at once (the checkpoint's timeline waits for the next checkpoint).
+async fn writable_timeline(options: &AnyConnectOptions) -> Result<Option<i64>, sqlx::Error> {
     let mut conn = options.connect().await?;
-    let recovering = sqlx::query_scalar::<_, bool>("SELECT pg_is_in_recovery()")
-        .fetch_one(&mut conn)
-        .await;
+    let answer = sqlx::query_as::<_, (bool, String)>(
+        "SELECT pg_is_in_recovery(), CASE WHEN pg_is_in_recovery() THEN '' \
+         ELSE pg_walfile_name(pg_current_wal_lsn()) END",
+    )
+    .fetch_one(&mut conn)
+    .await;
     let _ = conn.close().await;
-    recovering
+    let (recovering, wal_file) = answer?;
+    if recovering {
+        return Ok(None);
+    }
+    let timeline = wal_file
+        .get(..8)
+        .and_then(|hex| i64::from_str_radix(hex, 16).ok())
+        .ok_or_else(|| sqlx::Error::Protocol(format!("a WAL file name: {wal_file:?}")))?;
+    Ok(Some(timeline))
 }
 
 /// The error a new connection to a host no longer primary fails with: a fault, retried later.

@@ -40,7 +40,7 @@ mod rows;
 mod search;
 mod settings;
 mod standbys;
-pub use standbys::{Lsn, ReadRoute, StandbyStats};
+pub use standbys::{Lsn, ReadRoute, StandbyStats, MAX_STALENESS, REMEMBER_WRITES_FOR};
 mod threads;
 mod transcripts;
 mod tree;
@@ -370,6 +370,9 @@ pub struct StoreOptions {
     pub append_gather: Duration,
 }
 
+/// The longest a read waits for a connection to a standby before it reads from the primary.
+const STANDBY_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// [`StoreOptions::append_gather`]'s default (BENCHMARKS.md, hot path).
 pub const DEFAULT_APPEND_GATHER: Duration = Duration::from_millis(1);
 
@@ -555,15 +558,18 @@ impl Store {
                 ));
             }
             let connect = logged(AnyConnectOptions::from_str(url)?);
-            // Lazily: a standby down at start is read from once its poller reaches it.
+            // Lazily: a standby down at start is read from once its poller reaches it. A
+            // standby lost fails its reads within a second (read again on the primary), not
+            // after the primary's acquire timeout.
             pools.push(
                 sqlx::pool::PoolOptions::<sqlx::Any>::new()
                     .max_connections(options.max_connections)
-                    .acquire_timeout(options.acquire_timeout)
+                    .acquire_timeout(options.acquire_timeout.min(STANDBY_ACQUIRE_TIMEOUT))
+                    .test_before_acquire(false)
                     .connect_lazy_with(connect),
             );
         }
-        self.standbys = Some(standbys::Standbys::start(pools, wait));
+        self.standbys = Some(standbys::Standbys::start(pools, self.writer.clone(), wait));
         Ok(self)
     }
 
@@ -625,6 +631,14 @@ impl Store {
 
     pub fn backend(&self) -> Backend {
         self.backend
+    }
+
+    /// Waits for the pool to move to another primary (never, with one host).
+    pub async fn primary_switched(&self) {
+        match &self.primary {
+            Some(primary) => primary.switched().await,
+            None => std::future::pending().await,
+        }
     }
 
     /// The URL of the database: of the primary now, when the URL named several hosts.

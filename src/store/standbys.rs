@@ -3,12 +3,16 @@
 //! Every write is answered with a consistency token: the primary's WAL position after its commit
 //! ([`Lsn`]). A read that carries one is served by a standby only once the standby has replayed
 //! past it; it waits for that a bounded time, then reads from the primary. A read without one
-//! takes the position this process remembers for the thread, if it wrote the thread in the last
-//! few seconds. Each standby's replay position is polled by one task, shared by every request:
-//! often while a read waits, rarely otherwise (for the lag metric). PostgreSQL 15 has no
-//! `WAIT FOR LSN`, so polling is the way.
+//! takes the position this process remembers for the thread (or, reading no one thread, for the
+//! tenant), if it wrote there in the last few seconds. And no read goes to a standby that has
+//! not replayed what the primary held [`MAX_STALENESS`] ago (its replay paused, or far behind),
+//! so what a process forgets after [`REMEMBER_WRITES_FOR`] every standby it reads from has.
+//!
+//! Each standby's replay position is polled by one task, shared by every request: often while a
+//! read waits, rarely otherwise; one more task samples the primary's position for the staleness
+//! bound. PostgreSQL 15 has no `WAIT FOR LSN`, so polling is the way.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -31,7 +35,8 @@ impl std::str::FromStr for Lsn {
         let bad = || format!("not a WAL position (like `16/B374D848`): {text:?}");
         let (high, low) = text.split_once('/').ok_or_else(bad)?;
         let part = |p: &str| {
-            (!p.is_empty() && p.len() <= 8)
+            // As PostgreSQL prints it: hex digits only (no sign `from_str_radix` would take).
+            (!p.is_empty() && p.len() <= 8 && p.bytes().all(|b| b.is_ascii_hexdigit()))
                 .then(|| u32::from_str_radix(p, 16).ok())
                 .flatten()
                 .ok_or_else(bad)
@@ -47,15 +52,22 @@ impl std::fmt::Display for Lsn {
 }
 
 /// How long a thread's last write position is remembered for reads that carry no token.
-const REMEMBER_WRITES_FOR: Duration = Duration::from_secs(5);
+pub const REMEMBER_WRITES_FOR: Duration = Duration::from_secs(5);
+
+/// The most a standby read from may be behind: it has replayed what the primary held this long
+/// ago. Well under [`REMEMBER_WRITES_FOR`], so a write this process forgets is on every standby
+/// it still reads from (a snip or an erasure included).
+pub const MAX_STALENESS: Duration = Duration::from_secs(2);
 
 /// Threads whose write positions are remembered at most; past it the oldest half is forgotten
-/// (their reads then go by their token alone).
+/// (their reads then go by their token and the staleness bound alone).
 const MAX_REMEMBERED: usize = 100_000;
 
-/// How often a standby's replay position is read while a read waits for it, and otherwise.
+/// How often a standby's replay position is read while a read waits for it, and otherwise; how
+/// long one poll may take before the standby counts as lost.
 const POLL_WAITED: Duration = Duration::from_millis(2);
 const POLL_IDLE: Duration = Duration::from_millis(250);
+const POLL_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Where a read was served, for the metrics and the tests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,6 +87,8 @@ pub struct StandbyStats {
     pub waited_reads: u64,
     pub primary_reads: u64,
     pub healthy_standbys: usize,
+    /// Reads waiting for a standby to catch up now.
+    pub waiting_reads: usize,
     /// The largest gap, in WAL bytes, between the primary's last known position and a healthy
     /// standby's replay position.
     pub max_lag_bytes: u64,
@@ -93,8 +107,13 @@ pub struct Standbys {
     waiting: AtomicUsize,
     wake_pollers: tokio::sync::Notify,
     wait: Duration,
+    /// The last write this process made to each (tenant, thread), and to each tenant (thread
+    /// `""`), with when.
     recent: Mutex<HashMap<(String, String), (Lsn, Instant)>>,
     primary_position: AtomicU64,
+    /// The primary's position as sampled over the last [`MAX_STALENESS`] and a little more,
+    /// oldest first.
+    primary_samples: Mutex<VecDeque<(Instant, Lsn)>>,
     next: AtomicUsize,
     standby_reads: AtomicU64,
     waited_reads: AtomicU64,
@@ -102,8 +121,9 @@ pub struct Standbys {
 }
 
 impl Standbys {
-    /// Standbys over `pools`, polled from now on; a read waits at most `wait` for one.
-    pub fn start(pools: Vec<AnyPool>, wait: Duration) -> Arc<Self> {
+    /// Standbys over `pools`, polled from now on, with `primary` sampled for the staleness
+    /// bound; a read waits at most `wait` for one.
+    pub fn start(pools: Vec<AnyPool>, primary: AnyPool, wait: Duration) -> Arc<Self> {
         let standbys = Arc::new(Standbys {
             standbys: pools
                 .into_iter()
@@ -118,6 +138,7 @@ impl Standbys {
             wait,
             recent: Mutex::new(HashMap::new()),
             primary_position: AtomicU64::new(0),
+            primary_samples: Mutex::new(VecDeque::new()),
             next: AtomicUsize::new(0),
             standby_reads: AtomicU64::new(0),
             waited_reads: AtomicU64::new(0),
@@ -126,24 +147,26 @@ impl Standbys {
         for index in 0..standbys.standbys.len() {
             tokio::spawn(poll(Arc::downgrade(&standbys), index));
         }
+        tokio::spawn(sample_primary(Arc::downgrade(&standbys), primary));
         standbys
     }
 
-    /// Remembers that the tenant's thread was written at `lsn`.
+    /// Remembers that the tenant's thread was written at `lsn` (and so the tenant, for reads of
+    /// no one thread).
     pub fn wrote(&self, tenant: &TenantId, thread_id: &str, lsn: Lsn) {
         self.primary_position.fetch_max(lsn.0, Ordering::Relaxed);
         let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
         if recent.len() >= MAX_REMEMBERED {
-            let now = Instant::now();
-            recent.retain(|_, (_, at)| now.duration_since(*at) < REMEMBER_WRITES_FOR);
-            if recent.len() >= MAX_REMEMBERED {
-                recent.clear();
-            }
+            forget_oldest(&mut recent);
         }
-        let entry = recent
-            .entry((tenant.0.clone(), thread_id.to_owned()))
-            .or_insert((lsn, Instant::now()));
-        *entry = (entry.0.max(lsn), Instant::now());
+        let now = Instant::now();
+        for key in [
+            (tenant.0.clone(), thread_id.to_owned()),
+            (tenant.0.clone(), String::new()),
+        ] {
+            let entry = recent.entry(key).or_insert((lsn, now));
+            *entry = (entry.0.max(lsn), now);
+        }
     }
 
     /// The position a read of the thread must see: its token, or the last write this process
@@ -154,13 +177,15 @@ impl Standbys {
         thread_id: Option<&ThreadId>,
         token: Option<Lsn>,
     ) -> Option<Lsn> {
-        let remembered = thread_id.and_then(|thread_id| {
+        // A read of no one thread (the tenant's search) goes by the tenant's last write.
+        let thread = thread_id.map_or("", ThreadId::as_str).to_owned();
+        let remembered = {
             let recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
             recent
-                .get(&(tenant.0.clone(), thread_id.as_str().to_owned()))
+                .get(&(tenant.0.clone(), thread))
                 .filter(|(_, at)| at.elapsed() < REMEMBER_WRITES_FOR)
                 .map(|(lsn, _)| *lsn)
-        });
+        };
         token.max(remembered)
     }
 
@@ -172,7 +197,10 @@ impl Standbys {
         thread_id: Option<&ThreadId>,
         token: Option<Lsn>,
     ) -> (Option<AnyPool>, ReadRoute) {
-        let needed = self.needed(tenant, thread_id, token).unwrap_or_default();
+        let needed = self
+            .needed(tenant, thread_id, token)
+            .unwrap_or_default()
+            .max(self.staleness_floor());
         if let Some(pool) = self.caught_up(needed) {
             self.standby_reads.fetch_add(1, Ordering::Relaxed);
             return (Some(pool), ReadRoute::Standby);
@@ -185,10 +213,11 @@ impl Standbys {
             self.primary_reads.fetch_add(1, Ordering::Relaxed);
             return (None, ReadRoute::Primary);
         }
-        self.waiting.fetch_add(1, Ordering::Relaxed);
+        // Counted while it waits, even when the read is dropped meanwhile (a client gone, a
+        // request timed out): the pollers poll often only while the count is above zero.
+        let _waiting = Waiting::count(&self.waiting);
         self.wake_pollers.notify_waiters();
         let waited = tokio::time::timeout(self.wait, self.until_caught_up(needed)).await;
-        self.waiting.fetch_sub(1, Ordering::Relaxed);
         match waited {
             Ok(pool) => {
                 self.waited_reads.fetch_add(1, Ordering::Relaxed);
@@ -227,6 +256,21 @@ impl Standbys {
         }
     }
 
+    /// What every standby read from must have replayed: the primary's position
+    /// [`MAX_STALENESS`] ago (the newest sample at least that old; none at first).
+    fn staleness_floor(&self) -> Lsn {
+        let samples = self
+            .primary_samples
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        samples
+            .iter()
+            .rev()
+            .find(|(at, _)| at.elapsed() >= MAX_STALENESS)
+            .map(|(_, lsn)| *lsn)
+            .unwrap_or_default()
+    }
+
     pub fn stats(&self) -> StandbyStats {
         let primary = self.primary_position.load(Ordering::Relaxed);
         let healthy: Vec<&Standby> = self
@@ -239,6 +283,7 @@ impl Standbys {
             waited_reads: self.waited_reads.load(Ordering::Relaxed),
             primary_reads: self.primary_reads.load(Ordering::Relaxed),
             healthy_standbys: healthy.len(),
+            waiting_reads: self.waiting.load(Ordering::Relaxed),
             max_lag_bytes: healthy
                 .iter()
                 .map(|s| primary.saturating_sub(s.replayed.borrow().0))
@@ -257,13 +302,16 @@ async fn poll(standbys: std::sync::Weak<Standbys>, index: usize) {
             return;
         };
         let standby = &all.standbys[index];
-        let answer = sqlx::query(
-            "SELECT pg_is_in_recovery() AS recovering, \
-             COALESCE(pg_last_wal_replay_lsn(), '0/0')::text AS replayed",
+        let answer = tokio::time::timeout(
+            POLL_TIMEOUT,
+            sqlx::query(
+                "SELECT pg_is_in_recovery() AS recovering, \
+                 COALESCE(pg_last_wal_replay_lsn(), '0/0')::text AS replayed",
+            )
+            .fetch_one(&standby.pool),
         )
-        .fetch_one(&standby.pool)
         .await;
-        let position = answer.ok().and_then(|row| {
+        let position = answer.ok().and_then(Result::ok).and_then(|row| {
             let recovering: bool = row.try_get("recovering").ok()?;
             let replayed: String = row.try_get("replayed").ok()?;
             recovering.then(|| replayed.parse::<Lsn>().ok()).flatten()
@@ -277,7 +325,12 @@ async fn poll(standbys: std::sync::Weak<Standbys>, index: usize) {
                 });
                 standby.healthy.store(true, Ordering::Relaxed);
             }
-            None => standby.healthy.store(false, Ordering::Relaxed),
+            // What it had replayed is forgotten: a standby that restarts answers once its
+            // recovery is consistent, which can be short of where it had replayed before.
+            None => {
+                standby.healthy.store(false, Ordering::Relaxed);
+                standby.replayed.send_replace(Lsn::default());
+            }
         }
         // Held through the pause: the set outlives its pollers by one pause at most.
         let busy = all.waiting.load(Ordering::Relaxed) > 0;
@@ -290,11 +343,67 @@ async fn poll(standbys: std::sync::Weak<Standbys>, index: usize) {
     }
 }
 
+/// Samples the primary's position every [`POLL_IDLE`] for the staleness bound, for as long as
+/// its [`Standbys`] lives, keeping a little more than [`MAX_STALENESS`] of samples.
+async fn sample_primary(standbys: std::sync::Weak<Standbys>, primary: AnyPool) {
+    loop {
+        let sampled = tokio::time::timeout(POLL_TIMEOUT, primary_position(&primary)).await;
+        let Some(all) = standbys.upgrade() else {
+            return;
+        };
+        if let Ok(Ok(lsn)) = sampled {
+            all.primary_position.fetch_max(lsn.0, Ordering::Relaxed);
+            let mut samples = all
+                .primary_samples
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            samples.push_back((Instant::now(), lsn));
+            // One sample older than the bound is all the floor needs.
+            while samples.len() > 1 && samples[1].0.elapsed() >= MAX_STALENESS {
+                samples.pop_front();
+            }
+        }
+        drop(all);
+        tokio::time::sleep(POLL_IDLE).await;
+    }
+}
+
+/// Forgets the writes remembered longer than [`REMEMBER_WRITES_FOR`], and if that is not
+/// enough, the older half of them.
+fn forget_oldest(recent: &mut HashMap<(String, String), (Lsn, Instant)>) {
+    recent.retain(|_, (_, at)| at.elapsed() < REMEMBER_WRITES_FOR);
+    if recent.len() >= MAX_REMEMBERED {
+        let mut times: Vec<Instant> = recent.values().map(|(_, at)| *at).collect();
+        let middle = times.len() / 2;
+        let (_, cutoff, _) = times.select_nth_unstable(middle);
+        let cutoff = *cutoff;
+        recent.retain(|_, (_, at)| *at > cutoff);
+    }
+}
+
+/// One read waiting for a standby, counted for as long as it lives.
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl<'a> Waiting<'a> {
+    fn count(waiting: &'a AtomicUsize) -> Self {
+        waiting.fetch_add(1, Ordering::Relaxed);
+        Waiting(waiting)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// The primary's WAL position now: past the commit of every write this process answered. The
-/// insert position, not the write position: with `synchronous_commit = off` a commit answered
-/// may not be written yet, and a standby can only replay past it once it is.
+/// write position, which is where a standby's replay stops when all is sent; the insert
+/// position can stand a page header past it on an idle primary, and no standby would ever
+/// reach it. A commit answered is written unless `synchronous_commit = off`, which read-your-
+/// writes needs off (`docs/SCALING.md`).
 pub(super) async fn primary_position(pool: &AnyPool) -> Result<Lsn, StoreError> {
-    let text: String = sqlx::query_scalar("SELECT pg_current_wal_insert_lsn()::text")
+    let text: String = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
         .fetch_one(pool)
         .await?;
     text.parse()
@@ -306,12 +415,83 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_full_memory_forgets_the_older_half_not_everything() {
+        let mut recent = HashMap::new();
+        let start = Instant::now();
+        for n in 0..MAX_REMEMBERED {
+            recent.insert(
+                ("alice".to_owned(), n.to_string()),
+                (Lsn(n as u64), start + Duration::from_nanos(n as u64)),
+            );
+        }
+        forget_oldest(&mut recent);
+        assert!(recent.len() < MAX_REMEMBERED && recent.len() >= MAX_REMEMBERED / 2 - 1);
+        let newest = ("alice".to_owned(), (MAX_REMEMBERED - 1).to_string());
+        assert!(
+            recent.contains_key(&newest),
+            "the newest write was forgotten"
+        );
+        assert!(!recent.contains_key(&("alice".to_owned(), "0".to_owned())));
+    }
+
+    /// A standby that stops answering is not read from, and what it had replayed is forgotten:
+    /// restarted, it may answer from short of there.
+    #[tokio::test]
+    async fn a_standby_that_stops_answering_forgets_its_position() {
+        sqlx::any::install_default_drivers();
+        let gone = || {
+            sqlx::pool::PoolOptions::<sqlx::Any>::new()
+                .acquire_timeout(Duration::from_millis(200))
+                .connect_lazy("postgres://loupe:loupe@127.0.0.1:1/none")
+                .unwrap()
+        };
+        let standbys = Standbys::start(vec![gone()], gone(), Duration::from_millis(10));
+        standbys.standbys[0].healthy.store(true, Ordering::Relaxed);
+        standbys.standbys[0].replayed.send_replace(Lsn(1 << 40));
+        let mut replayed = standbys.standbys[0].replayed.subscribe();
+        tokio::time::timeout(Duration::from_secs(5), replayed.wait_for(|lsn| lsn.0 == 0))
+            .await
+            .expect("the poller never forgot the position")
+            .unwrap();
+        assert!(!standbys.standbys[0].healthy.load(Ordering::Relaxed));
+        let tenant = TenantId("t".into());
+        let (pool, route) = standbys.route(&tenant, None, None).await;
+        assert!(pool.is_none());
+        assert_eq!(route, ReadRoute::Primary);
+    }
+
+    /// A waiting read dropped before its wait ends (a client gone) is no longer counted, so the
+    /// pollers go back to polling rarely.
+    #[tokio::test]
+    async fn a_dropped_waiting_read_is_not_counted() {
+        let waiting = AtomicUsize::new(0);
+        let wait = async {
+            let _counted = Waiting::count(&waiting);
+            std::future::pending::<()>().await;
+        };
+        assert!(tokio::time::timeout(Duration::from_millis(10), wait)
+            .await
+            .is_err());
+        assert_eq!(waiting.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
     fn positions_parse_print_and_order_as_postgresql_writes_them() {
         let lsn: Lsn = "16/B374D848".parse().unwrap();
         assert_eq!(lsn.0, (0x16 << 32) | 0xB374_D848);
         assert_eq!(lsn.to_string(), "16/B374D848");
         assert!("0/3000060".parse::<Lsn>().unwrap() < "1/0".parse().unwrap());
-        for bad in ["", "16", "/1", "1/", "x/1", "1/123456789", "-1/0"] {
+        for bad in [
+            "",
+            "16",
+            "/1",
+            "1/",
+            "x/1",
+            "1/123456789",
+            "-1/0",
+            "+1/+0",
+            "1/ 0",
+        ] {
             assert!(bad.parse::<Lsn>().is_err(), "{bad}");
         }
     }

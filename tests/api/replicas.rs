@@ -418,6 +418,92 @@ async fn every_write_answers_a_token_and_every_routed_read_takes_one() {
     finish_on_read_pair(&[&store], &primary).await;
 }
 
+/// A read of no one thread (the tenant's search) right after a write of this process waits for
+/// the standby to have it, as a read of the thread does: the tenant's last write is remembered
+/// too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_wide_read_after_a_write_waits_for_it() {
+    let _pair = READ_PAIR.lock().await;
+    let (primary, standby) = on_read_pair().await;
+    // The standby replays 200 ms late; reads wait 20 ms at most.
+    let (router, store) = process(&primary, &[standby], Duration::from_millis(20)).await;
+    create(&router, "w").await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let tenant = loupe::store::TenantId::default_tenant();
+    let (_, before) = store.for_read(&tenant, None, None).await;
+    assert_ne!(
+        before,
+        loupe::store::ReadRoute::Primary,
+        "the standby is not serving"
+    );
+    assert_eq!(
+        append(&router, "w", "w-1").await.status,
+        StatusCode::CREATED
+    );
+    let (_, after) = store.for_read(&tenant, None, None).await;
+    assert_eq!(after, loupe::store::ReadRoute::Primary);
+    finish_on_read_pair(&[&store], &primary).await;
+}
+
+/// Resumes the read pair's standby replay when dropped, whatever the drill's outcome.
+struct ReplayPaused;
+
+impl ReplayPaused {
+    fn pause() -> Self {
+        replicas_sh(&[
+            "pair_sql",
+            "drill",
+            "standby",
+            "SELECT pg_wal_replay_pause()",
+        ]);
+        ReplayPaused
+    }
+}
+
+impl Drop for ReplayPaused {
+    fn drop(&mut self) {
+        replicas_sh(&[
+            "pair_sql",
+            "drill",
+            "standby",
+            "SELECT pg_wal_replay_resume()",
+        ]);
+    }
+}
+
+/// A standby whose replay is paused falls behind without limit; once it has not replayed what
+/// the primary held `MAX_STALENESS` ago, no read goes to it, with a token or without, from any
+/// process: a snip or erasure another process made is never read back from it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_read_goes_to_a_standby_further_behind_than_the_bound() {
+    let _pair = READ_PAIR.lock().await;
+    let (primary, standby) = on_read_pair().await;
+    let standbys = [standby];
+    let (writer, writer_store) = process(&primary, &standbys, Duration::from_millis(20)).await;
+    let (reader, reader_store) = process(&primary, &standbys, Duration::from_millis(20)).await;
+    create(&writer, "p").await;
+    assert_eq!(
+        append(&writer, "p", "p-0").await.status,
+        StatusCode::CREATED
+    );
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(seen_next_seq(&reader, "p", None).await, 1);
+    let paused = ReplayPaused::pause();
+    assert_eq!(
+        append(&writer, "p", "p-1").await.status,
+        StatusCode::CREATED
+    );
+    // Past the bound and the writer's memory of its write, the other process's reads without a
+    // token see the write: the primary serves them.
+    tokio::time::sleep(loupe::store::REMEMBER_WRITES_FOR + Duration::from_secs(1)).await;
+    for _ in 0..5 {
+        assert_eq!(seen_next_seq(&reader, "p", None).await, 2);
+        assert_eq!(seen_next_seq(&writer, "p", None).await, 2);
+    }
+    drop(paused);
+    finish_on_read_pair(&[&writer_store, &reader_store], &primary).await;
+}
+
 /// The standby stops under reads: they go to the primary, with no error, and back to the
 /// standby once it returns.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
