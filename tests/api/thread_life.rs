@@ -336,3 +336,87 @@ async fn thread_lists_read_through_indexes(app: TestApp) {
     }
     app.finish().await;
 }
+
+ignored_on_both_backends!(
+    "a measurement for BENCHMARKS.md: cargo test --test api thread_life::filtered_list_figures -- --ignored --nocapture":
+    filtered_list_figures,
+);
+
+/// BENCHMARKS.md: lists over 100,000 threads of one tenant (seeded by SQL, metadata
+/// `{"user": "u<i mod 1000>", "tier": <i mod 3>}`): a page of 50 unfiltered, filtered to one
+/// user (100 threads), with the total, newest updated first; medians of 20.
+async fn filtered_list_figures(app: TestApp) {
+    const THREADS: i64 = 100_000;
+    let pool = sqlx::AnyPool::connect(&app.url).await.unwrap();
+    let series = match app.backend {
+        Backend::Postgres => "SELECT i FROM generate_series(0, 99999) AS s(i)",
+        Backend::Sqlite => {
+            "WITH RECURSIVE s(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM s WHERE i < 99999) \
+             SELECT i FROM s"
+        }
+    };
+    // `||` concatenates on both engines.
+    let key = "'k-' || CAST(i AS TEXT)";
+    let id = "'t-' || CAST(i AS TEXT)";
+    let metadata = "'{\"user\": \"u' || CAST(i % 1000 AS TEXT) || '\", \"tier\": ' \
+                    || CAST(i % 3 AS TEXT) || '}'";
+    sqlx::query(&format!(
+        "INSERT INTO threads (thread_key, tenant_id, thread_id, metadata, next_seq, visible_count, \
+         created_at, updated_at) SELECT {key}, 'default', {id}, {metadata}, 0, 0, \
+         1700000000000 + i, 1700000000000 + ((i * 7919) % {THREADS}) FROM ({series}) AS s"
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(&format!(
+        "INSERT INTO thread_names (tenant_id, thread_id, thread_key) \
+         SELECT 'default', {id}, {key} FROM ({series}) AS s"
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    if app.backend == Backend::Postgres {
+        sqlx::query("ANALYZE threads").execute(&pool).await.unwrap();
+    }
+    pool.close().await;
+    let filter = query(json!({"user": "u7"}));
+    for (name, uri) in [
+        ("page of 50", "/v1/threads?limit=50".to_owned()),
+        (
+            "page of 50, newest updated first",
+            "/v1/threads?limit=50&order_by=updated_at&order=desc".to_owned(),
+        ),
+        (
+            "one user (100 of 100,000), page of 50",
+            format!("/v1/threads?limit=50&{filter}"),
+        ),
+        (
+            "one user, with the total",
+            format!("/v1/threads?limit=50&include_total=true&{filter}"),
+        ),
+        (
+            "one user and tier, newest first",
+            format!(
+                "/v1/threads?limit=50&order=desc&{}",
+                query(json!({"user": "u7", "tier": 1}))
+            ),
+        ),
+    ] {
+        let mut times = Vec::new();
+        for _ in 0..20 {
+            let started = std::time::Instant::now();
+            let answer = app.get(&uri).await;
+            times.push(started.elapsed());
+            assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+            assert!(!ids(&answer.body).is_empty());
+        }
+        times.sort();
+        println!(
+            "{:?} {name}: median {:.2} ms, max {:.2} ms",
+            app.backend,
+            times[10].as_secs_f64() * 1e3,
+            times[19].as_secs_f64() * 1e3
+        );
+    }
+    app.finish().await;
+}
