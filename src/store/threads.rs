@@ -294,7 +294,10 @@ impl Store {
                 super::Backend::Postgres => {
                     let wanted = Value::Object(filter.metadata.clone()).to_string();
                     let n = next(&mut binds, wanted);
-                    sql.push_str(&format!(" AND metadata::jsonb @> ${n}::jsonb"));
+                    // The expression of the GIN index (migration 0019).
+                    sql.push_str(&format!(
+                        " AND loupe_metadata_jsonb(metadata) @> ${n}::jsonb"
+                    ));
                 }
                 // Each member: the same value, and a boolean only for a boolean (SQLite reads
                 // true as 1).
