@@ -10,6 +10,17 @@ as_root() {
   if [[ $EUID -eq 0 ]]; then "$@"; else sudo "$@"; fi
 }
 
+# ensure_loupe_role PORT: the role the tests connect as (loupe/loupe, may create databases).
+ensure_loupe_role() {
+  as_postgres psql -p "$1" -qAt -v ON_ERROR_STOP=1 >/dev/null <<SQL
+DO \$\$ BEGIN
+  IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'loupe') THEN
+    CREATE ROLE loupe LOGIN PASSWORD 'loupe' CREATEDB;
+  END IF;
+END \$\$;
+SQL
+}
+
 ensure_postgres() {
   if ! command -v pg_lsclusters >/dev/null || [[ -z $(ls /usr/lib/postgresql/*/bin/postgres 2>/dev/null) ]]; then
     echo "postgres.sh: installing PostgreSQL from Debian's packages" >&2
@@ -34,13 +45,7 @@ ensure_postgres() {
     as_postgres psql -p "$port" -qAtc "SELECT 1" >/dev/null 2>&1 && break
     sleep 1
   done
-  as_postgres psql -p "$port" -qAt -v ON_ERROR_STOP=1 >/dev/null <<SQL
-DO \$\$ BEGIN
-  IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'loupe') THEN
-    CREATE ROLE loupe LOGIN PASSWORD 'loupe' CREATEDB;
-  END IF;
-END \$\$;
-SQL
+  ensure_loupe_role "$port"
   # Per-test databases left behind by failed tests of earlier runs.
   as_postgres psql -p "$port" -qAtc "SELECT datname FROM pg_database WHERE datname LIKE 'loupe\_test\_%'" |
     while read -r name; do as_postgres psql -p "$port" -qc "DROP DATABASE IF EXISTS \"$name\" WITH (FORCE)" >/dev/null; done

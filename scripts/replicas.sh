@@ -19,13 +19,7 @@ replica_pair() {
   fi
   as_root pg_ctlcluster "$version" "${name}_primary" start 2>/dev/null || true
   wait_for_port "$primary_port"
-  as_postgres psql -p "$primary_port" -qAt -v ON_ERROR_STOP=1 >/dev/null <<SQL
-DO \$\$ BEGIN
-  IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'loupe') THEN
-    CREATE ROLE loupe LOGIN PASSWORD 'loupe' CREATEDB;
-  END IF;
-END \$\$;
-SQL
+  ensure_loupe_role "$primary_port"
   if ! pg_lsclusters -h | grep -q "^$version ${name}_standby "; then
     local standby_dir=/var/lib/postgresql/$version/${name}_standby
     as_root pg_createcluster "$version" "${name}_standby" -p "$standby_port" >/dev/null

@@ -1,6 +1,6 @@
 //! Messages: pages of a thread's entries, and entries by uuid.
 
-use super::rows::{entry_from_row, page_within_bytes, page_within_bytes_towards};
+use super::rows::{entry_from_row, page_within_bytes_towards};
 use super::{Seq, Store, StoreError, TenantId, ThreadId, ThreadKey};
 use crate::history::model::Entry;
 
@@ -35,19 +35,9 @@ impl Store {
         limit: u32,
         max_bytes: i64,
     ) -> Result<MessagePage, StoreError> {
-        let head = self.thread_head(tenant, thread_id).await?;
-        let (thread_key, next_seq) = (head.thread_key, head.next_seq);
-        let rows = sqlx::query(&page_within_bytes("m.seq, m.uuid, m.created_at, m.body"))
-            .bind(thread_key.as_str())
-            .bind(after_seq.map_or(-1, Seq::get))
-            .bind(i64::from(limit))
-            .bind(max_bytes)
-            .fetch_all(&self.pool)
-            .await?;
-        Ok(MessagePage {
-            messages: rows.iter().map(entry_from_row).collect::<Result<_, _>>()?,
-            next_seq,
-        })
+        let from = |_next_seq| after_seq.map_or(-1, Seq::get);
+        self.page_of(tenant, thread_id, false, from, limit, max_bytes)
+            .await
     }
 
     /// Messages with `seq < before_seq` (from the newest when `None`), newest first, at most
@@ -60,12 +50,27 @@ impl Store {
         limit: u32,
         max_bytes: i64,
     ) -> Result<MessagePage, StoreError> {
+        let from = |next_seq: i64| before_seq.map_or(next_seq, Seq::get).min(next_seq);
+        self.page_of(tenant, thread_id, true, from, limit, max_bytes)
+            .await
+    }
+
+    /// A byte-bounded page from the seq `from` gives for the thread's next seq, either way.
+    async fn page_of(
+        &self,
+        tenant: &TenantId,
+        thread_id: &ThreadId,
+        descending: bool,
+        from: impl FnOnce(i64) -> i64,
+        limit: u32,
+        max_bytes: i64,
+    ) -> Result<MessagePage, StoreError> {
         let head = self.thread_head(tenant, thread_id).await?;
         let (thread_key, next_seq) = (head.thread_key, head.next_seq);
-        let sql = page_within_bytes_towards("m.seq, m.uuid, m.created_at, m.body", true);
+        let sql = page_within_bytes_towards("m.seq, m.uuid, m.created_at, m.body", descending);
         let rows = sqlx::query(&sql)
             .bind(thread_key.as_str())
-            .bind(before_seq.map_or(next_seq, Seq::get).min(next_seq))
+            .bind(from(next_seq))
             .bind(i64::from(limit))
             .bind(max_bytes)
             .fetch_all(&self.pool)
