@@ -178,7 +178,7 @@ pub async fn append_messages(
     get, path = "/v1/threads/{thread_id}/messages", tag = "messages", operation_id = "listMessages",
     params(ThreadPath, ListMessagesQuery),
     responses(
-        (status = 200, description = "One page of messages in seq order: at most `limit`, and cut once the stored bodies reach `--max-page-bytes` (4 MiB by default; a page holds at least one message). Go on from `next_after_seq`", body = MessagePageResponse),
+        (status = 200, description = "One page of messages in seq order (newest first with `order=desc`): at most `limit`, and cut once the stored bodies reach `--max-page-bytes` (4 MiB by default; a page holds at least one message). Go on from `next_after_seq` (or `next_before_seq`)", body = MessagePageResponse),
         (status = 400, description = "A bad query parameter", body = Problem, content_type = "application/problem+json"),
         ThreadNotFound,
     )

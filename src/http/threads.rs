@@ -10,11 +10,12 @@ use serde_json::{Map, Value};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::{router::OpenApiRouter, routes};
 
-use super::answers::{MalformedJson, ThreadNotFound};
+use super::answers::{MalformedJson, Overloaded, ThreadNotFound};
 use super::problem::{ApiError, ApiJson, ApiPath, ApiQuery, Problem};
 use super::{AppState, Tenant};
 use crate::store::{
     filterable_key, NewThread, Thread, ThreadFilter, ThreadId, ThreadOrder, MAX_FILTER_KEY_CHARS,
+    MAX_FILTER_MEMBERS,
 };
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -22,6 +23,9 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(create_thread, list_threads))
         .routes(routes!(get_thread, update_thread, delete_thread))
 }
+
+/// Longest metadata filter, as sent.
+const MAX_FILTER_BYTES: usize = 4096;
 
 /// Longest client-chosen thread id.
 const MAX_THREAD_ID_LEN: usize = 128;
@@ -84,7 +88,8 @@ pub struct ThreadListResponse {
     /// last page.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub next_cursor: Option<String>,
-    /// How many threads match the filter, with `include_total=true`.
+    /// How many threads match the filter, with `include_total=true`: counted up to 10,000, so
+    /// 10,000 means at least that many.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub total: Option<i64>,
 }
@@ -128,13 +133,16 @@ pub struct ListThreadsQuery {
     #[param(minimum = 1, maximum = 200)]
     pub limit: Option<u32>,
     /// Only threads whose metadata has each of these members with this value: a JSON object of
-    /// strings, numbers and booleans, like `{"user":"ana","tier":2}` (URL-encoded). Keys are
-    /// 1–64 characters of `[A-Za-z0-9_.:-]`.
+    /// at most 8 strings, numbers and booleans, like `{"user":"ana","tier":2}` (URL-encoded).
+    /// Keys are 1–64 characters of `[A-Za-z0-9_.:-]`. A filtered list is one of the tenant's
+    /// expensive requests (429/503 `overloaded` past its share).
     #[param(max_length = 4096, example = r#"{"user":"ana"}"#)]
     pub metadata: Option<String>,
-    /// Only threads created after this time (RFC 3339).
+    /// Only threads created after this time (RFC 3339, with its offset: `Z` or `+01:00`).
     pub created_after: Option<DateTime<Utc>>,
-    /// Only threads updated (appended to, or their metadata changed) after this time.
+    /// Only threads updated (appended to, or their metadata changed) after this time (RFC 3339,
+    /// with its offset). Commit order is not time order: when polling, overlap the last
+    /// `updated_at` seen by a few seconds.
     pub updated_after: Option<DateTime<Utc>>,
     /// What the list goes by: `created_at` (the default) or `updated_at`.
     #[param(inline)]
@@ -142,7 +150,7 @@ pub struct ListThreadsQuery {
     /// `asc` (oldest first, the default) or `desc` (newest first).
     #[param(inline)]
     pub order: Option<SortOrder>,
-    /// Also count every thread the filter matches (`total`).
+    /// Also count the threads the filter matches (`total`, up to 10,000); an expensive request.
     pub include_total: Option<bool>,
 }
 
@@ -151,11 +159,21 @@ impl ListThreadsQuery {
         let metadata = match &self.metadata {
             None => Map::new(),
             Some(text) => {
+                if text.len() > MAX_FILTER_BYTES {
+                    return Err(ApiError::bad_request(format!(
+                        "metadata filters are at most {MAX_FILTER_BYTES} bytes"
+                    )));
+                }
                 let Ok(Value::Object(members)) = serde_json::from_str::<Value>(text) else {
                     return Err(ApiError::bad_request(
                         "metadata must be a JSON object, like {\"user\":\"ana\"}",
                     ));
                 };
+                if members.len() > MAX_FILTER_MEMBERS {
+                    return Err(ApiError::bad_request(format!(
+                        "a metadata filter names at most {MAX_FILTER_MEMBERS} members"
+                    )));
+                }
                 for (key, value) in &members {
                     if !filterable_key(key) {
                         return Err(ApiError::bad_request(format!(
@@ -260,7 +278,8 @@ pub async fn create_thread(
     params(ListThreadsQuery),
     responses(
         (status = 200, description = "One page of threads", body = ThreadListResponse),
-        (status = 400, description = "A bad cursor or limit", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "A bad cursor, limit, metadata filter, time or order (`bad-request`)", body = Problem, content_type = "application/problem+json"),
+        Overloaded,
     )
 )]
 pub async fn list_threads(
@@ -269,9 +288,17 @@ pub async fn list_threads(
     ApiQuery(query): ApiQuery<ListThreadsQuery>,
 ) -> Result<Json<ThreadListResponse>, ApiError> {
     let limit = super::page_limit(query.limit, 50, state.limits.max_page_size)?;
+    let filter = query.filter()?;
+    // A metadata filter or a total reads rows a page does not hold: one of the tenant's
+    // expensive requests, so that no tenant's lists hold every connection.
+    let _slot = if !filter.metadata.is_empty() || filter.with_total {
+        Some(super::guard::ExpensiveSlot::acquire(&state.guards, &tenant.0).await?)
+    } else {
+        None
+    };
     let page = state
         .store
-        .list_threads(&tenant, &query.filter()?, query.cursor.as_deref(), limit)
+        .list_threads(&tenant, &filter, query.cursor.as_deref(), limit)
         .await?;
     Ok(Json(ThreadListResponse {
         threads: page.threads.into_iter().map(Into::into).collect(),

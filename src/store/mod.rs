@@ -82,7 +82,8 @@ pub use search::{
 };
 pub use settings::{ClearingSettings, MicrocompactSettings, ThreadSettings};
 pub use threads::{
-    filterable_key, NewThread, Thread, ThreadFilter, ThreadOrder, ThreadPage, MAX_FILTER_KEY_CHARS,
+    filterable_key, NewThread, Thread, ThreadFilter, ThreadOrder, ThreadPage, MAX_COUNTED_THREADS,
+    MAX_FILTER_KEY_CHARS, MAX_FILTER_MEMBERS,
 };
 pub use tree::{
     LevelLine, NewNode, OutlineSnapshot, StandIns, TreeStatus, ZoomRead, LINE_CONTEXT_LINES,

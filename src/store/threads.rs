@@ -73,6 +73,13 @@ pub struct ThreadFilter {
 /// The longest metadata key a filter may name (the JSON path quotes it).
 pub const MAX_FILTER_KEY_CHARS: usize = 64;
 
+/// The most members one metadata filter may name: each is tested on every row a filtered list
+/// reads (SQLite parses the document once per member).
+pub const MAX_FILTER_MEMBERS: usize = 8;
+
+/// The most threads `include_total` counts; past it the total says "at least this many".
+pub const MAX_COUNTED_THREADS: i64 = 10_000;
+
 /// Whether `key` may be filtered on: it is quoted into a JSON path on SQLite.
 pub fn filterable_key(key: &str) -> bool {
     !key.is_empty()
@@ -255,8 +262,12 @@ impl Store {
             )),
             _ => None,
         };
+        // Counted up to a bound: a total over many threads reads each of them.
         let total = if filter.with_total {
-            let sql = format!("SELECT COUNT(*) FROM threads WHERE tenant_id = $1{conditions}");
+            let sql = format!(
+                "SELECT COUNT(*) FROM (SELECT 1 FROM threads WHERE tenant_id = $1{conditions} \
+                 LIMIT {MAX_COUNTED_THREADS}) counted"
+            );
             let mut query = sqlx::query_scalar::<_, i64>(&sql).bind(&tenant.0);
             for bind in binds {
                 query = query.bind(bind);
@@ -299,8 +310,9 @@ impl Store {
                         " AND loupe_metadata_jsonb(metadata) @> ${n}::jsonb"
                     ));
                 }
-                // Each member: the same value, and a boolean only for a boolean (SQLite reads
-                // true as 1).
+                // Each member: the same value, a boolean only for a boolean (SQLite reads true
+                // as 1), and never an array or object (read as its JSON text, which a string
+                // could equal).
                 super::Backend::Sqlite => {
                     for (key, value) in &filter.metadata {
                         let path = next(&mut binds, format!("$.\"{key}\""));
@@ -308,7 +320,8 @@ impl Store {
                         sql.push_str(&format!(
                             " AND json_extract(metadata, ${path}) = json_extract(${wanted}, '$') \
                              AND (json_type(metadata, ${path}) IN ('true', 'false')) \
-                             = (json_type(${wanted}, '$') IN ('true', 'false'))"
+                             = (json_type(${wanted}, '$') IN ('true', 'false')) \
+                             AND json_type(metadata, ${path}) NOT IN ('array', 'object')"
                         ));
                     }
                 }

@@ -13,7 +13,24 @@ on_both_backends!(
     messages_page_newest_first,
     thread_lists_read_through_indexes,
     metadata_jsonb_cannot_hold_still_stores_and_lists,
+    totals_are_counted_up_to_a_bound,
 );
+
+/// A total reads every thread it counts: it stops at 10,000 ("at least").
+async fn totals_are_counted_up_to_a_bound(app: TestApp) {
+    seed_threads(&app, 10_050).await;
+    let counted = app.get("/v1/threads?limit=1&include_total=true").await;
+    assert_eq!(counted.status, StatusCode::OK, "{}", counted.body);
+    assert_eq!(counted.body["total"], 10_000);
+    let filtered = app
+        .get(&format!(
+            "/v1/threads?limit=1&include_total=true&{}",
+            query(json!({"user": "u7"}))
+        ))
+        .await;
+    assert_eq!(filtered.body["total"], 11);
+    app.finish().await;
+}
 
 /// Metadata PostgreSQL's jsonb refuses (a `\u0000` in a string) is stored as on SQLite: the
 /// index over the metadata must not refuse the thread, nor break the tenant's filtered lists.
@@ -137,6 +154,8 @@ async fn found_by_metadata_time_and_order(app: &TestApp) {
             json!({"user": "ana", "tier": "2", "nested": {"user": "bob"}}),
         ),
         ("e", json!({})),
+        ("f", json!({"user": ["ana"], "tier": {"n": 2}})),
+        ("g", json!({"user": "[\"ana\"]"})),
     ];
     for (id, metadata) in &threads {
         let made = app
@@ -162,13 +181,16 @@ async fn found_by_metadata_time_and_order(app: &TestApp) {
     assert_eq!(ids(&list(query(json!({"tier": "2"}))).await), ["d"]);
     assert_eq!(ids(&list(query(json!({"vip": true}))).await), ["a"]);
     assert_eq!(ids(&list(query(json!({"vip": 1}))).await), ["c"]);
+    // A string never matches an array or an object, even one whose JSON text it equals.
+    assert_eq!(ids(&list(query(json!({"user": "[\"ana\"]"}))).await), ["g"]);
+    assert!(ids(&list(query(json!({"tier": "{\"n\":2}"}))).await).is_empty());
     // Only top-level members: d's nested user is not its user.
     assert_eq!(ids(&list(query(json!({"user": "bob"}))).await), ["b"]);
     assert!(ids(&list(query(json!({"user": "nobody"}))).await).is_empty());
 
     // Newest first, paged, with the total.
     let all_desc = ids(&list("order=desc".into()).await);
-    assert_eq!(all_desc, ["e", "d", "c", "b", "a"]);
+    assert_eq!(all_desc, ["g", "f", "e", "d", "c", "b", "a"]);
     let mut paged = Vec::new();
     let mut cursor: Option<String> = None;
     loop {
@@ -177,7 +199,7 @@ async fn found_by_metadata_time_and_order(app: &TestApp) {
             q.push_str(&format!("&cursor={}", cursor.replace(':', "%3A")));
         }
         let page = list(q).await;
-        assert_eq!(page["total"], 5);
+        assert_eq!(page["total"], 7);
         paged.extend(ids(&page));
         match page["next_cursor"].as_str() {
             Some(next) => cursor = Some(next.to_owned()),
@@ -197,7 +219,7 @@ async fn found_by_metadata_time_and_order(app: &TestApp) {
     assert!(list("limit=5".into()).await.get("total").is_none());
 
     // Updating a thread moves it in the update order, not in the creation order.
-    let since = app.get("/v1/threads/e").await.body["updated_at"]
+    let since = app.get("/v1/threads/g").await.body["updated_at"]
         .as_str()
         .unwrap()
         .to_owned();
@@ -216,11 +238,11 @@ async fn found_by_metadata_time_and_order(app: &TestApp) {
     app.append("a", vec![user("m1", "hello")]).await;
     assert_eq!(
         ids(&list("order_by=updated_at&order=desc".into()).await),
-        ["a", "b", "e", "d", "c"]
+        ["a", "b", "g", "f", "e", "d", "c"]
     );
     assert_eq!(
         ids(&list("order_by=created_at".into()).await),
-        ["a", "b", "c", "d", "e"]
+        ["a", "b", "c", "d", "e", "f", "g"]
     );
     let since = since.replace('+', "%2B").replace(':', "%3A");
     assert_eq!(
@@ -234,7 +256,7 @@ async fn found_by_metadata_time_and_order(app: &TestApp) {
         .replace(':', "%3A");
     assert_eq!(
         ids(&list(format!("created_after={created_c}")).await),
-        ["d", "e"]
+        ["d", "e", "f", "g"]
     );
 }
 
@@ -246,6 +268,9 @@ async fn bad_thread_filters_are_the_callers_mistake(app: TestApp) {
         query(json!({"user": null})),
         query(json!({"us\"er": "ana"})),
         query(json!({"": "ana"})),
+        // At most 8 members, and 4,096 bytes.
+        query(json!({"a": 1, "b": 1, "c": 1, "d": 1, "e": 1, "f": 1, "g": 1, "h": 1, "i": 1})),
+        query(json!({"user": "x".repeat(4100)})),
         "order=sideways".to_owned(),
         "order_by=name".to_owned(),
         "created_after=yesterday".to_owned(),
@@ -383,39 +408,7 @@ ignored_on_both_backends!(
 /// `{"user": "u<i mod 1000>", "tier": <i mod 3>}`): a page of 50 unfiltered, filtered to one
 /// user (100 threads), with the total, newest updated first; medians of 20.
 async fn filtered_list_figures(app: TestApp) {
-    const THREADS: i64 = 100_000;
-    let pool = sqlx::AnyPool::connect(&app.url).await.unwrap();
-    let series = match app.backend {
-        Backend::Postgres => "SELECT i FROM generate_series(0, 99999) AS s(i)",
-        Backend::Sqlite => {
-            "WITH RECURSIVE s(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM s WHERE i < 99999) \
-             SELECT i FROM s"
-        }
-    };
-    // `||` concatenates on both engines.
-    let key = "'k-' || CAST(i AS TEXT)";
-    let id = "'t-' || CAST(i AS TEXT)";
-    let metadata = "'{\"user\": \"u' || CAST(i % 1000 AS TEXT) || '\", \"tier\": ' \
-                    || CAST(i % 3 AS TEXT) || '}'";
-    sqlx::query(&format!(
-        "INSERT INTO threads (thread_key, tenant_id, thread_id, metadata, next_seq, visible_count, \
-         created_at, updated_at) SELECT {key}, 'default', {id}, {metadata}, 0, 0, \
-         1700000000000 + i, 1700000000000 + ((i * 7919) % {THREADS}) FROM ({series}) AS s"
-    ))
-    .execute(&pool)
-    .await
-    .unwrap();
-    sqlx::query(&format!(
-        "INSERT INTO thread_names (tenant_id, thread_id, thread_key) \
-         SELECT 'default', {id}, {key} FROM ({series}) AS s"
-    ))
-    .execute(&pool)
-    .await
-    .unwrap();
-    if app.backend == Backend::Postgres {
-        sqlx::query("ANALYZE threads").execute(&pool).await.unwrap();
-    }
-    pool.close().await;
+    seed_threads(&app, 100_000).await;
     let filter = query(json!({"user": "u7"}));
     for (name, uri) in [
         ("page of 50", "/v1/threads?limit=50".to_owned()),
@@ -456,4 +449,42 @@ async fn filtered_list_figures(app: TestApp) {
         );
     }
     app.finish().await;
+}
+
+/// `count` threads of the default tenant, inserted by SQL: metadata
+/// `{"user": "u<i mod 1000>", "tier": <i mod 3>}`, update times shuffled against creation.
+async fn seed_threads(app: &TestApp, count: i64) {
+    let pool = sqlx::AnyPool::connect(&app.url).await.unwrap();
+    let last = count - 1;
+    let series = match app.backend {
+        Backend::Postgres => format!("SELECT i FROM generate_series(0, {last}) AS s(i)"),
+        Backend::Sqlite => format!(
+            "WITH RECURSIVE s(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM s WHERE i < {last}) \
+             SELECT i FROM s"
+        ),
+    };
+    // `||` concatenates on both engines.
+    let key = "'k-' || CAST(i AS TEXT)";
+    let id = "'t-' || CAST(i AS TEXT)";
+    let metadata = "'{\"user\": \"u' || CAST(i % 1000 AS TEXT) || '\", \"tier\": ' \
+                    || CAST(i % 3 AS TEXT) || '}'";
+    sqlx::query(&format!(
+        "INSERT INTO threads (thread_key, tenant_id, thread_id, metadata, next_seq, visible_count, \
+         created_at, updated_at) SELECT {key}, 'default', {id}, {metadata}, 0, 0, \
+         1700000000000 + i, 1700000000000 + ((i * 7919) % {count}) FROM ({series}) AS s"
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(&format!(
+        "INSERT INTO thread_names (tenant_id, thread_id, thread_key) \
+         SELECT 'default', {id}, {key} FROM ({series}) AS s"
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    if app.backend == Backend::Postgres {
+        sqlx::query("ANALYZE threads").execute(&pool).await.unwrap();
+    }
+    pool.close().await;
 }
