@@ -620,7 +620,7 @@ pub async fn read_body(State(state): State<AppState>, request: Request, next: Ne
             .into_response();
     }
     let (parts, body) = request.into_parts();
-    let streamed = super::transcripts::is_streamed_import(&parts.method, parts.uri.path());
+    let streamed = is_streamed_import(&parts.method, parts.uri.path());
     if streamed || body.size_hint().exact() == Some(0) {
         return next.run(Request::from_parts(parts, body)).await;
     }
@@ -726,6 +726,19 @@ async fn read_within_budget(
     Ok((Bytes::from(data), held))
 }
 
+/// Whether a request is an import, whose body the handler streams itself: the body-reading guard
+/// and the request timeout leave it alone.
+pub fn is_streamed_import(method: &axum::http::Method, path: &str) -> bool {
+    let mut segments = path.split('/');
+    method == axum::http::Method::POST
+        && segments.next() == Some("")
+        && segments.next() == Some("v1")
+        && segments.next() == Some("threads")
+        && segments.next().is_some_and(|id| !id.is_empty())
+        && segments.next() == Some("import")
+        && segments.next().is_none()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -812,5 +825,37 @@ mod tests {
         assert!(!AuthMode::resolve(Some("k".into()), false).is_open());
         let debug = format!("{:?}", AuthMode::resolve(Some("secret".into()), false));
         assert!(!debug.contains("secret"), "{debug}");
+    }
+
+    #[test]
+    fn only_a_thread_import_is_streamed() {
+        assert!(is_streamed_import(
+            &axum::http::Method::POST,
+            "/v1/threads/t-1/import"
+        ));
+        assert!(!is_streamed_import(
+            &axum::http::Method::GET,
+            "/v1/threads/t-1/import"
+        ));
+        assert!(!is_streamed_import(
+            &axum::http::Method::POST,
+            "/v1/threads/t-1/export"
+        ));
+        assert!(!is_streamed_import(
+            &axum::http::Method::POST,
+            "/v1/threads//import"
+        ));
+        assert!(!is_streamed_import(
+            &axum::http::Method::POST,
+            "/v1/threads/t/import/x"
+        ));
+        assert!(!is_streamed_import(
+            &axum::http::Method::POST,
+            "/v1/threads/import"
+        ));
+        assert!(!is_streamed_import(
+            &axum::http::Method::POST,
+            "/v2/threads/t/import"
+        ));
     }
 }

@@ -347,7 +347,7 @@ async fn timeout(
     request: Request,
     next: Next,
 ) -> Response {
-    if transcripts::is_streamed_import(request.method(), request.uri().path()) {
+    if guard::is_streamed_import(request.method(), request.uri().path()) {
         return next.run(request).await;
     }
     match tokio::time::timeout(limits.request_timeout, next.run(request)).await {

@@ -409,19 +409,6 @@ fn export_pages(
     })
 }
 
-/// Whether a request is an import, whose body the handler streams itself: the body-reading guard
-/// and the request timeout leave it alone.
-pub fn is_streamed_import(method: &axum::http::Method, path: &str) -> bool {
-    let mut segments = path.split('/');
-    method == axum::http::Method::POST
-        && segments.next() == Some("")
-        && segments.next() == Some("v1")
-        && segments.next() == Some("threads")
-        && segments.next().is_some_and(|id| !id.is_empty())
-        && segments.next() == Some("import")
-        && segments.next().is_none()
-}
-
 /// Stored bodies as items of a JSON array, each on a line of its own: `first` when no item
 /// precedes them (the array's `[` is sent before, its `]` after).
 pub fn json_items(page: &[(i64, String)], first: bool) -> Bytes {
@@ -444,21 +431,4 @@ pub fn jsonl(page: &[(i64, String)]) -> Bytes {
         out.push(b'\n');
     }
     Bytes::from(out)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::is_streamed_import;
-    use axum::http::Method;
-
-    #[test]
-    fn only_a_thread_import_is_streamed() {
-        assert!(is_streamed_import(&Method::POST, "/v1/threads/t-1/import"));
-        assert!(!is_streamed_import(&Method::GET, "/v1/threads/t-1/import"));
-        assert!(!is_streamed_import(&Method::POST, "/v1/threads/t-1/export"));
-        assert!(!is_streamed_import(&Method::POST, "/v1/threads//import"));
-        assert!(!is_streamed_import(&Method::POST, "/v1/threads/t/import/x"));
-        assert!(!is_streamed_import(&Method::POST, "/v1/threads/import"));
-        assert!(!is_streamed_import(&Method::POST, "/v2/threads/t/import"));
-    }
 }
