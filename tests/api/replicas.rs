@@ -41,13 +41,7 @@ fn replicas_sh(args: &[&str]) {
 /// A fresh database on the primary of `primary_url`, once the standby at `standby_url` (if any)
 /// has it too; its URLs on both.
 async fn fresh_database(primary_url: &str, standby_url: Option<&str>) -> (String, Option<String>) {
-    let name = format!("loupe_test_{}", uuid::Uuid::new_v4().simple());
-    let admin = Store::connect(&StoreOptions::new(primary_url))
-        .await
-        .expect("connect to the drill primary");
-    admin.create_database(&name).await.unwrap();
-    admin.close().await;
-    let primary = loupe::store::database_url(primary_url, &name);
+    let (name, primary) = crate::common::create_test_database(primary_url).await;
     let standby = standby_url.map(|url| loupe::store::database_url(url, &name));
     let store = Store::connect(&StoreOptions::new(&primary)).await.unwrap();
     store.migrate().await.unwrap();

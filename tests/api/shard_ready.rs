@@ -21,7 +21,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use loupe::store::{Store, StoreOptions};
 use proc_macro2::{Delimiter, TokenStream, TokenTree};
 
 use crate::common::{postgres_admin_url, Backend, TestApp};
@@ -387,12 +386,7 @@ async fn the_migrated_schema_keeps_every_tables_role() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_schema_before_0018_breaks_the_rules_it_broke() {
     let admin_url = postgres_admin_url();
-    let name = format!("loupe_test_{}", uuid::Uuid::new_v4().simple());
-    let admin = Store::connect(&StoreOptions::new(&admin_url))
-        .await
-        .expect("connect to TEST_DATABASE_URL");
-    admin.create_database(&name).await.unwrap();
-    let url = loupe::store::database_url(&admin_url, &name);
+    let (name, url) = crate::common::create_test_database(&admin_url).await;
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations/postgres");
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap()
@@ -420,7 +414,6 @@ async fn the_schema_before_0018_breaks_the_rules_it_broke() {
              threads_tenant_id_thread_id_key is on (tenant_id, thread_id) only",
         ]
     );
-    admin.close().await;
     crate::common::drop_test_database(&admin_url, &name).await;
 }
 

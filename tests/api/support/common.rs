@@ -74,16 +74,8 @@ impl TestApp {
             }
             Backend::Postgres => {
                 let admin_url = postgres_admin_url();
-                let name = format!("loupe_test_{}", uuid::Uuid::new_v4().simple());
-                let admin = Store::connect(&StoreOptions::new(&admin_url))
-                    .await
-                    .expect("connect to TEST_DATABASE_URL");
-                admin.create_database(&name).await.unwrap();
-                admin.close().await;
-                (
-                    loupe::store::database_url(&admin_url, &name),
-                    Scratch::PostgresDb { admin_url, name },
-                )
+                let (name, url) = create_test_database(&admin_url).await;
+                (url, Scratch::PostgresDb { admin_url, name })
             }
         };
         let store = Store::connect(&StoreOptions::new(&url))
@@ -317,6 +309,20 @@ impl TestApp {
             None => {}
         }
     }
+}
+
+/// A new PostgreSQL database for one test, made through the role of `admin_url` (which
+/// [`drop_test_database`] drops, and `scripts/test.sh` sweeps when a failed test leaves it):
+/// its name and URL.
+pub async fn create_test_database(admin_url: &str) -> (String, String) {
+    let name = format!("loupe_test_{}", uuid::Uuid::new_v4().simple());
+    let admin = Store::connect(&StoreOptions::new(admin_url))
+        .await
+        .expect("connect to the admin URL");
+    admin.create_database(&name).await.unwrap();
+    admin.close().await;
+    let url = loupe::store::database_url(admin_url, &name);
+    (name, url)
 }
 
 /// Drops a test's PostgreSQL database `name` through the role of `admin_url`.
