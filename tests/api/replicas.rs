@@ -406,6 +406,15 @@ async fn every_write_answers_a_token_and_every_routed_read_takes_one() {
         let read = call(&router, method, &by_query, body, None).await;
         assert_eq!(read.status, StatusCode::OK, "{by_query}: {}", read.body);
     }
+    // The routing is in the metrics: reads by route, and the standbys' lag.
+    let metrics = call(&router, Method::GET, "/metrics", None, None).await;
+    let text = metrics.body.as_str().unwrap_or_default();
+    for series in [
+        "loupe_standby_reads_total{route=",
+        "loupe_standby_lag_bytes",
+    ] {
+        assert!(text.contains(series), "{series} is not in /metrics");
+    }
     let deleted = call(&router, Method::DELETE, "/v1/threads/t", None, None).await;
     assert_eq!(deleted.status, StatusCode::NO_CONTENT);
     assert!(deleted.headers.contains_key("loupe-lsn"));
