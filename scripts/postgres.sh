@@ -28,11 +28,12 @@ ensure_postgres() {
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
   fi
   local line version cluster port status
-  line=$(pg_lsclusters -h | head -n 1)
+  # The drills' own clusters (scripts/replicas.sh) are never the suite's database.
+  line=$(pg_lsclusters -h | awk '$2 !~ /^(drill|failover)_/' | head -n 1)
   if [[ -z $line ]]; then
     version=$(ls /usr/lib/postgresql | sort -V | tail -n 1)
     as_root pg_createcluster "$version" main >/dev/null
-    line=$(pg_lsclusters -h | head -n 1)
+    line=$(pg_lsclusters -h | awk '$2 == "main"')
   fi
   read -r version cluster port status _ <<<"$line"
   if [[ $status != online* ]]; then

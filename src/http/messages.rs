@@ -14,7 +14,7 @@ use super::threads::ThreadPath;
 use super::{AppState, Tenant};
 use crate::history::ingest::check_entry;
 use crate::history::model::Entry;
-use crate::store::{AppendRequest, Seq};
+use crate::store::{AppendRequest, Seq, SeqWindow};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(append_messages, list_messages))
@@ -84,7 +84,8 @@ pub struct MessagePageResponse {
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct ListMessagesQuery {
-    /// Return messages with a greater seq (from the start when omitted).
+    /// Return messages with a greater seq (from the start when omitted). With `order=desc`, the
+    /// page stops there instead of starting there.
     pub after_seq: Option<i64>,
     /// Page size, 1–1000 (default 100).
     #[param(minimum = 1, maximum = 1000)]
@@ -92,7 +93,8 @@ pub struct ListMessagesQuery {
     /// `asc` (oldest first, the default) or `desc` (newest first).
     #[param(inline)]
     pub order: Option<super::threads::SortOrder>,
-    /// With `order=desc`: return messages with a smaller seq (from the newest when omitted).
+    /// Return messages with a smaller seq (from the newest when omitted). With `order=desc` the
+    /// page starts there; oldest first, it stops there. Both bounds together give a window.
     pub before_seq: Option<i64>,
 }
 
@@ -194,30 +196,26 @@ pub async fn list_messages(
     let (tenant, thread_id, query) = (&tenant, &path.thread_id, &query);
     let max_bytes = state.limits.max_page_bytes as i64;
     let descending = query.order == Some(super::threads::SortOrder::Desc);
-    if descending && query.after_seq.is_some() || !descending && query.before_seq.is_some() {
-        return Err(ApiError::bad_request(
-            "after_seq goes with order=asc, before_seq with order=desc",
-        ));
-    }
+    let window = SeqWindow {
+        after: query.after_seq.map(Seq::new),
+        before: query.before_seq.map(Seq::new),
+    };
     let page = on_standby(&state, tenant, Some(thread_id), token, |store| async move {
-        Ok(if descending {
-            let before = query.before_seq.map(Seq::new);
-            store
-                .list_messages_before_within(tenant, thread_id, before, limit, max_bytes)
-                .await?
-        } else {
-            let after = query.after_seq.map(Seq::new);
-            store
-                .list_messages_within(tenant, thread_id, after, limit, max_bytes)
-                .await?
-        })
+        Ok(store
+            .list_messages_within(tenant, thread_id, window, descending, limit, max_bytes)
+            .await?)
     })
     .await?;
     let last_seq = page.messages.last().and_then(|m| m.seq);
+    // A next page is offered while seqs remain inside the window past the last one returned.
     let (next_after_seq, next_before_seq) = if descending {
-        (None, last_seq.filter(|seq| *seq > 0))
+        let lowest = query.after_seq.map_or(0, |after| after.saturating_add(1));
+        (None, last_seq.filter(|seq| *seq > lowest))
     } else {
-        (last_seq.filter(|seq| seq + 1 < page.next_seq), None)
+        let end = query
+            .before_seq
+            .map_or(page.next_seq, |before| before.min(page.next_seq));
+        (last_seq.filter(|seq| seq + 1 < end), None)
     };
     Ok(Json(MessagePageResponse {
         messages: page.messages,

@@ -136,7 +136,12 @@ pub struct ListThreadsQuery {
     /// at most 8 strings, numbers and booleans, like `{"user":"ana","tier":2}` (URL-encoded).
     /// Keys are 1–64 characters of `[A-Za-z0-9_.:-]`. A filtered list is one of the tenant's
     /// expensive requests (429/503 `overloaded` past its share).
-    #[param(max_length = 4096, example = r#"{"user":"ana"}"#)]
+    /// The pattern is the compact form of such an object; spaces between tokens are accepted too.
+    #[param(
+        max_length = 4096,
+        example = r#"{"user":"ana"}"#,
+        pattern = r#"^\{(?:"[A-Za-z0-9_.:-]{1,64}":(?:"[^"\\\u0000-\u001f]{0,256}"|-?(?:0|[1-9][0-9]{0,14})|true|false)(?:,"[A-Za-z0-9_.:-]{1,64}":(?:"[^"\\\u0000-\u001f]{0,256}"|-?(?:0|[1-9][0-9]{0,14})|true|false)){0,7})?\}$"#
+    )]
     pub metadata: Option<String>,
     /// Only threads created after this time (RFC 3339, with its offset: `Z` or `+01:00`).
     pub created_after: Option<DateTime<Utc>>,
@@ -394,5 +399,60 @@ mod tests {
         assert!(check_thread_id("has space").is_err());
         assert!(check_thread_id("slash/y").is_err());
         assert!(check_thread_id(&"x".repeat(129)).is_err());
+    }
+
+    fn documented_metadata_pattern() -> String {
+        let document = crate::http::openapi();
+        let parameters = document["paths"]["/v1/threads"]["get"]["parameters"]
+            .as_array()
+            .expect("listThreads has parameters")
+            .clone();
+        let metadata = parameters
+            .iter()
+            .find(|parameter| parameter["name"] == "metadata")
+            .expect("the metadata filter is documented");
+        metadata["schema"]["pattern"]
+            .as_str()
+            .expect("with a pattern")
+            .to_owned()
+    }
+
+    fn listing(metadata: &str) -> ListThreadsQuery {
+        ListThreadsQuery {
+            cursor: None,
+            limit: None,
+            metadata: Some(metadata.to_owned()),
+            created_after: None,
+            updated_after: None,
+            order_by: None,
+            order: None,
+            include_total: None,
+        }
+    }
+
+    proptest::proptest! {
+        /// Whatever the documented pattern allows is a filter the service takes: a generated
+        /// client (or a fuzzer) that keeps to the document is never refused.
+        #[test]
+        fn every_documented_metadata_filter_is_accepted(
+            text in proptest::string::string_regex(
+                // proptest generates from the pattern without its anchors.
+                documented_metadata_pattern().trim_start_matches('^').trim_end_matches('$')
+            ).unwrap()
+        ) {
+            proptest::prop_assert!(text.chars().count() <= MAX_FILTER_BYTES);
+            let filter = listing(&text).filter();
+            proptest::prop_assert!(filter.is_ok(), "{text:?}");
+        }
+    }
+
+    #[test]
+    fn the_documented_pattern_refuses_what_the_service_refuses() {
+        let pattern = regex::Regex::new(&documented_metadata_pattern()).unwrap();
+        for refused in [r#"{"user":null}"#, r#"[1]"#, r#"{"a":{"b":1}}"#, r#"{"":1}"#, "00"] {
+            assert!(!pattern.is_match(refused), "{refused}");
+            assert!(listing(refused).filter().is_err(), "{refused}");
+        }
+        assert!(pattern.is_match(r#"{"user":"ana","tier":2,"vip":true}"#));
     }
 }

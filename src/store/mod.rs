@@ -71,7 +71,7 @@ pub use keys::{ApiKeyRecord, CreatedKey, KeyIdentity, TenantRecord};
 pub use ledger::{
     Ledger, LedgerAnchor, LedgerFilter, LedgerSummary, SummaryLedger, LEDGER_ANCHORS_PER_SUMMARY,
 };
-pub use messages::MessagePage;
+pub use messages::{MessagePage, SeqWindow};
 pub use payloads::{
     CompactionPayload, DEFAULT_KEEP_RECENT_ROUNDS, KIND_COMPACTION, KIND_NOOP, KIND_TREE,
 };

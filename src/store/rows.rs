@@ -92,11 +92,21 @@ pub(super) fn entry_from_row(row: &AnyRow) -> Result<Entry, StoreError> {
 /// the value (SQLite from the record header, PostgreSQL from the TOAST pointer); `LENGTH` counts
 /// characters and so loads every body it sizes.
 pub(super) fn page_within_bytes(columns: &str) -> String {
-    page_within_bytes_towards(columns, false)
+    page_of_window(columns, false, "")
 }
 
-/// [`page_within_bytes`], or with `descending` the rows with `seq < $2`, newest first.
+/// [`page_within_bytes`] over the window `$2 < seq < $5` (oldest first), or with `descending`
+/// over `$5 < seq < $2`, newest first: `$2` is where the page starts, `$5` the far end.
 pub(super) fn page_within_bytes_towards(columns: &str, descending: bool) -> String {
+    let far = if descending {
+        " AND seq > $5"
+    } else {
+        " AND seq < $5"
+    };
+    page_of_window(columns, descending, far)
+}
+
+fn page_of_window(columns: &str, descending: bool, far: &str) -> String {
     let (past, order) = if descending {
         ("<", "seq DESC")
     } else {
@@ -106,7 +116,7 @@ pub(super) fn page_within_bytes_towards(columns: &str, descending: bool) -> Stri
         "SELECT {columns} FROM \
          (SELECT seq, SUM(size) OVER (ORDER BY {order}) - size AS before_size FROM \
           (SELECT seq, octet_length(body) AS size FROM messages \
-           WHERE thread_key = $1 AND seq {past} $2 ORDER BY {order} LIMIT $3) sizes) page \
+           WHERE thread_key = $1 AND seq {past} $2{far} ORDER BY {order} LIMIT $3) sizes) page \
          JOIN messages m ON m.thread_key = $1 AND m.seq = page.seq \
          WHERE page.before_size < $4 ORDER BY m.{order}"
     )

@@ -315,13 +315,52 @@ async fn messages_page_newest_first(app: TestApp) {
         .get("/v1/threads/m/messages?order=desc&limit=3&before_seq=1000")
         .await;
     assert_eq!(past_end.body["messages"][0]["seq"], 24);
-    for bad in [
-        "/v1/threads/m/messages?order=desc&after_seq=3",
-        "/v1/threads/m/messages?before_seq=3",
+    // Both bounds give a window, paged either way to its end.
+    for order in ["asc", "desc"] {
+        let mut seqs = Vec::new();
+        let mut uri =
+            format!("/v1/threads/m/messages?order={order}&limit=4&after_seq=5&before_seq=17");
+        loop {
+            let page = app.get(&uri).await;
+            assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+            seqs.extend(
+                page.body["messages"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|m| m["seq"].as_i64().unwrap()),
+            );
+            uri = match (
+                page.body["next_after_seq"].as_i64(),
+                page.body["next_before_seq"].as_i64(),
+            ) {
+                (Some(after), None) if order == "asc" => {
+                    format!("/v1/threads/m/messages?limit=4&after_seq={after}&before_seq=17")
+                }
+                (None, Some(before)) if order == "desc" => format!(
+                    "/v1/threads/m/messages?order=desc&limit=4&after_seq=5&before_seq={before}"
+                ),
+                (None, None) => break,
+                other => panic!("{order}: a cursor the other way: {other:?}"),
+            };
+        }
+        let mut window: Vec<i64> = (6..17).collect();
+        if order == "desc" {
+            window.reverse();
+        }
+        assert_eq!(seqs, window, "{order}");
+    }
+    // An empty window is an empty page, not a mistake.
+    for uri in [
+        "/v1/threads/m/messages?after_seq=-9223372036854775808&before_seq=-9223372036854775808",
+        "/v1/threads/m/messages?order=desc&after_seq=9&before_seq=10",
+        "/v1/threads/m/messages?after_seq=9223372036854775807",
     ] {
-        app.get(bad)
-            .await
-            .assert_problem(StatusCode::BAD_REQUEST, "bad-request");
+        let page = app.get(uri).await;
+        assert_eq!(page.status, StatusCode::OK, "{uri}: {}", page.body);
+        assert_eq!(page.body["messages"], json!([]), "{uri}");
+        assert!(page.body.get("next_after_seq").is_none(), "{uri}");
+        assert!(page.body.get("next_before_seq").is_none(), "{uri}");
     }
     app.finish().await;
 }
