@@ -5,6 +5,7 @@
 # Usage: scripts/hotpath.sh BINARY sqlite|postgres
 #   HOTPATH_DURATION seconds per wrk run, at most 20 (default 10); HOTPATH_RUNS runs (default 1)
 #   HOTPATH_PG_ADMIN  admin URL of a PostgreSQL server for `postgres` (default: the tests' server)
+#   HOTPATH_METADATA  the metadata (a JSON object) every thread is created with (default {})
 #   HOTPATH_PHASES    the phases to run, space-separated (default: all); the server inherits the
 #                     environment, so e.g. LOUPE_SQLITE_SYNCHRONOUS=full applies to it
 # Phases, wrk -t2 -c8 on 127.0.0.1 only:
@@ -68,7 +69,8 @@ cleanup_server() {
   db=
 }
 new_thread() {
-  curl -sf -o /dev/null -H 'Content-Type: application/json' --data "{\"id\": \"$1\"}" "$base/v1/threads"
+  curl -sf -o /dev/null -H 'Content-Type: application/json' \
+    --data "{\"id\": \"$1\", \"metadata\": ${HOTPATH_METADATA:-{\}}}" "$base/v1/threads"
 }
 # fill THREAD N: N messages of agent rounds (prompt, assistant tool_use, tool_result, answer).
 fill() {

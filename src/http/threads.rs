@@ -449,7 +449,13 @@ mod tests {
     #[test]
     fn the_documented_pattern_refuses_what_the_service_refuses() {
         let pattern = regex::Regex::new(&documented_metadata_pattern()).unwrap();
-        for refused in [r#"{"user":null}"#, r#"[1]"#, r#"{"a":{"b":1}}"#, r#"{"":1}"#, "00"] {
+        for refused in [
+            r#"{"user":null}"#,
+            r#"[1]"#,
+            r#"{"a":{"b":1}}"#,
+            r#"{"":1}"#,
+            "00",
+        ] {
             assert!(!pattern.is_match(refused), "{refused}");
             assert!(listing(refused).filter().is_err(), "{refused}");
         }

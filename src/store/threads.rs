@@ -165,6 +165,8 @@ impl Store {
         .bind(now)
         .execute(&mut *tx)
         .await?;
+        self.index_metadata(&mut tx, tenant, &thread_key, &metadata)
+            .await?;
         tx.commit().await?;
         Ok(Thread {
             id,
@@ -226,7 +228,7 @@ impl Store {
         } else {
             (">", "ASC")
         };
-        let (conditions, binds) = self.filter_conditions(filter, 2);
+        let (conditions, binds) = self.filter_conditions(tenant, filter, 2);
         let mut sql =
             format!("SELECT {THREAD_COLUMNS} FROM threads WHERE tenant_id = $1{conditions}");
         let next = binds.len() + 2;
@@ -238,10 +240,21 @@ impl Store {
             ));
         }
         let limit_at = next + if cursor.is_some() { 2 } else { 0 };
+        // A metadata filter on PostgreSQL reads its matches through the GIN index, then sorts
+        // them: the planner, which cannot estimate a containment's matches (it guesses 1%),
+        // would otherwise walk the list's index in order and probe every thread's metadata,
+        // reading most of a large tenant for a rare match. `+ 0` takes that index off its list.
+        let sort_key = if self.backend == super::Backend::Postgres && !filter.metadata.is_empty() {
+            format!("{column} + 0")
+        } else {
+            column.to_owned()
+        };
         sql.push_str(&format!(
-            " ORDER BY {column} {direction}, thread_key {direction} LIMIT ${limit_at}"
+            " ORDER BY {sort_key} {direction}, thread_key {direction} LIMIT ${limit_at}"
         ));
-        let mut query = sqlx::query(&sql).bind(&tenant.0);
+        // Not kept prepared: PostgreSQL plans an unnamed statement for its values, where a kept
+        // one soon gets a generic plan, which cannot see how rare a metadata filter is.
+        let mut query = sqlx::query(&sql).persistent(false).bind(&tenant.0);
         for bind in &binds {
             query = query.bind(bind.clone());
         }
@@ -268,7 +281,9 @@ impl Store {
                 "SELECT COUNT(*) FROM (SELECT 1 FROM threads WHERE tenant_id = $1{conditions} \
                  LIMIT {MAX_COUNTED_THREADS}) counted"
             );
-            let mut query = sqlx::query_scalar::<_, i64>(&sql).bind(&tenant.0);
+            let mut query = sqlx::query_scalar::<_, i64>(&sql)
+                .persistent(false)
+                .bind(&tenant.0);
             for bind in binds {
                 query = query.bind(bind);
             }
@@ -285,7 +300,12 @@ impl Store {
 
     /// The SQL conditions of `filter` (each starting with ` AND`), numbered from `$first`, and
     /// their values in order: every value binds as text.
-    fn filter_conditions(&self, filter: &ThreadFilter, first: usize) -> (String, Vec<String>) {
+    fn filter_conditions(
+        &self,
+        tenant: &TenantId,
+        filter: &ThreadFilter,
+        first: usize,
+    ) -> (String, Vec<String>) {
         let mut sql = String::new();
         let mut binds: Vec<String> = Vec::new();
         let next = |binds: &mut Vec<String>, value: String| {
@@ -303,11 +323,14 @@ impl Store {
         if !filter.metadata.is_empty() {
             match self.backend {
                 super::Backend::Postgres => {
-                    let wanted = Value::Object(filter.metadata.clone()).to_string();
-                    let n = next(&mut binds, wanted);
-                    // The expression of the GIN index (migration 0019).
+                    let mut wanted = Map::new();
+                    wanted.insert(tenant.0.clone(), Value::Object(filter.metadata.clone()));
+                    let n = next(&mut binds, Value::Object(wanted).to_string());
+                    // Through the GIN index of `thread_metadata`, the tenant's path only
+                    // (migration 0020).
                     sql.push_str(&format!(
-                        " AND loupe_metadata_jsonb(metadata) @> ${n}::jsonb"
+                        " AND EXISTS (SELECT 1 FROM thread_metadata m \
+                         WHERE m.thread_key = threads.thread_key AND m.members @> ${n}::jsonb)"
                     ));
                 }
                 // Each member: the same value, a boolean only for a boolean (SQLite reads true
@@ -328,6 +351,38 @@ impl Store {
             }
         }
         (sql, binds)
+    }
+
+    /// Writes the thread's metadata where PostgreSQL's filters find it (`thread_metadata`, its
+    /// GIN index kept off the row every append updates); SQLite has no JSON index, so nothing.
+    pub(super) async fn index_metadata(
+        &self,
+        tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+        tenant: &TenantId,
+        thread_key: &ThreadKey,
+        metadata: &str,
+    ) -> Result<(), StoreError> {
+        if self.backend != super::Backend::Postgres {
+            return Ok(());
+        }
+        sqlx::query("DELETE FROM thread_metadata WHERE thread_key = $1")
+            .bind(thread_key.as_str())
+            .execute(&mut **tx)
+            .await?;
+        if metadata != "{}" {
+            sqlx::query(
+                "INSERT INTO thread_metadata (thread_key, members) \
+                 SELECT $1, jsonb_build_object(CAST($3 AS TEXT), members) \
+                 FROM (SELECT loupe_metadata_jsonb(CAST($2 AS TEXT)) AS members) m \
+                 WHERE members IS NOT NULL",
+            )
+            .bind(thread_key.as_str())
+            .bind(metadata)
+            .bind(&tenant.0)
+            .execute(&mut **tx)
+            .await?;
+        }
+        Ok(())
     }
 
     /// Merges `patch` into the thread's metadata (a member set to null is removed) and returns
@@ -368,11 +423,14 @@ impl Store {
             });
         }
         let now = now_millis().max(thread.updated_at.timestamp_millis());
+        let thread_key = ThreadKey::from_stored(row.try_get::<String, _>("thread_key")?);
         sqlx::query("UPDATE threads SET metadata = $1, updated_at = $2 WHERE thread_key = $3")
             .bind(&metadata)
             .bind(now)
-            .bind(row.try_get::<String, _>("thread_key")?)
+            .bind(thread_key.as_str())
             .execute(&mut *tx)
+            .await?;
+        self.index_metadata(&mut tx, tenant, &thread_key, &metadata)
             .await?;
         tx.commit().await?;
         thread.updated_at = millis_to_datetime(now);
