@@ -14,6 +14,7 @@ on_both_backends!(
     thread_lists_read_through_indexes,
     metadata_jsonb_cannot_hold_still_stores_and_lists,
     totals_are_counted_up_to_a_bound,
+    updated_at_never_steps_back,
 );
 
 /// A total reads every thread it counts: it stops at 10,000 ("at least").
@@ -127,6 +128,29 @@ async fn metadata_updates_merge_and_null_removes(app: TestApp) {
     patch(&app, "t", json!({"metadata": {}, "id": "other"}))
         .await
         .assert_problem(StatusCode::UNPROCESSABLE_ENTITY, "validation");
+    app.finish().await;
+}
+
+/// `updated_at` never steps back: an append whose batch took its time before a later write
+/// committed (a PATCH racing it) keeps the later time. The race is set up by writing that later
+/// time straight into the row.
+async fn updated_at_never_steps_back(app: TestApp) {
+    app.thread("t").await;
+    let later = chrono::Utc::now().timestamp_millis() + 60_000;
+    let pool = sqlx::AnyPool::connect(&app.url).await.unwrap();
+    sqlx::query(&format!(
+        "UPDATE threads SET updated_at = {later} WHERE thread_id = 't'"
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    pool.close().await;
+    app.append("t", vec![user("u1", "hello")]).await;
+    let read = app.get("/v1/threads/t").await;
+    let updated = chrono::DateTime::parse_from_rfc3339(read.body["updated_at"].as_str().unwrap())
+        .unwrap()
+        .timestamp_millis();
+    assert_eq!(updated, later, "{}", read.body);
     app.finish().await;
 }
 

@@ -33,7 +33,7 @@ use super::plan::{
     group_needs_jobs, plan_group, set_counters_sql, thread_of, AppendTriggers, Counters,
     GroupThread, Planned, QueuedAppend, COUNTER_COLUMNS,
 };
-use super::sql::{read_group, RowLock, Transaction, UuidCheck};
+use super::sql::{read_group, RowLock, Transaction, UuidCheck, LATER_UPDATED_AT};
 use crate::store::rows::{bind_rows, INSERT_CHUNK, INSERT_WIDTH};
 use crate::store::{Store, StoreError, ThreadKey};
 
@@ -148,7 +148,7 @@ pub(super) fn unlocked_write_sql(threads: usize, rows: usize) -> String {
     format!(
         "WITH locked AS MATERIALIZED (SELECT thread_key FROM threads WHERE thread_key IN ({keys}) \
          ORDER BY tenant_id, thread_id FOR UPDATE), \
-         moved AS (UPDATE threads SET updated_at = v.column2, {} \
+         moved AS (UPDATE threads SET updated_at = {LATER_UPDATED_AT}, {} \
          FROM (VALUES {}) AS v LEFT JOIN thread_settings s ON s.thread_key = v.column1 \
          WHERE threads.thread_key = v.column1 AND {unmoved} \
          AND threads.thread_key IN (SELECT thread_key FROM locked) \

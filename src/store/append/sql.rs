@@ -309,13 +309,18 @@ pub(super) async fn write_rows<'a>(
     Ok(Some(usize::try_from(inserted).unwrap_or(0)))
 }
 
+/// A thread's `updated_at` after a batch: the batch's time, unless a write that committed after
+/// the batch took its time (a PATCH) set a later one, so that it never steps back.
+pub(super) const LATER_UPDATED_AT: &str =
+    "CASE WHEN v.column2 > threads.updated_at THEN v.column2 ELSE threads.updated_at END";
+
 /// Values each thread binds: its key, `updated_at`, then its [`COUNTER_COLUMNS`].
 pub(super) const THREAD_COUNTERS_WIDTH: usize = 2 + COUNTER_COLUMNS.len();
 
 /// The update of `count` threads' counters, its placeholders numbered from `$start`.
 pub(super) fn update_threads_sql(start: usize, count: usize) -> String {
     format!(
-        "UPDATE threads SET updated_at = v.column2, {} \
+        "UPDATE threads SET updated_at = {LATER_UPDATED_AT}, {} \
          FROM (VALUES {}) AS v WHERE threads.thread_key = v.column1",
         set_counters_sql(3),
         crate::store::values_placeholders_from(start, count, THREAD_COUNTERS_WIDTH)

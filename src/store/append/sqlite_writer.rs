@@ -460,6 +460,11 @@ mod tests {
             };
             store.create_thread(&tenant, new).await.expect("thread");
         }
+        // Created before the groups' fixed clock, in both databases alike.
+        sqlx::query("UPDATE threads SET created_at = 0, updated_at = 0")
+            .execute(&store.writer)
+            .await
+            .expect("times");
         store
     }
 
