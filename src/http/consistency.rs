@@ -37,6 +37,7 @@ pub const ROUTED_READS: &[&str] = &[
 /// The writes answered with a token (by operation id): every write to a thread.
 pub const TOKEN_WRITES: &[&str] = &[
     "createThread",
+    "forkThread",
     "updateThread",
     "deleteThread",
     "appendMessages",

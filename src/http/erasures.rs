@@ -15,7 +15,7 @@ use super::problem::{ApiError, ApiJson, ApiPath, ApiQuery, Problem};
 use super::threads::ThreadPath;
 use super::{AppState, Tenant};
 use crate::history::ingest::MAX_UUID_LEN;
-use crate::jobs::erasure::{erase, ErasureRequest};
+use crate::jobs::erasure::{erase, erase_in_forks, ErasureRequest};
 use crate::store::{Erasure, ErasureArtifacts, ErasureTargets, ThreadId, MAX_ERASED_ENTRIES};
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -93,6 +93,10 @@ pub struct ErasureReceipt {
     /// the README's Forgetting section). `null` until then: it runs after the answer, and no
     /// read serves the text meanwhile.
     pub storage_scrubbed_at: Option<DateTime<Utc>>,
+    /// The forks (and forks of forks) that had taken erased entries, each erased there too by an
+    /// erasure of its own, which its receipts list. In the answer to the erasure only.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub forks: Vec<ForkErasure>,
     /// The write's consistency token (also the `Loupe-LSN` header): send it back with a read
     /// (`Loupe-LSN` or `min_lsn`) to see this write on a read standby. Present only where the
     /// service reads from standbys.
@@ -102,6 +106,15 @@ pub struct ErasureReceipt {
         example = "0/3000148"
     )]
     pub lsn: Option<String>,
+}
+
+/// An erasure made in a fork because its parent's entries were erased.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ForkErasure {
+    pub thread_id: String,
+    pub erasure_id: String,
+    /// The fork's erased seqs: those of the parent's erasure that the fork took.
+    pub seqs: Vec<i64>,
 }
 
 impl ErasureReceipt {
@@ -114,6 +127,7 @@ impl ErasureReceipt {
             artifacts: erasure.artifacts.into(),
             created_at: erasure.created_at,
             storage_scrubbed_at: erasure.scrubbed_at,
+            forks: Vec::new(),
             lsn: None,
         }
     }
@@ -211,8 +225,28 @@ pub async fn create_erasure(
         // Dropped before and after: a read that started before the erasure may put its
         // checkpoint back meanwhile (never served: the epoch in its key is an old one).
         let dropped = state.context_cache.forget_thread(&tenant, &thread_id) as u64;
+        let thread_key = state
+            .store
+            .thread_head(&tenant, &thread_id)
+            .await?
+            .thread_key;
         let erasure = erase(&state.store, &tenant, &thread_id, request, dropped).await?;
         state.context_cache.forget_thread(&tenant, &thread_id);
+        // Then every copy made of what it erased: the forks. The answer waits for them, so an
+        // answered erasure has reached every fork; one cut short is retried whole by the client.
+        let reason = format!(
+            "erased in {thread_id}, which this thread was forked from ({})",
+            erasure.erasure_id
+        );
+        let forks =
+            erase_in_forks(&state.store, &tenant, &thread_key, &erasure.seqs, &reason).await?;
+        for (fork, fork_erasure) in &forks {
+            state.context_cache.forget_thread(&tenant, fork);
+            state.store.queue_scrub(fork_erasure.erasure_id.clone());
+            if fork_erasure.artifacts.tree_nodes > 0 {
+                state.store.enqueue_tree(&tenant, fork).await?;
+            }
+        }
         // Remembered here, not in the handler: this process's reads must wait for the erasure
         // on a standby even if the client is gone before its answer.
         let position = Written::remembered(&state, &tenant, Some(&thread_id)).await;
@@ -221,14 +255,22 @@ pub async fn create_erasure(
         if erasure.artifacts.tree_nodes > 0 {
             state.store.enqueue_tree(&tenant, &thread_id).await?;
         }
-        Ok::<_, crate::store::StoreError>((erasure, position))
+        Ok::<_, crate::store::StoreError>((erasure, forks, position))
     })
     .await
     .map_err(|_| ApiError::new(super::problem::ProblemKind::Internal, "the erasure stopped"))??;
-    let (erasure, position) = erasure;
+    let (erasure, forks, position) = erasure;
     let written = Written(position.map(|lsn| lsn.to_string()));
     let receipt = ErasureReceipt {
         lsn: written.lsn(),
+        forks: forks
+            .into_iter()
+            .map(|(thread_id, erasure)| ForkErasure {
+                thread_id: thread_id.into_string(),
+                erasure_id: erasure.erasure_id,
+                seqs: erasure.seqs,
+            })
+            .collect(),
         ..ErasureReceipt::new(path.thread_id, erasure)
     };
     Ok((StatusCode::CREATED, written, Json(receipt)))

@@ -9,6 +9,7 @@ pub mod docs;
 pub mod document;
 pub mod economics;
 pub mod erasures;
+pub mod forks;
 pub mod guard;
 pub mod health;
 pub mod jobs;
@@ -270,6 +271,7 @@ struct ApiDoc;
 fn api_router() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(threads::router())
+        .merge(forks::router())
         .merge(messages::router())
         .merge(context::router())
         .merge(erasures::router())

@@ -339,6 +339,7 @@ impl From<StoreError> for ApiError {
             StoreError::MetadataTooLarge { .. } => {
                 ApiError::invalid_field("metadata", error.to_string())
             }
+            StoreError::ForkPastEnd { .. } => ApiError::invalid_field("at_seq", error.to_string()),
             StoreError::JobNotFound => ApiError::not_found("job"),
             StoreError::NoSuchMessage(ref named) => {
                 let path = match named {

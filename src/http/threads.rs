@@ -56,6 +56,10 @@ pub struct ThreadResponse {
     pub stored_bytes: i64,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+    /// Where a fork came from (absent on a thread that is no fork). The parent may have been
+    /// deleted since; the fork is whole without it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub forked_from: Option<ForkedFrom>,
     /// The write's consistency token (also the `Loupe-LSN` header): send it back with a read
     /// (`Loupe-LSN` or `min_lsn`) to see this write on a read standby. Present only where the
     /// service reads from standbys.
@@ -67,6 +71,15 @@ pub struct ThreadResponse {
     pub lsn: Option<String>,
 }
 
+/// A fork's parent and how many of its entries the fork took.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ForkedFrom {
+    /// The parent thread's id.
+    pub thread_id: String,
+    /// The fork took the parent's entries with `seq < at_seq`.
+    pub at_seq: i64,
+}
+
 impl From<Thread> for ThreadResponse {
     fn from(thread: Thread) -> Self {
         ThreadResponse {
@@ -76,6 +89,10 @@ impl From<Thread> for ThreadResponse {
             stored_bytes: thread.stored_bytes,
             created_at: thread.created_at,
             updated_at: thread.updated_at,
+            forked_from: thread.forked_from.map(|lineage| ForkedFrom {
+                thread_id: lineage.thread_id.into_string(),
+                at_seq: lineage.at_seq,
+            }),
             lsn: None,
         }
     }
@@ -157,6 +174,10 @@ pub struct ListThreadsQuery {
     pub order: Option<SortOrder>,
     /// Also count the threads the filter matches (`total`, up to 10,000); an expensive request.
     pub include_total: Option<bool>,
+    /// Only the forks of this thread (none once it is deleted: its forks stay, with their
+    /// `forked_from`).
+    #[param(pattern = r"^[A-Za-z0-9._:-]+$", min_length = 1, max_length = 128)]
+    pub forked_from: Option<String>,
 }
 
 impl ListThreadsQuery {
@@ -205,6 +226,7 @@ impl ListThreadsQuery {
             },
             descending: self.order == Some(SortOrder::Desc),
             with_total: self.include_total.unwrap_or(false),
+            forked_from: self.forked_from.clone().map(ThreadId::new),
         })
     }
 }
@@ -217,7 +239,7 @@ pub struct ThreadPath {
     pub thread_id: ThreadId,
 }
 
-fn check_thread_id(id: &str) -> Result<(), ApiError> {
+pub(super) fn check_thread_id(id: &str) -> Result<(), ApiError> {
     if crate::auth::is_identifier(id, MAX_THREAD_ID_LEN) {
         Ok(())
     } else {
@@ -226,6 +248,22 @@ fn check_thread_id(id: &str) -> Result<(), ApiError> {
             format!("must be 1 to {MAX_THREAD_ID_LEN} characters of [A-Za-z0-9._:-]"),
         ))
     }
+}
+
+/// Listing threads loads every metadata of the page: each must stay small.
+pub(super) fn check_metadata_size(
+    state: &AppState,
+    metadata: &Map<String, Value>,
+) -> Result<(), ApiError> {
+    let bytes = serde_json::to_string(metadata).map_or(usize::MAX, |text| text.len());
+    let max = state.limits.max_metadata_bytes;
+    if bytes > max {
+        return Err(ApiError::invalid_field(
+            "metadata",
+            format!("at most {max} bytes of JSON, got {bytes}"),
+        ));
+    }
+    Ok(())
 }
 
 /// Create a thread.
@@ -248,15 +286,7 @@ pub async fn create_thread(
         check_thread_id(id)?;
     }
     if let Some(metadata) = &request.metadata {
-        // Listing threads loads every metadata of the page: each must stay small.
-        let bytes = serde_json::to_string(metadata).map_or(usize::MAX, |text| text.len());
-        let max = state.limits.max_metadata_bytes;
-        if bytes > max {
-            return Err(ApiError::invalid_field(
-                "metadata",
-                format!("at most {max} bytes of JSON, got {bytes}"),
-            ));
-        }
+        check_metadata_size(&state, metadata)?;
     }
     let thread = state
         .store
@@ -427,6 +457,7 @@ mod tests {
             order_by: None,
             order: None,
             include_total: None,
+            forked_from: None,
         }
     }
 

@@ -30,6 +30,7 @@ use crate::history::ledger::{without_footer, Tally};
 use crate::history::model::Entry;
 use crate::store::{
     Erasure, ErasureRead, ErasureTargets, ErasureTx, Store, StoreError, TenantId, ThreadId,
+    ThreadKey,
 };
 use crate::summarize::{extract_without_model, Purpose, SummaryRequest};
 
@@ -151,6 +152,46 @@ pub async fn erase(
         return Ok(erasure);
     }
     Err(StoreError::SourcesChanged)
+}
+
+/// Erases in every fork of the tenant's thread `parent` (and in their forks, and so on) the
+/// entries of `seqs` that the fork took from it: what was erased in a thread is gone from every
+/// copy made of it. A fork deleted meanwhile is passed over. Returns each fork's erasure.
+pub async fn erase_in_forks(
+    store: &Store,
+    tenant: &TenantId,
+    parent: &ThreadKey,
+    seqs: &[i64],
+    reason: &str,
+) -> Result<Vec<(ThreadId, Erasure)>, StoreError> {
+    let mut erased = Vec::new();
+    let mut reached = vec![(parent.clone(), seqs.to_vec())];
+    while let Some((thread_key, seqs)) = reached.pop() {
+        for fork in store.forks_of(tenant, &thread_key).await? {
+            let taken: Vec<i64> = seqs
+                .iter()
+                .copied()
+                .filter(|&seq| seq < fork.at_seq)
+                .collect();
+            if taken.is_empty() {
+                continue;
+            }
+            let request = ErasureRequest {
+                targets: ErasureTargets {
+                    uuids: Vec::new(),
+                    seqs: taken.clone(),
+                },
+                reason: Some(reason.to_owned()),
+            };
+            match erase(store, tenant, &fork.thread_id, request, 0).await {
+                Ok(erasure) => erased.push((fork.thread_id, erasure)),
+                Err(StoreError::ThreadNotFound) => continue,
+                Err(error) => return Err(error),
+            }
+            reached.push((fork.thread_key, taken));
+        }
+    }
+    Ok(erased)
 }
 
 /// Applies the snips among `appended` (entries just stored in the tenant's thread, or found

@@ -28,6 +28,7 @@ mod context;
 mod cursors;
 mod economics;
 mod erasure;
+mod forks;
 mod hosts;
 mod ids;
 mod jobs;
@@ -63,6 +64,7 @@ pub use erasure::{
     Erasure, ErasureArtifacts, ErasureRead, ErasureTargets, ErasureTurn, ErasureTx, SummaryRows,
     MAX_ERASED_ENTRIES,
 };
+pub use forks::{ForkOf, NewFork};
 pub use ids::{Seq, ThreadId, ThreadKey};
 pub use jobs::{
     ClaimedJob, CompactionWrite, EnqueueOutcome, Job, JobState, NewJob, ThreadJobs, NOTIFY_CHANNEL,
@@ -82,8 +84,8 @@ pub use search::{
 };
 pub use settings::{ClearingSettings, MicrocompactSettings, ThreadSettings};
 pub use threads::{
-    filterable_key, NewThread, Thread, ThreadFilter, ThreadOrder, ThreadPage, MAX_COUNTED_THREADS,
-    MAX_FILTER_KEY_CHARS, MAX_FILTER_MEMBERS,
+    filterable_key, Lineage, NewThread, Thread, ThreadFilter, ThreadOrder, ThreadPage,
+    MAX_COUNTED_THREADS, MAX_FILTER_KEY_CHARS, MAX_FILTER_MEMBERS,
 };
 pub use tree::{
     LevelLine, NewNode, OutlineSnapshot, StandIns, TreeStatus, ZoomRead, LINE_CONTEXT_LINES,
@@ -200,6 +202,10 @@ pub enum StoreError {
     CursorLeased { expires_at: i64 },
     #[error("the bookmark is at seq {current_seq}; it cannot move back to seq {target_seq}")]
     CursorBackward { current_seq: i64, target_seq: i64 },
+    #[error(
+        "the thread holds {next_seq} entries: a fork takes 0 to {next_seq} of them, not {at_seq}"
+    )]
+    ForkPastEnd { at_seq: i64, next_seq: i64 },
     #[error("the metadata would be {bytes} bytes of JSON, more than {max}")]
     MetadataTooLarge { bytes: usize, max: usize },
     #[error("a tenant with id {0:?} already exists")]

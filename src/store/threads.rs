@@ -19,6 +19,16 @@ pub struct Thread {
     pub stored_bytes: i64,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+    /// The thread it was forked from, if it is a fork.
+    pub forked_from: Option<Lineage>,
+}
+
+/// Where a fork came from: its parent (which may have been deleted since) and how many of the
+/// parent's entries it took.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lineage {
+    pub thread_id: ThreadId,
+    pub at_seq: i64,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -68,6 +78,8 @@ pub struct ThreadFilter {
     pub descending: bool,
     /// Also count every thread the filter matches (one more query).
     pub with_total: bool,
+    /// Only the forks of this thread (none once it is deleted).
+    pub forked_from: Option<ThreadId>,
 }
 
 /// The longest metadata key a filter may name (the JSON path quotes it).
@@ -98,10 +110,10 @@ pub(crate) struct ThreadHead {
     pub visible_count: i64,
 }
 
-const THREAD_COLUMNS: &str =
-    "thread_key, thread_id, metadata, next_seq, stored_bytes, created_at, updated_at";
+pub(super) const THREAD_COLUMNS: &str = "thread_key, thread_id, metadata, next_seq, stored_bytes, \
+     created_at, updated_at, forked_from_id, forked_at_seq";
 
-fn thread_from_row(row: &AnyRow) -> Result<Thread, StoreError> {
+pub(super) fn thread_from_row(row: &AnyRow) -> Result<Thread, StoreError> {
     let metadata: String = row.try_get("metadata")?;
     let metadata = serde_json::from_str(&metadata)
         .map_err(|e| StoreError::Corrupt(format!("thread metadata: {e}")))?;
@@ -112,6 +124,16 @@ fn thread_from_row(row: &AnyRow) -> Result<Thread, StoreError> {
         stored_bytes: row.try_get("stored_bytes")?,
         created_at: millis_to_datetime(row.try_get("created_at")?),
         updated_at: millis_to_datetime(row.try_get("updated_at")?),
+        forked_from: match (
+            row.try_get::<Option<String>, _>("forked_from_id")?,
+            row.try_get::<Option<i64>, _>("forked_at_seq")?,
+        ) {
+            (Some(thread_id), Some(at_seq)) => Some(Lineage {
+                thread_id: ThreadId::new(thread_id),
+                at_seq,
+            }),
+            _ => None,
+        },
     })
 }
 
@@ -175,6 +197,7 @@ impl Store {
             stored_bytes: 0,
             created_at: millis_to_datetime(now),
             updated_at: millis_to_datetime(now),
+            forked_from: None,
         })
     }
 
@@ -228,7 +251,21 @@ impl Store {
         } else {
             (">", "ASC")
         };
-        let (conditions, binds) = self.filter_conditions(tenant, filter, 2);
+        let parent = match &filter.forked_from {
+            None => None,
+            Some(parent) => match self.thread_head(tenant, parent).await {
+                Ok(head) => Some(head.thread_key),
+                Err(StoreError::ThreadNotFound) => {
+                    return Ok(ThreadPage {
+                        threads: Vec::new(),
+                        next_cursor: None,
+                        total: filter.with_total.then_some(0),
+                    })
+                }
+                Err(error) => return Err(error),
+            },
+        };
+        let (conditions, binds) = self.filter_conditions(tenant, filter, parent.as_ref(), 2);
         let mut sql =
             format!("SELECT {THREAD_COLUMNS} FROM threads WHERE tenant_id = $1{conditions}");
         let next = binds.len() + 2;
@@ -304,6 +341,7 @@ impl Store {
         &self,
         tenant: &TenantId,
         filter: &ThreadFilter,
+        parent: Option<&ThreadKey>,
         first: usize,
     ) -> (String, Vec<String>) {
         let mut sql = String::new();
@@ -315,6 +353,10 @@ impl Store {
         if let Some(after) = filter.created_after {
             let n = next(&mut binds, after.to_string());
             sql.push_str(&format!(" AND created_at > CAST(${n} AS BIGINT)"));
+        }
+        if let Some(parent) = parent {
+            let n = next(&mut binds, parent.as_str().to_owned());
+            sql.push_str(&format!(" AND forked_from_key = ${n}"));
         }
         if let Some(after) = filter.updated_after {
             let n = next(&mut binds, after.to_string());

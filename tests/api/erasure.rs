@@ -29,7 +29,7 @@ on_both_backends!(
 
 /// A summarizer as leaky as a model can be: it keeps every `NEEDLE-` word of what it reads,
 /// its context lines and the summary it folds in included.
-struct Leaky;
+pub(crate) struct Leaky;
 
 #[async_trait]
 impl Summarizer for Leaky {
@@ -94,7 +94,11 @@ const FILLER: &str = "the weather report and other chatter about nothing in part
 
 /// A thread with its canaries among exchanges, outlined, its tree built; compacted too when
 /// `compacted` (twice, so a summary folds in the one before).
-async fn planted_thread(app: &TestApp, tag: &str, compacted: bool) -> (Vec<String>, Vec<String>) {
+pub(crate) async fn planted_thread(
+    app: &TestApp,
+    tag: &str,
+    compacted: bool,
+) -> (Vec<String>, Vec<String>) {
     let runner = runner(app, Arc::new(Leaky));
     let thread = app.thread(tag).await;
     outline_on(
@@ -149,7 +153,7 @@ async fn planted_thread(app: &TestApp, tag: &str, compacted: bool) -> (Vec<Strin
 
 /// Every surface of the thread: model-facing ones (through [`assert_hidden_everywhere`]) and the
 /// raw record (messages, export, rounds, a raw cursor batch, the thread's jobs).
-async fn assert_gone_everywhere(app: &TestApp, thread: &str, secrets: &[&str]) {
+pub(crate) async fn assert_gone_everywhere(app: &TestApp, thread: &str, secrets: &[&str]) {
     assert_hidden_everywhere(app, thread, secrets).await;
     let holds = |text: String| secrets.iter().find(|s| text.contains(**s)).copied();
     let mut surfaces = vec![
@@ -207,7 +211,11 @@ fn file_holds(file: &str, secrets: &[String]) -> bool {
 
 /// What the database holds of `secrets` once every erasure says its scrub is done: the SQLite
 /// file and WAL, or a `pg_dump` of the database.
-async fn stored_copies(app: &TestApp, threads: &[&str], secrets: &[String]) -> Vec<String> {
+pub(crate) async fn stored_copies(
+    app: &TestApp,
+    threads: &[&str],
+    secrets: &[String],
+) -> Vec<String> {
     // The scrub runs after the answer: wait for the receipts to say it is done (a bound on
     // waiting, not a timing under test).
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);

@@ -20,6 +20,7 @@ mod erasure;
 mod estimate_blocks;
 mod estimate_replay;
 mod forgetting;
+mod forks;
 mod group_commit;
 mod guard_rails;
 mod hostile;

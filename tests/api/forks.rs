@@ -1,0 +1,379 @@
+//! Forks (issue 38): a thread made of a prefix of another, compared entry by entry with it; the
+//! summary tree's lines it shares rather than summarizes again; an erasure in the parent that
+//! reaches every fork that took the erased entries; a fork that outlives its parent.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+use crate::common::{tool_rounds, user, TestApp};
+use crate::erasure::{assert_gone_everywhere, planted_thread, stored_copies};
+use crate::tree::{assert_valid, drain, exchange, outline_on, runner, zoom};
+use async_trait::async_trait;
+use axum::http::StatusCode;
+use loupe::summarize::{SummarizeError, Summarizer, Summary, SummaryRequest};
+use serde_json::{json, Value};
+use sqlx::Row;
+
+on_both_backends!(
+    a_fork_holds_the_parents_prefix_entry_by_entry,
+    a_fork_shares_the_tree_lines_of_its_prefix,
+    an_erasure_in_the_parent_reaches_every_fork_that_took_it,
+    a_fork_outlives_its_parent,
+    bad_forks_are_refused,
+);
+
+async fn fork(app: &TestApp, parent: &str, body: Value) -> crate::common::TestResponse {
+    app.post(&format!("/v1/threads/{parent}/fork"), body).await
+}
+
+/// Every stored entry of `thread`, as the messages API pages them.
+async fn entries(app: &TestApp, thread: &str) -> Vec<Value> {
+    let mut all = Vec::new();
+    let mut after = String::new();
+    loop {
+        let page = app
+            .get(&format!("/v1/threads/{thread}/messages?limit=1000{after}"))
+            .await;
+        assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+        all.extend(page.body["messages"].as_array().unwrap().iter().cloned());
+        match page.body["next_after_seq"].as_i64() {
+            Some(next) => after = format!("&after_seq={next}"),
+            None => return all,
+        }
+    }
+}
+
+fn ids(list: &Value) -> Vec<&str> {
+    list["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_str().unwrap())
+        .collect()
+}
+
+async fn a_fork_holds_the_parents_prefix_entry_by_entry(app: TestApp) {
+    let made = app
+        .post(
+            "/v1/threads",
+            json!({"id": "p", "metadata": {"user": "ana"}}),
+        )
+        .await;
+    assert_eq!(made.status, StatusCode::CREATED);
+    app.append("p", tool_rounds("check the build", 0, 10, 3))
+        .await;
+    let parent = entries(&app, "p").await;
+    let total = parent.len() as i64;
+    assert!(total > 20, "{total}");
+    let at = 17;
+
+    let forked = fork(&app, "p", json!({"at_seq": at, "id": "f"})).await;
+    assert_eq!(forked.status, StatusCode::CREATED, "{}", forked.body);
+    assert_eq!(forked.body["message_count"], at);
+    assert_eq!(
+        forked.body["forked_from"],
+        json!({"thread_id": "p", "at_seq": at})
+    );
+    // The parent's metadata, as none was given.
+    assert_eq!(forked.body["metadata"], json!({"user": "ana"}));
+    assert_eq!(entries(&app, "f").await, parent[..at as usize]);
+    app.assert_stored_bytes_counted("f").await;
+    // Found by metadata like any thread, and listed as the parent's fork.
+    let by_user = app
+        .get("/v1/threads?metadata=%7B%22user%22%3A%22ana%22%7D")
+        .await;
+    assert_eq!(ids(&by_user.body), ["p", "f"]);
+
+    // A thread like any other: it takes appends from where it was cut, and reads as a valid
+    // context for every provider (a cut inside a round is repaired as a crash's would be).
+    app.append("f", vec![user("f-next", "and now the other branch")])
+        .await;
+    let after = entries(&app, "f").await;
+    assert_eq!(after.len() as i64, at + 1);
+    assert_eq!(after[at as usize]["seq"], at);
+    for provider in ["anthropic", "openai", "openai_responses", "gemini"] {
+        let context = app
+            .get(&format!("/v1/threads/f/context?provider={provider}"))
+            .await;
+        assert_eq!(context.status, StatusCode::OK, "{}", context.body);
+        assert_valid(&context.body, provider);
+    }
+    // The parent is untouched.
+    assert_eq!(entries(&app, "p").await, parent);
+    assert_eq!(app.get("/v1/threads/p").await.body["message_count"], total);
+
+    // By default the whole thread; at 0 an empty one; a rewind is a fork of a fork.
+    let whole = fork(
+        &app,
+        "p",
+        json!({"id": "whole", "metadata": {"user": "bo"}}),
+    )
+    .await;
+    assert_eq!(whole.body["message_count"], total);
+    assert_eq!(whole.body["metadata"], json!({"user": "bo"}));
+    assert_eq!(entries(&app, "whole").await, parent);
+    let empty = fork(&app, "p", json!({"at_seq": 0, "id": "empty"})).await;
+    assert_eq!(empty.body["message_count"], 0);
+    let rewound = fork(&app, "f", json!({"at_seq": 5})).await;
+    assert_eq!(rewound.status, StatusCode::CREATED, "{}", rewound.body);
+    let rewound_id = rewound.body["id"].as_str().unwrap().to_owned();
+    assert_eq!(
+        rewound.body["forked_from"],
+        json!({"thread_id": "f", "at_seq": 5})
+    );
+    assert_eq!(entries(&app, &rewound_id).await, parent[..5]);
+
+    let of_p = app.get("/v1/threads?forked_from=p").await;
+    assert_eq!(ids(&of_p.body), ["f", "whole", "empty"]);
+    let of_f = app.get("/v1/threads?forked_from=f").await;
+    assert_eq!(ids(&of_f.body), [rewound_id.as_str()]);
+    app.finish().await;
+}
+
+/// A summarizer that counts its calls (each line a model would write).
+struct Counting(AtomicU32);
+
+#[async_trait]
+impl Summarizer for Counting {
+    fn name(&self) -> String {
+        "counting".to_owned()
+    }
+
+    async fn summarize(&self, req: &SummaryRequest) -> Result<Summary, SummarizeError> {
+        let n = self.0.fetch_add(1, Ordering::SeqCst);
+        let source = crate::tree::request_source(req);
+        Ok(Summary {
+            text: format!("line {n}: {}", source.chars().take(40).collect::<String>()),
+            summarizer: self.name(),
+            calls: 1,
+        })
+    }
+}
+
+/// The tree rows of `thread`: (level, idx, text, summarizer), in order.
+async fn tree_rows(app: &TestApp, thread: &str) -> Vec<(i64, i64, String, String)> {
+    sqlx::any::install_default_drivers();
+    let pool = sqlx::AnyPool::connect(&app.url).await.unwrap();
+    let rows = sqlx::query(
+        "SELECT n.level, n.idx, n.text, n.summarizer FROM tree_nodes n \
+         JOIN threads t ON t.thread_key = n.thread_key \
+         WHERE t.thread_id = $1 ORDER BY n.level, n.idx",
+    )
+    .bind(thread)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    pool.close().await;
+    rows.iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+        .collect()
+}
+
+const LONG: &str = "a question long enough that a model writes its line, about the launch price \
+    and the spreadsheet that still says the old one";
+
+async fn a_fork_shares_the_tree_lines_of_its_prefix(app: TestApp) {
+    let counting = Arc::new(Counting(AtomicU32::new(0)));
+    let runner = runner(&app, counting.clone());
+    app.thread("p").await;
+    outline_on(
+        &app,
+        "p",
+        json!({"enabled": true, "line_bytes": 64, "budget_bytes": 2000, "tail_tokens": 60}),
+    )
+    .await;
+    for i in 0..20 {
+        app.append("p", exchange(i, &format!("{i}: {LONG}"), "ok"))
+            .await;
+    }
+    drain(&runner).await;
+    let parent_calls = counting.0.load(Ordering::SeqCst);
+    let parent_nodes = tree_rows(&app, "p").await;
+    let at: i64 = 24;
+    let inside: Vec<_> = parent_nodes
+        .iter()
+        .filter(|(level, idx, _, _)| (idx + 1) << level <= at)
+        .cloned()
+        .collect();
+    assert!(
+        inside.iter().any(|(_, _, _, by)| by == "counting"),
+        "{inside:?}"
+    );
+
+    let forked = fork(&app, "p", json!({"at_seq": at, "id": "f"})).await;
+    assert_eq!(forked.status, StatusCode::CREATED, "{}", forked.body);
+    // The lines covering only the prefix came with it, word for word, and no other.
+    assert_eq!(tree_rows(&app, "f").await, inside);
+    // Its tree job writes what the prefix's lines do not cover; the shared ones cost nothing.
+    counting.0.store(0, Ordering::SeqCst);
+    drain(&runner).await;
+    let fork_calls = counting.0.load(Ordering::SeqCst);
+    let model_lines = inside
+        .iter()
+        .filter(|(_, _, _, by)| by == "counting")
+        .count() as u32;
+    assert!(
+        fork_calls + model_lines <= parent_calls && model_lines > 0,
+        "the fork made {fork_calls} calls, the parent {parent_calls}, {model_lines} shared"
+    );
+    let outline = app.get("/v1/threads/f/context?view=outline").await;
+    assert_eq!(outline.status, StatusCode::OK, "{}", outline.body);
+    assert_valid(&outline.body, "anthropic");
+    let opened = zoom(&app, "f", 0, 16).await;
+    assert!(opened.to_string().contains("0: a question"), "{opened}");
+
+    // A snip in the parent after the cut hid prefix entries from its tree: a fork made then
+    // takes no line, and its own tree shows the hidden entry again.
+    let snip = app
+        .post("/v1/threads/p/snip", json!({"uuids": ["u3"]}))
+        .await;
+    assert!(snip.status.is_success(), "{}", snip.body);
+    drain(&runner).await;
+    let later = fork(&app, "p", json!({"at_seq": at, "id": "g"})).await;
+    assert_eq!(later.status, StatusCode::CREATED, "{}", later.body);
+    assert!(tree_rows(&app, "g").await.is_empty());
+    drain(&runner).await;
+    let g_line = zoom(&app, "g", 6, 1).await;
+    assert!(g_line.to_string().contains("3: a question"), "{g_line}");
+    app.finish().await;
+}
+
+async fn an_erasure_in_the_parent_reaches_every_fork_that_took_it(app: TestApp) {
+    let (names, erased) = planted_thread(&app, "p", false).await;
+    let secrets: Vec<&str> = names.iter().map(String::as_str).collect();
+    let runner = runner(&app, Arc::new(crate::erasure::Leaky));
+    let count = app.get("/v1/threads/p").await.body["message_count"]
+        .as_i64()
+        .unwrap();
+    // A fork of everything, a fork of that fork, and one cut before the canaries.
+    assert_eq!(
+        fork(&app, "p", json!({"id": "a"})).await.status,
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        fork(&app, "a", json!({"id": "b"})).await.status,
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        fork(&app, "p", json!({"id": "c", "at_seq": 2}))
+            .await
+            .status,
+        StatusCode::CREATED
+    );
+    drain(&runner).await;
+    for thread in ["a", "b"] {
+        let found = app
+            .get(&format!("/v1/threads/{thread}/search?q={}", names[0]))
+            .await;
+        assert!(
+            found.body["hits"].as_array().is_some_and(|h| !h.is_empty()),
+            "{thread}: {}",
+            found.body
+        );
+    }
+    let receipt = app
+        .post("/v1/threads/p/erasures", json!({"uuids": erased}))
+        .await;
+    assert_eq!(receipt.status, StatusCode::CREATED, "{}", receipt.body);
+    let seqs = receipt.body["seqs"].clone();
+    let forks = receipt.body["forks"].as_array().unwrap();
+    let reached: Vec<&str> = forks
+        .iter()
+        .map(|f| f["thread_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(reached.len(), 2, "{}", receipt.body);
+    assert!(
+        reached.contains(&"a") && reached.contains(&"b"),
+        "{reached:?}"
+    );
+    for f in forks {
+        assert_eq!(f["seqs"], seqs);
+    }
+    drain(&runner).await;
+    for thread in ["p", "a", "b"] {
+        assert_gone_everywhere(&app, thread, &secrets).await;
+    }
+    let listed = app.get("/v1/threads/a/erasures").await;
+    assert_eq!(listed.body["erasures"].as_array().unwrap().len(), 1);
+    assert_eq!(
+        app.get("/v1/threads/a").await.body["message_count"],
+        count,
+        "a tombstone keeps its seq"
+    );
+    let copies = stored_copies(&app, &["p", "a", "b"], &names).await;
+    assert!(copies.is_empty(), "{copies:?}");
+    app.finish().await;
+}
+
+async fn a_fork_outlives_its_parent(app: TestApp) {
+    app.thread("p").await;
+    app.append("p", tool_rounds("deploy it", 0, 4, 2)).await;
+    assert_eq!(
+        fork(&app, "p", json!({"id": "f"})).await.status,
+        StatusCode::CREATED
+    );
+    let before = entries(&app, "f").await;
+    assert_eq!(
+        app.delete("/v1/threads/p").await.status,
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(entries(&app, "f").await, before);
+    let read = app.get("/v1/threads/f").await;
+    assert_eq!(read.body["forked_from"]["thread_id"], "p");
+    let context = app.get("/v1/threads/f/context").await;
+    assert_eq!(context.status, StatusCode::OK, "{}", context.body);
+    assert_valid(&context.body, "anthropic");
+    // The deleted parent has no forks to list, nor does a new thread of its name.
+    assert!(ids(&app.get("/v1/threads?forked_from=p").await.body).is_empty());
+    app.thread("p").await;
+    assert!(ids(&app.get("/v1/threads?forked_from=p").await.body).is_empty());
+    // And the fork's own erasure works with its parent gone.
+    let uuid = before[0]["uuid"].as_str().unwrap();
+    let erased = app
+        .post("/v1/threads/f/erasures", json!({"uuids": [uuid]}))
+        .await;
+    assert_eq!(erased.status, StatusCode::CREATED, "{}", erased.body);
+    app.finish().await;
+}
+
+async fn bad_forks_are_refused(app: TestApp) {
+    let app = app.keyed();
+    let a = app.create_key("tenant-a").await;
+    let b = app.create_key("tenant-b").await;
+    assert_eq!(
+        app.post_as(&a, "/v1/threads", json!({"id": "p"}))
+            .await
+            .status,
+        StatusCode::CREATED
+    );
+    let post = |body: Value| app.post_as(&a, "/v1/threads/p/fork", body);
+    for (body, field) in [
+        (json!({"at_seq": 1}), "at_seq"),
+        (json!({"at_seq": -1}), "at_seq"),
+        (json!({"id": "has space"}), "id"),
+    ] {
+        let refused = post(body.clone()).await;
+        let problem = refused.assert_problem(StatusCode::UNPROCESSABLE_ENTITY, "validation");
+        assert_eq!(problem["errors"][0]["field"], field, "{body}");
+    }
+    post(json!({"id": "p"}))
+        .await
+        .assert_problem(StatusCode::CONFLICT, "thread-exists");
+    app.post_as(&a, "/v1/threads/missing/fork", json!({}))
+        .await
+        .assert_problem(StatusCode::NOT_FOUND, "not-found");
+    // Another tenant's thread is not there for it, and its forks are not listed.
+    app.post_as(&b, "/v1/threads/p/fork", json!({"id": "stolen"}))
+        .await
+        .assert_problem(StatusCode::NOT_FOUND, "not-found");
+    assert_eq!(
+        post(json!({"id": "mine"})).await.status,
+        StatusCode::CREATED
+    );
+    let listed = app.get_as(&b, "/v1/threads?forked_from=p").await;
+    assert!(ids(&listed.body).is_empty(), "{}", listed.body);
+    // Nothing was written for the refused forks.
+    let all = app.get_as(&a, "/v1/threads").await;
+    assert_eq!(ids(&all.body), ["p", "mine"]);
+    app.finish().await;
+}
