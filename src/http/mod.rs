@@ -9,7 +9,8 @@ pub mod docs;
 pub mod document;
 pub mod economics;
 pub mod erasures;
-pub mod forks;
+pub mod events;
+mod forks;
 pub mod guard;
 pub mod health;
 pub mod jobs;
@@ -272,6 +273,7 @@ fn api_router() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(threads::router())
         .merge(forks::router())
+        .merge(events::router())
         .merge(messages::router())
         .merge(context::router())
         .merge(erasures::router())

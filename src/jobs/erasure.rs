@@ -143,6 +143,7 @@ pub async fn erase(
         tx.tombstone(&plan.seqs).await?;
         plan.write_derived(&mut tx).await?;
         let erasure = tx.commit(plan.seqs.clone(), request.reason).await?;
+        store.changes().changed(tenant, thread_id);
         // The erasure is committed, whatever happens to the count: a fault here leaves the old
         // count (high, never low: an erasure only takes content out) until the thread's next
         // erasure or settings change counts it again.

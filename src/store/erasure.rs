@@ -557,6 +557,15 @@ impl ErasureTx {
         .bind(created_at)
         .execute(&mut *self.tx)
         .await?;
+        let event = serde_json::json!({"erasure_id": self.mark.erasure_id, "seqs": seqs});
+        super::events::record_event(
+            &mut self.tx,
+            self.thread_key.as_str(),
+            "erasure",
+            &event,
+            created_at,
+        )
+        .await?;
         self.tx.commit().await?;
         Ok(Erasure {
             erasure_id: self.mark.erasure_id,

@@ -689,7 +689,7 @@ impl Store {
         let mut tx = self.writer.begin().await?;
         let row = sqlx::query(
             "UPDATE threads SET updated_at = $1 WHERE thread_key = $2 AND tenant_id = $3 \
-             RETURNING next_seq, visible_count, redaction_epoch",
+             RETURNING next_seq, visible_count, redaction_epoch, thread_id",
         )
         .bind(now_ms)
         .bind(thread_key.as_str())
@@ -761,6 +761,9 @@ impl Store {
         .await?;
         complete_in(&mut tx, claimed, &result, now_ms).await?;
         tx.commit().await?;
+        let thread_id = ThreadId::new(row.try_get::<String, _>("thread_id")?);
+        self.changes
+            .changed(&TenantId(claimed.job.tenant_id.clone()), &thread_id);
         Ok((stored, result))
     }
 }

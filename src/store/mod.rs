@@ -24,10 +24,12 @@
 
 mod admin;
 mod append;
+mod changes;
 mod context;
 mod cursors;
 mod economics;
 mod erasure;
+mod events;
 mod forks;
 mod hosts;
 mod ids;
@@ -55,6 +57,7 @@ use sqlx::{AnyPool, ConnectOptions, Executor};
 
 pub use admin::database_url;
 pub use append::{AppendOutcome, AppendRequest, GroupCommitStats, SNIP_HEADROOM_BYTES};
+pub use changes::{ThreadChanges, THREADS_CHANNEL};
 pub use context::{ContextHead, ContextTail, ContextWindow, WindowBounds, MAX_WINDOW_ENTRIES};
 pub use cursors::{
     AdvanceOutcome, AdvanceRequest, BatchLimit, Bookmark, Claim, CursorState, Lease, PendingBatch,
@@ -64,6 +67,7 @@ pub use erasure::{
     Erasure, ErasureArtifacts, ErasureRead, ErasureTargets, ErasureTurn, ErasureTx, SummaryRows,
     MAX_ERASED_ENTRIES,
 };
+pub use events::ThreadEvent;
 pub use forks::{ForkOf, NewFork};
 pub use ids::{Seq, ThreadId, ThreadKey};
 pub use jobs::{
@@ -310,6 +314,7 @@ const THREAD_DATA_TABLES: &[&str] = &[
     "tree_nodes",
     "outlines",
     "outline_merges",
+    "thread_events",
 ];
 
 static POSTGRES_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
@@ -331,6 +336,8 @@ pub struct Store {
     /// Woken after a job is enqueued in this process (workers also poll, and on PostgreSQL
     /// listen for `NOTIFY` from other processes).
     job_signal: Arc<tokio::sync::Notify>,
+    /// Signals to the followers of threads (`GET /v1/threads/{id}/events`).
+    changes: Arc<changes::ThreadChanges>,
     /// Server default of the auto-compaction threshold, in estimated tokens; 0 disables it.
     auto_compact_tokens: i64,
     /// Most bytes of bodies one thread may store; 0 for no limit.
@@ -507,12 +514,18 @@ impl Store {
             } else {
                 (pool.clone(), None, None)
             };
+        let changes = Arc::new(changes::ThreadChanges::default());
+        if backend == Backend::Postgres {
+            // Ends when the store's last clone goes (with the sender it reads from).
+            changes.send_through(writer.clone());
+        }
         Ok(Store {
             pool,
             writer,
             backend,
             url: options.url.as_str().into(),
             job_signal: Arc::new(tokio::sync::Notify::new()),
+            changes,
             auto_compact_tokens: options.auto_compact_tokens.max(0),
             max_thread_bytes: options.max_thread_bytes.max(0),
             job_max_attempts: options.job_max_attempts.max(1),
@@ -646,6 +659,11 @@ impl Store {
             Some(primary) => primary.switched().await,
             None => std::future::pending().await,
         }
+    }
+
+    /// The signals of followed threads' changes.
+    pub fn changes(&self) -> &Arc<changes::ThreadChanges> {
+        &self.changes
     }
 
     /// The URL of the database: of the primary now, when the URL named several hosts.

@@ -513,6 +513,8 @@ impl Store {
                 .await?;
         }
         tx.commit().await?;
+        // Its followers learn it is gone.
+        self.changes.changed(tenant, id);
         if chunked {
             self.delete_rows_in_chunks(&thread_key).await?;
         }

@@ -19,6 +19,7 @@ mod economics;
 mod erasure;
 mod estimate_blocks;
 mod estimate_replay;
+mod events;
 mod forgetting;
 mod forks;
 mod group_commit;

@@ -74,6 +74,11 @@ const ROLES: &[(&str, Role, &str)] = &[
     ("thread_settings", THREAD, "the thread's settings"),
     ("erasures", THREAD, "the thread's erasure receipts"),
     (
+        "thread_events",
+        THREAD,
+        "the thread's events other than its entries",
+    ),
+    (
         "overhead_sources",
         THREAD,
         "which overheads the thread taught",
@@ -412,6 +417,7 @@ async fn the_schema_before_0018_breaks_the_rules_it_broke() {
     assert_eq!(
         found,
         [
+            "ROLES names thread_events, which the schema does not have",
             "ROLES names thread_metadata, which the schema does not have",
             "ROLES names thread_names, which the schema does not have",
             "erasures is distributed by thread_key, but its unique index erasures_pkey is on \

@@ -102,6 +102,7 @@ impl Store {
                 auto_compaction_job,
                 ..
             } => {
+                self.changes.changed(tenant, thread_id);
                 if recount {
                     // Committed whatever the count does: a fault leaves it low until the next
                     // `usage` anchors it.

@@ -1,0 +1,316 @@
+//! `GET /v1/threads/{thread_id}/events`: a thread followed live, as Server-Sent Events.
+//!
+//! The stored record is the source of truth: entries by seq (`messages`), other events by their
+//! number in the thread (`thread_events`), each placed after entry `next_seq - 1`. A stream reads
+//! a page of each, sends them in that order, and waits for a signal that the thread changed
+//! (`store::changes`: this process's writes, other processes' through PostgreSQL `NOTIFY`) or
+//! a few seconds, whichever comes first. Its position is its last event's id, so a client that
+//! reconnects with `Last-Event-ID` gets what follows it exactly: nothing missed, nothing twice,
+//! whichever process serves it and whether or not the server restarted.
+//!
+//! A stream holds no database connection while it waits and reads a bounded page when it does;
+//! a slow client stops its reads (the next page is read when the last is sent).
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use futures_util::stream::{self, Stream};
+use serde::Deserialize;
+use serde_json::json;
+use utoipa::IntoParams;
+use utoipa_axum::{router::OpenApiRouter, routes};
+
+use super::answers::ThreadNotFound;
+use super::problem::{ApiError, ApiPath, ApiQuery, Problem};
+use super::threads::ThreadPath;
+use super::{AppState, Tenant};
+use crate::store::{Seq, SeqWindow, Store, StoreError, TenantId, ThreadEvent, ThreadId};
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(follow_thread))
+}
+
+/// Entries, or events, read at a time.
+const PAGE: u32 = 100;
+
+/// Longest a stream waits without reading, whatever it hears: it catches a change whose signal
+/// was lost (a `NOTIFY` dropped, another process on the same SQLite file).
+const READ_AGAIN_AFTER: Duration = Duration::from_secs(3);
+
+/// How often an idle stream sends a comment, so proxies and clients see it alive.
+const KEEP_ALIVE: Duration = Duration::from_secs(15);
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct EventsQuery {
+    /// Start after this seq: `-1` from the thread's first entry. Without it (and without a
+    /// `Last-Event-ID` header, which wins) the stream starts at the thread's end, with what
+    /// comes next.
+    #[param(minimum = -1)]
+    pub after_seq: Option<i64>,
+}
+
+/// Where a stream is: the last entry and the last other event it sent (their ids).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Position {
+    /// The last entry's seq (-1 before the first).
+    seq: i64,
+    /// The last other event's number in the thread (0 before the first). Unknown after a
+    /// resume from an entry's id: then every event after that entry follows.
+    event: i64,
+}
+
+impl Position {
+    /// An event id: an entry's is its seq (`"41"`); another event's is the seq of the entry it
+    /// follows and its own number (`"41.3"`).
+    fn parse(id: &str) -> Option<Position> {
+        let number = |text: &str| {
+            (!text.is_empty()
+                && text.len() <= 20
+                && text
+                    .trim_start_matches('-')
+                    .bytes()
+                    .all(|b| b.is_ascii_digit()))
+            .then(|| text.parse::<i64>().ok())
+            .flatten()
+        };
+        match id.split_once('.') {
+            None => Some(Position {
+                seq: number(id).filter(|seq| *seq >= -1)?,
+                event: 0,
+            }),
+            Some((seq, event)) => Some(Position {
+                seq: number(seq).filter(|seq| *seq >= -1)?,
+                event: number(event).filter(|event| *event >= 1)?,
+            }),
+        }
+    }
+}
+
+/// Follow a thread live: its appended entries, erasures and deletion, as Server-Sent Events.
+///
+/// Each event has an `event` type, an `id` and JSON `data`:
+/// - `entry` (id: its seq, like `41`): an entry stored in the thread, as the messages API
+///   returns it (compaction summaries and boundaries and snips are entries too);
+/// - `erasure` (id: the seq of the entry it follows and its number, like `41.3`):
+///   `{"erasure_id", "seqs", "created_at"}`, never the erased content;
+/// - `deleted` (no id): the thread was deleted; the stream ends.
+///
+/// Reconnect with the last id received as `Last-Event-ID` (browsers' `EventSource` does so by
+/// itself) to get exactly what follows it, from any process serving the same database and
+/// after a restart. An idle stream sends a comment every 15 seconds. A stream counts among its
+/// tenant's requests in flight while it is open.
+#[utoipa::path(
+    get, path = "/v1/threads/{thread_id}/events", tag = "threads", operation_id = "followThread",
+    params(ThreadPath, EventsQuery,
+        ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event id (`41` or `41.3`), which wins over `after_seq`")),
+    responses(
+        (status = 200, description = "A stream of events (`text/event-stream`), until the thread is deleted or the client leaves", content_type = "text/event-stream", body = String),
+        (status = 400, description = "A bad `Last-Event-ID` or `after_seq` (`bad-request`)", body = Problem, content_type = "application/problem+json"),
+        ThreadNotFound,
+    )
+)]
+pub async fn follow_thread(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    ApiPath(path): ApiPath<ThreadPath>,
+    ApiQuery(query): ApiQuery<EventsQuery>,
+    headers: HeaderMap,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    let store = state.store.clone();
+    let thread_id = path.thread_id;
+    // Followed before the start is read: a change after that read is signalled.
+    let changes = store.follow(&tenant, &thread_id);
+    let resumed = match headers.get("last-event-id") {
+        None => None,
+        Some(value) => Some(
+            value
+                .to_str()
+                .ok()
+                .and_then(|id| Position::parse(id.trim()))
+                .ok_or_else(|| {
+                    ApiError::bad_request("Last-Event-ID is not an id of this stream")
+                })?,
+        ),
+    };
+    let start = match (resumed, query.after_seq) {
+        (Some(position), _) => {
+            store.thread_head(&tenant, &thread_id).await?;
+            position
+        }
+        (None, Some(seq)) if seq >= -1 => {
+            store.thread_head(&tenant, &thread_id).await?;
+            Position { seq, event: 0 }
+        }
+        (None, Some(_)) => return Err(ApiError::bad_request("after_seq is -1 or more")),
+        (None, None) => {
+            let (next_seq, last_event) = store.events_head(&tenant, &thread_id).await?;
+            Position {
+                seq: next_seq - 1,
+                event: last_event,
+            }
+        }
+    };
+    let follower = Follower {
+        store,
+        tenant,
+        thread_id,
+        position: start,
+        changes,
+        ready: VecDeque::new(),
+        max_page_bytes: state.limits.max_page_bytes as i64,
+        ended: false,
+    };
+    let events = stream::unfold(follower, |mut follower| async move {
+        follower.next().await.map(|event| (Ok(event), follower))
+    });
+    Ok(Sse::new(events).keep_alive(KeepAlive::new().interval(KEEP_ALIVE)))
+}
+
+/// One stream's state between the events it sends.
+struct Follower {
+    store: Store,
+    tenant: TenantId,
+    thread_id: ThreadId,
+    position: Position,
+    changes: tokio::sync::watch::Receiver<u64>,
+    /// Read and not yet sent, in order.
+    ready: VecDeque<Event>,
+    max_page_bytes: i64,
+    ended: bool,
+}
+
+impl Follower {
+    /// The next event to send; `None` ends the stream.
+    async fn next(&mut self) -> Option<Event> {
+        loop {
+            if let Some(event) = self.ready.pop_front() {
+                return Some(event);
+            }
+            if self.ended {
+                return None;
+            }
+            // Marked seen before the read: a change during it is signalled again.
+            self.changes.borrow_and_update();
+            match self.read().await {
+                Ok(true) => continue,
+                Ok(false) => {}
+                Err(StoreError::ThreadNotFound) => {
+                    self.ended = true;
+                    let data = json!({"thread_id": self.thread_id.as_str()});
+                    self.ready
+                        .push_back(Event::default().event("deleted").data(data.to_string()));
+                    continue;
+                }
+                Err(error) => {
+                    // The client reconnects from its last id; nothing is lost.
+                    tracing::warn!(%error, "a followed thread could not be read");
+                    return None;
+                }
+            }
+            tokio::select! {
+                changed = self.changes.changed() => {
+                    if changed.is_err() {
+                        // The sender is gone only with the store: read once more, then wait.
+                        tokio::time::sleep(READ_AGAIN_AFTER).await;
+                    }
+                }
+                () = tokio::time::sleep(READ_AGAIN_AFTER) => {}
+            }
+        }
+    }
+
+    /// Reads what follows the position into `ready`, in order: whether it found anything.
+    async fn read(&mut self) -> Result<bool, StoreError> {
+        let (tenant, thread_id) = (&self.tenant, &self.thread_id);
+        // The events first: every entry an event follows was committed before it, so it is in
+        // the entries read next (unless the page ends before it; such an event waits).
+        let events = self
+            .store
+            .events_after(
+                tenant,
+                thread_id,
+                self.position.event,
+                self.position.seq,
+                PAGE,
+            )
+            .await?;
+        let window = SeqWindow {
+            after: Some(Seq::new(self.position.seq)),
+            before: None,
+        };
+        let page = self
+            .store
+            .list_messages_within(tenant, thread_id, window, false, PAGE, self.max_page_bytes)
+            .await?;
+        let mut events = events.into_iter().peekable();
+        let before = self.ready.len();
+        for entry in page.messages {
+            let Some(seq) = entry.seq else { continue };
+            while let Some(event) = events.next_if(|event| event.next_seq <= seq) {
+                self.send_event(event);
+            }
+            let data = serde_json::to_string(&entry).unwrap_or_default();
+            self.ready.push_back(
+                Event::default()
+                    .event("entry")
+                    .id(seq.to_string())
+                    .data(data),
+            );
+            self.position.seq = seq;
+        }
+        // The events that follow the last entry sent.
+        while let Some(event) = events.next_if(|event| event.next_seq <= self.position.seq + 1) {
+            self.send_event(event);
+        }
+        Ok(self.ready.len() > before)
+    }
+
+    fn send_event(&mut self, event: ThreadEvent) {
+        let follows = event.next_seq - 1;
+        let mut data = event.data;
+        if let Some(members) = data.as_object_mut() {
+            members.insert("created_at".to_owned(), json!(event.created_at));
+        }
+        self.ready.push_back(
+            Event::default()
+                .event(event.kind)
+                .id(format!("{follows}.{}", event.event_seq))
+                .data(data.to_string()),
+        );
+        self.position.event = event.event_seq;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_ids_are_read_back_and_nothing_else() {
+        assert_eq!(Position::parse("41"), Some(Position { seq: 41, event: 0 }));
+        assert_eq!(Position::parse("-1"), Some(Position { seq: -1, event: 0 }));
+        assert_eq!(
+            Position::parse("41.3"),
+            Some(Position { seq: 41, event: 3 })
+        );
+        for bad in [
+            "",
+            "x",
+            "-2",
+            "41.",
+            ".3",
+            "41.0",
+            "41.-3",
+            "+4",
+            "1.2.3",
+            "99999999999999999999999",
+        ] {
+            assert_eq!(Position::parse(bad), None, "{bad}");
+        }
+    }
+}

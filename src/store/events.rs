@@ -1,0 +1,152 @@
+//! A thread's events other than its entries (`thread_events`, migration 0022): written in the
+//! transaction of the change they report, read by `GET /v1/threads/{id}/events` beside the
+//! entries, and placed among them by the thread's `next_seq` when they committed.
+
+use serde_json::Value;
+use sqlx::{Any, Row, Transaction};
+
+use super::{millis_to_datetime, Store, StoreError, TenantId, ThreadId};
+
+/// An event of a thread that is not one of its entries.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ThreadEvent {
+    /// Its number in the thread, from 1.
+    pub event_seq: i64,
+    /// The thread's next seq when it committed: it follows entry `next_seq - 1`.
+    pub next_seq: i64,
+    /// What happened: `erasure`.
+    pub kind: String,
+    pub data: Value,
+    pub created_at: chrono::DateTime<chrono::Utc>,
+}
+
+/// Records an event of the thread `thread_key` in `tx`, which must hold the thread's row (so
+/// that its `next_seq` and the event's number are the thread's own at the commit).
+pub(super) async fn record_event(
+    tx: &mut Transaction<'_, Any>,
+    thread_key: &str,
+    kind: &str,
+    data: &Value,
+    now_ms: i64,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO thread_events (thread_key, event_seq, next_seq, kind, data, created_at) \
+         SELECT t.thread_key, COALESCE((SELECT MAX(e.event_seq) FROM thread_events e \
+         WHERE e.thread_key = t.thread_key), 0) + 1, t.next_seq, $2, $3, $4 \
+         FROM threads t WHERE t.thread_key = $1",
+    )
+    .bind(thread_key)
+    .bind(kind)
+    .bind(data.to_string())
+    .bind(now_ms)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+impl Store {
+    /// The tenant's thread's events numbered after `after_event` that follow entry
+    /// `after_seq` (`next_seq > after_seq`), at most `limit`, in order.
+    pub async fn events_after(
+        &self,
+        tenant: &TenantId,
+        thread_id: &ThreadId,
+        after_event: i64,
+        after_seq: i64,
+        limit: u32,
+    ) -> Result<Vec<ThreadEvent>, StoreError> {
+        let head = self.thread_head(tenant, thread_id).await?;
+        let rows = sqlx::query(
+            "SELECT event_seq, next_seq, kind, data, created_at FROM thread_events \
+             WHERE thread_key = $1 AND event_seq > $2 AND next_seq > $4 \
+             ORDER BY event_seq LIMIT $3",
+        )
+        .bind(head.thread_key.as_str())
+        .bind(after_event)
+        .bind(i64::from(limit))
+        .bind(after_seq)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                let data: String = row.try_get("data")?;
+                Ok(ThreadEvent {
+                    event_seq: row.try_get("event_seq")?,
+                    next_seq: row.try_get("next_seq")?,
+                    kind: row.try_get("kind")?,
+                    data: serde_json::from_str(&data)
+                        .map_err(|e| StoreError::Corrupt(format!("thread event: {e}")))?,
+                    created_at: millis_to_datetime(row.try_get("created_at")?),
+                })
+            })
+            .collect()
+    }
+
+    /// Where the thread is now: its next seq and its last event's number (0 without any).
+    pub async fn events_head(
+        &self,
+        tenant: &TenantId,
+        thread_id: &ThreadId,
+    ) -> Result<(i64, i64), StoreError> {
+        let head = self.thread_head(tenant, thread_id).await?;
+        let last: Option<i64> =
+            sqlx::query_scalar("SELECT MAX(event_seq) FROM thread_events WHERE thread_key = $1")
+                .bind(head.thread_key.as_str())
+                .fetch_one(&self.pool)
+                .await?;
+        Ok((head.next_seq, last.unwrap_or(0)))
+    }
+
+    /// A receiver that sees every change of the thread from now on (a signal to read again).
+    /// On PostgreSQL, this process listens to the others' changes while it has followers.
+    pub fn follow(
+        &self,
+        tenant: &TenantId,
+        thread_id: &ThreadId,
+    ) -> tokio::sync::watch::Receiver<u64> {
+        let receiver = self.changes().follow(tenant, thread_id);
+        if self.backend == super::Backend::Postgres && self.changes().start_listening() {
+            tokio::spawn(listen_for_changes(self.clone()));
+        }
+        receiver
+    }
+}
+
+/// Forwards `NOTIFY loupe_threads` to this process's followers while it has any, reconnecting
+/// on errors.
+async fn listen_for_changes(store: Store) {
+    use std::time::Duration;
+    loop {
+        let url = store.url();
+        let listener = async {
+            let mut listener = sqlx::postgres::PgListener::connect(&url).await?;
+            listener.listen(super::THREADS_CHANNEL).await?;
+            Ok::<_, sqlx::Error>(listener)
+        };
+        match listener.await {
+            Ok(mut listener) => loop {
+                tokio::select! {
+                    () = store.primary_switched() => break,
+                    heard = tokio::time::timeout(Duration::from_secs(10), listener.recv()) => {
+                        match heard {
+                            Ok(Ok(notification)) => store.changes().heard(notification.payload()),
+                            Ok(Err(error)) => {
+                                tracing::warn!(%error, "the thread change listener lost its connection");
+                                break;
+                            }
+                            Err(_) => {}
+                        }
+                        if store.changes().stop_listening_unless_followed() {
+                            return;
+                        }
+                    }
+                }
+            },
+            Err(error) => tracing::warn!(%error, "cannot listen for thread changes"),
+        }
+        if store.changes().stop_listening_unless_followed() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}

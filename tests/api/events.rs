@@ -1,0 +1,260 @@
+//! Following a thread live (issue 38): `GET /v1/threads/{id}/events` as Server-Sent Events,
+//! resumed with `Last-Event-ID` from another process serving the same database (a second store
+//! and router, as after a restart), with nothing missed and nothing twice.
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use axum::Router;
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
+use tower::ServiceExt;
+
+use crate::common::{user, TestApp};
+
+on_both_backends!(
+    a_stream_resumes_in_another_process_with_nothing_missed_or_twice,
+    bad_stream_requests_are_refused,
+);
+
+/// On PostgreSQL another process's write reaches this one's followers through `NOTIFY`, not
+/// only through their periodic read: a follower of one store is signalled by an append made
+/// through another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_process_append_signals_followers_through_notify() {
+    let app = TestApp::new(crate::common::Backend::Postgres).await;
+    app.thread("t").await;
+    let tenant = loupe::store::TenantId("default".to_owned());
+    let thread = loupe::store::ThreadId::new("t".to_owned());
+    let other = loupe::store::Store::connect(&loupe::store::StoreOptions::new(&app.url))
+        .await
+        .unwrap();
+    let mut followed = other.follow(&tenant, &thread);
+    // The listener of `other` starts with its first follower; appends until one is heard (a
+    // `NOTIFY` sent before the listener listens is not delivered).
+    let heard = async {
+        for i in 0.. {
+            app.append("t", vec![user(&format!("n{i}"), "hello")]).await;
+            if tokio::time::timeout(Duration::from_millis(500), followed.changed())
+                .await
+                .is_ok()
+            {
+                return i;
+            }
+        }
+        unreachable!()
+    };
+    let tries = tokio::time::timeout(Duration::from_secs(30), heard)
+        .await
+        .expect("a change heard within 30 s");
+    assert!(tries < 60, "{tries}");
+    // And another thread's change is not this one's.
+    app.thread("u").await;
+    followed.borrow_and_update();
+    app.append("u", vec![user("x", "elsewhere")]).await;
+    let crossed = tokio::time::timeout(Duration::from_secs(2), followed.changed()).await;
+    assert!(crossed.is_err(), "signalled by another thread's append");
+    drop(followed);
+    other.close().await;
+    app.finish().await;
+}
+
+/// One event as received.
+#[derive(Debug, Clone, PartialEq)]
+struct Received {
+    event: String,
+    id: Option<String>,
+    data: Value,
+}
+
+/// A response's event stream, read an event at a time.
+struct Events {
+    body: Body,
+    buffer: String,
+}
+
+async fn open(router: &Router, uri: &str, last_id: Option<&str>) -> Events {
+    let mut request = Request::get(uri);
+    if let Some(id) = last_id {
+        request = request.header("last-event-id", id);
+    }
+    let response = router
+        .clone()
+        .oneshot(request.body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(
+        response.headers()["content-type"].to_str().unwrap(),
+        "text/event-stream"
+    );
+    Events {
+        body: response.into_body(),
+        buffer: String::new(),
+    }
+}
+
+impl Events {
+    /// The next event; `None` when the stream ended. Waits at most 30 s (a bound on a hang,
+    /// not a timing under test).
+    async fn next(&mut self) -> Option<Received> {
+        loop {
+            if let Some(end) = self.buffer.find("\n\n") {
+                let block: String = self.buffer.drain(..end + 2).collect();
+                let mut received = Received {
+                    event: "message".to_owned(),
+                    id: None,
+                    data: Value::Null,
+                };
+                let mut comment_only = true;
+                for line in block.lines() {
+                    let Some((field, value)) = line.split_once(':') else {
+                        continue;
+                    };
+                    let value = value.strip_prefix(' ').unwrap_or(value);
+                    match field {
+                        "event" => received.event = value.to_owned(),
+                        "id" => received.id = Some(value.to_owned()),
+                        "data" => received.data = serde_json::from_str(value).unwrap(),
+                        _ => continue,
+                    }
+                    comment_only = false;
+                }
+                if comment_only {
+                    continue;
+                }
+                return Some(received);
+            }
+            let frame = tokio::time::timeout(Duration::from_secs(30), self.body.frame())
+                .await
+                .expect("an event within 30 s");
+            match frame {
+                None => return None,
+                Some(frame) => {
+                    if let Ok(data) = frame.unwrap().into_data() {
+                        self.buffer.push_str(&String::from_utf8_lossy(&data));
+                    }
+                }
+            }
+        }
+    }
+
+    async fn take(&mut self, n: usize) -> Vec<Received> {
+        let mut all = Vec::new();
+        for _ in 0..n {
+            all.push(self.next().await.expect("the stream goes on"));
+        }
+        all
+    }
+}
+
+/// The events as `kind id`, for comparing sequences.
+fn shape(events: &[Received]) -> Vec<String> {
+    events
+        .iter()
+        .map(|e| format!("{} {}", e.event, e.id.as_deref().unwrap_or("-")))
+        .collect()
+}
+
+async fn a_stream_resumes_in_another_process_with_nothing_missed_or_twice(app: TestApp) {
+    app.thread("t").await;
+    let first: Vec<Value> = (0..5)
+        .map(|i| user(&format!("u{i}"), &format!("message {i}")))
+        .collect();
+    app.append("t", first).await;
+    let mut stream = open(&app.router, "/v1/threads/t/events?after_seq=-1", None).await;
+    let seen = stream.take(5).await;
+    assert_eq!(
+        shape(&seen),
+        ["entry 0", "entry 1", "entry 2", "entry 3", "entry 4"]
+    );
+    assert_eq!(seen[2].data["uuid"], "u2");
+    assert_eq!(seen[2].data["seq"], 2);
+    drop(stream);
+
+    // While no one follows: an erasure, then three more entries.
+    let erased = app
+        .post("/v1/threads/t/erasures", json!({"seqs": [1]}))
+        .await;
+    assert_eq!(erased.status, StatusCode::CREATED, "{}", erased.body);
+    let more: Vec<Value> = (5..8)
+        .map(|i| user(&format!("u{i}"), &format!("message {i}")))
+        .collect();
+    app.append("t", more).await;
+
+    // Another process (a second store and router over the same database) resumes after the
+    // last entry seen: the erasure, then the entries, each once.
+    let other = app.restarted_router().await;
+    let mut resumed = open(&other, "/v1/threads/t/events", Some("4")).await;
+    let got = resumed.take(4).await;
+    assert_eq!(
+        shape(&got),
+        ["erasure 4.1", "entry 5", "entry 6", "entry 7"]
+    );
+    assert_eq!(got[0].data["seqs"], json!([1]));
+    assert_eq!(got[0].data["erasure_id"], erased.body["erasure_id"]);
+    assert!(!got[0].data.to_string().contains("message 1"));
+
+    // Live: an append through the first process, made while the second's stream waits,
+    // reaches it.
+    let (live, ()) = tokio::join!(resumed.take(1), async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        app.append("t", vec![user("u8", "message 8")]).await;
+    });
+    assert_eq!(shape(&live), ["entry 8"]);
+
+    // Resumed after the erasure, it is not sent again; after an entry, only what follows.
+    let mut after_erasure = open(&other, "/v1/threads/t/events", Some("4.1")).await;
+    assert_eq!(
+        shape(&after_erasure.take(4).await),
+        ["entry 5", "entry 6", "entry 7", "entry 8"]
+    );
+    let mut after_six = open(&app.router, "/v1/threads/t/events", Some("6")).await;
+    assert_eq!(shape(&after_six.take(2).await), ["entry 7", "entry 8"]);
+    // From the end (no position): only what comes next.
+    let mut from_now = open(&app.router, "/v1/threads/t/events", None).await;
+    let (next, ()) = tokio::join!(from_now.take(1), async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        app.append("t", vec![user("u9", "message 9")]).await;
+    });
+    assert_eq!(shape(&next), ["entry 9"]);
+
+    // Deleted: every stream says so and ends.
+    assert_eq!(
+        app.delete("/v1/threads/t").await.status,
+        StatusCode::NO_CONTENT
+    );
+    for stream in [&mut resumed, &mut from_now] {
+        let mut last = stream.next().await.expect("an event before the end");
+        while last.event == "entry" {
+            last = stream.next().await.expect("an event before the end");
+        }
+        assert_eq!(last.event, "deleted", "{last:?}");
+        assert_eq!(stream.next().await, None);
+    }
+    drop((after_erasure, after_six));
+    app.finish().await;
+}
+
+async fn bad_stream_requests_are_refused(app: TestApp) {
+    app.thread("t").await;
+    for id in ["x", "-2", "3.0", "1.2.3"] {
+        let response = crate::common::send_to(
+            &app.router,
+            Request::get("/v1/threads/t/events")
+                .header("last-event-id", id)
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await;
+        response.assert_problem(StatusCode::BAD_REQUEST, "bad-request");
+    }
+    app.get("/v1/threads/t/events?after_seq=-2")
+        .await
+        .assert_problem(StatusCode::BAD_REQUEST, "bad-request");
+    app.get("/v1/threads/missing/events")
+        .await
+        .assert_problem(StatusCode::NOT_FOUND, "not-found");
+    app.finish().await;
+}
