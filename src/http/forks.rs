@@ -8,8 +8,9 @@ use serde_json::{Map, Value};
 use utoipa::ToSchema;
 use utoipa_axum::{router::OpenApiRouter, routes};
 
-use super::answers::{MalformedJson, ThreadNotFound};
+use super::answers::{MalformedJson, Overloaded, ThreadNotFound};
 use super::consistency::Written;
+use super::guard::ExpensiveSlot;
 use super::problem::{ApiError, ApiJson, ApiPath, Problem};
 use super::threads::{check_metadata_size, check_thread_id, ThreadPath, ThreadResponse};
 use super::{AppState, Tenant};
@@ -57,6 +58,7 @@ pub struct ForkThreadRequest {
         ThreadNotFound,
         (status = 409, description = "A thread with the fork's id exists (`thread-exists`)", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "An invalid field (`validation`): `at_seq` past the parent's messages, an invalid id, or metadata over its limit", body = Problem, content_type = "application/problem+json"),
+        Overloaded,
     )
 )]
 pub async fn fork_thread(
@@ -76,6 +78,10 @@ pub async fn fork_thread(
             return Err(ApiError::invalid_field("at_seq", "must be 0 or more"));
         }
     }
+    // The copy reads and writes the whole prefix: one of the tenant's expensive slots.
+    let _slot = ExpensiveSlot::acquire(&state.guards, &tenant.0).await?;
+    // A missing parent is 404 whatever the id asked for.
+    state.store.thread_head(&tenant, &path.thread_id).await?;
     let fork = NewFork {
         at_seq: request.at_seq,
         id: request.id.map(ThreadId::new),

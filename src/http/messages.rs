@@ -209,7 +209,9 @@ pub async fn list_messages(
     let last_seq = page.messages.last().and_then(|m| m.seq);
     // A next page is offered while seqs remain inside the window past the last one returned.
     let (next_after_seq, next_before_seq) = if descending {
-        let lowest = query.after_seq.map_or(0, |after| after.saturating_add(1));
+        let lowest = query
+            .after_seq
+            .map_or(0, |after| after.max(-1).saturating_add(1));
         (None, last_seq.filter(|seq| *seq > lowest))
     } else {
         let end = query

@@ -226,7 +226,18 @@ impl ListThreadsQuery {
             },
             descending: self.order == Some(SortOrder::Desc),
             with_total: self.include_total.unwrap_or(false),
-            forked_from: self.forked_from.clone().map(ThreadId::new),
+            forked_from: match &self.forked_from {
+                None => None,
+                Some(id) => {
+                    check_thread_id(id).map_err(|_| {
+                        ApiError::bad_request(format!(
+                            "forked_from is a thread id: 1 to {MAX_THREAD_ID_LEN} characters of \
+                             [A-Za-z0-9._:-]"
+                        ))
+                    })?;
+                    Some(ThreadId::new(id.clone()))
+                }
+            },
         })
     }
 }

@@ -133,9 +133,26 @@ pub async fn erase(
     request: ErasureRequest,
     cached_contexts: u64,
 ) -> Result<Erasure, StoreError> {
+    erase_keyed(store, tenant, thread_id, None, request, cached_contexts).await
+}
+
+/// [`erase`] in the thread named `thread_id` only while it is the thread `key` (else
+/// [`StoreError::ThreadNotFound`]): a fork reached by its key is never confused with a thread
+/// that took its id after it was deleted.
+async fn erase_keyed(
+    store: &Store,
+    tenant: &TenantId,
+    thread_id: &ThreadId,
+    key: Option<&ThreadKey>,
+    request: ErasureRequest,
+    cached_contexts: u64,
+) -> Result<Erasure, StoreError> {
     let _turn = store.erasure_turn(tenant, thread_id).await;
     for _ in 0..PLAN_ATTEMPTS {
         let plan = Plan::read(store, tenant, thread_id, &request.targets, true).await?;
+        if key.is_some_and(|key| *key != plan.read.thread_key) {
+            return Err(StoreError::ThreadNotFound);
+        }
         let Some(mut tx) = plan.begin(store, tenant, thread_id).await? else {
             continue;
         };
@@ -157,7 +174,10 @@ pub async fn erase(
 
 /// Erases in every fork of the tenant's thread `parent` (and in their forks, and so on) the
 /// entries of `seqs` that the fork took from it: what was erased in a thread is gone from every
-/// copy made of it. A fork deleted meanwhile is passed over. Returns each fork's erasure.
+/// copy made of it. A fork deleted on the way hands its forks to its parent (`delete_thread`),
+/// so each thread's forks are listed again until no new one comes. A fork whose taken entries
+/// are all erased already (a retried erasure) is passed over, and so is one deleted meanwhile.
+/// Returns each fork's erasure.
 pub async fn erase_in_forks(
     store: &Store,
     tenant: &TenantId,
@@ -166,30 +186,56 @@ pub async fn erase_in_forks(
     reason: &str,
 ) -> Result<Vec<(ThreadId, Erasure)>, StoreError> {
     let mut erased = Vec::new();
+    let mut seen: HashSet<ThreadKey> = HashSet::new();
     let mut reached = vec![(parent.clone(), seqs.to_vec())];
     while let Some((thread_key, seqs)) = reached.pop() {
-        for fork in store.forks_of(tenant, &thread_key).await? {
-            let taken: Vec<i64> = seqs
-                .iter()
-                .copied()
-                .filter(|&seq| seq < fork.at_seq)
+        loop {
+            let forks: Vec<_> = store
+                .forks_of(tenant, &thread_key)
+                .await?
+                .into_iter()
+                .filter(|fork| !seen.contains(&fork.thread_key))
                 .collect();
-            if taken.is_empty() {
-                continue;
+            if forks.is_empty() {
+                break;
             }
-            let request = ErasureRequest {
-                targets: ErasureTargets {
-                    uuids: Vec::new(),
-                    seqs: taken.clone(),
-                },
-                reason: Some(reason.to_owned()),
-            };
-            match erase(store, tenant, &fork.thread_id, request, 0).await {
-                Ok(erasure) => erased.push((fork.thread_id, erasure)),
-                Err(StoreError::ThreadNotFound) => continue,
-                Err(error) => return Err(error),
+            for fork in forks {
+                seen.insert(fork.thread_key.clone());
+                let taken: Vec<i64> = seqs
+                    .iter()
+                    .copied()
+                    .filter(|&seq| seq < fork.at_seq)
+                    .collect();
+                if taken.is_empty() {
+                    continue;
+                }
+                reached.push((fork.thread_key.clone(), taken.clone()));
+                if store.all_erased(&fork.thread_key, &taken).await? {
+                    continue;
+                }
+                let request = ErasureRequest {
+                    targets: ErasureTargets {
+                        uuids: Vec::new(),
+                        seqs: taken,
+                    },
+                    reason: Some(reason.to_owned()),
+                };
+                match erase_keyed(
+                    store,
+                    tenant,
+                    &fork.thread_id,
+                    Some(&fork.thread_key),
+                    request,
+                    0,
+                )
+                .await
+                {
+                    Ok(erasure) => erased.push((fork.thread_id, erasure)),
+                    // Deleted meanwhile: its forks are its parent's now, listed again above.
+                    Err(StoreError::ThreadNotFound) => {}
+                    Err(error) => return Err(error),
+                }
             }
-            reached.push((fork.thread_key, taken));
         }
     }
     Ok(erased)

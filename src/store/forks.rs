@@ -12,7 +12,7 @@
 //! the fork's commit, and then finds the fork.
 
 use serde_json::{Map, Value};
-use sqlx::Row;
+use sqlx::{AnyConnection, Row};
 
 use super::threads::{thread_from_row, THREAD_COLUMNS};
 use super::{now_millis, Backend, Store, StoreError, TenantId, Thread, ThreadId, ThreadKey};
@@ -52,8 +52,84 @@ impl Store {
         parent: &ThreadId,
         fork: NewFork,
     ) -> Result<Thread, StoreError> {
-        let id = fork.id.unwrap_or_else(ThreadId::generate);
-        let thread_key = ThreadKey::mint();
+        let id = fork.id.clone().unwrap_or_else(ThreadId::generate);
+        for _ in 0..FORK_ATTEMPTS {
+            let thread_key = ThreadKey::mint();
+            let copied = match self.backend {
+                Backend::Postgres => None,
+                Backend::Sqlite => Some(self.copy_before(tenant, parent, &thread_key, &fork).await),
+            };
+            let outcome = match copied {
+                None => {
+                    self.finish_fork(tenant, parent, &id, &thread_key, &fork, None)
+                        .await
+                }
+                Some(Ok(copied)) => {
+                    self.finish_fork(tenant, parent, &id, &thread_key, &fork, Some(copied))
+                        .await
+                }
+                Some(Err(error)) => Err(error),
+            };
+            if self.backend == Backend::Sqlite && outcome.is_err() {
+                // The rows copied before are under a key no thread has (a crash here leaves
+                // them to `sweep_orphans`).
+                self.delete_rows_in_chunks(&thread_key).await?;
+            }
+            match outcome {
+                Err(StoreError::SourcesChanged) => continue,
+                Err(error) => return Err(error),
+                Ok(thread) => {
+                    // The estimate the auto-compaction trigger reads, counted from the copy.
+                    if let Err(error) = self
+                        .recount_context_tokens(tenant, &id, super::append::Recount::CountOnly)
+                        .await
+                    {
+                        tracing::warn!(%error, "the fork's token count was not counted");
+                    }
+                    return Ok(thread);
+                }
+            }
+        }
+        Err(StoreError::SourcesChanged)
+    }
+
+    /// On SQLite, the bulk of a fork's copy before its transaction: a chunk of rows per
+    /// statement, so the one write lock is never held long, under the fork's key, which no
+    /// thread has until [`Store::finish_fork`] commits (and checks that no erasure or snip
+    /// changed the parent meanwhile).
+    async fn copy_before(
+        &self,
+        tenant: &TenantId,
+        parent: &ThreadId,
+        fork_key: &ThreadKey,
+        fork: &NewFork,
+    ) -> Result<Copied, StoreError> {
+        let copied = {
+            let mut conn = self.writer.acquire().await?;
+            read_source(&mut conn, tenant, parent, fork.at_seq, "").await?
+        };
+        // The writer's connection is taken for each statement: other writes go between them.
+        copy_rows(
+            Target::Pool(&self.writer),
+            &copied,
+            fork_key,
+            Some(FORK_CHUNK_ROWS),
+        )
+        .await?;
+        Ok(copied)
+    }
+
+    /// The fork's transaction: its name, its row, settings and metadata, and (unless
+    /// `copied` says they are copied already) its rows.
+    async fn finish_fork(
+        &self,
+        tenant: &TenantId,
+        parent: &ThreadId,
+        id: &ThreadId,
+        thread_key: &ThreadKey,
+        fork: &NewFork,
+        copied: Option<Copied>,
+    ) -> Result<Thread, StoreError> {
         let now = now_millis();
         let mut tx = self.writer.begin().await?;
         // The name first: on SQLite the first write takes the write lock, so nothing read after
@@ -68,65 +144,32 @@ impl Store {
         .execute(&mut *tx)
         .await?;
         if named.rows_affected() == 0 {
-            return Err(StoreError::ThreadExists(id.into_string()));
+            return Err(StoreError::ThreadExists(id.as_str().to_owned()));
         }
         let lock = match self.backend {
             Backend::Postgres => " FOR UPDATE",
             Backend::Sqlite => "",
         };
-        let row = sqlx::query(&format!(
-            "SELECT thread_key, metadata, next_seq, search_seq FROM threads \
-             WHERE tenant_id = $1 AND thread_id = $2{lock}"
-        ))
-        .bind(&tenant.0)
-        .bind(parent.as_str())
-        .fetch_optional(&mut *tx)
-        .await?
-        .ok_or(StoreError::ThreadNotFound)?;
-        let parent_key = ThreadKey::from_stored(row.try_get::<String, _>("thread_key")?);
-        let next_seq: i64 = row.try_get("next_seq")?;
-        let at = fork.at_seq.unwrap_or(next_seq);
-        if !(0..=next_seq).contains(&at) {
-            return Err(StoreError::ForkPastEnd {
-                at_seq: at,
-                next_seq,
-            });
-        }
-        let metadata = match fork.metadata {
-            Some(members) => Value::Object(members).to_string(),
-            None => row.try_get("metadata")?,
+        let source = read_source(&mut tx, tenant, parent, fork.at_seq, lock).await?;
+        let source = match copied {
+            None => {
+                copy_rows(Target::Conn(&mut tx), &source, thread_key, None).await?;
+                source
+            }
+            // Copied from the parent as it was then: still so only if no erasure or snip moved
+            // its epoch since (and it is the same thread).
+            Some(copied) => {
+                if copied.parent_key != source.parent_key || copied.epoch != source.epoch {
+                    return Err(StoreError::SourcesChanged);
+                }
+                copied
+            }
         };
-        let parent_searched: i64 = row.try_get("search_seq")?;
-
-        // A snip after the prefix hid some of its entries from the parent's tree (their lines
-        // are empty, the lines above them rebuilt without them); in the fork, which lacks the
-        // snip, they are visible again, so the tree is built anew there,
-        // and their search rows (which left them out) are made again.
-        let snipped_later = sqlx::query_scalar::<_, i64>(
-            "SELECT seq FROM messages WHERE thread_key = $1 AND subtype = $2 AND seq >= $3 LIMIT 1",
-        )
-        .bind(parent_key.as_str())
-        .bind(subtype::SNIP)
-        .bind(at)
-        .fetch_optional(&mut *tx)
-        .await?
-        .is_some();
-        let searched = if snipped_later {
-            0
-        } else {
-            parent_searched.min(at)
+        let at = source.at;
+        let metadata = match &fork.metadata {
+            Some(members) => Value::Object(members.clone()).to_string(),
+            None => source.metadata.clone(),
         };
-        sqlx::query(
-            "INSERT INTO messages (thread_key, seq, uuid, kind, subtype, visible_rank, body, \
-             content_hash, created_at) \
-             SELECT $1, seq, uuid, kind, subtype, visible_rank, body, content_hash, created_at \
-             FROM messages WHERE thread_key = $2 AND seq < $3",
-        )
-        .bind(thread_key.as_str())
-        .bind(parent_key.as_str())
-        .bind(at)
-        .execute(&mut *tx)
-        .await?;
         let counts = sqlx::query(
             "SELECT COALESCE(SUM(octet_length(body)), 0) AS stored_bytes, \
              COALESCE(MAX(visible_rank), 0) AS visible_count FROM messages WHERE thread_key = $1",
@@ -137,8 +180,8 @@ impl Store {
         sqlx::query(
             "INSERT INTO threads (thread_key, tenant_id, thread_id, metadata, next_seq, \
              visible_count, stored_bytes, search_seq, created_at, updated_at, forked_from_key, \
-             forked_from_id, forked_at_seq) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9, $10, $11, $5)",
+             forked_from_id, forked_at_seq, copied_below_seq) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9, $10, $11, $5, $5)",
         )
         .bind(thread_key.as_str())
         .bind(&tenant.0)
@@ -147,26 +190,12 @@ impl Store {
         .bind(at)
         .bind(counts.try_get::<i64, _>("visible_count")?)
         .bind(counts.try_get::<i64, _>("stored_bytes")?)
-        .bind(searched)
+        .bind(source.searched)
         .bind(now)
-        .bind(parent_key.as_str())
+        .bind(source.parent_key.as_str())
         .bind(parent.as_str())
         .execute(&mut *tx)
         .await?;
-        sqlx::query(
-            "INSERT INTO search_rows (thread_key, seq, text, thinking, anchors) \
-             SELECT $1, seq, text, thinking, anchors FROM search_rows \
-             WHERE thread_key = $2 AND seq < $3",
-        )
-        .bind(thread_key.as_str())
-        .bind(parent_key.as_str())
-        .bind(searched)
-        .execute(&mut *tx)
-        .await?;
-        if !snipped_later {
-            self.copy_tree_nodes(&mut tx, &parent_key, &thread_key, at)
-                .await?;
-        }
         sqlx::query(
             "INSERT INTO thread_settings (thread_key, auto_compact_tokens, microcompact, outline, \
              clearing, updated_at) \
@@ -174,7 +203,7 @@ impl Store {
              FROM thread_settings WHERE thread_key = $2",
         )
         .bind(thread_key.as_str())
-        .bind(parent_key.as_str())
+        .bind(source.parent_key.as_str())
         .bind(now)
         .execute(&mut *tx)
         .await?;
@@ -185,7 +214,7 @@ impl Store {
                 .await?;
         let outlined = super::settings::outline_column(outline.flatten())?
             .is_some_and(|options| options.enabled);
-        self.index_metadata(&mut tx, tenant, &thread_key, &metadata)
+        self.index_metadata(&mut tx, tenant, thread_key, &metadata)
             .await?;
         let created = if outlined {
             // Its outline is built from the nodes copied, and the rest summarized.
@@ -193,7 +222,7 @@ impl Store {
                 &mut tx,
                 self.backend,
                 tenant,
-                &thread_key,
+                thread_key,
                 self.job_max_attempts,
             )
             .await?
@@ -212,55 +241,18 @@ impl Store {
         if created {
             self.job_signal.notify_one();
         }
-        // The estimate the auto-compaction trigger reads, counted from the copied window.
-        if let Err(error) = self
-            .recount_context_tokens(tenant, &id, super::append::Recount::CountOnly)
-            .await
-        {
-            tracing::warn!(%error, "the fork's token count was not counted");
-        }
         Ok(thread)
     }
 
-    /// Copies the tree nodes of `parent` that cover only entries before `at` to `fork`.
-    async fn copy_tree_nodes(
-        &self,
-        tx: &mut sqlx::Transaction<'_, sqlx::Any>,
-        parent: &ThreadKey,
-        fork: &ThreadKey,
-        at: i64,
-    ) -> Result<(), StoreError> {
-        for level in 0..=MAX_TREE_LEVEL {
-            // Node (level, idx) covers [idx·2^level, (idx+1)·2^level): inside the prefix when
-            // idx < at / 2^level.
-            let whole = at >> level;
-            if whole == 0 {
-                break;
-            }
-            sqlx::query(
-                "INSERT INTO tree_nodes (thread_key, level, idx, text, summarizer, calls, \
-                 created_at, dropped) \
-                 SELECT $1, level, idx, text, summarizer, calls, created_at, dropped \
-                 FROM tree_nodes WHERE thread_key = $2 AND level = $3 AND idx < $4",
-            )
-            .bind(fork.as_str())
-            .bind(parent.as_str())
-            .bind(i64::from(level))
-            .bind(whole)
-            .execute(&mut **tx)
-            .await?;
-        }
-        Ok(())
-    }
-
-    /// The forks made of the tenant's thread `thread_key`, oldest first.
+    /// The threads holding entries copied from the tenant's thread `thread_key`: its forks,
+    /// and the forks of its deleted forks (migration 0023), oldest first.
     pub async fn forks_of(
         &self,
         tenant: &TenantId,
         thread_key: &ThreadKey,
     ) -> Result<Vec<ForkOf>, StoreError> {
         let rows = sqlx::query(
-            "SELECT thread_id, thread_key, forked_at_seq FROM threads \
+            "SELECT thread_id, thread_key, copied_below_seq AS forked_at_seq FROM threads \
              WHERE forked_from_key = $1 AND tenant_id = $2 ORDER BY created_at, thread_key",
         )
         .bind(thread_key.as_str())
@@ -276,5 +268,197 @@ impl Store {
                 })
             })
             .collect()
+    }
+
+    /// Whether each of `seqs` in the thread `thread_key` is already erased (a tombstone).
+    pub async fn all_erased(
+        &self,
+        thread_key: &ThreadKey,
+        seqs: &[i64],
+    ) -> Result<bool, StoreError> {
+        for chunk in seqs.chunks(500) {
+            let sql = format!(
+                "SELECT seq, uuid, created_at, body FROM messages WHERE thread_key = $1 \
+                 AND seq IN ({})",
+                super::list_placeholders(2, chunk.len())
+            );
+            let mut query = sqlx::query(&sql).bind(thread_key.as_str());
+            for seq in chunk {
+                query = query.bind(*seq);
+            }
+            for row in query.fetch_all(&self.pool).await? {
+                if !super::rows::entry_from_row(&row)?.is_erased() {
+                    return Ok(false);
+                }
+            }
+        }
+        Ok(true)
+    }
+}
+
+/// What a fork takes of its parent, read from the parent's row.
+#[derive(Debug, Clone)]
+struct Copied {
+    parent_key: ThreadKey,
+    /// The parent's redaction epoch then: an erasure or snip since moves it.
+    epoch: i64,
+    /// The fork takes the entries before it.
+    at: i64,
+    /// The search rows it takes are those before it.
+    searched: i64,
+    /// Whether it takes the tree nodes inside the prefix.
+    with_tree: bool,
+    metadata: String,
+}
+
+/// Attempts at a fork whose parent an erasure or snip changed during its copy (SQLite).
+const FORK_ATTEMPTS: usize = 3;
+
+/// Rows a statement of a SQLite fork's copy takes at most (as a delete's chunks).
+const FORK_CHUNK_ROWS: i64 = super::threads::DELETE_CHUNK_ROWS;
+
+/// The parent's row as a fork reads it (`lock` appended to the statement), and what the fork
+/// will take of it.
+async fn read_source(
+    conn: &mut AnyConnection,
+    tenant: &TenantId,
+    parent: &ThreadId,
+    at_seq: Option<i64>,
+    lock: &str,
+) -> Result<Copied, StoreError> {
+    let row = sqlx::query(&format!(
+        "SELECT thread_key, metadata, next_seq, search_seq, redaction_epoch FROM threads \
+         WHERE tenant_id = $1 AND thread_id = $2{lock}"
+    ))
+    .bind(&tenant.0)
+    .bind(parent.as_str())
+    .fetch_optional(&mut *conn)
+    .await?
+    .ok_or(StoreError::ThreadNotFound)?;
+    let parent_key = ThreadKey::from_stored(row.try_get::<String, _>("thread_key")?);
+    let next_seq: i64 = row.try_get("next_seq")?;
+    let at = at_seq.unwrap_or(next_seq);
+    if !(0..=next_seq).contains(&at) {
+        return Err(StoreError::ForkPastEnd {
+            at_seq: at,
+            next_seq,
+        });
+    }
+    // A snip after the prefix hid some of its entries from the parent's tree (their lines are
+    // empty, the lines above them rebuilt without them) and from its search rows; in the fork,
+    // which lacks the snip, they are visible again: its tree and search rows are made anew.
+    let snipped_later = sqlx::query_scalar::<_, i64>(
+        "SELECT seq FROM messages WHERE thread_key = $1 AND subtype = $2 AND seq >= $3 LIMIT 1",
+    )
+    .bind(parent_key.as_str())
+    .bind(subtype::SNIP)
+    .bind(at)
+    .fetch_optional(&mut *conn)
+    .await?
+    .is_some();
+    let searched = if snipped_later {
+        0
+    } else {
+        row.try_get::<i64, _>("search_seq")?.min(at)
+    };
+    Ok(Copied {
+        parent_key,
+        epoch: row.try_get("redaction_epoch")?,
+        at,
+        searched,
+        with_tree: !snipped_later,
+        metadata: row.try_get("metadata")?,
+    })
+}
+
+/// Copies the rows a fork takes (`copied`) under `fork`: all at once, or `chunk` rows a
+/// statement.
+async fn copy_rows(
+    mut target: Target<'_>,
+    copied: &Copied,
+    fork: &ThreadKey,
+    chunk: Option<i64>,
+) -> Result<(), StoreError> {
+    let parent = copied.parent_key.as_str();
+    let ranges = |end: i64| {
+        let step = chunk.unwrap_or(end).max(1);
+        (0..end.max(0))
+            .step_by(step as usize)
+            .map(move |lo| (lo, lo.saturating_add(step).min(end)))
+    };
+    for (lo, hi) in ranges(copied.at) {
+        sqlx::query(
+            "INSERT INTO messages (thread_key, seq, uuid, kind, subtype, visible_rank, body, \
+             content_hash, created_at) \
+             SELECT $1, seq, uuid, kind, subtype, visible_rank, body, content_hash, created_at \
+             FROM messages WHERE thread_key = $2 AND seq >= $3 AND seq < $4",
+        )
+        .bind(fork.as_str())
+        .bind(parent)
+        .bind(lo)
+        .bind(hi)
+        .run(&mut target)
+        .await?;
+    }
+    for (lo, hi) in ranges(copied.searched) {
+        sqlx::query(
+            "INSERT INTO search_rows (thread_key, seq, text, thinking, anchors) \
+             SELECT $1, seq, text, thinking, anchors FROM search_rows \
+             WHERE thread_key = $2 AND seq >= $3 AND seq < $4",
+        )
+        .bind(fork.as_str())
+        .bind(parent)
+        .bind(lo)
+        .bind(hi)
+        .run(&mut target)
+        .await?;
+    }
+    if !copied.with_tree {
+        return Ok(());
+    }
+    for level in 0..=MAX_TREE_LEVEL {
+        // Node (level, idx) covers [idx·2^level, (idx+1)·2^level): inside the prefix when
+        // idx < at / 2^level.
+        let whole = copied.at >> level;
+        if whole == 0 {
+            break;
+        }
+        for (lo, hi) in ranges(whole) {
+            sqlx::query(
+                "INSERT INTO tree_nodes (thread_key, level, idx, text, summarizer, calls, \
+                 created_at, dropped) \
+                 SELECT $1, level, idx, text, summarizer, calls, created_at, dropped \
+                 FROM tree_nodes WHERE thread_key = $2 AND level = $3 AND idx >= $4 AND idx < $5",
+            )
+            .bind(fork.as_str())
+            .bind(parent)
+            .bind(i64::from(level))
+            .bind(lo)
+            .bind(hi)
+            .run(&mut target)
+            .await?;
+        }
+    }
+    Ok(())
+}
+
+/// Where a fork's copy runs: in its transaction, or a statement at a time on the pool.
+enum Target<'c> {
+    Conn(&'c mut AnyConnection),
+    Pool(&'c sqlx::AnyPool),
+}
+
+/// Runs a statement on a [`Target`].
+trait RunOn {
+    async fn run(self, target: &mut Target<'_>) -> Result<(), StoreError>;
+}
+
+impl<'q> RunOn for sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments<'q>> {
+    async fn run(self, target: &mut Target<'_>) -> Result<(), StoreError> {
+        match target {
+            Target::Conn(conn) => self.execute(&mut **conn).await?,
+            Target::Pool(pool) => self.execute(*pool).await?,
+        };
+        Ok(())
     }
 }

@@ -488,14 +488,34 @@ impl Store {
     /// `DELETE_CHUNK_ROWS`, each its own transaction.
     pub async fn delete_thread(&self, tenant: &TenantId, id: &ThreadId) -> Result<(), StoreError> {
         let mut tx = self.writer.begin().await?;
-        let thread_key: Option<String> = sqlx::query_scalar(
-            "DELETE FROM threads WHERE tenant_id = $1 AND thread_id = $2 RETURNING thread_key",
+        let deleted = sqlx::query(
+            "DELETE FROM threads WHERE tenant_id = $1 AND thread_id = $2 \
+             RETURNING thread_key, forked_from_key, copied_below_seq",
         )
         .bind(&tenant.0)
         .bind(id.as_str())
         .fetch_optional(&mut *tx)
-        .await?;
-        let thread_key = ThreadKey::from_stored(thread_key.ok_or(StoreError::ThreadNotFound)?);
+        .await?
+        .ok_or(StoreError::ThreadNotFound)?;
+        let thread_key = ThreadKey::from_stored(deleted.try_get::<String, _>("thread_key")?);
+        // Its forks hold entries it copied from its own parent: an erasure there must still
+        // reach them (migration 0023).
+        if let (Some(parent), Some(below)) = (
+            deleted.try_get::<Option<String>, _>("forked_from_key")?,
+            deleted.try_get::<Option<i64>, _>("copied_below_seq")?,
+        ) {
+            sqlx::query(
+                "UPDATE threads SET forked_from_key = $1, copied_below_seq = \
+                 CASE WHEN copied_below_seq < $2 THEN copied_below_seq ELSE $2 END \
+                 WHERE forked_from_key = $3 AND tenant_id = $4",
+            )
+            .bind(&parent)
+            .bind(below)
+            .bind(thread_key.as_str())
+            .bind(&tenant.0)
+            .execute(&mut *tx)
+            .await?;
+        }
         sqlx::query("DELETE FROM thread_names WHERE tenant_id = $1 AND thread_id = $2")
             .bind(&tenant.0)
             .bind(id.as_str())
@@ -533,7 +553,10 @@ impl Store {
     /// Deletes a deleted thread's large tables a chunk per transaction (SQLite). A crash midway
     /// leaves rows under a key no thread has, which nothing reads; [`Store::sweep_orphans`]
     /// removes them at the next start.
-    async fn delete_rows_in_chunks(&self, thread_key: &ThreadKey) -> Result<u64, StoreError> {
+    pub(super) async fn delete_rows_in_chunks(
+        &self,
+        thread_key: &ThreadKey,
+    ) -> Result<u64, StoreError> {
         let mut deleted = 0;
         for table in CHUNKED_TABLES {
             loop {

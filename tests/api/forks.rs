@@ -20,6 +20,8 @@ on_both_backends!(
     an_erasure_in_the_parent_reaches_every_fork_that_took_it,
     a_fork_outlives_its_parent,
     bad_forks_are_refused,
+    an_erasure_reaches_the_forks_of_a_deleted_fork,
+    a_long_fork_is_copied_whole_in_chunks,
 );
 
 async fn fork(app: &TestApp, parent: &str, body: Value) -> crate::common::TestResponse {
@@ -359,9 +361,17 @@ async fn bad_forks_are_refused(app: TestApp) {
     post(json!({"id": "p"}))
         .await
         .assert_problem(StatusCode::CONFLICT, "thread-exists");
-    app.post_as(&a, "/v1/threads/missing/fork", json!({}))
-        .await
-        .assert_problem(StatusCode::NOT_FOUND, "not-found");
+    for body in [json!({}), json!({"id": "p"})] {
+        // Missing is 404, whatever the id asked for.
+        app.post_as(&a, "/v1/threads/missing/fork", body)
+            .await
+            .assert_problem(StatusCode::NOT_FOUND, "not-found");
+    }
+    for bad in ["a%2Fb", "", &"x".repeat(129)] {
+        app.get_as(&a, &format!("/v1/threads?forked_from={bad}"))
+            .await
+            .assert_problem(StatusCode::BAD_REQUEST, "bad-request");
+    }
     // Another tenant's thread is not there for it, and its forks are not listed.
     app.post_as(&b, "/v1/threads/p/fork", json!({"id": "stolen"}))
         .await
@@ -376,4 +386,135 @@ async fn bad_forks_are_refused(app: TestApp) {
     let all = app.get_as(&a, "/v1/threads").await;
     assert_eq!(ids(&all.body), ["p", "mine"]);
     app.finish().await;
+}
+
+/// A fork of a fork whose middle is deleted still holds the parent's entries: an erasure in the
+/// parent reaches it (the attack: the secret stayed, in the files too). A retried erasure adds
+/// no erasure to forks already erased.
+async fn an_erasure_reaches_the_forks_of_a_deleted_fork(app: TestApp) {
+    app.thread("p").await;
+    outline_on(
+        &app,
+        "p",
+        json!({"enabled": true, "line_bytes": 96, "budget_bytes": 900, "tail_tokens": 20}),
+    )
+    .await;
+    let runner = runner(&app, Arc::new(crate::erasure::Leaky));
+    let secret = "NEEDLE-middle-fork";
+    let mut batch: Vec<Value> = (0..10)
+        .map(|i| user(&format!("m{i}"), &format!("message {i}")))
+        .collect();
+    batch[4] = user("m4", &format!("the password is {secret}"));
+    app.append("p", batch).await;
+    assert_eq!(
+        fork(&app, "p", json!({"id": "f1", "at_seq": 8}))
+            .await
+            .status,
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        fork(&app, "f1", json!({"id": "f2", "at_seq": 6}))
+            .await
+            .status,
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        fork(&app, "f1", json!({"id": "f3", "at_seq": 3}))
+            .await
+            .status,
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        app.delete("/v1/threads/f1").await.status,
+        StatusCode::NO_CONTENT
+    );
+    // The lineage shown is what it was made from.
+    assert_eq!(
+        app.get("/v1/threads/f2").await.body["forked_from"],
+        json!({"thread_id": "f1", "at_seq": 6})
+    );
+    let receipt = app
+        .post("/v1/threads/p/erasures", json!({"seqs": [4]}))
+        .await;
+    assert_eq!(receipt.status, StatusCode::CREATED, "{}", receipt.body);
+    let reached: Vec<&str> = receipt.body["forks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["thread_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(reached, ["f2"], "{}", receipt.body);
+    drain(&runner).await;
+    for uri in [
+        "/v1/threads/f2/messages?limit=100".to_owned(),
+        "/v1/threads/f2/export".to_owned(),
+        "/v1/threads/f2/context".to_owned(),
+        "/v1/threads/f2/outline".to_owned(),
+        format!("/v1/threads/f2/search?q={secret}"),
+        format!("/v1/search?q={secret}"),
+    ] {
+        let response = app.get(&uri).await;
+        assert_eq!(response.status, StatusCode::OK, "{uri}: {}", response.body);
+        assert!(
+            !response.body.to_string().contains(secret),
+            "{uri}: {}",
+            response.body
+        );
+    }
+    let copies = stored_copies(&app, &["p", "f2"], &[secret.to_owned()]).await;
+    assert!(copies.is_empty(), "{copies:?}");
+    // f3 took entries below 3 only: untouched.
+    assert!(app.get("/v1/threads/f3/erasures").await.body["erasures"]
+        .as_array()
+        .unwrap()
+        .is_empty());
+
+    let again = app
+        .post("/v1/threads/p/erasures", json!({"seqs": [4]}))
+        .await;
+    assert_eq!(again.status, StatusCode::CREATED, "{}", again.body);
+    assert!(again.body.get("forks").is_none(), "{}", again.body);
+    let listed = app.get("/v1/threads/f2/erasures").await;
+    assert_eq!(listed.body["erasures"].as_array().unwrap().len(), 1);
+    app.finish().await;
+}
+
+/// Past a chunk of rows (SQLite copies a chunk a statement, before the fork's transaction),
+/// the copy is still the prefix, entry by entry, and its search rows come with it.
+async fn a_long_fork_is_copied_whole_in_chunks(app: TestApp) {
+    app.thread("p").await;
+    for batch in 0..12 {
+        let entries: Vec<Value> = (0..1_000)
+            .map(|i| {
+                let n = batch * 1_000 + i;
+                user(&format!("m{n}"), &format!("message number {n}"))
+            })
+            .collect();
+        app.append("p", entries).await;
+    }
+    // Indexed for search (a batch a request), so its rows are copied too.
+    searched_through(&app, "p", "11999").await;
+    let at = 11_001;
+    let forked = fork(&app, "p", json!({"id": "f", "at_seq": at})).await;
+    assert_eq!(forked.status, StatusCode::CREATED, "{}", forked.body);
+    let parent = entries(&app, "p").await;
+    assert_eq!(entries(&app, "f").await, parent[..at as usize]);
+    app.assert_stored_bytes_counted("f").await;
+    let hit = searched_through(&app, "f", "11000").await;
+    assert_eq!(hit.body["hits"][0]["seq"], 11_000, "{}", hit.body);
+    let miss = app.get("/v1/threads/f/search?q=11001").await;
+    assert_eq!(miss.body["hits"], json!([]), "{}", miss.body);
+    app.finish().await;
+}
+
+/// The answer of a search once the thread's index has caught up.
+async fn searched_through(app: &TestApp, thread: &str, q: &str) -> crate::common::TestResponse {
+    for _ in 0..100 {
+        let found = app.get(&format!("/v1/threads/{thread}/search?q={q}")).await;
+        assert_eq!(found.status, StatusCode::OK, "{}", found.body);
+        if found.body["index"]["pending"] == 0 {
+            return found;
+        }
+    }
+    panic!("the index of {thread} never caught up");
 }

@@ -395,6 +395,17 @@ async fn messages_page_newest_first(app: TestApp) {
         }
         assert_eq!(seqs, window, "{order}");
     }
+    // A bound below the first seq is the first seq.
+    let below = app
+        .get("/v1/threads/m/messages?order=desc&after_seq=-5&before_seq=2")
+        .await;
+    assert_eq!(below.body["messages"][0]["seq"], 1, "{}", below.body);
+    assert_eq!(below.body["messages"][1]["seq"], 0, "{}", below.body);
+    assert!(
+        below.body.get("next_before_seq").is_none(),
+        "{}",
+        below.body
+    );
     // An empty window is an empty page, not a mistake.
     for uri in [
         "/v1/threads/m/messages?after_seq=-9223372036854775808&before_seq=-9223372036854775808",
