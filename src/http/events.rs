@@ -28,7 +28,7 @@ use super::answers::ThreadNotFound;
 use super::problem::{ApiError, ApiPath, ApiQuery, Problem};
 use super::threads::ThreadPath;
 use super::{AppState, Tenant};
-use crate::store::{Seq, SeqWindow, Store, StoreError, TenantId, ThreadEvent, ThreadId};
+use crate::store::{Store, StoreError, TenantId, ThreadEvent, ThreadId, ThreadKey};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(follow_thread))
@@ -97,7 +97,9 @@ impl Position {
 /// - `entry` (id: its seq, like `41`): an entry stored in the thread, as the messages API
 ///   returns it (compaction summaries and boundaries and snips are entries too);
 /// - `erasure` (id: the seq of the entry it follows and its number, like `41.3`):
-///   `{"erasure_id", "seqs", "created_at"}`, never the erased content;
+///   `{"erasure_id", "seqs", "rewritten_seqs", "created_at"}`, never the erased content:
+///   `seqs` are tombstones now, and the compaction summaries at `rewritten_seqs` were derived
+///   again without it (read them again);
 /// - `deleted` (no id): the thread was deleted; the stream ends.
 ///
 /// Reconnect with the last id received as `Last-Event-ID` (browsers' `EventSource` does so by
@@ -110,7 +112,7 @@ impl Position {
         ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event id (`41` or `41.3`), which wins over `after_seq`")),
     responses(
         (status = 200, description = "A stream of events (`text/event-stream`), until the thread is deleted or the client leaves", content_type = "text/event-stream", body = String),
-        (status = 400, description = "A bad `Last-Event-ID` or `after_seq` (`bad-request`)", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "A bad `Last-Event-ID` or `after_seq`, or one past the thread's end (`bad-request`)", body = Problem, content_type = "application/problem+json"),
         ThreadNotFound,
     )
 )]
@@ -125,12 +127,13 @@ pub async fn follow_thread(
     let thread_id = path.thread_id;
     // Followed before the start is read: a change after that read is signalled.
     let changes = store.follow(&tenant, &thread_id);
-    let resumed = match headers.get("last-event-id") {
+    let head = store.events_head(&tenant, &thread_id).await?;
+    // An empty id is no id (as the SSE rules say).
+    let resumed = match headers.get("last-event-id").map(|value| value.to_str()) {
         None => None,
-        Some(value) => Some(
-            value
-                .to_str()
-                .ok()
+        Some(Ok(id)) if id.trim().is_empty() => None,
+        Some(id) => Some(
+            id.ok()
                 .and_then(|id| Position::parse(id.trim()))
                 .ok_or_else(|| {
                     ApiError::bad_request("Last-Event-ID is not an id of this stream")
@@ -139,26 +142,31 @@ pub async fn follow_thread(
     };
     let start = match (resumed, query.after_seq) {
         (Some(position), _) => {
-            store.thread_head(&tenant, &thread_id).await?;
+            // An id past what the thread holds is another thread's (one deleted since, whose
+            // id was taken again): following on from it would skip this one's events.
+            if position.seq >= head.next_seq || position.event > head.last_event {
+                return Err(ApiError::bad_request(
+                    "Last-Event-ID is past the thread's end: not an id of this thread",
+                ));
+            }
             position
         }
-        (None, Some(seq)) if seq >= -1 => {
-            store.thread_head(&tenant, &thread_id).await?;
-            Position { seq, event: 0 }
+        (None, Some(seq)) if (-1..head.next_seq).contains(&seq) => Position { seq, event: 0 },
+        (None, Some(_)) => {
+            return Err(ApiError::bad_request(
+                "after_seq is -1 or more, and less than the thread's message_count",
+            ))
         }
-        (None, Some(_)) => return Err(ApiError::bad_request("after_seq is -1 or more")),
-        (None, None) => {
-            let (next_seq, last_event) = store.events_head(&tenant, &thread_id).await?;
-            Position {
-                seq: next_seq - 1,
-                event: last_event,
-            }
-        }
+        (None, None) => Position {
+            seq: head.next_seq - 1,
+            event: head.last_event,
+        },
     };
     let follower = Follower {
         store,
         tenant,
         thread_id,
+        thread_key: head.thread_key,
         position: start,
         changes,
         ready: VecDeque::new(),
@@ -176,6 +184,8 @@ struct Follower {
     store: Store,
     tenant: TenantId,
     thread_id: ThreadId,
+    /// The thread followed: one created since under the same id is another.
+    thread_key: ThreadKey,
     position: Position,
     changes: tokio::sync::watch::Receiver<u64>,
     /// Read and not yet sent, in order.
@@ -226,30 +236,43 @@ impl Follower {
 
     /// Reads what follows the position into `ready`, in order: whether it found anything.
     async fn read(&mut self) -> Result<bool, StoreError> {
-        let (tenant, thread_id) = (&self.tenant, &self.thread_id);
-        // The events first: every entry an event follows was committed before it, so it is in
-        // the entries read next (unless the page ends before it; such an event waits).
+        // The head first: an event not read below commits later, so its `next_seq` is at least
+        // the head's, and it follows every entry read below the head.
+        let head = self
+            .store
+            .events_head(&self.tenant, &self.thread_id)
+            .await?;
+        if head.thread_key != self.thread_key {
+            return Err(StoreError::ThreadNotFound);
+        }
         let events = self
             .store
             .events_after(
-                tenant,
-                thread_id,
+                &self.thread_key,
                 self.position.event,
                 self.position.seq,
                 PAGE,
             )
             .await?;
-        let window = SeqWindow {
-            after: Some(Seq::new(self.position.seq)),
-            before: None,
+        // A full page of events may not hold every event before the head: the entries read
+        // stop where the unread ones may start.
+        let before = match events.last() {
+            Some(last) if events.len() == PAGE as usize => head.next_seq.min(last.next_seq),
+            _ => head.next_seq,
         };
-        let page = self
+        let entries = self
             .store
-            .list_messages_within(tenant, thread_id, window, false, PAGE, self.max_page_bytes)
+            .entries_between_by_key(
+                &self.thread_key,
+                self.position.seq,
+                before,
+                PAGE,
+                self.max_page_bytes,
+            )
             .await?;
         let mut events = events.into_iter().peekable();
         let before = self.ready.len();
-        for entry in page.messages {
+        for entry in entries {
             let Some(seq) = entry.seq else { continue };
             while let Some(event) = events.next_if(|event| event.next_seq <= seq) {
                 self.send_event(event);

@@ -75,10 +75,10 @@ impl ThreadChanges {
             while let Some(first) = receiver.recv().await {
                 let mut lines = vec![first];
                 while let Ok(line) = receiver.try_recv() {
-                    if !lines.contains(&line) {
-                        lines.push(line);
-                    }
+                    lines.push(line);
                 }
+                lines.sort_unstable();
+                lines.dedup();
                 for payload in payloads(&lines) {
                     let sent = sqlx::query("SELECT pg_notify($1, $2)")
                         .bind(THREADS_CHANNEL)

@@ -83,6 +83,8 @@ pub struct ErasureTx {
     pub thread_key: ThreadKey,
     pub mark: ErasedMark,
     artifacts: ErasureArtifacts,
+    /// The summaries derived again, by seq: the event of the erasure names them.
+    rewritten: Vec<i64>,
 }
 
 impl Store {
@@ -211,6 +213,7 @@ impl Store {
                 erased_at: millis_to_datetime(now),
             },
             artifacts: ErasureArtifacts::default(),
+            rewritten: Vec::new(),
         })
     }
 
@@ -464,6 +467,7 @@ impl ErasureTx {
     /// uuid and place, and says it was derived again after an erasure.
     pub async fn rewrite_summary(&mut self, summary: &Entry, text: &str) -> Result<(), StoreError> {
         let seq = summary.seq.unwrap_or_default();
+        self.rewritten.push(seq);
         let mut entry = summary.clone();
         entry.seq = None;
         if let Some(message) = entry.message.as_mut() {
@@ -557,7 +561,12 @@ impl ErasureTx {
         .bind(created_at)
         .execute(&mut *self.tx)
         .await?;
-        let event = serde_json::json!({"erasure_id": self.mark.erasure_id, "seqs": seqs});
+        // A follower holds these summaries as they were: it reads them again.
+        let event = serde_json::json!({
+            "erasure_id": self.mark.erasure_id,
+            "seqs": seqs,
+            "rewritten_seqs": self.rewritten,
+        });
         super::events::record_event(
             &mut self.tx,
             self.thread_key.as_str(),

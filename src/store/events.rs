@@ -5,7 +5,17 @@
 use serde_json::Value;
 use sqlx::{Any, Row, Transaction};
 
-use super::{millis_to_datetime, Store, StoreError, TenantId, ThreadId};
+use super::rows::{entry_from_row, page_within_bytes_towards};
+use super::{millis_to_datetime, Store, StoreError, TenantId, ThreadId, ThreadKey};
+use crate::history::model::Entry;
+
+/// Where a followed thread is: its key, its next seq and its last event's number.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventsHead {
+    pub thread_key: ThreadKey,
+    pub next_seq: i64,
+    pub last_event: i64,
+}
 
 /// An event of a thread that is not one of its entries.
 #[derive(Debug, Clone, PartialEq)]
@@ -45,23 +55,45 @@ pub(super) async fn record_event(
 }
 
 impl Store {
-    /// The tenant's thread's events numbered after `after_event` that follow entry
-    /// `after_seq` (`next_seq > after_seq`), at most `limit`, in order.
-    pub async fn events_after(
+    /// Where the tenant's thread is now, in one statement: its key, its next seq and its last
+    /// event's number (0 without any).
+    pub async fn events_head(
         &self,
         tenant: &TenantId,
         thread_id: &ThreadId,
+    ) -> Result<EventsHead, StoreError> {
+        let row = sqlx::query(
+            "SELECT t.thread_key, t.next_seq, (SELECT MAX(e.event_seq) FROM thread_events e \
+             WHERE e.thread_key = t.thread_key) AS last_event FROM threads t \
+             WHERE t.tenant_id = $1 AND t.thread_id = $2",
+        )
+        .bind(&tenant.0)
+        .bind(thread_id.as_str())
+        .fetch_optional(&self.pool)
+        .await?
+        .ok_or(StoreError::ThreadNotFound)?;
+        Ok(EventsHead {
+            thread_key: ThreadKey::from_stored(row.try_get::<String, _>("thread_key")?),
+            next_seq: row.try_get("next_seq")?,
+            last_event: row.try_get::<Option<i64>, _>("last_event")?.unwrap_or(0),
+        })
+    }
+
+    /// The thread `thread_key`'s events numbered after `after_event` that follow entry
+    /// `after_seq` (`next_seq > after_seq`), at most `limit`, in order.
+    pub async fn events_after(
+        &self,
+        thread_key: &ThreadKey,
         after_event: i64,
         after_seq: i64,
         limit: u32,
     ) -> Result<Vec<ThreadEvent>, StoreError> {
-        let head = self.thread_head(tenant, thread_id).await?;
         let rows = sqlx::query(
             "SELECT event_seq, next_seq, kind, data, created_at FROM thread_events \
              WHERE thread_key = $1 AND event_seq > $2 AND next_seq > $4 \
              ORDER BY event_seq LIMIT $3",
         )
-        .bind(head.thread_key.as_str())
+        .bind(thread_key.as_str())
         .bind(after_event)
         .bind(i64::from(limit))
         .bind(after_seq)
@@ -82,19 +114,26 @@ impl Store {
             .collect()
     }
 
-    /// Where the thread is now: its next seq and its last event's number (0 without any).
-    pub async fn events_head(
+    /// The thread `thread_key`'s entries with `after < seq < before`, in order, at most
+    /// `limit`, cut once their bodies reach `max_bytes` (the first is always in).
+    pub async fn entries_between_by_key(
         &self,
-        tenant: &TenantId,
-        thread_id: &ThreadId,
-    ) -> Result<(i64, i64), StoreError> {
-        let head = self.thread_head(tenant, thread_id).await?;
-        let last: Option<i64> =
-            sqlx::query_scalar("SELECT MAX(event_seq) FROM thread_events WHERE thread_key = $1")
-                .bind(head.thread_key.as_str())
-                .fetch_one(&self.pool)
-                .await?;
-        Ok((head.next_seq, last.unwrap_or(0)))
+        thread_key: &ThreadKey,
+        after: i64,
+        before: i64,
+        limit: u32,
+        max_bytes: i64,
+    ) -> Result<Vec<Entry>, StoreError> {
+        let sql = page_within_bytes_towards("m.seq, m.uuid, m.created_at, m.body", false);
+        let rows = sqlx::query(&sql)
+            .bind(thread_key.as_str())
+            .bind(after)
+            .bind(i64::from(limit))
+            .bind(max_bytes)
+            .bind(before)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(entry_from_row).collect()
     }
 
     /// A receiver that sees every change of the thread from now on (a signal to read again).

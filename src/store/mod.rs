@@ -67,7 +67,7 @@ pub use erasure::{
     Erasure, ErasureArtifacts, ErasureRead, ErasureTargets, ErasureTurn, ErasureTx, SummaryRows,
     MAX_ERASED_ENTRIES,
 };
-pub use events::ThreadEvent;
+pub use events::{EventsHead, ThreadEvent};
 pub use forks::{ForkOf, NewFork};
 pub use ids::{Seq, ThreadId, ThreadKey};
 pub use jobs::{

@@ -16,6 +16,8 @@ use crate::common::{user, TestApp};
 on_both_backends!(
     a_stream_resumes_in_another_process_with_nothing_missed_or_twice,
     bad_stream_requests_are_refused,
+    more_events_than_a_page_before_an_entry_are_all_sent,
+    a_thread_recreated_under_its_id_is_another_stream,
 );
 
 /// On PostgreSQL another process's write reaches this one's followers through `NOTIFY`, not
@@ -193,6 +195,7 @@ async fn a_stream_resumes_in_another_process_with_nothing_missed_or_twice(app: T
         ["erasure 4.1", "entry 5", "entry 6", "entry 7"]
     );
     assert_eq!(got[0].data["seqs"], json!([1]));
+    assert_eq!(got[0].data["rewritten_seqs"], json!([]));
     assert_eq!(got[0].data["erasure_id"], erased.body["erasure_id"]);
     assert!(!got[0].data.to_string().contains("message 1"));
 
@@ -237,24 +240,106 @@ async fn a_stream_resumes_in_another_process_with_nothing_missed_or_twice(app: T
     app.finish().await;
 }
 
+/// The answer to a stream of thread `t` resumed from `id` (a refusal is answered whole).
+async fn resumed_from(app: &TestApp, id: &str) -> crate::common::TestResponse {
+    crate::common::send_to(
+        &app.router,
+        Request::get("/v1/threads/t/events")
+            .header("last-event-id", id)
+            .body(Body::empty())
+            .unwrap(),
+    )
+    .await
+}
+
 async fn bad_stream_requests_are_refused(app: TestApp) {
     app.thread("t").await;
     for id in ["x", "-2", "3.0", "1.2.3"] {
-        let response = crate::common::send_to(
-            &app.router,
-            Request::get("/v1/threads/t/events")
-                .header("last-event-id", id)
-                .body(Body::empty())
-                .unwrap(),
-        )
-        .await;
-        response.assert_problem(StatusCode::BAD_REQUEST, "bad-request");
+        resumed_from(&app, id)
+            .await
+            .assert_problem(StatusCode::BAD_REQUEST, "bad-request");
     }
-    app.get("/v1/threads/t/events?after_seq=-2")
-        .await
-        .assert_problem(StatusCode::BAD_REQUEST, "bad-request");
+    // Past the thread's end (it holds 2 entries and no event): another thread's ids.
+    app.append("t", vec![user("a", "one"), user("b", "two")])
+        .await;
+    for id in ["2", "1000000", "1.1", "9223372036854775807"] {
+        resumed_from(&app, id)
+            .await
+            .assert_problem(StatusCode::BAD_REQUEST, "bad-request");
+    }
+    for after in ["-2", "2", "9223372036854775807"] {
+        app.get(&format!("/v1/threads/t/events?after_seq={after}"))
+            .await
+            .assert_problem(StatusCode::BAD_REQUEST, "bad-request");
+    }
     app.get("/v1/threads/missing/events")
         .await
         .assert_problem(StatusCode::NOT_FOUND, "not-found");
+    app.finish().await;
+}
+
+/// More events than a page (100) placed before an entry: every one is sent, in order, then the
+/// entries after them (the review: events past the first page were skipped for good).
+async fn more_events_than_a_page_before_an_entry_are_all_sent(app: TestApp) {
+    app.thread("t").await;
+    let first: Vec<Value> = (0..3)
+        .map(|i| user(&format!("u{i}"), &format!("m {i}")))
+        .collect();
+    app.append("t", first).await;
+    for _ in 0..120 {
+        let erased = app
+            .post("/v1/threads/t/erasures", json!({"seqs": [0]}))
+            .await;
+        assert_eq!(erased.status, StatusCode::CREATED, "{}", erased.body);
+    }
+    app.append("t", vec![user("u3", "m 3")]).await;
+    let mut stream = open(&app.router, "/v1/threads/t/events?after_seq=-1", None).await;
+    let got = stream.take(124).await;
+    let mut expected: Vec<String> = (0..3).map(|seq| format!("entry {seq}")).collect();
+    expected.extend((1..=120).map(|n| format!("erasure 2.{n}")));
+    expected.push("entry 3".to_owned());
+    assert_eq!(shape(&got), expected);
+    app.finish().await;
+}
+
+/// A thread deleted and created again under its id is another thread: a stream of the first
+/// says it was deleted, and an id of the first past the second's end is refused.
+async fn a_thread_recreated_under_its_id_is_another_stream(app: TestApp) {
+    app.thread("t").await;
+    let first: Vec<Value> = (0..5)
+        .map(|i| user(&format!("u{i}"), &format!("m {i}")))
+        .collect();
+    app.append("t", first).await;
+    let mut stream = open(&app.router, "/v1/threads/t/events?after_seq=-1", None).await;
+    assert_eq!(stream.take(5).await.len(), 5);
+    // Deleted and created again from another process (no signal reaches this one's stream).
+    let other = app.restarted_router().await;
+    let deleted = crate::common::send_to(
+        &other,
+        Request::delete("/v1/threads/t")
+            .body(Body::empty())
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(deleted.status, StatusCode::NO_CONTENT);
+    let created = crate::common::send_to(
+        &other,
+        Request::post("/v1/threads")
+            .header("content-type", "application/json")
+            .body(Body::from(json!({"id": "t"}).to_string()))
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(created.status, StatusCode::CREATED);
+    app.append(
+        "t",
+        (0..7)
+            .map(|i| user(&format!("n{i}"), "new"))
+            .collect::<Vec<_>>(),
+    )
+    .await;
+    let next = stream.next().await.expect("an event");
+    assert_eq!(next.event, "deleted", "{next:?}");
+    assert_eq!(stream.next().await, None);
     app.finish().await;
 }
