@@ -15,6 +15,7 @@ on_both_backends!(
     metadata_jsonb_cannot_hold_still_stores_and_lists,
     totals_are_counted_up_to_a_bound,
     updated_at_never_steps_back,
+    metadata_updates_racing_appends_and_a_delete_never_fault,
 );
 
 /// A total reads every thread it counts: it stops at 10,000 ("at least").
@@ -641,4 +642,66 @@ async fn seed_threads(app: &TestApp, count: i64) {
             .unwrap();
     }
     pool.close().await;
+}
+
+/// PATCHes racing appends (the group writer) and then a delete answer 200 or 404, never a
+/// fault (the attack: on SQLite a PATCH read in a transaction that another writer then moved,
+/// and got 503).
+async fn metadata_updates_racing_appends_and_a_delete_never_fault(app: TestApp) {
+    use axum::body::Body;
+    use axum::http::Request;
+    let request = |method: Method, uri: String, body: Value| {
+        Request::builder()
+            .method(method)
+            .uri(uri)
+            .header("content-type", "application/json")
+            .body(Body::from(body.to_string()))
+            .unwrap()
+    };
+    for round in 0..5 {
+        let thread = format!("r{round}");
+        app.thread(&thread).await;
+        let mut tasks = Vec::new();
+        for worker in 0..4 {
+            let (router, thread) = (app.router.clone(), thread.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut statuses = Vec::new();
+                for i in 0..25 {
+                    let patched = crate::common::send_to(
+                        &router,
+                        request(
+                            Method::PATCH,
+                            format!("/v1/threads/{thread}"),
+                            json!({"metadata": {"n": i, "w": worker}}),
+                        ),
+                    )
+                    .await;
+                    statuses.push(patched.status);
+                    let uuid = format!("{thread}-{worker}-{i}");
+                    let appended = crate::common::send_to(
+                        &router,
+                        request(
+                            Method::POST,
+                            format!("/v1/threads/{thread}/messages"),
+                            json!({"messages": [user(&uuid, "hello")]}),
+                        ),
+                    )
+                    .await;
+                    statuses.push(appended.status);
+                }
+                statuses
+            }));
+        }
+        let deleted = app.delete(&format!("/v1/threads/{thread}")).await.status;
+        assert_eq!(deleted, StatusCode::NO_CONTENT);
+        for task in tasks {
+            for status in task.await.unwrap() {
+                assert!(
+                    status.is_success() || status == StatusCode::NOT_FOUND,
+                    "round {round}: {status}"
+                );
+            }
+        }
+    }
+    app.finish().await;
 }
