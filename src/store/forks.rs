@@ -14,7 +14,7 @@
 use serde_json::{Map, Value};
 use sqlx::{AnyConnection, Row};
 
-use super::threads::{thread_from_row, THREAD_COLUMNS};
+use super::threads::{claim_name, thread_from_row, THREAD_COLUMNS};
 use super::{now_millis, Backend, Store, StoreError, TenantId, Thread, ThreadId, ThreadKey};
 use crate::history::model::subtype;
 
@@ -132,20 +132,8 @@ impl Store {
     ) -> Result<Thread, StoreError> {
         let now = now_millis();
         let mut tx = self.writer.begin().await?;
-        // The name first: on SQLite the first write takes the write lock, so nothing read after
-        // it changes before the commit.
-        let named = sqlx::query(
-            "INSERT INTO thread_names (tenant_id, thread_id, thread_key) VALUES ($1, $2, $3) \
-             ON CONFLICT (tenant_id, thread_id) DO NOTHING",
-        )
-        .bind(&tenant.0)
-        .bind(id.as_str())
-        .bind(thread_key.as_str())
-        .execute(&mut *tx)
-        .await?;
-        if named.rows_affected() == 0 {
-            return Err(StoreError::ThreadExists(id.as_str().to_owned()));
-        }
+        // The name first: on SQLite it takes the write lock for what is read next.
+        claim_name(&mut tx, tenant, id, thread_key).await?;
         let lock = match self.backend {
             Backend::Postgres => " FOR UPDATE",
             Backend::Sqlite => "",
@@ -387,31 +375,10 @@ async fn copy_rows(
             .map(move |lo| (lo, lo.saturating_add(step).min(end)))
     };
     for (lo, hi) in ranges(copied.at) {
-        sqlx::query(
-            "INSERT INTO messages (thread_key, seq, uuid, kind, subtype, visible_rank, body, \
-             content_hash, created_at) \
-             SELECT $1, seq, uuid, kind, subtype, visible_rank, body, content_hash, created_at \
-             FROM messages WHERE thread_key = $2 AND seq >= $3 AND seq < $4",
-        )
-        .bind(fork.as_str())
-        .bind(parent)
-        .bind(lo)
-        .bind(hi)
-        .run(&mut target)
-        .await?;
+        copy_range(&mut target, &MESSAGES, parent, fork, (lo, hi), None).await?;
     }
     for (lo, hi) in ranges(copied.searched) {
-        sqlx::query(
-            "INSERT INTO search_rows (thread_key, seq, text, thinking, anchors) \
-             SELECT $1, seq, text, thinking, anchors FROM search_rows \
-             WHERE thread_key = $2 AND seq >= $3 AND seq < $4",
-        )
-        .bind(fork.as_str())
-        .bind(parent)
-        .bind(lo)
-        .bind(hi)
-        .run(&mut target)
-        .await?;
+        copy_range(&mut target, &SEARCH_ROWS, parent, fork, (lo, hi), None).await?;
     }
     if !copied.with_tree {
         return Ok(());
@@ -423,22 +390,70 @@ async fn copy_rows(
         if whole == 0 {
             break;
         }
-        for (lo, hi) in ranges(whole) {
-            sqlx::query(
-                "INSERT INTO tree_nodes (thread_key, level, idx, text, summarizer, calls, \
-                 created_at, dropped) \
-                 SELECT $1, level, idx, text, summarizer, calls, created_at, dropped \
-                 FROM tree_nodes WHERE thread_key = $2 AND level = $3 AND idx >= $4 AND idx < $5",
-            )
-            .bind(fork.as_str())
-            .bind(parent)
-            .bind(i64::from(level))
-            .bind(lo)
-            .bind(hi)
-            .run(&mut target)
-            .await?;
+        for range in ranges(whole) {
+            copy_range(&mut target, &TREE_NODES, parent, fork, range, Some(level)).await?;
         }
     }
+    Ok(())
+}
+
+/// A table a fork copies rows of: its columns but `thread_key`, and the one its ranges go by.
+struct CopiedTable {
+    table: &'static str,
+    columns: &'static str,
+    by: &'static str,
+}
+
+const MESSAGES: CopiedTable = CopiedTable {
+    table: "messages",
+    columns: "seq, uuid, kind, subtype, visible_rank, body, content_hash, created_at",
+    by: "seq",
+};
+
+const SEARCH_ROWS: CopiedTable = CopiedTable {
+    table: "search_rows",
+    columns: "seq, text, thinking, anchors",
+    by: "seq",
+};
+
+const TREE_NODES: CopiedTable = CopiedTable {
+    table: "tree_nodes",
+    columns: "level, idx, text, summarizer, calls, created_at, dropped",
+    by: "idx",
+};
+
+/// Copies the rows of `table` of the thread `parent` with `lo <= by < hi` (and of tree `level`
+/// when given) under `fork`, in one `INSERT … SELECT`.
+async fn copy_range(
+    target: &mut Target<'_>,
+    table: &CopiedTable,
+    parent: &str,
+    fork: &ThreadKey,
+    (lo, hi): (i64, i64),
+    level: Option<u32>,
+) -> Result<(), StoreError> {
+    let CopiedTable { table, columns, by } = table;
+    let of_level = if level.is_some() {
+        " AND level = $5"
+    } else {
+        ""
+    };
+    let sql = format!(
+        "INSERT INTO {table} (thread_key, {columns}) SELECT $1, {columns} FROM {table} \
+         WHERE thread_key = $2 AND {by} >= $3 AND {by} < $4{of_level}"
+    );
+    let mut query = sqlx::query(&sql)
+        .bind(fork.as_str())
+        .bind(parent)
+        .bind(lo)
+        .bind(hi);
+    if let Some(level) = level {
+        query = query.bind(i64::from(level));
+    }
+    match target {
+        Target::Conn(conn) => query.execute(&mut **conn).await?,
+        Target::Pool(pool) => query.execute(*pool).await?,
+    };
     Ok(())
 }
 
@@ -446,19 +461,4 @@ async fn copy_rows(
 enum Target<'c> {
     Conn(&'c mut AnyConnection),
     Pool(&'c sqlx::AnyPool),
-}
-
-/// Runs a statement on a [`Target`].
-trait RunOn {
-    async fn run(self, target: &mut Target<'_>) -> Result<(), StoreError>;
-}
-
-impl<'q> RunOn for sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments<'q>> {
-    async fn run(self, target: &mut Target<'_>) -> Result<(), StoreError> {
-        match target {
-            Target::Conn(conn) => self.execute(&mut **conn).await?,
-            Target::Pool(pool) => self.execute(*pool).await?,
-        };
-        Ok(())
-    }
 }

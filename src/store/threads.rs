@@ -137,6 +137,31 @@ pub(super) fn thread_from_row(row: &AnyRow) -> Result<Thread, StoreError> {
     })
 }
 
+/// Takes the tenant's thread name `id` for the thread `thread_key` in `tx`: unique in
+/// `thread_names` (distributed by tenant, where `threads` is distributed by thread: migration
+/// 0018). [`StoreError::ThreadExists`] when taken. On SQLite, as a first write, it also takes the
+/// write lock, so nothing the transaction reads after it changes before the commit.
+pub(super) async fn claim_name(
+    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+    tenant: &TenantId,
+    id: &ThreadId,
+    thread_key: &ThreadKey,
+) -> Result<(), StoreError> {
+    let named = sqlx::query(
+        "INSERT INTO thread_names (tenant_id, thread_id, thread_key) VALUES ($1, $2, $3) \
+         ON CONFLICT (tenant_id, thread_id) DO NOTHING",
+    )
+    .bind(&tenant.0)
+    .bind(id.as_str())
+    .bind(thread_key.as_str())
+    .execute(&mut **tx)
+    .await?;
+    if named.rows_affected() == 0 {
+        return Err(StoreError::ThreadExists(id.as_str().to_owned()));
+    }
+    Ok(())
+}
+
 /// The list cursor: the (created_at, thread_key) of the last thread of a page.
 fn encode_cursor(created_at: i64, thread_key: &str) -> String {
     format!("{created_at}.{thread_key}")
@@ -161,21 +186,9 @@ impl Store {
         let thread_key = ThreadKey::mint();
         let now = now_millis();
         let metadata = Value::Object(new.metadata.clone()).to_string();
-        // The name is unique in `thread_names` (distributed by tenant, where `threads` is
-        // distributed by thread: migration 0018), taken in the transaction that creates the row.
+        // The name is taken in the transaction that creates the row.
         let mut tx = self.writer.begin().await?;
-        let named = sqlx::query(
-            "INSERT INTO thread_names (tenant_id, thread_id, thread_key) VALUES ($1, $2, $3) \
-             ON CONFLICT (tenant_id, thread_id) DO NOTHING",
-        )
-        .bind(&tenant.0)
-        .bind(id.as_str())
-        .bind(thread_key.as_str())
-        .execute(&mut *tx)
-        .await?;
-        if named.rows_affected() == 0 {
-            return Err(StoreError::ThreadExists(id.into_string()));
-        }
+        claim_name(&mut tx, tenant, &id, &thread_key).await?;
         sqlx::query(
             "INSERT INTO threads (thread_key, tenant_id, thread_id, metadata, next_seq, visible_count, created_at, updated_at) \
              VALUES ($1, $2, $3, $4, 0, 0, $5, $5)",
