@@ -24,7 +24,8 @@ use serde_json::json;
 use utoipa::IntoParams;
 use utoipa_axum::{router::OpenApiRouter, routes};
 
-use super::answers::ThreadNotFound;
+use super::answers::{Overloaded, ThreadNotFound};
+use super::guard::StreamSlot;
 use super::problem::{ApiError, ApiPath, ApiQuery, Problem};
 use super::threads::ThreadPath;
 use super::{AppState, Tenant};
@@ -104,8 +105,9 @@ impl Position {
 ///
 /// Reconnect with the last id received as `Last-Event-ID` (browsers' `EventSource` does so by
 /// itself) to get exactly what follows it, from any process serving the same database and
-/// after a restart. An idle stream sends a comment every 15 seconds. A stream counts among its
-/// tenant's requests in flight while it is open.
+/// after a restart. An idle stream sends a comment every 15 seconds. A tenant holds at most 32
+/// streams open at once (503 `overloaded` past them), and a stream counts among its requests in
+/// flight while it is open.
 #[utoipa::path(
     get, path = "/v1/threads/{thread_id}/events", tag = "threads", operation_id = "followThread",
     params(ThreadPath, EventsQuery,
@@ -114,6 +116,7 @@ impl Position {
         (status = 200, description = "A stream of events (`text/event-stream`), until the thread is deleted or the client leaves", content_type = "text/event-stream", body = String),
         (status = 400, description = "A bad `Last-Event-ID` or `after_seq`, or one past the thread's end (`bad-request`)", body = Problem, content_type = "application/problem+json"),
         ThreadNotFound,
+        Overloaded,
     )
 )]
 pub async fn follow_thread(
@@ -123,6 +126,8 @@ pub async fn follow_thread(
     ApiQuery(query): ApiQuery<EventsQuery>,
     headers: HeaderMap,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    // Held as long as the stream: a stream holds its connection as long as the client likes.
+    let slot = StreamSlot::take(&state.guards, &tenant.0)?;
     let store = state.store.clone();
     let thread_id = path.thread_id;
     // Followed before the start is read: a change after that read is signalled.
@@ -167,6 +172,7 @@ pub async fn follow_thread(
         tenant,
         thread_id,
         thread_key: head.thread_key,
+        _slot: slot,
         position: start,
         changes,
         ready: VecDeque::new(),
@@ -186,6 +192,7 @@ struct Follower {
     thread_id: ThreadId,
     /// The thread followed: one created since under the same id is another.
     thread_key: ThreadKey,
+    _slot: StreamSlot,
     position: Position,
     changes: tokio::sync::watch::Receiver<u64>,
     /// Read and not yet sent, in order.

@@ -91,6 +91,10 @@ pub struct Guards {
     in_flight: TenantShares,
     /// Each tenant's imports running.
     imports: TenantShares,
+    /// Each tenant's event streams open, and the process's: a stream holds its connection for
+    /// as long as the client likes, so they may fill a share of the connections only.
+    streams: TenantShares,
+    streams_open: Arc<Semaphore>,
     /// Request bodies held in memory across the process, in KiB.
     body_budget: Arc<Semaphore>,
     /// Thread windows context reads hold across the process, in KiB, and its size.
@@ -125,6 +129,8 @@ impl Guards {
                 limits.max_connections,
             )),
             imports: TenantShares::new(limits.max_imports_per_tenant),
+            streams: TenantShares::new(MAX_STREAMS_PER_TENANT),
+            streams_open: Arc::new(Semaphore::new((limits.max_connections / 4).max(1))),
             body_budget: Arc::new(Semaphore::new(
                 kib(limits.max_inflight_body_bytes).min(Semaphore::MAX_PERMITS),
             )),
@@ -220,6 +226,38 @@ fn host_name(host: &str) -> &str {
 
 /// A per-tenant share of some pool: a semaphore per busy tenant, created on first use. Shares
 /// nobody holds are dropped once the map grows, so it stays as small as the set of busy tenants.
+/// Event streams one tenant may hold open at once (`GET /v1/threads/{id}/events`).
+pub const MAX_STREAMS_PER_TENANT: usize = 32;
+
+/// A place for one event stream: the tenant's and the process's, taken at once or refused.
+pub struct StreamSlot {
+    _permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
+}
+
+impl StreamSlot {
+    /// A place now, or 429 `overloaded`: a stream never waits for one.
+    pub fn take(guards: &Guards, tenant: &str) -> Result<Self, ApiError> {
+        let tenant = guards.streams.semaphore(tenant).try_acquire_owned();
+        let process = guards.streams_open.clone().try_acquire_owned();
+        match (tenant, process) {
+            (Ok(tenant), Ok(process)) => Ok(StreamSlot {
+                _permits: (tenant, process),
+            }),
+            _ => {
+                crate::metrics::overloaded();
+                Err(ApiError::retry_after(
+                    ProblemKind::Overloaded,
+                    format!(
+                        "too many event streams are open (at most {MAX_STREAMS_PER_TENANT} a \
+                         tenant); close one, or retry shortly"
+                    ),
+                    1,
+                ))
+            }
+        }
+    }
+}
+
 #[derive(Debug)]
 struct TenantShares {
     share: usize,

@@ -18,6 +18,7 @@ on_both_backends!(
     bad_stream_requests_are_refused,
     more_events_than_a_page_before_an_entry_are_all_sent,
     a_thread_recreated_under_its_id_is_another_stream,
+    a_tenant_holds_a_bounded_number_of_streams,
 );
 
 /// On PostgreSQL another process's write reaches this one's followers through `NOTIFY`, not
@@ -341,5 +342,45 @@ async fn a_thread_recreated_under_its_id_is_another_stream(app: TestApp) {
     let next = stream.next().await.expect("an event");
     assert_eq!(next.event, "deleted", "{next:?}");
     assert_eq!(stream.next().await, None);
+    app.finish().await;
+}
+
+/// A stream holds its connection as long as its client likes: a tenant may hold 32 at once
+/// (the attack: 256 idle streams took every connection of the process). Past them a stream is
+/// refused at once, another tenant still gets one, and a closed stream frees its place.
+async fn a_tenant_holds_a_bounded_number_of_streams(app: TestApp) {
+    let app = app.keyed();
+    let (a, b) = (
+        app.create_key("tenant-a").await,
+        app.create_key("tenant-b").await,
+    );
+    for key in [&a, &b] {
+        assert_eq!(
+            app.post_as(key, "/v1/threads", json!({"id": "t"}))
+                .await
+                .status,
+            StatusCode::CREATED
+        );
+    }
+    let request = |key: &str| {
+        Request::get("/v1/threads/t/events")
+            .header("authorization", format!("Bearer {key}"))
+            .body(Body::empty())
+            .unwrap()
+    };
+    let mut held = Vec::new();
+    for _ in 0..loupe::http::guard::MAX_STREAMS_PER_TENANT {
+        let response = app.router.clone().oneshot(request(&a)).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        held.push(response);
+    }
+    let refused = crate::common::send_to(&app.router, request(&a)).await;
+    refused.assert_problem(StatusCode::SERVICE_UNAVAILABLE, "overloaded");
+    let other = app.router.clone().oneshot(request(&b)).await.unwrap();
+    assert_eq!(other.status(), StatusCode::OK);
+    held.pop();
+    let again = app.router.clone().oneshot(request(&a)).await.unwrap();
+    assert_eq!(again.status(), StatusCode::OK);
+    drop((held, other, again));
     app.finish().await;
 }
