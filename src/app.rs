@@ -97,6 +97,14 @@ pub async fn run(
             .map(|_| Runner::new(store.clone(), summarizer.clone(), jobs.clone()))
             .collect();
         handles = crate::jobs::spawn_workers(runners, stop.clone(), abort.clone());
+        handles.push(crate::webhooks::spawn_sender(
+            store.clone(),
+            crate::webhooks::WebhookConfig {
+                allow_private: limits.webhooks_allow_private,
+                ..crate::webhooks::WebhookConfig::DEFAULT
+            },
+            stop.clone(),
+        ));
         handles.push(crate::jobs::spawn_indexer(
             store.clone(),
             jobs.poll_interval,

@@ -235,6 +235,10 @@ pub struct ServeArgs {
     /// `127.0.0.1` and `[::1]` (comma-separated, without ports). Keyed mode answers any host.
     #[arg(long, env = "LOUPE_ALLOWED_HOSTS", value_delimiter = ',')]
     pub allowed_hosts: Vec<String>,
+    /// Accept webhook endpoints on loopback and private addresses, and send to them (off by
+    /// default: a tenant could otherwise reach the service's own network).
+    #[arg(long, env = "LOUPE_WEBHOOKS_ALLOW_PRIVATE")]
+    pub webhooks_allow_private: bool,
     /// Slowest average rate, in bytes per second, at which an import's body may arrive once its
     /// first body-read timeout has passed.
     #[arg(long, env = "LOUPE_IMPORT_MIN_BYTES_PER_SEC", default_value_t = Limits::DEFAULT.import_min_bytes_per_sec)]
@@ -481,6 +485,7 @@ impl ServeArgs {
             header_read_timeout: Duration::from_secs(self.header_read_timeout_secs.max(1)),
             context_cache_bytes: self.context_cache_bytes,
             allowed_hosts: self.allowed_hosts.clone(),
+            webhooks_allow_private: self.webhooks_allow_private,
             import_min_bytes_per_sec: self.import_min_bytes_per_sec,
             import_timeout: Duration::from_secs(self.import_timeout_secs.max(1)),
             max_imports_per_tenant: self.max_imports_per_tenant.max(1),

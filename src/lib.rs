@@ -18,3 +18,4 @@ pub mod summarize;
 pub mod telemetry;
 pub mod tree;
 pub mod turns;
+pub mod webhooks;

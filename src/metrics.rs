@@ -36,7 +36,8 @@ pub const DB_POOL_IN_USE: &str = "loupe_db_pool_in_use_connections";
 pub const SUMMARIZER_CALLS: &str = "loupe_summarizer_calls_total";
 pub const SUMMARIZER_FAILURES: &str = "loupe_summarizer_failures_total";
 pub const JOBS_QUEUED: &str = "loupe_jobs_queued";
-pub const JOBS_COMPLETED: &str = "loupe_jobs_completed_total";
+pub const WEBHOOK_ATTEMPTS: &str = "loupe_webhook_attempts_total";
+const JOBS_COMPLETED: &str = "loupe_jobs_completed_total";
 pub const RATE_LIMITED: &str = "loupe_rate_limited_total";
 pub const OVERLOADED: &str = "loupe_overloaded_total";
 pub const CONTEXT_READS: &str = "loupe_context_reads_total";
@@ -92,6 +93,10 @@ fn describe() {
     describe_gauge!(DB_POOL_IN_USE, "Database connections in use");
     describe_counter!(SUMMARIZER_CALLS, "Summaries asked of a summarizer backend");
     describe_counter!(SUMMARIZER_FAILURES, "Summaries a backend failed to write");
+    describe_counter!(
+        WEBHOOK_ATTEMPTS,
+        "Webhook delivery attempts, by outcome (delivered, failed)"
+    );
     describe_gauge!(JOBS_QUEUED, "Jobs waiting in the queue");
     describe_counter!(JOBS_COMPLETED, "Jobs finished, by kind and outcome");
     describe_counter!(
@@ -205,6 +210,12 @@ pub fn set_jobs_queued(depth: u64) {
 pub fn job_finished(kind: &str, outcome: &str) {
     metrics::counter!(JOBS_COMPLETED, "kind" => kind.to_owned(), "outcome" => outcome.to_owned())
         .increment(1);
+}
+
+/// A webhook delivery attempt ended.
+pub fn webhook_attempt(delivered: bool) {
+    let outcome = if delivered { "delivered" } else { "failed" };
+    metrics::counter!(WEBHOOK_ATTEMPTS, "outcome" => outcome).increment(1);
 }
 
 pub fn rate_limited() {

@@ -25,6 +25,7 @@ pub mod threads;
 pub mod transcripts;
 pub mod tree;
 pub mod ui;
+pub mod webhooks;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -122,6 +123,8 @@ pub struct Limits {
     /// past the burst, its requests are answered 429 before any key is looked up.
     pub auth_failures_per_sec: f64,
     pub auth_failure_burst: u32,
+    /// Webhook endpoints on loopback and private addresses are accepted (and sent to).
+    pub webhooks_allow_private: bool,
 }
 
 impl Limits {
@@ -158,6 +161,7 @@ impl Limits {
         max_connections_per_address: 256,
         auth_failures_per_sec: 1.0,
         auth_failure_burst: 20,
+        webhooks_allow_private: false,
     };
 }
 
@@ -261,6 +265,7 @@ pub(crate) fn page_limit(requested: Option<u32>, default: u32, max: u32) -> Resu
         (name = "jobs", description = "Background jobs: compaction"),
         (name = "tree", description = "The summary tree: the outline and zoom(id, n)"),
         (name = "search", description = "Search everything a thread holds, and the search tool"),
+        (name = "webhooks", description = "Signed deliveries of a tenant's thread events to its endpoints"),
         (name = "admin", description = "Tenants and API keys (admin key only)"),
         (name = "operations", description = "Health, readiness and metrics"),
     ),
@@ -274,6 +279,7 @@ fn api_router() -> OpenApiRouter<AppState> {
         .merge(threads::router())
         .merge(forks::router())
         .merge(events::router())
+        .merge(webhooks::router())
         .merge(messages::router())
         .merge(context::router())
         .merge(erasures::router())

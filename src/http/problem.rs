@@ -341,6 +341,8 @@ impl From<StoreError> for ApiError {
             }
             StoreError::ForkPastEnd { .. } => ApiError::invalid_field("at_seq", error.to_string()),
             StoreError::JobNotFound => ApiError::not_found("job"),
+            StoreError::WebhookNotFound => ApiError::not_found("webhook"),
+            StoreError::DeliveryNotFound => ApiError::not_found("delivery"),
             StoreError::NoSuchMessage(ref named) => {
                 let path = match named {
                     MessageRef::Seq(_) => "seqs",

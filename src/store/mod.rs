@@ -47,6 +47,7 @@ pub use standbys::{Lsn, ReadRoute, StandbyStats, MAX_STALENESS, REMEMBER_WRITES_
 mod threads;
 mod transcripts;
 mod tree;
+mod webhooks;
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -93,6 +94,10 @@ pub use threads::{
 };
 pub use tree::{
     LevelLine, NewNode, OutlineSnapshot, StandIns, TreeStatus, ZoomRead, LINE_CONTEXT_LINES,
+};
+pub use webhooks::{
+    AttemptOutcome, DueDelivery, WebhookDelivery, WebhookEndpoint, MAX_DELIVERY_ATTEMPTS,
+    WEBHOOK_KINDS,
 };
 
 /// How a request named a message: by its seq or by its uuid.
@@ -220,6 +225,10 @@ pub enum StoreError {
     BadCursor,
     #[error("job not found")]
     JobNotFound,
+    #[error("webhook not found")]
+    WebhookNotFound,
+    #[error("delivery not found")]
+    DeliveryNotFound,
     /// The job's lease was taken over by another claim: this worker may not finish it.
     #[error("the lease on job {0} is no longer held by this worker")]
     LeaseLost(String),

@@ -21,7 +21,7 @@ const LAYERS: &[&[&str]] = &[
     &["app"],
     &["http"],
     &["context", "import"],
-    &["jobs"],
+    &["jobs", "webhooks"],
     &["summarize"],
     &["store"],
     &["tree"],

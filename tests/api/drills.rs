@@ -29,13 +29,18 @@ pub(crate) fn free_port() -> u16 {
 }
 
 /// The service as a child process, killed when dropped.
-struct Service {
+pub(crate) struct Service {
     child: Child,
-    base: String,
+    pub(crate) base: String,
 }
 
 impl Service {
-    async fn start(port: u16, database_url: &str, env: &[(&str, &str)], log: &Path) -> Service {
+    pub(crate) async fn start(
+        port: u16,
+        database_url: &str,
+        env: &[(&str, &str)],
+        log: &Path,
+    ) -> Service {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -77,13 +82,13 @@ impl Service {
     }
 
     /// SIGKILL: no shutdown code runs.
-    async fn kill(mut self) {
+    pub(crate) async fn kill(mut self) {
         self.child.start_kill().unwrap();
         self.child.wait().await.unwrap();
     }
 }
 
-fn client() -> reqwest::Client {
+pub(crate) fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .timeout(Duration::from_secs(20))
         .build()
@@ -91,7 +96,7 @@ fn client() -> reqwest::Client {
 }
 
 /// Polls `ready` every 100 ms; panics after two minutes.
-async fn wait_for<F, Fut>(what: &str, mut ready: F)
+pub(crate) async fn wait_for<F, Fut>(what: &str, mut ready: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,

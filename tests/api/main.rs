@@ -52,3 +52,4 @@ mod tree_props;
 mod tree_replay;
 mod ui;
 mod validator_selftest;
+mod webhooks;

@@ -109,6 +109,17 @@ const ROLES: &[(&str, Role, &str)] = &[
          may name no thread (`thread_key` NULL); it reaches threads by `thread_key` only",
     ),
     (
+        "webhook_endpoints",
+        Reference,
+        "a few rows per tenant (16 at most), read by the outbox's triggers beside any thread",
+    ),
+    (
+        "webhook_deliveries",
+        Local,
+        "the webhook outbox, a work queue like `jobs`: claimed oldest first per endpoint; it \
+         names threads by id and reaches no thread's rows",
+    ),
+    (
         "_sqlx_migrations",
         Local,
         "sqlx's record of applied migrations",

@@ -1,0 +1,342 @@
+//! Webhook delivery: the sender that drains the outbox (`store::webhooks`), signed as the
+//! Standard Webhooks specification has it, and the address policy that keeps it off private
+//! networks.
+//!
+//! A request carries `webhook-id` (the delivery's id, the same on every attempt: receivers
+//! deduplicate by it), `webhook-timestamp` (Unix seconds of the attempt) and
+//! `webhook-signature`: `v1,` and the base64 HMAC-SHA256 of `{id}.{timestamp}.{body}` under the
+//! endpoint's secret (`whsec_` and 32 random bytes in base64, the key being those bytes).
+//!
+//! An attempt that gets no 2xx within the timeout is retried with exponential backoff, at most
+//! [`crate::store::MAX_DELIVERY_ATTEMPTS`] times. Redirects are not followed. A slow endpoint holds one of the
+//! sender's slots for at most the timeout, and only one per endpoint: appends never wait for it.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine as _;
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::store::{AttemptOutcome, DueDelivery, Store};
+
+/// How the sender works.
+#[derive(Debug, Clone)]
+pub struct WebhookConfig {
+    /// Endpoints on loopback, private, link-local and other non-public addresses are refused
+    /// unless this is set (`--webhooks-allow-private`).
+    pub allow_private: bool,
+    /// One attempt's whole time, connection included.
+    pub timeout: Duration,
+    /// Deliveries sent at once (to as many endpoints).
+    pub concurrency: u32,
+    /// First retry delay, doubled per failed attempt, capped at `backoff_max`.
+    pub backoff_base: Duration,
+    pub backoff_max: Duration,
+    /// How often an idle sender looks at the outbox.
+    pub poll_interval: Duration,
+    /// How long ended deliveries stay visible (and replayable) before they are pruned.
+    pub keep_ended: Duration,
+}
+
+impl WebhookConfig {
+    pub const DEFAULT: WebhookConfig = WebhookConfig {
+        allow_private: false,
+        timeout: Duration::from_secs(10),
+        concurrency: 16,
+        backoff_base: Duration::from_secs(5),
+        backoff_max: Duration::from_secs(3_600),
+        poll_interval: Duration::from_millis(500),
+        keep_ended: Duration::from_secs(7 * 24 * 3_600),
+    };
+
+    /// The delay after failed attempt `attempt` (1-based).
+    pub fn backoff(&self, attempt: i64) -> Duration {
+        let exponent = attempt.saturating_sub(1).clamp(0, 20) as u32;
+        self.backoff_base
+            .saturating_mul(2u32.saturating_pow(exponent))
+            .min(self.backoff_max)
+    }
+
+    /// A claim outlives one attempt, so a live sender never loses it mid-request.
+    fn lease(&self) -> Duration {
+        self.timeout + Duration::from_secs(5)
+    }
+}
+
+impl Default for WebhookConfig {
+    fn default() -> Self {
+        WebhookConfig::DEFAULT
+    }
+}
+
+/// A new endpoint secret: `whsec_` and 32 random bytes in base64.
+pub fn new_secret() -> String {
+    let bytes: [u8; 32] = rand::random();
+    format!(
+        "whsec_{}",
+        base64::engine::general_purpose::STANDARD.encode(bytes)
+    )
+}
+
+/// The `webhook-signature` of `body` sent as delivery `id` at `timestamp` (Unix seconds).
+pub fn sign(secret: &str, id: &str, timestamp: i64, body: &str) -> String {
+    let key = secret
+        .strip_prefix("whsec_")
+        .and_then(|encoded| {
+            base64::engine::general_purpose::STANDARD
+                .decode(encoded)
+                .ok()
+        })
+        .unwrap_or_else(|| secret.as_bytes().to_vec());
+    let mut mac = Hmac::<Sha256>::new_from_slice(&key).expect("HMAC takes a key of any length");
+    mac.update(format!("{id}.{timestamp}.{body}").as_bytes());
+    format!(
+        "v1,{}",
+        base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes())
+    )
+}
+
+/// Whether the service may send to `ip` without the operator's leave: a public unicast
+/// address. Loopback, private (RFC 1918, unique local), link-local, shared (CGNAT),
+/// documentation, benchmarking, multicast, broadcast and unspecified addresses are not.
+pub fn is_public(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => {
+            let [a, b, ..] = v4.octets();
+            !(v4.is_loopback()
+                || v4.is_private()
+                || v4.is_link_local()
+                || v4.is_unspecified()
+                || v4.is_multicast()
+                || v4.is_broadcast()
+                || v4.is_documentation()
+                || a == 0
+                || (a == 100 && (64..128).contains(&b))
+                || (a == 198 && (b == 18 || b == 19))
+                || a >= 240)
+        }
+        IpAddr::V6(v6) => {
+            if let Some(v4) = v6.to_ipv4_mapped() {
+                return is_public(IpAddr::V4(v4));
+            }
+            let first = v6.segments()[0];
+            !(v6.is_loopback()
+                || v6.is_unspecified()
+                || v6.is_multicast()
+                || (first & 0xfe00) == 0xfc00
+                || (first & 0xffc0) == 0xfe80
+                || first == 0x2001 && v6.segments()[1] == 0x0db8)
+        }
+    }
+}
+
+/// Checks an endpoint's URL as written: `http` or `https`, a host, no credentials, and an
+/// address literal only when public (or private addresses are allowed). Names are checked when
+/// they are resolved, at every attempt.
+pub fn check_url(url: &str, allow_private: bool) -> Result<reqwest::Url, String> {
+    let parsed = reqwest::Url::parse(url).map_err(|e| format!("not a URL: {e}"))?;
+    if !matches!(parsed.scheme(), "http" | "https") {
+        return Err("must be an http or https URL".to_owned());
+    }
+    if !parsed.username().is_empty() || parsed.password().is_some() {
+        return Err("must not hold credentials".to_owned());
+    }
+    let host = parsed
+        .host_str()
+        .ok_or_else(|| "must name a host".to_owned())?;
+    // The URL parser writes any IPv4 form (`0x7f.1`) as dotted decimal, and IPv6 in brackets.
+    let literal = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse::<IpAddr>()
+        .ok();
+    let local_name = host == "localhost" || host.ends_with(".localhost");
+    if !allow_private && local_name {
+        return Err(private_refusal());
+    }
+    if let Some(ip) = literal {
+        if !allow_private && !is_public(ip) {
+            return Err(private_refusal());
+        }
+    }
+    Ok(parsed)
+}
+
+fn private_refusal() -> String {
+    "names a loopback or private address, which this service does not send to \
+     (an operator may allow them with --webhooks-allow-private)"
+        .to_owned()
+}
+
+/// Resolves endpoint names, keeping only the addresses the policy allows: checked at connection
+/// time, so a name that later resolves to a private address (DNS rebinding) is not reached.
+struct PolicyResolver {
+    allow_private: bool,
+}
+
+impl reqwest::dns::Resolve for PolicyResolver {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let allow_private = self.allow_private;
+        Box::pin(async move {
+            let found: Vec<SocketAddr> = tokio::net::lookup_host((name.as_str(), 0))
+                .await?
+                .filter(|address| allow_private || is_public(address.ip()))
+                .collect();
+            if found.is_empty() {
+                return Err(
+                    format!("{} resolves to no address it may reach", name.as_str()).into(),
+                );
+            }
+            Ok(Box::new(found.into_iter()) as reqwest::dns::Addrs)
+        })
+    }
+}
+
+/// The HTTP client every attempt goes through.
+pub fn client(config: &WebhookConfig) -> reqwest::Client {
+    reqwest::Client::builder()
+        .dns_resolver(Arc::new(PolicyResolver {
+            allow_private: config.allow_private,
+        }))
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(config.timeout)
+        .connect_timeout(config.timeout.min(Duration::from_secs(5)))
+        .user_agent(concat!("loupe-webhooks/", env!("CARGO_PKG_VERSION")))
+        .build()
+        .expect("the webhook client's settings are valid")
+}
+
+/// The body of a delivery: the event's id, kind, time and data (ids and seqs, never content).
+pub fn delivery_body(delivery: &DueDelivery) -> String {
+    let data: serde_json::Value =
+        serde_json::from_str(&delivery.data).unwrap_or(serde_json::Value::Null);
+    serde_json::json!({
+        "id": delivery_id(delivery.delivery_id),
+        "type": delivery.kind,
+        "timestamp": crate::store::millis_to_datetime(delivery.created_at_ms).to_rfc3339(),
+        "data": data,
+    })
+    .to_string()
+}
+
+/// A delivery's id as receivers see it.
+pub fn delivery_id(id: i64) -> String {
+    format!("whd_{id}")
+}
+
+/// One attempt at one delivery.
+async fn attempt(
+    client: &reqwest::Client,
+    config: &WebhookConfig,
+    delivery: &DueDelivery,
+    now_ms: i64,
+) -> AttemptOutcome {
+    if let Err(error) = check_url(&delivery.url, config.allow_private) {
+        return AttemptOutcome::Refused { error };
+    }
+    let id = delivery_id(delivery.delivery_id);
+    let body = delivery_body(delivery);
+    let timestamp = now_ms / 1000;
+    let signature = sign(&delivery.secret, &id, timestamp, &body);
+    let sent = client
+        .post(&delivery.url)
+        .header("content-type", "application/json")
+        .header("webhook-id", &id)
+        .header("webhook-timestamp", timestamp.to_string())
+        .header("webhook-signature", signature)
+        .body(body)
+        .send()
+        .await;
+    let retry_at_ms = now_ms + config.backoff(delivery.attempt).as_millis() as i64;
+    // The answer's body is never read: an endpoint cannot make the sender hold what it sends.
+    match sent {
+        Ok(response) if response.status().is_success() => AttemptOutcome::Delivered {
+            status: response.status().as_u16(),
+        },
+        Ok(response) => AttemptOutcome::Failed {
+            status: Some(response.status().as_u16()),
+            error: format!("answered {}", response.status()),
+            retry_at_ms,
+        },
+        Err(error) => AttemptOutcome::Failed {
+            status: None,
+            error: error_chain(&error),
+            retry_at_ms,
+        },
+    }
+}
+
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// Claims the due deliveries and sends them, at once; returns how many were attempted.
+pub async fn deliver_due(
+    store: &Store,
+    client: &reqwest::Client,
+    config: &WebhookConfig,
+    now_ms: i64,
+) -> Result<usize, crate::store::StoreError> {
+    let due = store
+        .claim_deliveries(
+            now_ms,
+            config.lease().as_millis() as i64,
+            config.concurrency,
+        )
+        .await?;
+    let attempts = due.iter().map(|delivery| async move {
+        let outcome = attempt(client, config, delivery, now_ms).await;
+        let ended = chrono::Utc::now().timestamp_millis().max(now_ms);
+        if let Err(error) = store.finish_delivery(delivery, &outcome, ended).await {
+            tracing::warn!(%error, delivery = delivery.delivery_id, "cannot record a webhook attempt");
+        }
+        crate::metrics::webhook_attempt(matches!(outcome, AttemptOutcome::Delivered { .. }));
+    });
+    futures_util::future::join_all(attempts).await;
+    Ok(due.len())
+}
+
+/// The sender: drains the outbox until `stop`, pruning ended deliveries now and then.
+pub fn spawn_sender(
+    store: Store,
+    config: WebhookConfig,
+    stop: CancellationToken,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let client = client(&config);
+        let mut last_prune = std::time::Instant::now() - Duration::from_secs(3_600);
+        while !stop.is_cancelled() {
+            let now_ms = chrono::Utc::now().timestamp_millis();
+            if last_prune.elapsed() >= Duration::from_secs(3_600) {
+                last_prune = std::time::Instant::now();
+                let before = now_ms - config.keep_ended.as_millis() as i64;
+                if let Err(error) = store.prune_deliveries(before).await {
+                    tracing::warn!(%error, "cannot prune ended webhook deliveries");
+                }
+            }
+            let rest = match deliver_due(&store, &client, &config, now_ms).await {
+                Ok(0) => config.poll_interval,
+                Ok(_) => Duration::ZERO,
+                Err(error) => {
+                    tracing::warn!(%error, "cannot read the webhook outbox");
+                    config.poll_interval
+                }
+            };
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                _ = tokio::time::sleep(rest) => {}
+            }
+        }
+    })
+}
