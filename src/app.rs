@@ -97,6 +97,11 @@ pub async fn run(
             .map(|_| Runner::new(store.clone(), summarizer.clone(), jobs.clone()))
             .collect();
         handles = crate::jobs::spawn_workers(runners, stop.clone(), abort.clone());
+        handles.push(crate::jobs::retention::spawn_retention_sweeper(
+            store.clone(),
+            jobs.retention_sweep,
+            stop.clone(),
+        ));
         handles.push(crate::webhooks::spawn_sender(
             store.clone(),
             crate::webhooks::WebhookConfig {

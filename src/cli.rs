@@ -415,6 +415,10 @@ pub struct JobArgs {
     /// Milliseconds between looks for work when no wake-up arrives.
     #[arg(long, env = "LOUPE_JOB_POLL_MS", default_value_t = JobsConfig::DEFAULT.poll_interval.as_millis() as u64)]
     pub job_poll_ms: u64,
+    /// Seconds between retention sweeps (a job deleting expired threads and trimming, in
+    /// batches).
+    #[arg(long, env = "LOUPE_RETENTION_SWEEP_SECS", default_value_t = JobsConfig::DEFAULT.retention_sweep.as_secs())]
+    pub retention_sweep_secs: u64,
     /// This process's name among the processes sharing the database (default: the host name).
     /// On start it gives back at once the jobs it held when it stopped; give each process on
     /// one host its own name. 1–64 characters of `[A-Za-z0-9._:-]`.
@@ -448,6 +452,7 @@ impl JobArgs {
             backoff_max: Duration::from_secs(self.job_backoff_max_secs),
             poll_interval: Duration::from_millis(self.job_poll_ms.max(10)),
             compaction_page_tokens: self.compaction_page_tokens.max(1_000),
+            retention_sweep: Duration::from_secs(self.retention_sweep_secs.max(1)),
             instance_id: self.instance_id.clone().unwrap_or_else(host_name).into(),
             ..JobsConfig::DEFAULT
         }

@@ -19,6 +19,7 @@ pub mod messages;
 pub mod observe;
 pub mod options;
 pub mod problem;
+pub mod retention;
 pub mod search;
 pub mod settings;
 pub mod threads;
@@ -280,6 +281,7 @@ fn api_router() -> OpenApiRouter<AppState> {
         .merge(forks::router())
         .merge(events::router())
         .merge(webhooks::router())
+        .merge(retention::router())
         .merge(messages::router())
         .merge(context::router())
         .merge(erasures::router())

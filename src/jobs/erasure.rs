@@ -172,6 +172,53 @@ async fn erase_keyed(
     Err(StoreError::SourcesChanged)
 }
 
+/// Why a retention trim's receipt says its entries went.
+pub const TRIM_REASON: &str = "retention: before the last compact boundary";
+
+/// Erases, for a retention policy that keeps only what follows the last compact boundary, the
+/// entries at `seqs` of the thread `key` (all before its context window): as an erasure does
+/// (tombstones, search rows, outline lines, a receipt, an event: `trimmed`), except that the
+/// compaction summaries stay as they are: they are what the policy keeps of that history. Nor
+/// does it reach forks, which have retention of their own.
+pub async fn trim(
+    store: &Store,
+    tenant: &TenantId,
+    thread_id: &ThreadId,
+    key: &ThreadKey,
+    seqs: &[i64],
+) -> Result<Erasure, StoreError> {
+    let _turn = store.erasure_turn(tenant, thread_id).await;
+    for _ in 0..PLAN_ATTEMPTS {
+        let read = store.erasure_read(tenant, thread_id).await?;
+        if read.thread_key != *key {
+            return Err(StoreError::ThreadNotFound);
+        }
+        let options = store
+            .outline_options_of(&read.thread_key)
+            .await?
+            .unwrap_or_default();
+        let stand_ins = LineStandIns::new(&options);
+        let mut tx = match store.begin_erasure(tenant, thread_id, &read).await {
+            Err(StoreError::SourcesChanged) => continue,
+            other => other?,
+        };
+        tx.report_as_trim();
+        tx.tombstone(seqs).await?;
+        tx.forget_searched(seqs).await?;
+        let leaves: Vec<u64> = seqs.iter().map(|&seq| seq as u64).collect();
+        tx.hide_in_tree(&leaves, &[], &stand_ins).await?;
+        let erasure = tx
+            .commit(seqs.to_vec(), Some(TRIM_REASON.to_owned()))
+            .await?;
+        store.changes().changed(tenant, thread_id);
+        if let Err(error) = store.recount_after_erasure(tenant, thread_id).await {
+            tracing::warn!(%error, "the trimmed thread's token count was not recounted");
+        }
+        return Ok(erasure);
+    }
+    Err(StoreError::SourcesChanged)
+}
+
 /// Erases in every fork of the tenant's thread `parent` (and in their forks, and so on) the
 /// entries of `seqs` that the fork took from it: what was erased in a thread is gone from every
 /// copy made of it. A fork deleted on the way hands its forks to its parent (`delete_thread`),

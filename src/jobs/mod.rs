@@ -11,6 +11,7 @@
 
 pub mod compaction;
 pub mod erasure;
+pub mod retention;
 pub mod tree;
 pub mod view_reader;
 
@@ -23,7 +24,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::store::{Backend, ClaimedJob, JobState, Store, StoreError, NOTIFY_CHANNEL};
-pub use crate::store::{CompactionPayload, KIND_COMPACTION, KIND_NOOP, KIND_TREE};
+pub use crate::store::{CompactionPayload, KIND_COMPACTION, KIND_NOOP, KIND_RETENTION, KIND_TREE};
 use crate::summarize::{SummarizeError, Summarizer};
 pub use compaction::SUMMARY_PAGE_ENTRIES;
 
@@ -61,6 +62,8 @@ pub struct JobsConfig {
     /// so a job holds one page of message bodies whatever the window's length. The default is
     /// above the default automatic compaction threshold, so such a window is one page.
     pub compaction_page_tokens: u64,
+    /// How often the retention job is enqueued (`retention::spawn_retention_sweeper`).
+    pub retention_sweep: Duration,
     /// This process's name among those sharing the database: its workers' claims start with
     /// `<instance_id>/`, so after a restart it gives back the jobs it held at once.
     pub instance_id: Cow<'static, str>,
@@ -75,6 +78,7 @@ impl JobsConfig {
         poll_interval: Duration::from_secs(1),
         summary_max_bytes: 24_000,
         compaction_page_tokens: 256_000,
+        retention_sweep: Duration::from_secs(60),
         instance_id: Cow::Borrowed("local"),
     };
 }
@@ -328,6 +332,7 @@ impl Runner {
             }
             KIND_COMPACTION => self.compact(claimed, clock).await,
             KIND_TREE => self.run_tree(claimed, clock).await,
+            KIND_RETENTION => self.sweep_retention(claimed, clock).await,
             other => Err(JobError::Invalid(format!("unknown job kind {other:?}"))),
         }
     }

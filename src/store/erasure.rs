@@ -85,6 +85,8 @@ pub struct ErasureTx {
     artifacts: ErasureArtifacts,
     /// The summaries derived again, by seq: the event of the erasure names them.
     rewritten: Vec<i64>,
+    /// The kind of the event the commit records: `erasure`, or `trimmed` for a retention trim.
+    event_kind: &'static str,
 }
 
 impl Store {
@@ -214,6 +216,7 @@ impl Store {
             },
             artifacts: ErasureArtifacts::default(),
             rewritten: Vec::new(),
+            event_kind: "erasure",
         })
     }
 
@@ -525,6 +528,11 @@ impl ErasureTx {
         Ok(())
     }
 
+    /// Reports the commit as a retention policy's trim (event `trimmed`), not an erasure.
+    pub fn report_as_trim(&mut self) {
+        self.event_kind = "trimmed";
+    }
+
     pub async fn commit_redaction(self) -> Result<u64, StoreError> {
         self.tx.commit().await?;
         Ok(self.artifacts.tree_nodes)
@@ -570,7 +578,7 @@ impl ErasureTx {
         super::events::record_event(
             &mut self.tx,
             self.thread_key.as_str(),
-            "erasure",
+            self.event_kind,
             &event,
             created_at,
         )

@@ -39,6 +39,7 @@ mod ledger;
 mod messages;
 mod overheads;
 mod payloads;
+mod retention;
 mod rows;
 mod search;
 mod settings;
@@ -80,8 +81,10 @@ pub use ledger::{
 };
 pub use messages::{MessagePage, SeqWindow};
 pub use payloads::{
-    CompactionPayload, DEFAULT_KEEP_RECENT_ROUNDS, KIND_COMPACTION, KIND_NOOP, KIND_TREE,
+    CompactionPayload, DEFAULT_KEEP_RECENT_ROUNDS, KIND_COMPACTION, KIND_NOOP, KIND_RETENTION,
+    KIND_TREE,
 };
+pub use retention::{RetentionPolicy, ThreadRetention, TrimCandidate};
 pub use rows::fingerprint;
 pub use search::{
     IndexLag, SearchHit, SearchQuery, INDEX_BATCH, MARK_CLOSE, MARK_OPEN, MAX_QUERY_CHARS,

@@ -13,6 +13,8 @@ pub const KIND_COMPACTION: &str = "compaction";
 pub const KIND_NOOP: &str = "noop";
 /// Builds a thread's summary-tree nodes and advances its outline.
 pub const KIND_TREE: &str = "tree";
+/// Deletes expired threads and trims by the retention policies, a batch at a time.
+pub const KIND_RETENTION: &str = "retention";
 
 /// Rounds a compaction keeps whole after the summary when the request does not say.
 pub const DEFAULT_KEEP_RECENT_ROUNDS: u32 = 2;

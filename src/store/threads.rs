@@ -278,7 +278,17 @@ impl Store {
                 Err(error) => return Err(error),
             },
         };
-        let (conditions, binds) = self.filter_conditions(tenant, filter, parent.as_ref(), 2);
+        let (mut conditions, mut binds) =
+            self.filter_conditions(tenant, filter, parent.as_ref(), 2);
+        // An expired thread is never listed, even before the retention job deletes it.
+        let retention = self.tenant_retention(tenant).await?;
+        let now_ms = super::now_millis();
+        let now = format!("${}", binds.len() + 2);
+        conditions.push_str(&format!(
+            " AND NOT {}",
+            super::retention::expired_condition(&retention, now_ms, &now)
+        ));
+        binds.push(now_ms.to_string());
         let mut sql =
             format!("SELECT {THREAD_COLUMNS} FROM threads WHERE tenant_id = $1{conditions}");
         let next = binds.len() + 2;
@@ -500,7 +510,18 @@ impl Store {
     /// other writer, messages and tree nodes are then deleted in chunks of
     /// `DELETE_CHUNK_ROWS`, each its own transaction.
     pub async fn delete_thread(&self, tenant: &TenantId, id: &ThreadId) -> Result<(), StoreError> {
-        let mut tx = self.writer.begin().await?;
+        let tx = self.writer.begin().await?;
+        self.delete_thread_in(tx, tenant, id).await
+    }
+
+    /// [`Store::delete_thread`] in `tx`, which may already have written under the thread (an
+    /// expiry's event); commits it.
+    pub(super) async fn delete_thread_in(
+        &self,
+        mut tx: sqlx::Transaction<'_, sqlx::Any>,
+        tenant: &TenantId,
+        id: &ThreadId,
+    ) -> Result<(), StoreError> {
         let deleted = sqlx::query(
             "DELETE FROM threads WHERE tenant_id = $1 AND thread_id = $2 \
              RETURNING thread_key, forked_from_key, copied_below_seq",

@@ -38,6 +38,7 @@ mod problems;
 mod providers;
 mod recall;
 mod replicas;
+mod retention;
 mod sdk_fidelity;
 mod search;
 mod shard_ready;

@@ -1,0 +1,488 @@
+//! Retention (issue 38): expired threads leave lists at once and the retention job deletes them
+//! whole, in batches, reporting each; a thread's own policy replaces its tenant's; an append
+//! renews an idle thread; a trimming policy keeps only what follows the last compact boundary.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::http::{Method, StatusCode};
+use loupe::jobs::retention::retention_job;
+use loupe::jobs::{Clock, Runner, StepOutcome};
+use serde_json::{json, Value};
+
+use crate::common::{tool_rounds, user, Backend, TestApp};
+use crate::webhooks::Receiver;
+
+on_both_backends!(
+    expired_threads_leave_lists_at_once_and_the_sweep_deletes_them_whole,
+    a_threads_own_policy_replaces_its_tenants,
+    an_append_renews_an_idle_thread,
+    the_sweep_works_in_batches,
+    a_trim_keeps_only_what_follows_the_last_boundary,
+    bad_policies_are_refused,
+);
+
+const HOUR_MS: i64 = 3_600_000;
+
+/// Every table that holds rows under a thread's key.
+const THREAD_TABLES: &[&str] = &[
+    "messages",
+    "search_rows",
+    "erasures",
+    "cursors",
+    "jobs",
+    "thread_settings",
+    "tree_nodes",
+    "outlines",
+    "outline_merges",
+    "thread_events",
+    "overhead_sources",
+];
+
+async fn connect(app: &TestApp) -> sqlx::AnyPool {
+    sqlx::any::install_default_drivers();
+    sqlx::AnyPool::connect(&app.url).await.unwrap()
+}
+
+/// Moves the thread's times `ms` into the past, as if it had been made and last changed then.
+async fn age(app: &TestApp, thread: &str, ms: i64) {
+    let pool = connect(app).await;
+    let moved = sqlx::query(
+        "UPDATE threads SET created_at = created_at - $1, updated_at = updated_at - $1 \
+         WHERE thread_id = $2",
+    )
+    .bind(ms)
+    .bind(thread)
+    .execute(&pool)
+    .await
+    .unwrap();
+    assert_eq!(moved.rows_affected(), 1);
+    pool.close().await;
+}
+
+async fn thread_key(app: &TestApp, thread: &str) -> String {
+    let pool = connect(app).await;
+    let key: String = sqlx::query_scalar("SELECT thread_key FROM threads WHERE thread_id = $1")
+        .bind(thread)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+    key
+}
+
+/// Rows left under `key` in every thread table.
+async fn rows_under(app: &TestApp, key: &str) -> Vec<(&'static str, i64)> {
+    let pool = connect(app).await;
+    let mut left = Vec::new();
+    let mut tables = THREAD_TABLES.to_vec();
+    if app.backend == Backend::Postgres {
+        tables.push("thread_metadata");
+    }
+    for table in tables {
+        let count: i64 = sqlx::query_scalar(&format!(
+            "SELECT COUNT(*) FROM {table} WHERE thread_key = $1"
+        ))
+        .bind(key)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        if count > 0 {
+            left.push((table, count));
+        }
+    }
+    let threads: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM threads WHERE thread_key = $1")
+        .bind(key)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    if threads > 0 {
+        left.push(("threads", threads));
+    }
+    pool.close().await;
+    left
+}
+
+fn runner(app: &TestApp) -> Runner {
+    Runner::new(
+        app.store.clone(),
+        Arc::new(loupe::summarize::ExtractiveSummarizer::new()),
+        loupe::jobs::JobsConfig::default(),
+    )
+}
+
+/// Enqueues the retention job and runs jobs until none is left; returns the retention jobs'
+/// results.
+async fn sweep(app: &TestApp) -> Vec<Value> {
+    app.store
+        .enqueue_job(&retention_job(), chrono::Utc::now().timestamp_millis())
+        .await
+        .unwrap();
+    let runner = runner(app);
+    let mut results = Vec::new();
+    for _ in 0..1_000 {
+        match runner.step(Clock::System).await.unwrap() {
+            StepOutcome::Idle => return results,
+            StepOutcome::Succeeded { result, .. } => {
+                if result.get("expired_threads").is_some() {
+                    results.push(result);
+                }
+            }
+            other => panic!("a job did not succeed: {other:?}"),
+        }
+    }
+    panic!("the jobs never drained");
+}
+
+fn listed(list: &Value) -> Vec<String> {
+    list["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+async fn put(app: &TestApp, uri: &str, body: Value) -> crate::common::TestResponse {
+    app.request(Method::PUT, uri, Some(body)).await
+}
+
+async fn expired_threads_leave_lists_at_once_and_the_sweep_deletes_them_whole(app: TestApp) {
+    const CANARY: &str = "CANARY-RETENTION-5d1e";
+    let app = {
+        let limits = loupe::http::Limits {
+            webhooks_allow_private: true,
+            ..app.limits.clone()
+        };
+        app.reconfigure(limits, loupe::http::AuthMode::Open)
+    };
+    let receiver = Receiver::start(0, Duration::ZERO).await;
+    app.post(
+        "/v1/webhooks",
+        json!({"url": receiver.url, "kinds": ["thread.expired", "thread.deleted"]}),
+    )
+    .await;
+    for (thread, text) in [("old", CANARY), ("fresh", "nothing to see")] {
+        app.post("/v1/threads", json!({"id": thread})).await;
+        app.append(thread, tool_rounds(text, 0, 3, 4)).await;
+    }
+    // A cursor and settings: rows of other tables under the thread.
+    let pending = app.get("/v1/threads/old/cursors/reader/pending").await;
+    assert_eq!(pending.status, StatusCode::OK, "{}", pending.body);
+    put(
+        &app,
+        "/v1/threads/old/settings",
+        json!({"auto_compact_tokens": 0}),
+    )
+    .await;
+    age(&app, "old", 2 * HOUR_MS).await;
+    let key = thread_key(&app, "old").await;
+
+    // No policy: both are kept.
+    assert_eq!(listed(&app.get("/v1/threads").await.body), ["old", "fresh"]);
+    let policy = put(
+        &app,
+        "/v1/retention",
+        json!({"delete_after_idle_seconds": 3600}),
+    )
+    .await;
+    assert_eq!(policy.status, StatusCode::OK, "{}", policy.body);
+    // Expired: gone from every list at once, before any sweep.
+    assert_eq!(listed(&app.get("/v1/threads").await.body), ["fresh"]);
+    assert_eq!(
+        listed(
+            &app.get("/v1/threads?order=desc&include_total=true")
+                .await
+                .body
+        ),
+        ["fresh"]
+    );
+    assert_eq!(
+        app.get("/v1/threads?include_total=true").await.body["total"],
+        1
+    );
+    let retention = app.get("/v1/threads/old/retention").await;
+    assert_eq!(retention.status, StatusCode::OK, "{}", retention.body);
+    assert!(retention.body["own"].is_null());
+    assert_eq!(
+        retention.body["effective"]["delete_after_idle_seconds"],
+        3600
+    );
+    let expires: chrono::DateTime<chrono::Utc> =
+        serde_json::from_value(retention.body["expires_at"].clone()).unwrap();
+    assert!(expires < chrono::Utc::now());
+
+    let results = sweep(&app).await;
+    assert_eq!(results[0]["expired_threads"], 1, "{results:?}");
+    app.get("/v1/threads/old")
+        .await
+        .assert_problem(StatusCode::NOT_FOUND, "not-found");
+    assert_eq!(rows_under(&app, &key).await, []);
+    let fresh = app.get("/v1/threads/fresh/messages").await;
+    assert_eq!(fresh.body["messages"].as_array().unwrap().len(), 12);
+    // A second sweep finds nothing.
+    assert_eq!(sweep(&app).await[0]["expired_threads"], 0);
+
+    // Reported: expired, then deleted.
+    let config = loupe::webhooks::WebhookConfig {
+        allow_private: true,
+        ..Default::default()
+    };
+    let client = loupe::webhooks::client(&config);
+    // One delivery per endpoint at a time: send until none is left.
+    let now = || chrono::Utc::now().timestamp_millis();
+    while loupe::webhooks::deliver_due(&app.store, &client, &config, now())
+        .await
+        .unwrap()
+        > 0
+    {}
+    let kinds: Vec<String> = receiver
+        .received()
+        .iter()
+        .map(|r| {
+            serde_json::from_str::<Value>(&r.body).unwrap()["type"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(kinds, ["thread.expired", "thread.deleted"]);
+
+    // Nothing of the expired thread's text is left in the database.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let left = crate::erasure::stored_copies(&app, &[], &[CANARY.to_owned()]).await;
+        if left.is_empty() {
+            break;
+        }
+        // SQLite's WAL is emptied in the background: a bound on waiting, not a timing.
+        assert!(std::time::Instant::now() < deadline, "left in {left:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    app.finish().await;
+}
+
+async fn a_threads_own_policy_replaces_its_tenants(app: TestApp) {
+    for thread in ["kept", "short", "follows"] {
+        app.post("/v1/threads", json!({"id": thread})).await;
+        app.append(thread, vec![user(&format!("{thread}-0"), "hello")])
+            .await;
+        age(&app, thread, 2 * HOUR_MS).await;
+    }
+    put(
+        &app,
+        "/v1/retention",
+        json!({"delete_after_idle_seconds": 3600}),
+    )
+    .await;
+    // Its own policy keeps it for ever, whatever the tenant's.
+    let kept = put(&app, "/v1/threads/kept/retention", json!({})).await;
+    assert_eq!(kept.status, StatusCode::OK, "{}", kept.body);
+    assert!(kept.body["expires_at"].is_null());
+    assert_eq!(
+        kept.body["own"],
+        json!({"delete_after_idle_seconds": null, "delete_after_seconds": null, "trim_before_last_boundary": false})
+    );
+    // An absolute age shorter than the thread's.
+    put(
+        &app,
+        "/v1/threads/short/retention",
+        json!({"delete_after_seconds": 60}),
+    )
+    .await;
+    assert_eq!(listed(&app.get("/v1/threads").await.body), ["kept"]);
+    assert_eq!(sweep(&app).await[0]["expired_threads"], 2);
+    assert_eq!(listed(&app.get("/v1/threads").await.body), ["kept"]);
+    // Following the tenant's again: expired.
+    let follows = app.delete("/v1/threads/kept/retention").await;
+    assert_eq!(follows.status, StatusCode::OK, "{}", follows.body);
+    assert!(follows.body["own"].is_null());
+    assert_eq!(
+        listed(&app.get("/v1/threads").await.body),
+        Vec::<String>::new()
+    );
+    assert_eq!(sweep(&app).await[0]["expired_threads"], 1);
+    app.finish().await;
+}
+
+async fn an_append_renews_an_idle_thread(app: TestApp) {
+    app.post("/v1/threads", json!({"id": "t"})).await;
+    age(&app, "t", 2 * HOUR_MS).await;
+    put(
+        &app,
+        "/v1/retention",
+        json!({"delete_after_idle_seconds": 3600}),
+    )
+    .await;
+    assert!(listed(&app.get("/v1/threads").await.body).is_empty());
+    // Expired, but renewed by an append before the sweep: it stays.
+    app.append("t", vec![user("u", "back again")]).await;
+    assert_eq!(listed(&app.get("/v1/threads").await.body), ["t"]);
+    assert_eq!(sweep(&app).await[0]["expired_threads"], 0);
+    assert_eq!(app.get("/v1/threads/t").await.status, StatusCode::OK);
+    // The store's own check, as the job makes it: not expired now.
+    let now = chrono::Utc::now().timestamp_millis();
+    assert!(!app
+        .store
+        .expire_thread(
+            &loupe::store::TenantId("default".into()),
+            &loupe::store::ThreadId::new("t".to_owned()),
+            now
+        )
+        .await
+        .unwrap());
+    app.finish().await;
+}
+
+async fn the_sweep_works_in_batches(app: TestApp) {
+    let total = loupe::jobs::retention::RETENTION_BATCH as usize * 2 + 17;
+    for i in 0..total {
+        app.post("/v1/threads", json!({"id": format!("t{i}")}))
+            .await;
+    }
+    put(&app, "/v1/retention", json!({"delete_after_seconds": 1})).await;
+    let pool = connect(&app).await;
+    sqlx::query("UPDATE threads SET created_at = created_at - 10000")
+        .execute(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+    let results = sweep(&app).await;
+    let expired: Vec<i64> = results
+        .iter()
+        .map(|r| r["expired_threads"].as_i64().unwrap())
+        .collect();
+    assert_eq!(expired, [100, 100, 17], "{results:?}");
+    assert_eq!(results[0]["more"], true);
+    assert_eq!(results[2]["more"], false);
+    let pool = connect(&app).await;
+    let left: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM threads")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+    assert_eq!(left, 0);
+    app.finish().await;
+}
+
+async fn a_trim_keeps_only_what_follows_the_last_boundary(app: TestApp) {
+    const OLD: &str = "NEEDLEBEFOREBOUNDARY";
+    app.post("/v1/threads", json!({"id": "t"})).await;
+    app.append(
+        "t",
+        vec![user("needle", &format!("Remember {OLD} for later."))],
+    )
+    .await;
+    app.append("t", tool_rounds("q", 0, 6, 3)).await;
+    let compact = app
+        .post("/v1/threads/t/compact", json!({"keep_recent_rounds": 1}))
+        .await;
+    assert_eq!(compact.status, StatusCode::ACCEPTED, "{}", compact.body);
+    let compaction = runner(&app).step(Clock::System).await.unwrap();
+    assert!(
+        matches!(compaction, StepOutcome::Succeeded { .. }),
+        "{compaction:?}"
+    );
+    app.append("t", vec![user("after", "a question after the boundary")])
+        .await;
+    let context_before = app.get("/v1/threads/t/context?provider=anthropic").await;
+    assert_eq!(
+        context_before.status,
+        StatusCode::OK,
+        "{}",
+        context_before.body
+    );
+    let found = app.get(&format!("/v1/threads/t/search?q={OLD}")).await;
+    assert!(
+        !found.body["hits"].as_array().unwrap().is_empty(),
+        "{}",
+        found.body
+    );
+
+    let set = put(
+        &app,
+        "/v1/threads/t/retention",
+        json!({"trim_before_last_boundary": true}),
+    )
+    .await;
+    assert_eq!(set.status, StatusCode::OK, "{}", set.body);
+    let results = sweep(&app).await;
+    assert_eq!(results[0]["trimmed_threads"], 1, "{results:?}");
+    let trimmed = results[0]["trimmed_entries"].as_i64().unwrap();
+    assert!(trimmed > 0);
+
+    // Every entry before the window is a tombstone; the window is whole.
+    let bounds = app
+        .store
+        .window_bounds(
+            &loupe::store::TenantId("default".to_owned()),
+            &loupe::store::ThreadId::new("t".to_owned()),
+            None,
+        )
+        .await
+        .unwrap();
+    let window_start = bounds.start_seq as usize;
+    assert!(bounds.boundary.is_some() && window_start > 0);
+    let messages = app.get("/v1/threads/t/messages?limit=1000").await;
+    let entries = messages.body["messages"].as_array().unwrap();
+    for entry in &entries[..window_start] {
+        assert!(entry.get("erased").is_some(), "not trimmed: {entry}");
+    }
+    for entry in &entries[window_start..] {
+        assert!(
+            entry.get("erased").is_none(),
+            "trimmed from the window: {entry}"
+        );
+    }
+    assert_eq!(window_start as i64, trimmed);
+    // The context the model reads is the same.
+    let context_after = app.get("/v1/threads/t/context?provider=anthropic").await;
+    assert_eq!(
+        context_after.body["messages"],
+        context_before.body["messages"]
+    );
+    // Search no longer finds the trimmed text (the summary may quote it, and stays).
+    let found = app.get(&format!("/v1/threads/t/search?q={OLD}")).await;
+    let hits = found.body["hits"].as_array().unwrap();
+    assert!(
+        hits.iter()
+            .filter(|hit| hit["kind"] != "line")
+            .all(|hit| hit["seq"].as_i64().unwrap() >= window_start as i64),
+        "{}",
+        found.body
+    );
+    // The receipt, and the event a follower sees.
+    let receipts = app.get("/v1/threads/t/erasures").await;
+    assert_eq!(
+        receipts.body["erasures"][0]["reason"],
+        loupe::jobs::erasure::TRIM_REASON
+    );
+    let pool = connect(&app).await;
+    let kinds: Vec<String> =
+        sqlx::query_scalar("SELECT kind FROM thread_events ORDER BY event_seq")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    pool.close().await;
+    assert_eq!(kinds, ["trimmed"]);
+    // Nothing changed since: the next sweep passes it over.
+    assert_eq!(sweep(&app).await[0]["trimmed_threads"], 0);
+    app.finish().await;
+}
+
+async fn bad_policies_are_refused(app: TestApp) {
+    for body in [
+        json!({"delete_after_idle_seconds": 0}),
+        json!({"delete_after_seconds": 4_000_000_000_u64}),
+    ] {
+        put(&app, "/v1/retention", body)
+            .await
+            .assert_problem(StatusCode::UNPROCESSABLE_ENTITY, "validation");
+    }
+    let unknown = put(&app, "/v1/retention", json!({"keep": "forever"})).await;
+    assert!(unknown.status.is_client_error());
+    put(&app, "/v1/threads/nope/retention", json!({}))
+        .await
+        .assert_problem(StatusCode::NOT_FOUND, "not-found");
+    app.finish().await;
+}
