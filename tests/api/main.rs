@@ -20,6 +20,7 @@ mod erasure;
 mod estimate_blocks;
 mod estimate_replay;
 mod events;
+mod examples;
 mod forgetting;
 mod forks;
 mod group_commit;
