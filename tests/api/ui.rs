@@ -535,7 +535,48 @@ async fn browse(client: Client, api: Api, base: String, key: String, seeded: See
             text.contains("A live update from the agent")
         })
         .await;
+        // It came through the thread's event stream, not a poll.
+        let live_mode = client
+            .execute("return document.body.dataset.live", vec![])
+            .await
+            .unwrap();
+        assert_eq!(live_mode, json!("streaming"));
         screenshot(&client, "3-live-append").await;
+
+        // A fork shows its lineage, and its parent lists it.
+        let fork_id = format!("{thread}-retry");
+        let fork = api
+            .post(
+                &format!("/v1/threads/{thread}/fork"),
+                json!({"id": fork_id, "at_seq": crash_seq}),
+            )
+            .await;
+        assert_eq!(fork["forked_from"]["at_seq"], crash_seq);
+        client
+            .goto(&format!("{base}/ui#thread={fork_id}"))
+            .await
+            .unwrap();
+        let lineage = text_of(&client, "#thread-lineage", |text| {
+            text.contains("Forked from")
+        })
+        .await;
+        assert!(lineage.contains(&thread), "{lineage}");
+        assert!(
+            lineage.contains(&format!("at seq {crash_seq}")),
+            "{lineage}"
+        );
+        client
+            .find(Locator::Css(&format!(
+                "#thread-lineage button[data-thread='{thread}']"
+            )))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+        let forks = text_of(&client, "#thread-lineage", |text| text.contains("Forks:")).await;
+        assert!(forks.contains(&fork_id), "{forks}");
+        screenshot(&client, "4-fork-lineage").await;
     }
 }
 

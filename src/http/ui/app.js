@@ -4,8 +4,10 @@
 
 (function () {
   const PAGE = 100;
-  const POLL_MS = 700;
   const FULL_REFRESH_MS = 3000;
+  // A burst of events (an import, a fast agent) redraws once.
+  const REDRAW_AFTER_MS = 150;
+  const RECONNECT_MS = 2000;
   const KEY_ITEM = "loupe.key";
   const KNOWN_KINDS = ["user", "assistant", "attachment", "system", "progress"];
 
@@ -19,7 +21,11 @@
     updatedAt: null,
     lastFullRefresh: 0,
     repairsBySeq: new Map(),
-    polling: false,
+    refreshing: false,
+    // The thread's event stream: its abort controller, and the last event id received.
+    stream: null,
+    lastEventId: null,
+    redrawTimer: null,
     economicsAt: 0,
     economicsThread: null,
     economicsTimer: null,
@@ -136,7 +142,10 @@
             },
             h("span", { class: "thread-id" }, thread.id),
             h("span", { class: "muted" }, thread.message_count + " entries"),
-            metadata !== "{}" ? h("span", { class: "muted small" }, metadata) : null
+            metadata !== "{}" ? h("span", { class: "muted small" }, metadata) : null,
+            thread.forked_from
+              ? h("span", { class: "muted small" }, "fork of " + thread.forked_from.thread_id + " at seq " + thread.forked_from.at_seq)
+              : null
           )
         )
       );
@@ -155,6 +164,7 @@
     renderThreads();
     $("thread-title").textContent = "Thread " + id;
     $("outline-lines").replaceChildren();
+    follow(id);
     await refreshAll();
     $("thread").focus();
   }
@@ -174,6 +184,7 @@
         time(thread.updated_at) +
         " · metadata " +
         JSON.stringify(thread.metadata || {});
+      await renderLineage(thread);
       // The context first: the history highlights its repairs.
       const results = await Promise.allSettled([loadContext()]);
       const later = await Promise.allSettled([loadHistory(), loadOutline(), loadWork(), refreshEconomics()]);
@@ -865,25 +876,115 @@
     if (!cursors.cursors.length) cursorRows.append(h("tr", {}, h("td", { colspan: 4, class: "muted" }, "No cursors.")));
   }
 
+  // ---- Lineage -------------------------------------------------------------------------------
+
+  function threadLink(id) {
+    return h("button", { type: "button", class: "link", "data-thread": id, onclick: () => openThread(id) }, id);
+  }
+
+  async function renderLineage(thread) {
+    const parts = [];
+    if (thread.forked_from) {
+      parts.push("Forked from ", threadLink(thread.forked_from.thread_id), " at seq " + thread.forked_from.at_seq + ".");
+    }
+    const forks = await api("/v1/threads?limit=50&forked_from=" + enc(thread.id));
+    if (forks.threads.length) {
+      if (parts.length) parts.push(" ");
+      parts.push("Forks: ");
+      forks.threads.forEach((fork, i) => {
+        if (i) parts.push(", ");
+        parts.push(threadLink(fork.id), " (at seq " + (fork.forked_from ? fork.forked_from.at_seq : "?") + ")");
+      });
+      if (forks.next_cursor) parts.push(", …");
+    }
+    $("thread-lineage").replaceChildren(...parts);
+    $("thread-lineage").hidden = !parts.length;
+  }
+
   // ---- Live updates ----------------------------------------------------------------------------
 
-  async function poll() {
-    if (state.polling || !state.threadId || document.hidden) return;
-    state.polling = true;
-    try {
-      const thread = await api(threadPath());
-      const changed = thread.message_count !== state.messageCount || thread.updated_at !== state.updatedAt;
-      if (changed) {
-        await refreshAll();
-      } else if (Date.now() - state.lastFullRefresh > FULL_REFRESH_MS) {
-        // Jobs and the outline move without appends; the history and context do not.
-        state.lastFullRefresh = Date.now();
-        await Promise.all([loadOutline(), loadWork()]);
+  // Follows the thread's event stream (GET /v1/threads/{id}/events, Server-Sent Events) through
+  // fetch, which can send the key's Authorization header where EventSource cannot. Each event
+  // redraws the thread; a dropped stream resumes after the last event id, missing nothing.
+  function follow(id) {
+    if (state.stream) state.stream.abort();
+    const controller = new AbortController();
+    state.stream = controller;
+    state.lastEventId = null;
+    document.body.dataset.live = "connecting";
+    const run = async () => {
+      while (!controller.signal.aborted && state.threadId === id) {
+        try {
+          const ended = await readStream(id, controller);
+          if (ended === "deleted") return;
+        } catch (error) {
+          if (controller.signal.aborted) return;
+          document.body.dataset.live = "reconnecting";
+        }
+        await new Promise((resolve) => setTimeout(resolve, RECONNECT_MS));
       }
+    };
+    run();
+  }
+
+  async function readStream(id, controller) {
+    const headers = { Accept: "text/event-stream" };
+    const token = key();
+    if (token) headers.Authorization = "Bearer " + token;
+    if (state.lastEventId) headers["Last-Event-ID"] = state.lastEventId;
+    const response = await fetch("/v1/threads/" + enc(id) + "/events", {
+      headers,
+      cache: "no-store",
+      signal: controller.signal,
+    });
+    if (!response.ok || !response.body) throw new Error("HTTP " + response.status);
+    document.body.dataset.live = "streaming";
+    const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+    let buffer = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) return "closed";
+      buffer += value.replace(/\r\n?/g, "\n");
+      let end;
+      while ((end = buffer.indexOf("\n\n")) >= 0) {
+        const block = buffer.slice(0, end);
+        buffer = buffer.slice(end + 2);
+        const event = { type: "message", id: null };
+        for (const line of block.split("\n")) {
+          if (line.startsWith("event:")) event.type = line.slice(6).trim();
+          else if (line.startsWith("id:")) event.id = line.slice(3).trim();
+        }
+        if (event.id) state.lastEventId = event.id;
+        if (event.type === "deleted") {
+          document.body.dataset.live = "deleted";
+          setStatus("This thread was deleted.", true);
+          return "deleted";
+        }
+        if (event.type !== "message" || event.id) scheduleRedraw();
+      }
+    }
+  }
+
+  function scheduleRedraw() {
+    if (state.redrawTimer) return;
+    state.redrawTimer = setTimeout(async () => {
+      state.redrawTimer = null;
+      await refreshAll();
+    }, REDRAW_AFTER_MS);
+  }
+
+  // Jobs and the outline move without an event of their own: redrawn now and then.
+  async function refreshSlow() {
+    if (state.refreshing || !state.threadId || document.hidden) return;
+    if (Date.now() - state.lastFullRefresh < FULL_REFRESH_MS) return;
+    state.refreshing = true;
+    try {
+      state.lastFullRefresh = Date.now();
+      await Promise.all([loadOutline(), loadWork()]);
     } catch (error) {
       setStatus(error.message, true);
     } finally {
-      state.polling = false;
+      state.refreshing = false;
     }
   }
 
@@ -924,7 +1025,7 @@
       const id = threadFromHash();
       if (id && id !== state.threadId) openThread(id);
     });
-    setInterval(poll, POLL_MS);
+    setInterval(refreshSlow, FULL_REFRESH_MS);
     await boot();
   }
 

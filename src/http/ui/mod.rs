@@ -135,6 +135,7 @@ fn render_page(keyed: bool, providers: &[String]) -> Markup {
                     main id="thread" class="thread" tabindex="-1" {
                         h2 id="thread-title" { "No thread chosen" }
                         p id="thread-meta" class="muted" {}
+                        p id="thread-lineage" class="muted" hidden {}
                         section id="economics" class="panel economics" aria-labelledby="economics-title" {
                             h3 id="economics-title" { "Context size and input cost, request by request" }
                             div class="economics-controls" {
