@@ -8,8 +8,11 @@
 //! endpoint's secret (`whsec_` and 32 random bytes in base64, the key being those bytes).
 //!
 //! An attempt that gets no 2xx within the timeout is retried with exponential backoff, at most
-//! [`crate::store::MAX_DELIVERY_ATTEMPTS`] times. Redirects are not followed. A slow endpoint holds one of the
-//! sender's slots for at most the timeout, and only one per endpoint: appends never wait for it.
+//! [`crate::store::MAX_DELIVERY_ATTEMPTS`] times, the endpoint waiting meanwhile (its deliveries
+//! go in order). Redirects are not followed, and no proxy is used (a proxy would resolve names
+//! past the address policy). A slow endpoint holds one of the sender's slots for at most the
+//! timeout, one per endpoint, and a tenant at most a quarter of them: other tenants' deliveries
+//! go on, and appends never wait for any of it.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -21,7 +24,7 @@ use sha2::Sha256;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::store::{AttemptOutcome, DueDelivery, Store};
+use crate::store::{AttemptOutcome, DueDelivery, Store, StoreError};
 
 /// How the sender works.
 #[derive(Debug, Clone)]
@@ -117,19 +120,45 @@ pub fn is_public(ip: IpAddr) -> bool {
                 || a == 0
                 || (a == 100 && (64..128).contains(&b))
                 || (a == 198 && (b == 18 || b == 19))
+                || (a == 192 && b == 0 && v4.octets()[2] == 0)
                 || a >= 240)
         }
         IpAddr::V6(v6) => {
             if let Some(v4) = v6.to_ipv4_mapped() {
                 return is_public(IpAddr::V4(v4));
             }
-            let first = v6.segments()[0];
+            let segments = v6.segments();
+            let octets = v6.octets();
+            let embedded = |at: usize| {
+                IpAddr::V4(std::net::Ipv4Addr::new(
+                    octets[at],
+                    octets[at + 1],
+                    octets[at + 2],
+                    octets[at + 3],
+                ))
+            };
+            // Forms that carry an IPv4 address, which a gateway may reach: NAT64
+            // (64:ff9b::/96) and 6to4 (2002::/16) are as public as the address they carry.
+            if segments[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+                return is_public(embedded(12));
+            }
+            if segments[0] == 0x2002 {
+                return is_public(embedded(2));
+            }
+            let first = segments[0];
             !(v6.is_loopback()
                 || v6.is_unspecified()
                 || v6.is_multicast()
+                // IPv4-compatible (::/96, deprecated) and IPv4-translated (::ffff:0:0:0/96).
+                || segments[..6] == [0; 6]
+                || segments[..6] == [0, 0, 0, 0, 0xffff, 0]
+                // Local-use NAT64 (64:ff9b:1::/48).
+                || segments[..3] == [0x64, 0xff9b, 1]
                 || (first & 0xfe00) == 0xfc00
+                // Link-local (fe80::/10) and the deprecated site-local (fec0::/10).
                 || (first & 0xffc0) == 0xfe80
-                || first == 0x2001 && v6.segments()[1] == 0x0db8)
+                || (first & 0xffc0) == 0xfec0
+                || first == 0x2001 && segments[1] == 0x0db8)
         }
     }
 }
@@ -148,13 +177,17 @@ pub fn check_url(url: &str, allow_private: bool) -> Result<reqwest::Url, String>
     let host = parsed
         .host_str()
         .ok_or_else(|| "must name a host".to_owned())?;
+    if parsed.port() == Some(0) {
+        return Err("must not name port 0".to_owned());
+    }
     // The URL parser writes any IPv4 form (`0x7f.1`) as dotted decimal, and IPv6 in brackets.
     let literal = host
         .trim_start_matches('[')
         .trim_end_matches(']')
         .parse::<IpAddr>()
         .ok();
-    let local_name = host == "localhost" || host.ends_with(".localhost");
+    let name = host.trim_end_matches('.');
+    let local_name = name == "localhost" || name.ends_with(".localhost");
     if !allow_private && local_name {
         return Err(private_refusal());
     }
@@ -203,6 +236,8 @@ pub fn client(config: &WebhookConfig) -> reqwest::Client {
             allow_private: config.allow_private,
         }))
         .redirect(reqwest::redirect::Policy::none())
+        // A proxy (HTTP_PROXY in the environment) would resolve the names itself.
+        .no_proxy()
         .timeout(config.timeout)
         .connect_timeout(config.timeout.min(Duration::from_secs(5)))
         .user_agent(concat!("loupe-webhooks/", env!("CARGO_PKG_VERSION")))
@@ -281,33 +316,93 @@ fn error_chain(error: &dyn std::error::Error) -> String {
     text
 }
 
-/// Claims the due deliveries and sends them, at once; returns how many were attempted.
+/// The share of the sender's slots one tenant may hold.
+fn tenant_slots(config: &WebhookConfig) -> usize {
+    (config.concurrency as usize / 4).max(1)
+}
+
+/// Claims what is due at `now_ms` (at most the sender's slots, a tenant at most its share), for
+/// endpoints not in `busy` (tenant, count in flight).
+async fn claim_due(
+    store: &Store,
+    config: &WebhookConfig,
+    now_ms: i64,
+    free: usize,
+    busy: &mut std::collections::HashMap<String, usize>,
+) -> Result<Vec<DueDelivery>, StoreError> {
+    let mut claimed = Vec::new();
+    if free == 0 {
+        return Ok(claimed);
+    }
+    // More candidates than slots: some are skipped for their tenant's share.
+    let candidates = store
+        .endpoints_due(now_ms, (free as u32).saturating_mul(4))
+        .await?;
+    for (tenant, endpoint) in candidates {
+        if claimed.len() >= free {
+            break;
+        }
+        let held = busy.get(&tenant).copied().unwrap_or(0);
+        if held >= tenant_slots(config) {
+            continue;
+        }
+        let lease = config.lease().as_millis() as i64;
+        if let Some(delivery) = store
+            .claim_endpoint(&tenant, &endpoint, now_ms, lease)
+            .await?
+        {
+            *busy.entry(tenant).or_default() += 1;
+            claimed.push(delivery);
+        }
+    }
+    Ok(claimed)
+}
+
+/// Sends one claimed delivery and records the outcome.
+async fn send(
+    store: &Store,
+    client: &reqwest::Client,
+    config: &WebhookConfig,
+    delivery: DueDelivery,
+    now_ms: i64,
+) {
+    let outcome = attempt(client, config, &delivery, now_ms).await;
+    let ended = chrono::Utc::now().timestamp_millis().max(now_ms);
+    if let Err(error) = store.finish_delivery(&delivery, &outcome, ended).await {
+        tracing::warn!(%error, delivery = delivery.delivery_id, "cannot record a webhook attempt");
+    }
+    crate::metrics::webhook_attempt(matches!(outcome, AttemptOutcome::Delivered { .. }));
+}
+
+/// One round: claims what is due at `now_ms` and sends it, all at once, waiting for every
+/// attempt; returns how many were attempted. Tests drive the sender with it, time injected.
 pub async fn deliver_due(
     store: &Store,
     client: &reqwest::Client,
     config: &WebhookConfig,
     now_ms: i64,
-) -> Result<usize, crate::store::StoreError> {
-    let due = store
-        .claim_deliveries(
-            now_ms,
-            config.lease().as_millis() as i64,
-            config.concurrency,
-        )
-        .await?;
-    let attempts = due.iter().map(|delivery| async move {
-        let outcome = attempt(client, config, delivery, now_ms).await;
-        let ended = chrono::Utc::now().timestamp_millis().max(now_ms);
-        if let Err(error) = store.finish_delivery(delivery, &outcome, ended).await {
-            tracing::warn!(%error, delivery = delivery.delivery_id, "cannot record a webhook attempt");
-        }
-        crate::metrics::webhook_attempt(matches!(outcome, AttemptOutcome::Delivered { .. }));
-    });
-    futures_util::future::join_all(attempts).await;
-    Ok(due.len())
+) -> Result<usize, StoreError> {
+    let mut busy = std::collections::HashMap::new();
+    let due = claim_due(
+        store,
+        config,
+        now_ms,
+        config.concurrency as usize,
+        &mut busy,
+    )
+    .await?;
+    let count = due.len();
+    futures_util::future::join_all(
+        due.into_iter()
+            .map(|delivery| send(store, client, config, delivery, now_ms)),
+    )
+    .await;
+    Ok(count)
 }
 
-/// The sender: drains the outbox until `stop`, pruning ended deliveries now and then.
+/// The sender: keeps its slots busy with what is due until `stop` (a slot freed is filled at
+/// once, never at the pace of the slowest attempt), dropping endpoints' backlogs past their
+/// bound and pruning ended deliveries now and then.
 pub fn spawn_sender(
     store: Store,
     config: WebhookConfig,
@@ -315,7 +410,13 @@ pub fn spawn_sender(
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
         let client = client(&config);
+        let mut running: tokio::task::JoinSet<()> = tokio::task::JoinSet::new();
+        // Which tenant each attempt in flight is for, by task: given back however it ends.
+        let mut tenants: std::collections::HashMap<tokio::task::Id, String> =
+            std::collections::HashMap::new();
+        let mut busy: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
         let mut last_prune = std::time::Instant::now() - Duration::from_secs(3_600);
+        let mut last_backlog = std::time::Instant::now() - Duration::from_secs(60);
         while !stop.is_cancelled() {
             let now_ms = chrono::Utc::now().timestamp_millis();
             if last_prune.elapsed() >= Duration::from_secs(3_600) {
@@ -325,18 +426,146 @@ pub fn spawn_sender(
                     tracing::warn!(%error, "cannot prune ended webhook deliveries");
                 }
             }
-            let rest = match deliver_due(&store, &client, &config, now_ms).await {
-                Ok(0) => config.poll_interval,
-                Ok(_) => Duration::ZERO,
+            if last_backlog.elapsed() >= Duration::from_secs(60) {
+                last_backlog = std::time::Instant::now();
+                match store.drop_backlogs().await {
+                    Ok(0) => {}
+                    Ok(dropped) => tracing::warn!(
+                        dropped,
+                        "dropped webhook deliveries of endpoints too far behind"
+                    ),
+                    Err(error) => tracing::warn!(%error, "cannot bound the webhook backlogs"),
+                }
+            }
+            let free = config.concurrency as usize - running.len().min(config.concurrency as usize);
+            let claimed = match claim_due(&store, &config, now_ms, free, &mut busy).await {
+                Ok(claimed) => claimed,
                 Err(error) => {
                     tracing::warn!(%error, "cannot read the webhook outbox");
-                    config.poll_interval
+                    Vec::new()
                 }
+            };
+            let idle = claimed.is_empty();
+            for delivery in claimed {
+                let tenant = delivery.tenant_id.clone();
+                let (store, client, config) = (store.clone(), client.clone(), config.clone());
+                let task = running.spawn(async move {
+                    send(&store, &client, &config, delivery, now_ms).await;
+                });
+                tenants.insert(task.id(), tenant);
+            }
+            let wait = if idle {
+                config.poll_interval
+            } else {
+                Duration::ZERO
             };
             tokio::select! {
                 _ = stop.cancelled() => {}
-                _ = tokio::time::sleep(rest) => {}
+                Some(done) = running.join_next_with_id(), if !running.is_empty() => {
+                    let task = match done {
+                        Ok((task, ())) => task,
+                        Err(error) => error.id(),
+                    };
+                    if let Some(tenant) = tenants.remove(&task) {
+                        if let Some(held) = busy.get_mut(&tenant) {
+                            *held = held.saturating_sub(1);
+                            if *held == 0 {
+                                busy.remove(&tenant);
+                            }
+                        }
+                    }
+                }
+                _ = tokio::time::sleep(wait), if running.len() < config.concurrency as usize => {}
             }
         }
+        // In flight at the stop: each ends within its timeout, or its claim runs out and the
+        // delivery is sent again by whoever claims the endpoint next.
+        running.abort_all();
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn public(address: &str) -> bool {
+        is_public(address.parse().unwrap())
+    }
+
+    #[test]
+    fn addresses_that_reach_a_private_network_are_not_public() {
+        for address in [
+            "127.0.0.1",
+            "10.0.0.1",
+            "172.16.0.1",
+            "192.168.1.1",
+            "169.254.169.254",
+            "100.64.0.1",
+            "0.0.0.0",
+            "192.0.0.8",
+            "192.0.2.1",
+            "198.18.0.1",
+            "255.255.255.255",
+            "::1",
+            "::",
+            "fd00::1",
+            "fe80::1",
+            "fec0::1",
+            "::ffff:127.0.0.1",
+            // IPv4-compatible and IPv4-translated forms of loopback and the metadata address.
+            "::127.0.0.1",
+            "::a9fe:a9fe",
+            "::ffff:0:7f00:1",
+            // NAT64 and 6to4 carrying private addresses, and local-use NAT64.
+            "64:ff9b::a9fe:a9fe",
+            "64:ff9b::7f00:1",
+            "2002:7f00:1::",
+            "2002:c0a8:101::1",
+            "64:ff9b:1::1",
+            "2001:db8::1",
+        ] {
+            assert!(!public(address), "{address} passed as public");
+        }
+    }
+
+    #[test]
+    fn public_addresses_and_the_public_ones_they_carry_are_public() {
+        for address in [
+            "1.1.1.1",
+            "93.184.216.34",
+            "2606:4700:4700::1111",
+            "64:ff9b::5db8:d822",
+            "2002:5db8:d822::1",
+        ] {
+            assert!(public(address), "{address} refused");
+        }
+    }
+
+    #[test]
+    fn urls_are_checked_as_written() {
+        for url in [
+            "http://localhost/x",
+            "http://LOCALHOST./x",
+            "http://0x7f.1/x",
+            "http://[::ffff:7f00:1]/x",
+            "https://example.com:0/x",
+            "https://u:p@example.com/x",
+            "file:///etc/passwd",
+        ] {
+            assert!(check_url(url, false).is_err(), "{url} accepted");
+        }
+        assert!(check_url("https://example.com/x", false).is_ok());
+        assert!(check_url("http://127.0.0.1:9/x", true).is_ok());
+    }
+
+    /// Standard Webhooks' example: this secret, id, timestamp and body sign as shown.
+    #[test]
+    fn signatures_follow_the_standard() {
+        let secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+        let body = r#"{"test": 2432232314}"#;
+        assert_eq!(
+            sign(secret, "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, body),
+            "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
+        );
+    }
 }

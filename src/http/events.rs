@@ -92,7 +92,8 @@ impl Position {
     }
 }
 
-/// Follow a thread live: its appended entries, erasures and deletion, as Server-Sent Events.
+/// Follow a thread live: its entries, erasures, outline moves, trims and deletion, as
+/// Server-Sent Events.
 ///
 /// Each event has an `event` type, an `id` and JSON `data`:
 /// - `entry` (id: its seq, like `41`): an entry stored in the thread, as the messages API
@@ -101,7 +102,12 @@ impl Position {
 ///   `{"erasure_id", "seqs", "rewritten_seqs", "created_at"}`, never the erased content:
 ///   `seqs` are tombstones now, and the compaction summaries at `rewritten_seqs` were derived
 ///   again without it (read them again);
-/// - `deleted` (no id): the thread was deleted; the stream ends.
+/// - `trimmed` (id like an erasure's): a retention policy erased the entries before the last
+///   compact boundary, the same fields (its compaction summary stays as it was);
+/// - `outline` (id like an erasure's): a tree job moved the outline, `{"version", "boundary"}`
+///   (read the outline again);
+/// - `deleted` (no id): the thread was deleted (or expired by a retention policy: webhooks
+///   report that as `thread.expired`); the stream ends.
 ///
 /// Reconnect with the last id received as `Last-Event-ID` (browsers' `EventSource` does so by
 /// itself) to get exactly what follows it, from any process serving the same database and

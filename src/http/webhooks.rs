@@ -14,7 +14,9 @@ use utoipa_axum::{router::OpenApiRouter, routes};
 use super::answers::MalformedJson;
 use super::problem::{ApiError, ApiJson, ApiPath, ApiQuery, Problem};
 use super::{page_limit, AppState, Tenant};
-use crate::store::{now_millis, WebhookDelivery, WebhookEndpoint, WEBHOOK_KINDS};
+use crate::store::{
+    now_millis, WebhookDelivery, WebhookEndpoint, MAX_WEBHOOKS_PER_TENANT, WEBHOOK_KINDS,
+};
 use crate::webhooks::{check_url, delivery_id, new_secret};
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -25,8 +27,6 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(replay_delivery))
 }
 
-/// Most endpoints one tenant may register.
-pub const MAX_WEBHOOKS_PER_TENANT: i64 = 16;
 const MAX_URL_CHARS: usize = 2_048;
 const MAX_DESCRIPTION_CHARS: usize = 500;
 const MAX_DELIVERIES_PAGE: u32 = 500;
@@ -61,8 +61,8 @@ pub struct CreateWebhookRequest {
     #[schema(max_length = 2048)]
     pub url: String,
     /// The event kinds to deliver (at least one): `entries.appended`, `thread.created`,
-    /// `thread.deleted`, `thread.erasure`, `thread.expired`, `thread.trimmed`.
-    #[schema(min_items = 1, max_items = 6)]
+    /// `thread.deleted`, `thread.erasure`, `thread.expired`, `thread.outline`, `thread.trimmed`.
+    #[schema(min_items = 1, max_items = 7)]
     pub kinds: Vec<WebhookKind>,
     #[schema(max_length = 500)]
     pub description: Option<String>,
@@ -85,6 +85,10 @@ pub enum WebhookKind {
     /// A retention policy expired the thread; `thread.deleted` follows.
     #[serde(rename = "thread.expired")]
     ThreadExpired,
+    /// The outline moved: a tree job saved it (`version`, and `boundary`, the first seq it
+    /// leaves whole).
+    #[serde(rename = "thread.outline")]
+    ThreadOutline,
     /// A retention policy erased what came before the last compact boundary (`seqs`).
     #[serde(rename = "thread.trimmed")]
     ThreadTrimmed,
@@ -98,6 +102,7 @@ impl WebhookKind {
             WebhookKind::ThreadDeleted => "thread.deleted",
             WebhookKind::ThreadErasure => "thread.erasure",
             WebhookKind::ThreadExpired => "thread.expired",
+            WebhookKind::ThreadOutline => "thread.outline",
             WebhookKind::ThreadTrimmed => "thread.trimmed",
         }
     }
@@ -208,6 +213,7 @@ pub enum DeliveryState {
 #[into_params(parameter_in = Query)]
 pub struct DeliveryQuery {
     /// Only deliveries in this state.
+    #[param(inline)]
     pub state: Option<DeliveryState>,
     /// Deliveries after this one (`whd_…`), oldest first.
     #[param(pattern = r"^whd_[0-9]{1,18}$")]
@@ -219,8 +225,8 @@ pub struct DeliveryQuery {
 
 fn parse_delivery_id(field: &str, id: &str) -> Result<i64, ApiError> {
     id.strip_prefix("whd_")
+        .filter(|n| (1..=18).contains(&n.len()) && n.bytes().all(|b| b.is_ascii_digit()))
         .and_then(|n| n.parse::<i64>().ok())
-        .filter(|n| *n >= 0)
         .ok_or_else(|| ApiError::bad_request(format!("{field} must be a delivery id (whd_…)")))
 }
 
@@ -253,20 +259,14 @@ pub async fn create_webhook(
     }
     let url = check_url(&request.url, state.limits.webhooks_allow_private)
         .map_err(|reason| ApiError::invalid_field("url", reason))?;
-    if request.kinds.is_empty() {
+    if request.kinds.is_empty() || request.kinds.len() > WEBHOOK_KINDS.len() {
         return Err(ApiError::invalid_field(
             "kinds",
-            "must name at least one kind",
+            format!("must name 1 to {} kinds", WEBHOOK_KINDS.len()),
         ));
     }
     if let Some(description) = &request.description {
         super::check_key_field("description", description, MAX_DESCRIPTION_CHARS)?;
-    }
-    if state.store.webhook_count(&tenant).await? >= MAX_WEBHOOKS_PER_TENANT {
-        return Err(ApiError::invalid_field(
-            "url",
-            format!("the tenant has {MAX_WEBHOOKS_PER_TENANT} endpoints, the most it may have"),
-        ));
     }
     let mut kinds: Vec<String> = Vec::new();
     for kind in request.kinds {
@@ -285,7 +285,13 @@ pub async fn create_webhook(
             request.description.as_deref(),
             &new_secret(),
         )
-        .await?;
+        .await?
+        .ok_or_else(|| {
+            ApiError::invalid_field(
+                "url",
+                format!("the tenant has {MAX_WEBHOOKS_PER_TENANT} endpoints, the most it may have"),
+            )
+        })?;
     Ok((
         StatusCode::CREATED,
         Json(WebhookResponse::of(endpoint, true)),

@@ -106,7 +106,7 @@ async fn trim_thread(store: &Store, candidate: &TrimCandidate) -> Result<u64, St
             .await?;
         let Some(last) = last else { break };
         if !seqs.is_empty() {
-            trim(
+            let erasure = trim(
                 store,
                 &candidate.tenant,
                 &candidate.thread_id,
@@ -114,6 +114,8 @@ async fn trim_thread(store: &Store, candidate: &TrimCandidate) -> Result<u64, St
                 &seqs,
             )
             .await?;
+            // As after any erasure: the files stop holding the text (the receipt says when).
+            store.queue_scrub(erasure.erasure_id);
             trimmed += seqs.len() as u64;
         }
         from = last + 1;

@@ -99,7 +99,8 @@ pub use tree::{
     LevelLine, NewNode, OutlineSnapshot, StandIns, TreeStatus, ZoomRead, LINE_CONTEXT_LINES,
 };
 pub use webhooks::{
-    AttemptOutcome, DueDelivery, WebhookDelivery, WebhookEndpoint, MAX_DELIVERY_ATTEMPTS,
+    AttemptOutcome, DueDelivery, WebhookDelivery, WebhookEndpoint, DUE_ENDPOINTS_SQL,
+    HEAD_DELIVERY_SQL, MAX_DELIVERY_ATTEMPTS, MAX_UNSENT_PER_ENDPOINT, MAX_WEBHOOKS_PER_TENANT,
     WEBHOOK_KINDS,
 };
 

@@ -71,15 +71,27 @@ pub struct TrimCandidate {
     pub updated_at: i64,
 }
 
-/// The SQL condition (on `threads`, unqualified) of a thread expired at `$now` (bound as text):
-/// by its own policy, or by `tenant`'s, whose limits are written in as the times they put.
-pub(super) fn expired_condition(tenant: &RetentionPolicy, now_ms: i64, now: &str) -> String {
+/// The SQL condition of a thread expired at `now` (SQL: a parameter, or the time written in),
+/// its `threads` columns named with `prefix` (`""`, or an alias and a dot): by its own policy,
+/// or by `tenant`'s, whose limits are written in as the times they put.
+pub(super) fn expired_condition(
+    tenant: &RetentionPolicy,
+    now_ms: i64,
+    now: &str,
+    prefix: &str,
+) -> String {
     let mut by_tenant = Vec::new();
     if let Some(idle) = tenant.idle_ms {
-        by_tenant.push(format!("updated_at <= {}", now_ms.saturating_sub(idle)));
+        by_tenant.push(format!(
+            "{prefix}updated_at <= {}",
+            now_ms.saturating_sub(idle)
+        ));
     }
     if let Some(age) = tenant.age_ms {
-        by_tenant.push(format!("created_at <= {}", now_ms.saturating_sub(age)));
+        by_tenant.push(format!(
+            "{prefix}created_at <= {}",
+            now_ms.saturating_sub(age)
+        ));
     }
     let by_tenant = if by_tenant.is_empty() {
         "1 = 0".to_owned()
@@ -87,9 +99,11 @@ pub(super) fn expired_condition(tenant: &RetentionPolicy, now_ms: i64, now: &str
         by_tenant.join(" OR ")
     };
     format!(
-        "(CASE WHEN retention_own = 1 THEN \
-         (retention_idle_ms IS NOT NULL AND updated_at + retention_idle_ms <= CAST({now} AS BIGINT)) \
-         OR (retention_age_ms IS NOT NULL AND created_at + retention_age_ms <= CAST({now} AS BIGINT)) \
+        "(CASE WHEN {prefix}retention_own = 1 THEN \
+         ({prefix}retention_idle_ms IS NOT NULL \
+         AND {prefix}updated_at + {prefix}retention_idle_ms <= CAST({now} AS BIGINT)) \
+         OR ({prefix}retention_age_ms IS NOT NULL \
+         AND {prefix}created_at + {prefix}retention_age_ms <= CAST({now} AS BIGINT)) \
          ELSE {by_tenant} END)"
     )
 }
@@ -110,7 +124,7 @@ impl Store {
              WHERE tenant_id = $1",
         )
         .bind(&tenant.0)
-        .fetch_optional(&self.writer)
+        .fetch_optional(&self.pool)
         .await?;
         Ok(match row {
             None => RetentionPolicy::default(),
@@ -120,6 +134,26 @@ impl Store {
                 row.try_get("trim_before_boundary")?,
             ),
         })
+    }
+
+    /// ` AND NOT <expired>` on the threads aliased `alias` for a read across the tenant's
+    /// threads (`thread_key` is `None`): what lists leave out, search leaves out too. Empty for
+    /// a read of one thread, which its id still reaches until the sweep.
+    pub(super) async fn unexpired_condition(
+        &self,
+        tenant: &TenantId,
+        thread_key: Option<&ThreadKey>,
+        alias: &str,
+    ) -> Result<String, StoreError> {
+        if thread_key.is_some() {
+            return Ok(String::new());
+        }
+        let policy = self.tenant_retention(tenant).await?;
+        let now = super::now_millis();
+        Ok(format!(
+            " AND NOT {}",
+            expired_condition(&policy, now, &now.to_string(), &format!("{alias}."))
+        ))
     }
 
     /// Sets the tenant's policy.
@@ -157,7 +191,7 @@ impl Store {
         )
         .bind(&tenant.0)
         .bind(thread_id.as_str())
-        .fetch_optional(&self.writer)
+        .fetch_optional(&self.pool)
         .await?
         .ok_or(StoreError::ThreadNotFound)?;
         let own = (row.try_get::<i64, _>("retention_own")? == 1)
@@ -217,11 +251,11 @@ impl Store {
         let mut expired = Vec::new();
         let own = sqlx::query(&format!(
             "SELECT tenant_id, thread_id FROM threads WHERE retention_own = 1 AND {} LIMIT $2",
-            expired_condition(&RetentionPolicy::default(), now_ms, "$1")
+            expired_condition(&RetentionPolicy::default(), now_ms, "$1", "")
         ))
         .bind(now_ms.to_string())
         .bind(i64::from(limit))
-        .fetch_all(&self.writer)
+        .fetch_all(&self.pool)
         .await?;
         for row in own {
             expired.push((
@@ -233,7 +267,7 @@ impl Store {
             "SELECT tenant_id, idle_ms, age_ms FROM tenant_retention \
              WHERE idle_ms IS NOT NULL OR age_ms IS NOT NULL ORDER BY tenant_id",
         )
-        .fetch_all(&self.writer)
+        .fetch_all(&self.pool)
         .await?;
         for policy_row in policies {
             let room = limit as usize - expired.len().min(limit as usize);
@@ -249,12 +283,12 @@ impl Store {
             let rows = sqlx::query(&format!(
                 "SELECT thread_id FROM threads WHERE tenant_id = $2 AND retention_own = 0 \
                  AND {} LIMIT $3",
-                expired_condition(&policy, now_ms, "$1")
+                expired_condition(&policy, now_ms, "$1", "")
             ))
             .bind(now_ms.to_string())
             .bind(&tenant)
             .bind(room as i64)
-            .fetch_all(&self.writer)
+            .fetch_all(&self.pool)
             .await?;
             for row in rows {
                 expired.push((
@@ -281,7 +315,7 @@ impl Store {
         let key: Option<String> = sqlx::query_scalar(&format!(
             "UPDATE threads SET updated_at = updated_at WHERE tenant_id = $2 AND thread_id = $3 \
              AND {} RETURNING thread_key",
-            expired_condition(&policy, now_ms, "$1")
+            expired_condition(&policy, now_ms, "$1", "")
         ))
         .bind(now_ms.to_string())
         .bind(&tenant.0)
@@ -303,18 +337,42 @@ impl Store {
         Ok(true)
     }
 
-    /// Up to `limit` threads whose policy trims and that changed since they were last checked.
+    /// Up to `limit` threads whose policy trims and that changed since they were last checked:
+    /// those with a trimming policy of their own (through their partial index), then the
+    /// threads of each tenant whose policy trims (through the tenant's index). A tenant without
+    /// such a policy costs nothing here.
     pub async fn trim_candidates(&self, limit: u32) -> Result<Vec<TrimCandidate>, StoreError> {
-        let rows = sqlx::query(
-            "SELECT t.tenant_id, t.thread_id, t.thread_key, t.retention_trimmed_below, \
-             t.updated_at FROM threads t LEFT JOIN tenant_retention r ON r.tenant_id = t.tenant_id \
-             WHERE t.updated_at > t.retention_checked_at AND \
-             CASE WHEN t.retention_own = 1 THEN t.retention_trim = 1 \
-             ELSE COALESCE(r.trim_before_boundary, 0) = 1 END LIMIT $1",
-        )
+        const COLUMNS: &str =
+            "tenant_id, thread_id, thread_key, retention_trimmed_below, updated_at";
+        let mut rows = sqlx::query(&format!(
+            "SELECT {COLUMNS} FROM threads WHERE retention_own = 1 AND retention_trim = 1 \
+             AND updated_at > retention_checked_at LIMIT $1"
+        ))
         .bind(i64::from(limit))
-        .fetch_all(&self.writer)
+        .fetch_all(&self.pool)
         .await?;
+        let tenants: Vec<String> = sqlx::query_scalar(
+            "SELECT tenant_id FROM tenant_retention WHERE trim_before_boundary = 1 \
+             ORDER BY tenant_id",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        for tenant in tenants {
+            let room = (limit as usize).saturating_sub(rows.len());
+            if room == 0 {
+                break;
+            }
+            rows.extend(
+                sqlx::query(&format!(
+                    "SELECT {COLUMNS} FROM threads WHERE tenant_id = $1 AND retention_own = 0 \
+                     AND updated_at > retention_checked_at LIMIT $2"
+                ))
+                .bind(&tenant)
+                .bind(room as i64)
+                .fetch_all(&self.pool)
+                .await?,
+            );
+        }
         rows.iter()
             .map(|row| {
                 Ok(TrimCandidate {

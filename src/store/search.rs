@@ -405,9 +405,12 @@ impl Store {
     ) -> Result<Vec<SearchHit>, StoreError> {
         let postgres = self.backend == Backend::Postgres;
         let scope = if thread_key.is_some() {
-            "AND n.thread_key = $3"
+            "AND n.thread_key = $3".to_owned()
         } else {
-            "AND $3 = $3"
+            format!(
+                "AND $3 = $3{}",
+                self.unexpired_condition(tenant, thread_key, "t").await?
+            )
         };
         let key = thread_key.map_or("", ThreadKey::as_str).to_owned();
         let terms = query.terms.len();
@@ -516,9 +519,12 @@ impl Store {
             .map(|t| format!("\"{}\"", t.replace('"', "\"\"")))
             .collect();
         let scope = if thread_key.is_some() {
-            "AND r.thread_key = $3"
+            "AND r.thread_key = $3".to_owned()
         } else {
-            "AND $3 = $3"
+            format!(
+                "AND $3 = $3{}",
+                self.unexpired_condition(tenant, thread_key, "t").await?
+            )
         };
         let key = thread_key.map_or("", ThreadKey::as_str).to_owned();
         if indexed.len() == query.terms.len() {
@@ -566,7 +572,7 @@ impl Store {
             }
             return Ok(q.fetch_all(&self.pool).await?);
         }
-        self.search_by_like(tenant, &key, scope, query).await
+        self.search_by_like(tenant, &key, &scope, query).await
     }
 
     async fn search_postgres(
@@ -576,12 +582,15 @@ impl Store {
         query: &SearchQuery,
     ) -> Result<Vec<sqlx::any::AnyRow>, StoreError> {
         let scope = if thread_key.is_some() {
-            "AND r.thread_key = $3"
+            "AND r.thread_key = $3".to_owned()
         } else {
-            "AND $3 = $3"
+            format!(
+                "AND $3 = $3{}",
+                self.unexpired_condition(tenant, thread_key, "t").await?
+            )
         };
         let key = thread_key.map_or("", ThreadKey::as_str).to_owned();
-        self.search_by_like(tenant, &key, scope, query).await
+        self.search_by_like(tenant, &key, &scope, query).await
     }
 
     /// Substring matching by `LIKE` (SQLite: terms too short for its trigrams) or `ILIKE`

@@ -286,7 +286,7 @@ impl Store {
         let now = format!("${}", binds.len() + 2);
         conditions.push_str(&format!(
             " AND NOT {}",
-            super::retention::expired_condition(&retention, now_ms, &now)
+            super::retention::expired_condition(&retention, now_ms, &now, "")
         ));
         binds.push(now_ms.to_string());
         let mut sql =
@@ -459,13 +459,13 @@ impl Store {
         patch: &Map<String, Value>,
         max_bytes: usize,
     ) -> Result<Thread, StoreError> {
-        let lock = match self.backend {
-            super::Backend::Postgres => " FOR UPDATE",
-            super::Backend::Sqlite => "",
-        };
         let mut tx = self.writer.begin().await?;
+        // A write that changes nothing first: it takes SQLite's write lock at once (a read first
+        // would pin a snapshot that a racing write makes stale, and the update would then fail
+        // as busy), and PostgreSQL's row lock.
         let row = sqlx::query(&format!(
-            "SELECT {THREAD_COLUMNS} FROM threads WHERE tenant_id = $1 AND thread_id = $2{lock}"
+            "UPDATE threads SET updated_at = updated_at WHERE tenant_id = $1 AND thread_id = $2 \
+             RETURNING {THREAD_COLUMNS}"
         ))
         .bind(&tenant.0)
         .bind(id.as_str())

@@ -444,6 +444,17 @@ impl Store {
             .await?
         };
         let saved = changed.rows_affected() == 1;
+        if saved {
+            // Followers and webhooks learn that the outline moved (never what it says).
+            super::events::record_event(
+                &mut tx,
+                thread_key.as_str(),
+                "outline",
+                &serde_json::json!({"boundary": boundary, "version": expected_version + 1}),
+                now,
+            )
+            .await?;
+        }
         if saved && previous.unwrap_or(0) != boundary {
             // A merge: kept so that the economics chart can mark each one where it happened.
             sqlx::query(
@@ -457,6 +468,19 @@ impl Store {
             .await?;
         }
         tx.commit().await?;
+        if saved {
+            let named =
+                sqlx::query("SELECT tenant_id, thread_id FROM threads WHERE thread_key = $1")
+                    .bind(thread_key.as_str())
+                    .fetch_optional(&self.pool)
+                    .await?;
+            if let Some(row) = named {
+                self.changes.changed(
+                    &TenantId(row.try_get("tenant_id")?),
+                    &ThreadId::new(row.try_get::<String, _>("thread_id")?),
+                );
+            }
+        }
         Ok(saved)
     }
 

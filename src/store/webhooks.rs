@@ -1,10 +1,12 @@
 //! Webhooks: a tenant's endpoints and the outbox of their deliveries (migration 0024).
 //!
 //! Deliveries are queued by triggers in the transaction of the change they report, so the
-//! outbox holds exactly what committed. [`Store::claim_deliveries`] hands the due ones to the
-//! sender (`crate::webhooks`) under a lease, one per endpoint at a time, and
-//! [`Store::finish_delivery`] records the attempt: a sender killed mid-way leaves its claims to
-//! expire and be sent again (at least once; receivers deduplicate by the delivery's id).
+//! outbox holds exactly what committed. The sender (`crate::webhooks`) asks for
+//! [`Store::endpoints_due`], claims one with [`Store::claim_endpoint`] (a lease on the endpoint,
+//! and its oldest unsent delivery) and records the attempt with [`Store::finish_delivery`]: a
+//! sender killed mid-way leaves its claim to run out, and the delivery is sent again (at least
+//! once; receivers deduplicate by the delivery's id). After a failed attempt the endpoint waits
+//! before its next; every query reaches the unsent deliveries through a partial index.
 
 use sqlx::Row;
 
@@ -17,11 +19,32 @@ pub const WEBHOOK_KINDS: &[&str] = &[
     "thread.deleted",
     "thread.erasure",
     "thread.expired",
+    "thread.outline",
     "thread.trimmed",
 ];
 
 /// Attempts a delivery gets before it is `failed` (a replay starts it again).
 pub const MAX_DELIVERY_ATTEMPTS: i64 = 8;
+
+/// Most unsent deliveries an endpoint keeps: past them, the oldest are `failed` as dropped
+/// (still listed, and replayable), so an endpoint that is down holds bounded storage.
+pub const MAX_UNSENT_PER_ENDPOINT: i64 = 10_000;
+
+/// Most endpoints a tenant may register.
+pub const MAX_WEBHOOKS_PER_TENANT: i64 = 16;
+
+/// The endpoints with something to send now: not claimed, not waiting after a failure, least
+/// recently claimed first.
+pub const DUE_ENDPOINTS_SQL: &str = "SELECT e.tenant_id, e.endpoint_id FROM webhook_endpoints e \
+     WHERE (e.busy_until IS NULL OR e.busy_until <= $1) AND (e.retry_at IS NULL OR e.retry_at <= $1) \
+     AND EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.tenant_id = e.tenant_id \
+     AND d.endpoint_id = e.endpoint_id AND d.state IN ('pending', 'sending')) \
+     ORDER BY e.last_claimed_at, e.tenant_id, e.endpoint_id LIMIT $2";
+
+/// An endpoint's oldest unsent delivery.
+pub const HEAD_DELIVERY_SQL: &str = "SELECT delivery_id, kind, data, created_at, attempts \
+     FROM webhook_deliveries WHERE tenant_id = $1 AND endpoint_id = $2 \
+     AND state IN ('pending', 'sending') ORDER BY delivery_id LIMIT 1";
 
 /// A registered endpoint. `secret` is only ever shown when it is created.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,6 +79,10 @@ pub struct WebhookDelivery {
 /// A claimed delivery with what sending it needs.
 #[derive(Debug, Clone)]
 pub struct DueDelivery {
+    pub tenant_id: String,
+    pub endpoint_id: String,
+    /// The endpoint's claim: its outcome is recorded only while the claim is still this one.
+    pub busy_until: i64,
     pub delivery_id: i64,
     pub url: String,
     pub secret: String,
@@ -130,7 +157,9 @@ fn delivery_from_row(row: &sqlx::any::AnyRow) -> Result<WebhookDelivery, StoreEr
 }
 
 impl Store {
-    /// Registers an endpoint of the tenant's for `kinds` (checked by the caller).
+    /// Registers an endpoint of the tenant's for `kinds` (checked by the caller), unless it has
+    /// [`MAX_WEBHOOKS_PER_TENANT`] already (`None`). The count and the insert are one
+    /// transaction, serialized per tenant (SQLite's write lock; a PostgreSQL advisory lock).
     pub async fn create_webhook(
         &self,
         tenant: &TenantId,
@@ -138,12 +167,20 @@ impl Store {
         kinds: &[String],
         description: Option<&str>,
         secret: &str,
-    ) -> Result<WebhookEndpoint, StoreError> {
+    ) -> Result<Option<WebhookEndpoint>, StoreError> {
         let endpoint_id = format!("wh_{}", uuid::Uuid::now_v7().simple());
         let kinds = format!(",{},", kinds.join(","));
+        let mut tx = self.writer.begin().await?;
+        if self.backend == super::Backend::Postgres {
+            sqlx::query("SELECT pg_advisory_xact_lock(hashtext('loupe_webhooks:' || $1))")
+                .bind(&tenant.0)
+                .execute(&mut *tx)
+                .await?;
+        }
         let row = sqlx::query(&format!(
             "INSERT INTO webhook_endpoints (tenant_id, endpoint_id, url, secret, kinds, \
-             description, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7) \
+             description, created_at) SELECT $1, $2, $3, $4, $5, $6, $7 \
+             WHERE (SELECT COUNT(*) FROM webhook_endpoints WHERE tenant_id = $1) < $8 \
              RETURNING {ENDPOINT_COLUMNS}"
         ))
         .bind(&tenant.0)
@@ -153,9 +190,11 @@ impl Store {
         .bind(&kinds)
         .bind(description)
         .bind(super::now_millis())
-        .fetch_one(&self.writer)
+        .bind(MAX_WEBHOOKS_PER_TENANT)
+        .fetch_optional(&mut *tx)
         .await?;
-        endpoint_from_row(&row)
+        tx.commit().await?;
+        row.as_ref().map(endpoint_from_row).transpose()
     }
 
     /// The tenant's endpoints, oldest first.
@@ -168,19 +207,9 @@ impl Store {
              ORDER BY created_at, endpoint_id"
         ))
         .bind(&tenant.0)
-        .fetch_all(&self.writer)
+        .fetch_all(&self.pool)
         .await?;
         rows.iter().map(endpoint_from_row).collect()
-    }
-
-    /// How many endpoints the tenant has.
-    pub async fn webhook_count(&self, tenant: &TenantId) -> Result<i64, StoreError> {
-        Ok(
-            sqlx::query_scalar("SELECT COUNT(*) FROM webhook_endpoints WHERE tenant_id = $1")
-                .bind(&tenant.0)
-                .fetch_one(&self.writer)
-                .await?,
-        )
     }
 
     /// One of the tenant's endpoints.
@@ -195,7 +224,7 @@ impl Store {
         ))
         .bind(&tenant.0)
         .bind(endpoint_id)
-        .fetch_optional(&self.writer)
+        .fetch_optional(&self.pool)
         .await?
         .ok_or(StoreError::WebhookNotFound)?;
         endpoint_from_row(&row)
@@ -248,7 +277,7 @@ impl Store {
         .bind(after_id)
         .bind(state.unwrap_or(""))
         .bind(i64::from(limit))
-        .fetch_all(&self.writer)
+        .fetch_all(&self.pool)
         .await?;
         rows.iter().map(delivery_from_row).collect()
     }
@@ -274,103 +303,186 @@ impl Store {
         .fetch_optional(&self.writer)
         .await?
         .ok_or(StoreError::DeliveryNotFound)?;
+        // Asked for now: the endpoint's wait after a failure does not hold it back.
+        sqlx::query(
+            "UPDATE webhook_endpoints SET retry_at = NULL WHERE tenant_id = $1 AND endpoint_id = $2",
+        )
+        .bind(&tenant.0)
+        .bind(endpoint_id)
+        .execute(&self.writer)
+        .await?;
         delivery_from_row(&row)
     }
 
-    /// Claims up to `limit` due deliveries until `now_ms + lease_ms`: for each endpoint with
-    /// none in flight, its oldest due one (so one endpoint, however slow, holds one sender, and
-    /// its events arrive in order unless one is retried). A claim whose lease ran out (its
-    /// sender died) is due again.
-    pub async fn claim_deliveries(
+    /// Up to `limit` endpoints with a delivery to send at `now_ms` ([`DUE_ENDPOINTS_SQL`]).
+    pub async fn endpoints_due(
         &self,
         now_ms: i64,
-        lease_ms: i64,
         limit: u32,
-    ) -> Result<Vec<DueDelivery>, StoreError> {
-        let due = "((d.state = 'pending' AND d.next_attempt_at <= $1) \
-                   OR (d.state = 'sending' AND d.lease_until <= $1))";
-        let rows = sqlx::query(&format!(
-            "UPDATE webhook_deliveries SET state = 'sending', lease_until = $2, \
-             attempts = attempts + 1 \
-             WHERE delivery_id IN (SELECT MIN(d.delivery_id) FROM webhook_deliveries d \
-             WHERE {due} AND NOT EXISTS (SELECT 1 FROM webhook_deliveries s \
-             WHERE s.tenant_id = d.tenant_id AND s.endpoint_id = d.endpoint_id \
-             AND s.state = 'sending' AND s.lease_until > $1) \
-             GROUP BY d.tenant_id, d.endpoint_id LIMIT $3) \
-             AND {} \
-             RETURNING delivery_id, tenant_id, endpoint_id, kind, data, created_at, attempts",
-            due.replace("d.", "")
-        ))
-        .bind(now_ms)
-        .bind(now_ms + lease_ms)
-        .bind(i64::from(limit))
-        .fetch_all(&self.writer)
-        .await?;
-        let mut claimed = Vec::with_capacity(rows.len());
-        for row in rows {
-            let tenant: String = row.try_get("tenant_id")?;
-            let endpoint_id: String = row.try_get("endpoint_id")?;
-            let delivery_id: i64 = row.try_get("delivery_id")?;
-            let endpoint = sqlx::query(
-                "SELECT url, secret FROM webhook_endpoints WHERE tenant_id = $1 \
-                 AND endpoint_id = $2",
-            )
-            .bind(&tenant)
-            .bind(&endpoint_id)
-            .fetch_optional(&self.writer)
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        let rows = sqlx::query(DUE_ENDPOINTS_SQL)
+            .bind(now_ms)
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
             .await?;
-            // The endpoint was deleted meanwhile: its deliveries go with it.
-            let Some(endpoint) = endpoint else { continue };
-            claimed.push(DueDelivery {
-                delivery_id,
-                url: endpoint.try_get("url")?,
-                secret: endpoint.try_get("secret")?,
-                kind: row.try_get("kind")?,
-                data: row.try_get("data")?,
-                created_at_ms: row.try_get("created_at")?,
-                attempt: row.try_get("attempts")?,
-            });
-        }
-        Ok(claimed)
+        rows.iter()
+            .map(|row| Ok((row.try_get("tenant_id")?, row.try_get("endpoint_id")?)))
+            .collect()
     }
 
-    /// Records how attempt `attempt` of a claimed delivery ended. Nothing is written when the
-    /// claim is no longer this one (its lease ran out and another sender took it).
+    /// Claims the endpoint until `now_ms + lease_ms` if it is due, and its oldest unsent
+    /// delivery with it: `None` when another sender took it first or it has nothing to send.
+    pub async fn claim_endpoint(
+        &self,
+        tenant_id: &str,
+        endpoint_id: &str,
+        now_ms: i64,
+        lease_ms: i64,
+    ) -> Result<Option<DueDelivery>, StoreError> {
+        let busy_until = now_ms + lease_ms;
+        let mut tx = self.writer.begin().await?;
+        let endpoint = sqlx::query(
+            "UPDATE webhook_endpoints SET busy_until = $3, last_claimed_at = $4 \
+             WHERE tenant_id = $1 AND endpoint_id = $2 \
+             AND (busy_until IS NULL OR busy_until <= $4) AND (retry_at IS NULL OR retry_at <= $4) \
+             RETURNING url, secret",
+        )
+        .bind(tenant_id)
+        .bind(endpoint_id)
+        .bind(busy_until)
+        .bind(now_ms)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(endpoint) = endpoint else {
+            return Ok(None);
+        };
+        let head = sqlx::query(HEAD_DELIVERY_SQL)
+            .bind(tenant_id)
+            .bind(endpoint_id)
+            .fetch_optional(&mut *tx)
+            .await?;
+        let Some(head) = head else {
+            sqlx::query(
+                "UPDATE webhook_endpoints SET busy_until = NULL \
+                 WHERE tenant_id = $1 AND endpoint_id = $2",
+            )
+            .bind(tenant_id)
+            .bind(endpoint_id)
+            .execute(&mut *tx)
+            .await?;
+            tx.commit().await?;
+            return Ok(None);
+        };
+        let delivery_id: i64 = head.try_get("delivery_id")?;
+        let attempt = head.try_get::<i64, _>("attempts")? + 1;
+        sqlx::query(
+            "UPDATE webhook_deliveries SET state = 'sending', attempts = $2, lease_until = $3 \
+             WHERE delivery_id = $1",
+        )
+        .bind(delivery_id)
+        .bind(attempt)
+        .bind(busy_until)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(Some(DueDelivery {
+            tenant_id: tenant_id.to_owned(),
+            endpoint_id: endpoint_id.to_owned(),
+            busy_until,
+            delivery_id,
+            url: endpoint.try_get("url")?,
+            secret: endpoint.try_get("secret")?,
+            kind: head.try_get("kind")?,
+            data: head.try_get("data")?,
+            created_at_ms: head.try_get("created_at")?,
+            attempt,
+        }))
+    }
+
+    /// Records how a claimed attempt ended and gives the endpoint back (waiting until the
+    /// retry's time after a failure that is not the last). Nothing is written once the claim is
+    /// no longer this one (its lease ran out and another sender took the endpoint).
     pub async fn finish_delivery(
         &self,
         delivery: &DueDelivery,
         outcome: &AttemptOutcome,
         now_ms: i64,
     ) -> Result<(), StoreError> {
-        let (state, status, error, next): (&str, Option<u16>, Option<&str>, i64) = match outcome {
-            AttemptOutcome::Delivered { status } => ("delivered", Some(*status), None, now_ms),
-            AttemptOutcome::Failed {
-                status,
-                error,
-                retry_at_ms,
-            } => {
-                let last = delivery.attempt >= MAX_DELIVERY_ATTEMPTS;
-                let state = if last { "failed" } else { "pending" };
-                (state, *status, Some(error.as_str()), *retry_at_ms)
-            }
-            AttemptOutcome::Refused { error } => ("failed", None, Some(error.as_str()), now_ms),
-        };
-        sqlx::query(
-            "UPDATE webhook_deliveries SET state = $1, last_status = $2, last_error = $3, \
-             next_attempt_at = $4, lease_until = NULL, \
-             delivered_at = CASE WHEN $1 = 'delivered' THEN $5 ELSE delivered_at END \
-             WHERE delivery_id = $6 AND state = 'sending' AND attempts = $7",
+        let (state, status, error, retry_at): (&str, Option<u16>, Option<&str>, Option<i64>) =
+            match outcome {
+                AttemptOutcome::Delivered { status } => ("delivered", Some(*status), None, None),
+                AttemptOutcome::Failed {
+                    status,
+                    error,
+                    retry_at_ms,
+                } if delivery.attempt < MAX_DELIVERY_ATTEMPTS => {
+                    ("pending", *status, Some(error.as_str()), Some(*retry_at_ms))
+                }
+                AttemptOutcome::Failed { status, error, .. } => {
+                    ("failed", *status, Some(error.as_str()), None)
+                }
+                AttemptOutcome::Refused { error } => ("failed", None, Some(error.as_str()), None),
+            };
+        let mut tx = self.writer.begin().await?;
+        let released = sqlx::query(
+            "UPDATE webhook_endpoints SET busy_until = NULL, retry_at = $4 \
+             WHERE tenant_id = $1 AND endpoint_id = $2 AND busy_until = $3",
         )
-        .bind(state)
-        .bind(status.map(i64::from))
-        .bind(error.map(|e| super::clip(e, 500).into_owned()))
-        .bind(next)
-        .bind(now_ms)
-        .bind(delivery.delivery_id)
-        .bind(delivery.attempt)
-        .execute(&self.writer)
-        .await?;
+        .bind(&delivery.tenant_id)
+        .bind(&delivery.endpoint_id)
+        .bind(delivery.busy_until)
+        .bind(retry_at)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if released == 1 {
+            sqlx::query(
+                "UPDATE webhook_deliveries SET state = $1, last_status = $2, last_error = $3, \
+                 next_attempt_at = $4, lease_until = NULL, \
+                 delivered_at = CASE WHEN $1 = 'delivered' THEN $5 ELSE delivered_at END \
+                 WHERE delivery_id = $6 AND attempts = $7",
+            )
+            .bind(state)
+            .bind(status.map(i64::from))
+            .bind(error.map(|e| super::clip(e, 500).into_owned()))
+            .bind(retry_at.unwrap_or(now_ms))
+            .bind(now_ms)
+            .bind(delivery.delivery_id)
+            .bind(delivery.attempt)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
         Ok(())
+    }
+
+    /// Fails, as dropped, the oldest unsent deliveries of every endpoint past
+    /// [`MAX_UNSENT_PER_ENDPOINT`]. Returns how many.
+    pub async fn drop_backlogs(&self) -> Result<u64, StoreError> {
+        let endpoints = sqlx::query("SELECT tenant_id, endpoint_id FROM webhook_endpoints")
+            .fetch_all(&self.pool)
+            .await?;
+        let mut dropped = 0;
+        for endpoint in endpoints {
+            let tenant: String = endpoint.try_get("tenant_id")?;
+            let endpoint_id: String = endpoint.try_get("endpoint_id")?;
+            dropped += sqlx::query(
+                "UPDATE webhook_deliveries SET state = 'failed', lease_until = NULL, \
+                 last_error = 'dropped: the endpoint fell more than ' || $3 || \
+                 ' deliveries behind' WHERE tenant_id = $1 AND endpoint_id = $2 \
+                 AND state = 'pending' AND delivery_id < (SELECT d.delivery_id \
+                 FROM webhook_deliveries d WHERE d.tenant_id = $1 AND d.endpoint_id = $2 \
+                 AND d.state IN ('pending', 'sending') ORDER BY d.delivery_id DESC LIMIT 1 OFFSET $4)",
+            )
+            .bind(&tenant)
+            .bind(&endpoint_id)
+            .bind(MAX_UNSENT_PER_ENDPOINT.to_string())
+            .bind(MAX_UNSENT_PER_ENDPOINT - 1)
+            .execute(&self.writer)
+            .await?
+            .rows_affected();
+        }
+        Ok(dropped)
     }
 
     /// Removes deliveries that ended (delivered or failed) before `before_ms`.

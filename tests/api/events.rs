@@ -19,6 +19,7 @@ on_both_backends!(
     more_events_than_a_page_before_an_entry_are_all_sent,
     a_thread_recreated_under_its_id_is_another_stream,
     a_tenant_holds_a_bounded_number_of_streams,
+    outline_moves_and_expiry_are_streamed,
 );
 
 /// On PostgreSQL another process's write reaches this one's followers through `NOTIFY`, not
@@ -382,5 +383,76 @@ async fn a_tenant_holds_a_bounded_number_of_streams(app: TestApp) {
     let again = app.router.clone().oneshot(request(&a)).await.unwrap();
     assert_eq!(again.status(), StatusCode::OK);
     drop((held, other, again));
+    app.finish().await;
+}
+
+/// A tree job's outline move is an event, placed after the entries it follows; a retention
+/// expiry ends the stream with `deleted`.
+async fn outline_moves_and_expiry_are_streamed(app: TestApp) {
+    let runner = crate::tree::runner(
+        &app,
+        std::sync::Arc::new(loupe::summarize::ExtractiveSummarizer::new()),
+    );
+    app.thread("t").await;
+    crate::tree::outline_on(
+        &app,
+        "t",
+        json!({"enabled": true, "line_bytes": 96, "budget_bytes": 900, "tail_tokens": 40}),
+    )
+    .await;
+    let mut events = open(&app.router, "/v1/threads/t/events", None).await;
+    for i in 0..6 {
+        app.append(
+            "t",
+            crate::tree::exchange(i, &format!("Question {i}, at some length"), "ok"),
+        )
+        .await;
+    }
+    crate::tree::drain(&runner).await;
+    let mut outline = None;
+    let mut entries = 0;
+    while outline.is_none() {
+        let event = events.next().await.expect("the stream goes on");
+        match event.event.as_str() {
+            "entry" => entries += 1,
+            "outline" => outline = Some(event),
+            other => panic!("unexpected {other}"),
+        }
+    }
+    let outline = outline.unwrap();
+    assert!(
+        outline.data["version"].as_i64().unwrap() >= 1,
+        "{:?}",
+        outline.data
+    );
+    let id = outline.id.clone().unwrap();
+    let (follows, _) = id.split_once('.').expect("an event id");
+    assert!(
+        follows.parse::<i64>().unwrap() < entries,
+        "{id} after {entries} entries"
+    );
+
+    let set = app
+        .request(
+            axum::http::Method::PUT,
+            "/v1/threads/t/retention",
+            Some(json!({"delete_after_seconds": 60})),
+        )
+        .await;
+    assert_eq!(set.status, StatusCode::OK, "{}", set.body);
+    crate::retention::age(&app, "t", 120_000).await;
+    crate::retention::sweep(&app).await;
+    let mut tail = Vec::new();
+    while let Some(event) = events.next().await {
+        tail.push(event.event);
+    }
+    let tail: Vec<&str> = tail
+        .iter()
+        .map(String::as_str)
+        .filter(|e| *e != "outline" && *e != "entry")
+        .collect();
+    // The `expired` event is the delete's own (webhooks deliver it as `thread.expired`); the
+    // stream, which reads the thread's events from the thread, sees it gone.
+    assert_eq!(tail, ["deleted"]);
     app.finish().await;
 }

@@ -45,7 +45,7 @@ async fn connect(app: &TestApp) -> sqlx::AnyPool {
 }
 
 /// Moves the thread's times `ms` into the past, as if it had been made and last changed then.
-async fn age(app: &TestApp, thread: &str, ms: i64) {
+pub(crate) async fn age(app: &TestApp, thread: &str, ms: i64) {
     let pool = connect(app).await;
     let moved = sqlx::query(
         "UPDATE threads SET created_at = created_at - $1, updated_at = updated_at - $1 \
@@ -113,7 +113,7 @@ fn runner(app: &TestApp) -> Runner {
 
 /// Enqueues the retention job and runs jobs until none is left; returns the retention jobs'
 /// results.
-async fn sweep(app: &TestApp) -> Vec<Value> {
+pub(crate) async fn sweep(app: &TestApp) -> Vec<Value> {
     app.store
         .enqueue_job(&retention_job(), chrono::Utc::now().timestamp_millis())
         .await
@@ -165,6 +165,11 @@ async fn expired_threads_leave_lists_at_once_and_the_sweep_deletes_them_whole(ap
     for (thread, text) in [("old", CANARY), ("fresh", "nothing to see")] {
         app.post("/v1/threads", json!({"id": thread})).await;
         app.append(thread, tool_rounds(text, 0, 3, 4)).await;
+        app.append(
+            thread,
+            vec![user(&format!("{thread}-said"), &format!("remember {text}"))],
+        )
+        .await;
     }
     // A cursor and settings: rows of other tables under the thread.
     let pending = app.get("/v1/threads/old/cursors/reader/pending").await;
@@ -201,6 +206,16 @@ async fn expired_threads_leave_lists_at_once_and_the_sweep_deletes_them_whole(ap
         app.get("/v1/threads?include_total=true").await.body["total"],
         1
     );
+    // Nor does a search across the tenant's threads find what it holds.
+    let found = app.get(&format!("/v1/search?q={CANARY}")).await;
+    assert_eq!(found.status, StatusCode::OK, "{}", found.body);
+    assert_eq!(found.body["hits"], json!([]), "{}", found.body);
+    let fresh = app.get("/v1/search?q=nothing").await;
+    assert!(
+        !fresh.body["hits"].as_array().unwrap().is_empty(),
+        "{}",
+        fresh.body
+    );
     let retention = app.get("/v1/threads/old/retention").await;
     assert_eq!(retention.status, StatusCode::OK, "{}", retention.body);
     assert!(retention.body["own"].is_null());
@@ -219,7 +234,7 @@ async fn expired_threads_leave_lists_at_once_and_the_sweep_deletes_them_whole(ap
         .assert_problem(StatusCode::NOT_FOUND, "not-found");
     assert_eq!(rows_under(&app, &key).await, []);
     let fresh = app.get("/v1/threads/fresh/messages").await;
-    assert_eq!(fresh.body["messages"].as_array().unwrap().len(), 12);
+    assert_eq!(fresh.body["messages"].as_array().unwrap().len(), 13);
     // A second sweep finds nothing.
     assert_eq!(sweep(&app).await[0]["expired_threads"], 0);
 
@@ -457,6 +472,8 @@ async fn a_trim_keeps_only_what_follows_the_last_boundary(app: TestApp) {
         receipts.body["erasures"][0]["reason"],
         loupe::jobs::erasure::TRIM_REASON
     );
+    // The files are scrubbed after it, as after any erasure.
+    crate::erasure::stored_copies(&app, &["t"], &[]).await;
     let pool = connect(&app).await;
     let kinds: Vec<String> =
         sqlx::query_scalar("SELECT kind FROM thread_events ORDER BY event_seq")
@@ -485,4 +502,58 @@ async fn bad_policies_are_refused(app: TestApp) {
         .await
         .assert_problem(StatusCode::NOT_FOUND, "not-found");
     app.finish().await;
+}
+
+/// Metadata updates racing deletes (whose WAL scrub holds SQLite's write lock a moment) wait
+/// their turn: the update takes the write lock first, never a read's snapshot that a write
+/// makes stale, which failed at once as busy (503).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metadata_updates_racing_deletes_never_fault_on_sqlite() {
+    let app = Arc::new(TestApp::new(Backend::Sqlite).await);
+    app.post("/v1/threads", json!({"id": "kept"})).await;
+    let deleter = {
+        let app = app.clone();
+        tokio::spawn(async move {
+            for i in 0..60 {
+                let id = format!("d{i}");
+                app.post("/v1/threads", json!({"id": id})).await;
+                app.append(&id, vec![user(&format!("u{i}"), "to delete")])
+                    .await;
+                let deleted = app.delete(&format!("/v1/threads/{id}")).await;
+                assert_eq!(deleted.status, StatusCode::NO_CONTENT, "{}", deleted.body);
+            }
+        })
+    };
+    let patchers: Vec<_> = (0..2)
+        .map(|p| {
+            let app = app.clone();
+            tokio::spawn(async move {
+                let mut statuses = Vec::new();
+                for i in 0..150 {
+                    let patched = app
+                        .request(
+                            Method::PATCH,
+                            "/v1/threads/kept",
+                            Some(json!({"metadata": {format!("p{p}"): i}})),
+                        )
+                        .await;
+                    statuses.push(patched.status);
+                }
+                statuses
+            })
+        })
+        .collect();
+    deleter.await.unwrap();
+    for patcher in patchers {
+        let statuses = patcher.await.unwrap();
+        assert!(
+            statuses.iter().all(|s| *s == StatusCode::OK),
+            "{:?}",
+            statuses
+                .iter()
+                .filter(|s| **s != StatusCode::OK)
+                .collect::<Vec<_>>()
+        );
+    }
+    Arc::try_unwrap(app).ok().unwrap().finish().await;
 }

@@ -23,6 +23,10 @@ on_both_backends!(
     private_addresses_are_refused_unless_allowed,
     an_endpoint_reaches_only_its_tenants_events,
     a_slow_endpoint_holds_one_sender_and_never_an_append,
+    a_hanging_tenant_holds_back_no_other,
+    the_endpoint_cap_holds_under_racing_registrations,
+    an_endpoint_far_behind_drops_its_oldest_deliveries,
+    the_sender_reaches_unsent_deliveries_by_index,
 );
 
 /// What the receiver got: each request's headers and body.
@@ -51,7 +55,6 @@ impl Receiver {
             move |headers: HeaderMap, body: String| {
                 let (got, failures) = (got.clone(), failures.clone());
                 async move {
-                    tokio::time::sleep(delay).await;
                     let header = |name: &str| {
                         headers
                             .get(name)
@@ -65,6 +68,8 @@ impl Receiver {
                         signature: header("webhook-signature"),
                         body,
                     });
+                    // Recorded first: a slow answer still counts as an attempt received.
+                    tokio::time::sleep(delay).await;
                     let failing = failures
                         .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
                         .is_ok();
@@ -292,13 +297,20 @@ async fn a_failed_delivery_is_retried_with_backoff_then_replayed(app: TestApp) {
         )
         .await;
     missing.assert_problem(StatusCode::NOT_FOUND, "not-found");
-    let bad = app
-        .post(
-            &format!("/v1/webhooks/{hook_id}/deliveries/nope/replay"),
-            json!({}),
-        )
-        .await;
-    assert!(bad.status.is_client_error(), "{}", bad.body);
+    for bad_id in ["nope", "whd_+5", "whd_-1", "whd_99999999999999999999"] {
+        let bad = app
+            .post(
+                &format!("/v1/webhooks/{hook_id}/deliveries/{bad_id}/replay"),
+                json!({}),
+            )
+            .await;
+        assert_eq!(
+            bad.status,
+            StatusCode::BAD_REQUEST,
+            "{bad_id}: {}",
+            bad.body
+        );
+    }
     app.finish().await;
 }
 
@@ -350,6 +362,7 @@ async fn private_addresses_are_refused_unless_allowed(app: TestApp) {
         "ftp://example.com/hook",
         "https://user:pass@example.com/hook",
         "not a url",
+        "https://example.com:0/hook",
     ] {
         let refused = app
             .post(
@@ -373,6 +386,13 @@ async fn private_addresses_are_refused_unless_allowed(app: TestApp) {
         )
         .await;
     assert!(unknown.status.is_client_error());
+    let too_many = app
+        .post(
+            "/v1/webhooks",
+            json!({"url": "https://example.com/h", "kinds": vec!["thread.created"; 8]}),
+        )
+        .await;
+    too_many.assert_problem(StatusCode::UNPROCESSABLE_ENTITY, "validation");
     // A public name is accepted (it is resolved, and checked, at every attempt).
     let public = app
         .post(
@@ -583,6 +603,258 @@ async fn a_sigkill_mid_delivery_loses_no_event() {
     for delivery in &received {
         assert!(verify(&secret, delivery), "a bad signature: {delivery:?}");
     }
+    service.kill().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// One tenant's endpoints that hang hold at most its share of the sender's slots: another
+/// tenant's delivery goes out while they hang, not after them.
+async fn a_hanging_tenant_holds_back_no_other(app: TestApp) {
+    let limits = loupe::http::Limits {
+        webhooks_allow_private: true,
+        ..app.limits.clone()
+    };
+    let app = app.keyed_with(limits);
+    let alice = app.create_key("alice").await;
+    let bob = app.create_key("bob").await;
+    let hanging = Receiver::start(0, Duration::from_secs(30)).await;
+    let quick = Receiver::start(0, Duration::ZERO).await;
+    for _ in 0..16 {
+        let made = app
+            .post_as(
+                &alice,
+                "/v1/webhooks",
+                json!({"url": hanging.url, "kinds": ["thread.created"]}),
+            )
+            .await;
+        assert_eq!(made.status, StatusCode::CREATED, "{}", made.body);
+    }
+    app.post_as(
+        &bob,
+        "/v1/webhooks",
+        json!({"url": quick.url, "kinds": ["thread.created"]}),
+    )
+    .await;
+    app.post_as(&alice, "/v1/threads", json!({"id": "a"})).await;
+    app.post_as(&bob, "/v1/threads", json!({"id": "b"})).await;
+    let config = WebhookConfig {
+        allow_private: true,
+        timeout: Duration::from_secs(5),
+        poll_interval: Duration::from_millis(20),
+        ..WebhookConfig::DEFAULT
+    };
+    let stop = tokio_util::sync::CancellationToken::new();
+    let sender = loupe::webhooks::spawn_sender(app.store.clone(), config.clone(), stop.clone());
+    crate::drills::wait_for("bob's delivery", || async { !quick.received().is_empty() }).await;
+    let alice_attempts = hanging.received().len();
+    stop.cancel();
+    sender.await.unwrap();
+    assert!(
+        alice_attempts <= config.concurrency as usize / 4,
+        "bob waited for {alice_attempts} of alice's hanging attempts"
+    );
+    app.finish().await;
+}
+
+async fn the_endpoint_cap_holds_under_racing_registrations(app: TestApp) {
+    let app = Arc::new(app);
+    let tasks: Vec<_> = (0..40)
+        .map(|_| {
+            let app = app.clone();
+            tokio::spawn(async move {
+                app.post(
+                    "/v1/webhooks",
+                    json!({"url": "https://example.com/hook", "kinds": ["thread.created"]}),
+                )
+                .await
+                .status
+            })
+        })
+        .collect();
+    let mut created = 0;
+    for task in tasks {
+        let status = task.await.unwrap();
+        if status == StatusCode::CREATED {
+            created += 1;
+        } else {
+            assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+        }
+    }
+    assert_eq!(created, loupe::store::MAX_WEBHOOKS_PER_TENANT);
+    let listed = app.get("/v1/webhooks").await;
+    assert_eq!(
+        listed.body["webhooks"].as_array().unwrap().len() as i64,
+        loupe::store::MAX_WEBHOOKS_PER_TENANT
+    );
+    Arc::try_unwrap(app).ok().unwrap().finish().await;
+}
+
+async fn an_endpoint_far_behind_drops_its_oldest_deliveries(app: TestApp) {
+    let hook = app
+        .post(
+            "/v1/webhooks",
+            json!({"url": "https://example.com/hook", "kinds": ["thread.created"]}),
+        )
+        .await;
+    let hook_id = hook.body["id"].as_str().unwrap().to_owned();
+    let extra = 50;
+    let total = loupe::store::MAX_UNSENT_PER_ENDPOINT + extra;
+    sqlx::any::install_default_drivers();
+    let pool = sqlx::AnyPool::connect(&app.url).await.unwrap();
+    sqlx::query(
+        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < $1) \
+         INSERT INTO webhook_deliveries (tenant_id, endpoint_id, kind, thread_id, data, \
+         created_at, next_attempt_at) \
+         SELECT 'default', $2, 'thread.created', 't' || i, '{}', 0, 0 FROM n",
+    )
+    .bind(total)
+    .bind(&hook_id)
+    .execute(&pool)
+    .await
+    .unwrap();
+    assert_eq!(app.store.drop_backlogs().await.unwrap(), extra as u64);
+    let dropped = app
+        .get(&format!(
+            "/v1/webhooks/{hook_id}/deliveries?state=failed&limit=500"
+        ))
+        .await;
+    let dropped = dropped.body["deliveries"].as_array().unwrap().clone();
+    // The oldest went, and say why.
+    let threads: Vec<&str> = dropped
+        .iter()
+        .map(|d| d["thread_id"].as_str().unwrap())
+        .collect();
+    let oldest: Vec<String> = (1..=extra).map(|i| format!("t{i}")).collect();
+    assert_eq!(threads, oldest);
+    assert!(dropped[0]["last_error"]
+        .as_str()
+        .unwrap()
+        .starts_with("dropped"));
+    let unsent: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM webhook_deliveries WHERE state IN ('pending', 'sending')",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(unsent, loupe::store::MAX_UNSENT_PER_ENDPOINT);
+    assert_eq!(app.store.drop_backlogs().await.unwrap(), 0);
+    pool.close().await;
+    app.finish().await;
+}
+
+/// The sender reaches an endpoint's unsent deliveries through an index, never by reading the
+/// outbox through (a claim that did cost the backlog's square on SQLite's one writer).
+async fn the_sender_reaches_unsent_deliveries_by_index(app: TestApp) {
+    sqlx::any::install_default_drivers();
+    let pool = sqlx::AnyPool::connect(&app.url).await.unwrap();
+    for (name, sql, first, second) in [
+        ("due endpoints", loupe::store::DUE_ENDPOINTS_SQL, "0", "10"),
+        (
+            "head delivery",
+            loupe::store::HEAD_DELIVERY_SQL,
+            "'x'",
+            "'y'",
+        ),
+    ] {
+        let sql = sql.replace("$1", first).replace("$2", second);
+        let plan: Vec<String> = match app.backend {
+            crate::common::Backend::Sqlite => {
+                let rows = sqlx::query(&format!("EXPLAIN QUERY PLAN {sql}"))
+                    .fetch_all(&pool)
+                    .await
+                    .unwrap();
+                rows.iter()
+                    .map(|row| sqlx::Row::try_get::<String, _>(row, "detail").unwrap())
+                    .collect()
+            }
+            crate::common::Backend::Postgres => {
+                // With sequential scans priced out, a plan that still reads the table through
+                // has no index to use.
+                let mut conn = pool.acquire().await.unwrap();
+                sqlx::query("SET enable_seqscan = off")
+                    .execute(&mut *conn)
+                    .await
+                    .unwrap();
+                sqlx::query_scalar(&format!("EXPLAIN {sql}"))
+                    .fetch_all(&mut *conn)
+                    .await
+                    .unwrap()
+            }
+        };
+        let read_through = plan.iter().any(|line| {
+            let line = line.to_lowercase();
+            let sqlite_scan = line.starts_with("scan")
+                && (line.contains("webhook_deliveries") || line.starts_with("scan d"))
+                && !line.contains("using");
+            sqlite_scan || line.contains("seq scan on webhook_deliveries")
+        });
+        assert!(!read_through, "{name} reads the outbox through: {plan:?}");
+    }
+    pool.close().await;
+    app.finish().await;
+}
+
+/// A proxy named in the environment is not used: it would resolve endpoint names itself, past
+/// the address policy (a name resolving to a private address would be reached through it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_in_the_environment_is_not_used() {
+    use crate::drills::{client, free_port, wait_for, Service};
+    let proxy = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let proxy_url = format!("http://{}", proxy.local_addr().unwrap());
+    let reached = Arc::new(AtomicU32::new(0));
+    tokio::spawn({
+        let reached = reached.clone();
+        async move {
+            while let Ok((connection, _)) = proxy.accept().await {
+                reached.fetch_add(1, Ordering::SeqCst);
+                drop(connection);
+            }
+        }
+    });
+    let dir = std::env::temp_dir().join(format!("loupe-proxy-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let database_url = format!("sqlite://{}", dir.join("proxy.db").display());
+    let env = [
+        ("HTTP_PROXY", proxy_url.as_str()),
+        ("HTTPS_PROXY", proxy_url.as_str()),
+        ("ALL_PROXY", proxy_url.as_str()),
+        ("http_proxy", proxy_url.as_str()),
+        ("https_proxy", proxy_url.as_str()),
+        ("NO_PROXY", ""),
+        ("no_proxy", ""),
+    ];
+    let service = Service::start(free_port(), &database_url, &env, &dir.join("loupe.log")).await;
+    let base = service.base.clone();
+    let http = client();
+    let hook: Value = http
+        .post(format!("{base}/v1/webhooks"))
+        .json(&json!({"url": "http://internal.example.com/admin", "kinds": ["thread.created"]}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let hook_id = hook["id"].as_str().expect("registered").to_owned();
+    http.post(format!("{base}/v1/threads"))
+        .json(&json!({"id": "t"}))
+        .send()
+        .await
+        .unwrap();
+    // The attempt is made (and fails: the name is not resolved here, or not reached).
+    wait_for("an attempt", || {
+        let (http, url) = (
+            http.clone(),
+            format!("{base}/v1/webhooks/{hook_id}/deliveries"),
+        );
+        async move {
+            let page: Value = http.get(url).send().await.unwrap().json().await.unwrap();
+            page["deliveries"][0]["attempts"].as_i64().unwrap_or(0) >= 1
+                && page["deliveries"][0]["state"] != "sending"
+        }
+    })
+    .await;
+    assert_eq!(reached.load(Ordering::SeqCst), 0, "the proxy was used");
     service.kill().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
