@@ -21,7 +21,7 @@ use super::model::{Content, Entry, EntryKind};
 use super::normalize::blocks::content_bytes;
 use super::normalize::clearing::{ClearingOptions, MIN_CLEARED_BYTES};
 use super::normalize::estimate::{EstimateBasis, Estimator};
-use super::normalize::tokens::usage_figure;
+use super::normalize::tokens::Usage;
 use super::visibility::is_sent_to_model;
 
 /// Tokens of the summary a modelled automatic compaction leaves in place of the context.
@@ -59,7 +59,10 @@ pub struct Marker {
 /// What a response's `usage` reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Reported {
-    /// `input_tokens + cache_read_input_tokens + cache_creation_input_tokens`.
+    /// The whole prompt, cache reads and writes included, in any provider's form
+    /// ([`Usage::read`]): Anthropic's `input_tokens + cache_read_input_tokens +
+    /// cache_creation_input_tokens`, OpenAI's `input_tokens` or `prompt_tokens`, Gemini's
+    /// `promptTokenCount`.
     pub prompt_tokens: u64,
     pub output_tokens: u64,
     /// The prompt's price in hundredths: input 1×, cache writes 1.25×, cache reads 0.1×.
@@ -326,13 +329,13 @@ impl EconomicsFold {
             .and_then(|m| m.usage.as_ref())
             .filter(|usage| usage.is_object())
             .map(|usage| {
-                let input = usage_figure(usage, "input_tokens");
-                let written = usage_figure(usage, "cache_creation_input_tokens");
-                let read = usage_figure(usage, "cache_read_input_tokens");
+                let usage = Usage::read(usage);
                 Reported {
-                    prompt_tokens: input + written + read,
-                    output_tokens: usage_figure(usage, "output_tokens"),
-                    cost: input * PLAIN_INPUT + written * CACHE_WRITE + read * CACHE_READ,
+                    prompt_tokens: usage.prompt(),
+                    output_tokens: usage.output,
+                    cost: usage.input * PLAIN_INPUT
+                        + usage.cache_write * CACHE_WRITE
+                        + usage.cache_read * CACHE_READ,
                 }
             });
         if let Some(reported) = reported {

@@ -81,8 +81,12 @@ pub struct EconomicsEstimate {
 /// 1,000,000,000; anything else counts 0).
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ReportedUsage {
-    /// `input_tokens + cache_read_input_tokens + cache_creation_input_tokens`: the prompt.
+    /// The prompt, cache reads and writes included: Anthropic's `input_tokens +
+    /// cache_read_input_tokens + cache_creation_input_tokens`, OpenAI Responses' `input_tokens`,
+    /// Chat Completions' `prompt_tokens`, Gemini's `promptTokenCount`.
     pub prompt_tokens: u64,
+    /// Anthropic's and Responses' `output_tokens`, Chat Completions' `completion_tokens`,
+    /// Gemini's `candidatesTokenCount + thoughtsTokenCount`.
     pub output_tokens: u64,
 }
 
@@ -90,9 +94,10 @@ pub struct ReportedUsage {
 /// prices (plain input 1×, cache writes 1.25×, cache reads 0.1×).
 #[derive(Debug, Serialize, ToSchema)]
 pub struct EconomicsCost {
-    /// What the responses that report `usage` cost (`input_tokens` × 1 +
-    /// `cache_creation_input_tokens` × 1.25 + `cache_read_input_tokens` × 0.1, summed); null
-    /// at a response without `usage`.
+    /// What the responses that report `usage` cost (plain input × 1 + cache writes × 1.25 +
+    /// cache reads × 0.1, summed: Anthropic's `input_tokens`, `cache_creation_input_tokens` and
+    /// `cache_read_input_tokens`; for OpenAI and Gemini, the cached tokens their prompt includes
+    /// are its cache reads and the rest plain input); null at a response without `usage`.
     pub reported: Option<f64>,
     /// What the same history would cost under the modelled automatic compaction (see the
     /// operation).

@@ -23,6 +23,7 @@ on_both_backends!(
     an_erasure_after_a_compaction_keeps_the_stored_count_an_upper_bound,
     an_append_after_an_erasure_recount_keeps_the_window_unanchored,
     a_first_call_racing_an_erasure_learns_nothing_from_the_erased_entry,
+    every_providers_usage_anchors_the_context,
 );
 ignored_on_both_backends!(
     "open finding: a response split across appends, `usage` on its last part only":
@@ -659,5 +660,79 @@ async fn a_first_call_split_across_appends_learns_its_prompt_less_the_content_be
             .is_some_and(|o| (19_990..=20_001).contains(&o)),
         "the overhead is 20,000, not less the response's own first part: {estimate}"
     );
+    app.finish().await;
+}
+
+/// A response's `usage` as each provider's SDK returns it anchors the context read and prices
+/// the economics alike: a 1,003-token prompt of which 900 came from the cache, 20 tokens out.
+/// OpenAI's and Gemini's cached tokens are inside their prompt figure, Anthropic's beside it.
+///
+/// (Found by the Chat Completions example: `prompt_tokens` and `completion_tokens` were not
+/// read, so a thread of Chat responses was estimated from its content alone, `basis: content`.)
+async fn every_providers_usage_anchors_the_context(app: TestApp) {
+    let forms = [
+        (
+            "anthropic",
+            "anthropic",
+            json!({"input_tokens": 3, "cache_creation_input_tokens": 100,
+            "cache_read_input_tokens": 900, "output_tokens": 20}),
+        ),
+        (
+            "chat",
+            "openai",
+            json!({"prompt_tokens": 1003, "completion_tokens": 20,
+            "total_tokens": 1023, "prompt_tokens_details": {"cached_tokens": 900, "audio_tokens": 0},
+            "completion_tokens_details": {"reasoning_tokens": 8, "audio_tokens": 0}}),
+        ),
+        (
+            "responses",
+            "openai_responses",
+            json!({"input_tokens": 1003,
+            "input_tokens_details": {"cached_tokens": 900}, "output_tokens": 20,
+            "output_tokens_details": {"reasoning_tokens": 8}, "total_tokens": 1023}),
+        ),
+        (
+            "gemini",
+            "gemini",
+            json!({"promptTokenCount": 1003, "cachedContentTokenCount": 900,
+            "candidatesTokenCount": 12, "thoughtsTokenCount": 8, "totalTokenCount": 1023}),
+        ),
+    ];
+    for (name, provider, usage) in forms {
+        let thread = app.thread(name).await;
+        app.append(
+            &thread,
+            json!([user("q", "What is in the report?"),
+                {"uuid": "a", "type": "assistant", "message": {"role": "assistant", "id": "r1",
+                    "model": "m", "content": [{"type": "text", "text": "Revenue rose."}],
+                    "usage": usage}}]),
+        )
+        .await;
+        let read = app
+            .get(&format!("/v1/threads/{thread}/context?provider={provider}"))
+            .await;
+        assert_eq!(read.status, StatusCode::OK, "{}", read.body);
+        let estimate = &read.body["context_tokens"];
+        assert_eq!(
+            (estimate["basis"].as_str(), estimate["tokens"].as_u64()),
+            (Some("usage"), Some(1023)),
+            "{name}: {estimate}"
+        );
+        let economics = app.get(&format!("/v1/threads/{thread}/economics")).await;
+        assert_eq!(economics.status, StatusCode::OK, "{}", economics.body);
+        let point = &economics.body["points"][0];
+        assert_eq!(
+            point["reported"],
+            json!({"prompt_tokens": 1003, "output_tokens": 20}),
+            "{name}: {point}"
+        );
+        let written = if name == "anthropic" { 100 } else { 0 };
+        let plain = 1003 - 900 - written;
+        assert_eq!(
+            point["cost"]["reported"].as_f64(),
+            Some((plain * 100 + written * 125 + 900 * 10) as f64 / 100.0),
+            "{name}: {point}"
+        );
+    }
     app.finish().await;
 }

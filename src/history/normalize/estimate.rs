@@ -10,7 +10,7 @@
 use serde_json::Value;
 
 use super::blocks::{block_type, compaction, str_field, Compaction};
-use super::tokens::{model_content, text_split, usage_figure, usage_tokens, ModelContent};
+use super::tokens::{model_content, text_split, usage_tokens, ModelContent, Usage};
 use crate::history::model::{Entry, EntryKind};
 
 /// The calibrated kinds of content, as indexes into [`Features::kinds`].
@@ -692,15 +692,12 @@ pub fn model_digest(model: &str) -> String {
     hex::encode(Sha256::digest(model.as_bytes()))
 }
 
-/// The prompt a response's `usage` reports: input, cache reads and cache writes.
+/// The prompt a response's `usage` reports: input, cache reads and cache writes, in any
+/// provider's form ([`Usage::read`]).
 pub fn prompt_tokens(entry: &Entry) -> Option<u64> {
     usage_tokens(entry)?;
     let usage = entry.message.as_ref()?.usage.as_ref()?;
-    Some(
-        usage_figure(usage, "input_tokens")
-            + usage_figure(usage, "cache_creation_input_tokens")
-            + usage_figure(usage, "cache_read_input_tokens"),
-    )
+    Some(Usage::read(usage).prompt())
 }
 
 /// The context size of a window (entries in seq order): anchored on the last assistant entry

@@ -236,12 +236,12 @@ fn is_cjk(c: char) -> bool {
         | 0x20000..=0x2FFFF) // supplementary ideographs
 }
 
-/// The tokens an assistant entry's `message.usage` reports for its request and response:
-/// `input_tokens + cache_creation_input_tokens + cache_read_input_tokens + output_tokens`. None
-/// without usage, for a synthetic message (`model: "<synthetic>"`), an API error or a virtual
-/// entry, and when every figure is 0. Each figure is clamped to [`MAX_USAGE_TOKENS`], so a
-/// figure no provider could report (`2^64-1`) neither wraps the sum nor drives a thread's stored
-/// count negative.
+/// The tokens an assistant entry's `message.usage` reports for its request and response: its
+/// prompt (cache reads and writes included) plus its output ([`Usage::read`] names the forms).
+/// None without usage, for a synthetic message (`model: "<synthetic>"`), an API error or a
+/// virtual entry, and when every figure is 0. Each figure is clamped to [`MAX_USAGE_TOKENS`], so
+/// a figure no provider could report (`2^64-1`) neither wraps the sum nor drives a thread's
+/// stored count negative.
 pub fn usage_tokens(entry: &crate::history::model::Entry) -> Option<u64> {
     use crate::history::model::EntryKind;
     if entry.kind != EntryKind::Assistant || entry.is_api_error || entry.is_virtual {
@@ -251,13 +251,104 @@ pub fn usage_tokens(entry: &crate::history::model::Entry) -> Option<u64> {
     if message.model.as_deref() == Some("<synthetic>") {
         return None;
     }
-    let usage = message.usage.as_ref()?;
-    let field = |name: &str| usage_figure(usage, name);
-    let total = field("input_tokens")
-        + field("cache_creation_input_tokens")
-        + field("cache_read_input_tokens")
-        + field("output_tokens");
+    let total = Usage::read(message.usage.as_ref()?).total();
     (total > 0).then_some(total)
+}
+
+/// What a response's `usage` reports, whichever provider's names it carries: the prompt split
+/// by price (plain input, cache writes, cache reads, which add up to the prompt) and the output.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// The prompt's tokens neither written to nor read from a cache.
+    pub input: u64,
+    pub cache_write: u64,
+    pub cache_read: u64,
+    /// The response's tokens, reasoning included.
+    pub output: u64,
+}
+
+impl Usage {
+    /// A `usage` object in any provider's form (0 for every figure of anything else):
+    ///
+    /// - Anthropic: `input_tokens`, `cache_creation_input_tokens` and `cache_read_input_tokens`,
+    ///   which add up to the prompt, and `output_tokens`.
+    /// - OpenAI Responses: `input_tokens`, the whole prompt, of which
+    ///   `input_tokens_details.cached_tokens` were read from the cache, and `output_tokens`.
+    /// - OpenAI Chat Completions: `prompt_tokens`, the whole prompt, of which
+    ///   `prompt_tokens_details.cached_tokens` were cached, and `completion_tokens`.
+    /// - Gemini's `usageMetadata`: `promptTokenCount`, the whole prompt, of which
+    ///   `cachedContentTokenCount` were cached, and `candidatesTokenCount` plus
+    ///   `thoughtsTokenCount`.
+    ///
+    /// The first form whose names it holds wins (Anthropic's and Responses' names first), so a
+    /// `usage` holding a provider's names beside Anthropic's is counted once. A cached figure
+    /// above its prompt counts as the whole prompt.
+    pub fn read(usage: &Value) -> Usage {
+        let has = |names: &[&str]| names.iter().any(|name| usage.get(name).is_some());
+        let field = |name: &str| usage_figure(usage, name);
+        // Of a whole prompt, the part a cache served: the rest is plain input.
+        let cached = |prompt: u64, cached: u64| {
+            let read = cached.min(prompt);
+            (prompt - read, read)
+        };
+        if has(&[
+            "input_tokens",
+            "output_tokens",
+            "cache_creation_input_tokens",
+            "cache_read_input_tokens",
+        ]) {
+            let input = field("input_tokens");
+            let (cache_write, cache_read) = (
+                field("cache_creation_input_tokens"),
+                field("cache_read_input_tokens"),
+            );
+            let responses_cached = usage
+                .get("input_tokens_details")
+                .map_or(0, |details| usage_figure(details, "cached_tokens"));
+            let (input, cache_read) =
+                if has(&["cache_creation_input_tokens", "cache_read_input_tokens"]) {
+                    (input, cache_read)
+                } else {
+                    cached(input, responses_cached)
+                };
+            Usage {
+                input,
+                cache_write,
+                cache_read,
+                output: field("output_tokens"),
+            }
+        } else if has(&["prompt_tokens", "completion_tokens"]) {
+            let details = usage
+                .get("prompt_tokens_details")
+                .map_or(0, |details| usage_figure(details, "cached_tokens"));
+            let (input, cache_read) = cached(field("prompt_tokens"), details);
+            Usage {
+                input,
+                cache_write: 0,
+                cache_read,
+                output: field("completion_tokens"),
+            }
+        } else {
+            let (input, cache_read) =
+                cached(field("promptTokenCount"), field("cachedContentTokenCount"));
+            Usage {
+                input,
+                cache_write: 0,
+                cache_read,
+                output: field("candidatesTokenCount") + field("thoughtsTokenCount"),
+            }
+        }
+    }
+
+    /// The whole prompt: plain input, cache writes and cache reads.
+    pub fn prompt(&self) -> u64 {
+        self.input + self.cache_write + self.cache_read
+    }
+
+    /// The prompt and the output: everything the next request holds again.
+    pub fn total(&self) -> u64 {
+        self.prompt() + self.output
+    }
 }
 
 /// One figure of a `usage` object, as [`usage_tokens`] counts it: 0 when absent or not a
@@ -293,6 +384,85 @@ mod tests {
         assert_eq!(text_tokens(code), 54 * 10 / 25);
         assert_eq!(text_tokens(cjk), 13);
         assert!(text_tokens(json) >= rough(json) * 3 / 2);
+    }
+
+    fn reply(usage: Value) -> crate::history::model::Entry {
+        serde_json::from_value(json!({"type": "assistant", "message": {"role": "assistant",
+            "model": "m", "content": [{"type": "text", "text": "ok"}], "usage": usage}}))
+        .unwrap()
+    }
+
+    #[test]
+    fn every_providers_usage_counts_its_prompt_once() {
+        let anthropic = json!({"input_tokens": 3, "cache_creation_input_tokens": 100,
+            "cache_read_input_tokens": 900, "output_tokens": 20});
+        // OpenAI's and Gemini's cached tokens are part of the prompt, not beside it.
+        let responses = json!({"input_tokens": 1003, "input_tokens_details": {"cached_tokens": 900},
+            "output_tokens": 20, "output_tokens_details": {"reasoning_tokens": 8},
+            "total_tokens": 1023});
+        let chat = json!({"prompt_tokens": 1003, "completion_tokens": 20, "total_tokens": 1023,
+            "prompt_tokens_details": {"cached_tokens": 900, "audio_tokens": 0},
+            "completion_tokens_details": {"reasoning_tokens": 8}});
+        let gemini = json!({"promptTokenCount": 1003, "cachedContentTokenCount": 900,
+            "candidatesTokenCount": 12, "thoughtsTokenCount": 8, "totalTokenCount": 1023});
+        // What a client stored before Chat's names counted: them beside Anthropic's.
+        let both = json!({"prompt_tokens": 1003, "completion_tokens": 20,
+            "prompt_tokens_details": {"cached_tokens": 900},
+            "input_tokens": 103, "cache_read_input_tokens": 900, "output_tokens": 20});
+        for usage in [anthropic, responses, chat, gemini, both] {
+            assert_eq!(usage_tokens(&reply(usage.clone())), Some(1023), "{usage}");
+        }
+    }
+
+    #[test]
+    fn openai_and_gemini_cached_tokens_are_cache_reads() {
+        let read = |usage: Value| Usage::read(&usage);
+        let split = |input, cache_write, cache_read, output| Usage {
+            input,
+            cache_write,
+            cache_read,
+            output,
+        };
+        assert_eq!(
+            read(json!({"prompt_tokens": 1003, "completion_tokens": 20,
+                "prompt_tokens_details": {"cached_tokens": 900}})),
+            split(103, 0, 900, 20)
+        );
+        assert_eq!(
+            read(
+                json!({"input_tokens": 1003, "input_tokens_details": {"cached_tokens": 900},
+                "output_tokens": 20})
+            ),
+            split(103, 0, 900, 20)
+        );
+        assert_eq!(
+            read(
+                json!({"promptTokenCount": 1003, "cachedContentTokenCount": 900,
+                "candidatesTokenCount": 12, "thoughtsTokenCount": 8})
+            ),
+            split(103, 0, 900, 20)
+        );
+        // Without details, the whole prompt is plain input; a cached figure above the prompt
+        // is the prompt, never an underflow.
+        assert_eq!(
+            read(json!({"prompt_tokens": 50, "completion_tokens": 5})),
+            split(50, 0, 0, 5)
+        );
+        assert_eq!(
+            read(json!({"prompt_tokens": 50, "prompt_tokens_details": {"cached_tokens": 80}})),
+            split(0, 0, 50, 0)
+        );
+        assert_eq!(
+            read(json!({"prompt_tokens": null, "prompt_tokens_details": null})),
+            split(0, 0, 0, 0)
+        );
+        assert_eq!(read(json!({"total_tokens": 9})), Usage::default());
+        let max = MAX_USAGE_TOKENS;
+        let huge = read(
+            json!({"promptTokenCount": u64::MAX, "candidatesTokenCount": u64::MAX,
+            "thoughtsTokenCount": u64::MAX}),
+        );
+        assert_eq!(huge.total(), 3 * max);
     }
 
     #[test]
