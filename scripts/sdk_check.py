@@ -2,13 +2,18 @@
 """Validates normalized message lists against the providers' own SDK request types.
 
 Reads JSON on stdin: a list of cases
-    {"name": str, "provider": "anthropic"|"openai"|"openai_responses"|"gemini", "messages": [...]}
-and checks every message / item of each case strictly, unknown keys refused:
+    {"name": str, "provider": "anthropic"|"openai"|"openai_responses"|"gemini", "messages": [...],
+     "tools": [...]}  (`tools` optional)
+and checks every message / item and every tool of each case strictly, unknown keys refused:
 
-    anthropic         anthropic.types.beta.BetaMessageParam           (anthropic 2.16)
-    openai            openai.types.chat.ChatCompletionMessageParam     (openai 3.60)
-    openai_responses  openai.types.responses.ResponseInputItemParam    (openai 3.60)
-    gemini            google.genai.types.Content, by camelCase alias   (google-genai 3.6)
+                      messages                                         tools
+    anthropic         anthropic.types.beta.BetaMessageParam            BetaToolUnionParam  (anthropic 2.16)
+    openai            openai.types.chat.ChatCompletionMessageParam     ChatCompletionToolUnionParam  (openai 3.60)
+    openai_responses  openai.types.responses.ResponseInputItemParam    ToolParam  (openai 3.60)
+    gemini            google.genai.types.Content, by camelCase alias   Tool  (google-genai 3.6)
+
+A tool's `Required` keys are required: Responses' `FunctionToolParam` requires `strict` (a
+function sent without it is strict, which makes every property required).
 
 Prints {"checked": n, "failures": [{"name", "index", "errors": [...]}]} and exits 1 when any
 case fails. `--selftest` proves the checker refuses what it must (see `selftest`).
@@ -349,27 +354,46 @@ def _models_in(tp: Any) -> list:
     return [m for a in te.get_args(tp) for m in _models_in(a)]
 
 
+def _typed(tp):
+    adapter = TypeAdapter(strict(tp))
+    return lambda msg: adapter.validate_json(json.dumps(msg), strict=True)
+
+
+def _gemini(model):
+    def validate(msg):
+        names = _python_names(model, msg, ())
+        if names:
+            raise ValidationError.from_exception_data(model.__name__, names)
+        return model.model_validate_json(json.dumps(msg), strict=True, by_alias=True, by_name=False)
+
+    return validate
+
+
 def _validators():
     from anthropic.types.beta import BetaMessageParam
     from google.genai.types import Content
     from openai.types.chat import ChatCompletionMessageParam
     from openai.types.responses import ResponseInputItemParam
 
-    def typed(tp):
-        adapter = TypeAdapter(strict(tp))
-        return lambda msg: adapter.validate_json(json.dumps(msg), strict=True)
+    return {
+        "anthropic": _typed(BetaMessageParam),
+        "openai": _typed(ChatCompletionMessageParam),
+        "openai_responses": _typed(ResponseInputItemParam),
+        "gemini": _gemini(Content),
+    }
 
-    def gemini(msg):
-        names = _python_names(Content, msg, ())
-        if names:
-            raise ValidationError.from_exception_data("Content", names)
-        return Content.model_validate_json(json.dumps(msg), strict=True, by_alias=True, by_name=False)
+
+def _tool_validators():
+    from anthropic.types.beta import BetaToolUnionParam
+    from google.genai.types import Tool
+    from openai.types.chat import ChatCompletionToolUnionParam
+    from openai.types.responses import ToolParam
 
     return {
-        "anthropic": typed(BetaMessageParam),
-        "openai": typed(ChatCompletionMessageParam),
-        "openai_responses": typed(ResponseInputItemParam),
-        "gemini": gemini,
+        "anthropic": _typed(BetaToolUnionParam),
+        "openai": _typed(ChatCompletionToolUnionParam),
+        "openai_responses": _typed(ToolParam),
+        "gemini": _gemini(Tool),
     }
 
 
@@ -415,7 +439,9 @@ def _refusal(validate, msg) -> List[str]:
 
 
 def check(cases: list) -> dict:
+    """Each failure names the message's index, or for a tool `"tools[i]"`."""
     validators = _validators()
+    tool_validators = _tool_validators() if any(case.get("tools") for case in cases) else {}
     checked, failures = 0, []
     for case in cases:
         name, provider = case.get("name", "?"), case.get("provider")
@@ -428,6 +454,11 @@ def check(cases: list) -> dict:
             errors = _refusal(validate, msg)
             if errors:
                 failures.append({"name": name, "index": index, "errors": errors})
+        for index, tool in enumerate(case.get("tools") or []):
+            checked += 1
+            errors = _refusal(tool_validators[provider], tool)
+            if errors:
+                failures.append({"name": name, "index": f"tools[{index}]", "errors": errors})
     return {"checked": checked, "failures": failures}
 
 
@@ -536,10 +567,34 @@ def selftest() -> int:
         ("gemini data not base64", "gemini",
          {"role": "user", "parts": [{"inlineData": {"mimeType": "image/png", "data": "not base64!"}}]}, False),
     ]
-    validators = _validators()
+    schema = {"type": "object", "properties": {"query": {"type": "string"}, "limit": {"type": "integer"}},
+              "required": ["query"]}
+    responses_tool = {"type": "function", "name": "search", "description": "d", "parameters": schema,
+                      "strict": False}
+    tool_expect = [
+        ("anthropic good tool", "anthropic", {"name": "search", "description": "d", "input_schema": schema}, True),
+        ("anthropic tool without input_schema", "anthropic", {"name": "search", "description": "d"}, False),
+        ("chat good tool", "openai",
+         {"type": "function", "function": {"name": "search", "description": "d", "parameters": schema}}, True),
+        ("chat tool with an unknown key", "openai",
+         {"type": "function", "function": {"name": "search", "parameters": schema}, "bogus": 1}, False),
+        ("responses good tool", "openai_responses", responses_tool, True),
+        ("responses function tool without strict", "openai_responses",
+         {k: v for k, v in responses_tool.items() if k != "strict"}, False),
+        ("responses tool in Chat's shape", "openai_responses",
+         {"type": "function", "function": {"name": "search", "parameters": schema}}, False),
+        ("gemini good tool", "gemini",
+         {"functionDeclarations": [{"name": "search", "description": "d", "parameters": schema}]}, True),
+        ("gemini snake_case tool key", "gemini",
+         {"function_declarations": [{"name": "search", "parameters": schema}]}, False),
+    ]
+    validators, tool_validators = _validators(), _tool_validators()
+    expect = [(what, provider, msg, should_pass, validators) for what, provider, msg, should_pass in expect]
+    expect += [(what, provider, tool, should_pass, tool_validators)
+               for what, provider, tool, should_pass in tool_expect]
     bad = 0
-    for what, provider, msg, should_pass in expect:
-        errors = _refusal(validators[provider], msg)
+    for what, provider, msg, should_pass, chosen in expect:
+        errors = _refusal(chosen[provider], msg)
         passed, detail = not errors, (errors or [""])[0]
         ok = passed == should_pass
         bad += not ok

@@ -96,8 +96,7 @@ def main() -> None:
     for _ in range(20):
         context = call("GET", f"/v1/threads/{thread}/context",
                        params={"provider": "openai_responses", "model": MODEL}).json()
-        # Responses makes a function without "strict" strict; Loupe's tools have optional fields.
-        tools = [READ_FILE, *({"strict": False} | tool for tool in context["tools"])]
+        tools = [READ_FILE, *context["tools"]]
         response = client.responses.create(
             model=MODEL, input=context["messages"], tools=tools, reasoning={"effort": "medium"},
             include=["reasoning.encrypted_content"], store=False)

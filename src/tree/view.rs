@@ -163,11 +163,14 @@ fn provider_tool(tool: &Value, provider: Provider) -> Value {
                 "parameters": tool["input_schema"],
             }
         }),
+        // Responses makes a function without `strict` strict, every property then required
+        // (`search`'s `limit` is optional), and its SDK's `FunctionToolParam` requires the key.
         Provider::OpenaiResponses => json!({
             "type": "function",
             "name": tool["name"],
             "description": tool["description"],
             "parameters": tool["input_schema"],
+            "strict": false,
         }),
         Provider::Gemini => json!({
             "functionDeclarations": [{
@@ -182,6 +185,19 @@ fn provider_tool(tool: &Value, provider: Provider) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn responses_tools_say_they_are_not_strict() {
+        let tools = navigation_tools(Provider::OpenaiResponses);
+        assert_eq!(tools.len(), 2);
+        for tool in tools.iter().chain([&zoom_tool(Provider::OpenaiResponses)]) {
+            assert_eq!(tool["strict"], json!(false), "{tool}");
+        }
+        // Chat's `function.strict` is optional and false when absent.
+        for tool in navigation_tools(Provider::Openai) {
+            assert!(tool["function"].get("strict").is_none(), "{tool}");
+        }
+    }
 
     #[test]
     fn lines_come_in_fixed_blocks_after_the_header() {

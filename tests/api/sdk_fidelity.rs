@@ -18,6 +18,10 @@
 //! in the next response), server tools with realistic results, MCP, advisor, `fallback` between
 //! two thinking runs, a server-side `compaction` block opening a response.
 //!
+//! The tools Loupe adds to a context (`zoom`, `search`) are checked against each SDK's tool type
+//! too (`BetaToolUnionParam`, `ChatCompletionToolUnionParam`, Responses' `ToolParam`,
+//! `google.genai.types.Tool`).
+//!
 //! A fixed number of histories (deterministic seed; `FIDELITY_CASES` to change) is generated
 //! once per test; the SDK check runs the Python once for all of them. Findings are grouped by
 //! check × block × provider, each with the smallest example (shrunk with proptest for b and c).
@@ -1267,6 +1271,25 @@ fn the_sdk_checker_refuses_what_it_must() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// The tools a context offers (`zoom` and `search`, and the normalize endpoint's zoom) validate
+/// with each provider's SDK tool type: Responses' `FunctionToolParam` requires `strict`, which
+/// Responses reads as true when absent, making `search`'s optional `limit` required.
+#[test]
+fn loupes_tools_validate_with_the_providers_sdk() {
+    let cases: Vec<Value> = providers()
+        .into_iter()
+        .map(|(provider, name)| {
+            let mut tools = loupe::tree::view::navigation_tools(provider);
+            tools.push(loupe::tree::view::zoom_tool(provider));
+            json!({"name": format!("tools/{name}"), "provider": name, "messages": [],
+                "tools": tools})
+        })
+        .collect();
+    let summary = sdk_check(&cases);
+    assert_eq!(summary["failures"], json!([]), "{summary:#}");
+    assert_eq!(summary["checked"], json!(11), "{summary:#}");
 }
 
 /// a. Every output message or item validates with the provider's SDK request type.
