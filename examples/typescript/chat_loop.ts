@@ -59,10 +59,9 @@ function storedEntry(completion: ChatCompletion): Entry {
     ...(message.content ? [{ type: "text", text: message.content }] : []),
     ...calls.map((c) => ({ type: "tool_use", id: c.id, name: c.function.name, input: JSON.parse(c.function.arguments) })),
   ];
-  // Loupe's token estimate reads usage by Anthropic's names: keep the provider's own beside them.
-  const u = completion.usage;
-  const cached = u?.prompt_tokens_details?.cached_tokens ?? 0;
-  const usage = u && { ...u, input_tokens: u.prompt_tokens - cached, cache_read_input_tokens: cached, output_tokens: u.completion_tokens };
+  // Chat's usage as the SDK returns it (Loupe counts prompt_tokens and completion_tokens), spread
+  // into a plain object: Loupe's generated type for it is an open object, the SDK's an interface.
+  const usage = completion.usage && { ...completion.usage };
   return { uuid: completion.id, type: "assistant",
     message: { role: "assistant", id: completion.id, model: completion.model, content, stop_reason: finish_reason, usage } };
 }

@@ -111,6 +111,12 @@ pub struct ApiMessage {
     pub model: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop_reason: Option<String>,
+    /// The provider's token counts for the response, stored as its SDK returns them: Anthropic's
+    /// or the Responses API's `usage` (`input_tokens`, `output_tokens`, cache figures), Chat
+    /// Completions' `usage` (`prompt_tokens`, `completion_tokens`,
+    /// `prompt_tokens_details.cached_tokens`) or Gemini's `usageMetadata` (`promptTokenCount`,
+    /// `candidatesTokenCount`, `cachedContentTokenCount`, `thoughtsTokenCount`). The context's
+    /// `context_tokens` anchors on the last one (docs/TRANSCRIPTS.md § Context tokens).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
     pub usage: Option<Value>,
