@@ -31,8 +31,13 @@ pub struct ContextResponse {
     /// last boundary, not this answer's `messages`. Not to be confused with `estimated_tokens`,
     /// the characters / 4 of `messages` alone, which reads 2–3 times lower on real sessions.
     pub context_tokens: crate::history::normalize::ContextEstimate,
-    /// Tools Loupe adds to the request, in the provider's shape: the zoom tool, for an outlined
-    /// thread whose outline has a line (and never before: see docs/TREE.md on its cache cost).
+    /// Tools Loupe adds to the request, in the provider's shape, to send beside the caller's
+    /// own: `zoom` and `search` (for `gemini`, one tool declaring both functions; for
+    /// `openai_responses`, each with `strict: false`), answered by the zoom and search
+    /// operations. Offered whenever the thread's settings turn clearing on, from the first read
+    /// on (before any result is cleared, so the request's tools do not change when the first
+    /// one is), and with `view=outline` once the outline has a line (never before: see
+    /// docs/TREE.md on its cache cost); else empty.
     #[schema(value_type = Vec<Object>)]
     pub tools: Vec<Value>,
     /// For `view=outline`: the outline's boundary and version (equal versions, equal prefix).
