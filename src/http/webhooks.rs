@@ -236,7 +236,9 @@ fn parse_delivery_id(field: &str, id: &str) -> Result<i64, ApiError> {
 /// least once, from an outbox written in the change's own transaction: a POST of
 /// `{"id", "type", "timestamp", "data"}`, signed with the secret this answer holds (and no
 /// other ever will). A delivery without a 2xx answer within 10 s is retried with exponential
-/// backoff, 8 attempts in all; redirects are not followed.
+/// backoff, 8 attempts in all, the endpoint waiting meanwhile (its deliveries go in order);
+/// redirects are not followed. Past 10,000 unsent deliveries, an endpoint's oldest fail as
+/// dropped (listed, and replayable).
 #[utoipa::path(
     post, path = "/v1/webhooks", tag = "webhooks", operation_id = "createWebhook",
     request_body = CreateWebhookRequest,

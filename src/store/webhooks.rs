@@ -30,6 +30,9 @@ pub const MAX_DELIVERY_ATTEMPTS: i64 = 8;
 /// (still listed, and replayable), so an endpoint that is down holds bounded storage.
 pub const MAX_UNSENT_PER_ENDPOINT: i64 = 10_000;
 
+/// Deliveries [`Store::drop_backlogs`] fails in one statement.
+pub const DROP_CHUNK: i64 = 2_000;
+
 /// Most endpoints a tenant may register.
 pub const MAX_WEBHOOKS_PER_TENANT: i64 = 16;
 
@@ -457,7 +460,8 @@ impl Store {
     }
 
     /// Fails, as dropped, the oldest unsent deliveries of every endpoint past
-    /// [`MAX_UNSENT_PER_ENDPOINT`]. Returns how many.
+    /// [`MAX_UNSENT_PER_ENDPOINT`], `DROP_CHUNK` rows a statement (one long write would hold
+    /// SQLite's writer from appends). Returns how many.
     pub async fn drop_backlogs(&self) -> Result<u64, StoreError> {
         let endpoints = sqlx::query("SELECT tenant_id, endpoint_id FROM webhook_endpoints")
             .fetch_all(&self.pool)
@@ -466,21 +470,39 @@ impl Store {
         for endpoint in endpoints {
             let tenant: String = endpoint.try_get("tenant_id")?;
             let endpoint_id: String = endpoint.try_get("endpoint_id")?;
-            dropped += sqlx::query(
-                "UPDATE webhook_deliveries SET state = 'failed', lease_until = NULL, \
-                 last_error = 'dropped: the endpoint fell more than ' || $3 || \
-                 ' deliveries behind' WHERE tenant_id = $1 AND endpoint_id = $2 \
-                 AND state = 'pending' AND delivery_id < (SELECT d.delivery_id \
-                 FROM webhook_deliveries d WHERE d.tenant_id = $1 AND d.endpoint_id = $2 \
-                 AND d.state IN ('pending', 'sending') ORDER BY d.delivery_id DESC LIMIT 1 OFFSET $4)",
+            // The oldest delivery kept: the bound's worth of the newest unsent ones.
+            let kept_from: Option<i64> = sqlx::query_scalar(
+                "SELECT delivery_id FROM webhook_deliveries WHERE tenant_id = $1 \
+                 AND endpoint_id = $2 AND state IN ('pending', 'sending') \
+                 ORDER BY delivery_id DESC LIMIT 1 OFFSET $3",
             )
             .bind(&tenant)
             .bind(&endpoint_id)
-            .bind(MAX_UNSENT_PER_ENDPOINT.to_string())
             .bind(MAX_UNSENT_PER_ENDPOINT - 1)
-            .execute(&self.writer)
-            .await?
-            .rows_affected();
+            .fetch_optional(&self.pool)
+            .await?;
+            let Some(kept_from) = kept_from else { continue };
+            loop {
+                let done = sqlx::query(
+                    "UPDATE webhook_deliveries SET state = 'failed', lease_until = NULL, \
+                     last_error = 'dropped: the endpoint fell more than ' || $3 || \
+                     ' deliveries behind' WHERE delivery_id IN (SELECT delivery_id \
+                     FROM webhook_deliveries WHERE tenant_id = $1 AND endpoint_id = $2 \
+                     AND state = 'pending' AND delivery_id < $4 ORDER BY delivery_id LIMIT $5)",
+                )
+                .bind(&tenant)
+                .bind(&endpoint_id)
+                .bind(MAX_UNSENT_PER_ENDPOINT.to_string())
+                .bind(kept_from)
+                .bind(DROP_CHUNK)
+                .execute(&self.writer)
+                .await?
+                .rows_affected();
+                dropped += done;
+                if done < DROP_CHUNK as u64 {
+                    break;
+                }
+            }
         }
         Ok(dropped)
     }

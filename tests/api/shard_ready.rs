@@ -109,6 +109,11 @@ const ROLES: &[(&str, Role, &str)] = &[
          may name no thread (`thread_key` NULL); it reaches threads by `thread_key` only",
     ),
     (
+        "tenant_retention",
+        Reference,
+        "a row per tenant: its retention policy, read by lists and the retention sweep",
+    ),
+    (
         "webhook_endpoints",
         Reference,
         "a few rows per tenant (16 at most), read by the outbox's triggers beside any thread",
@@ -428,9 +433,12 @@ async fn the_schema_before_0018_breaks_the_rules_it_broke() {
     assert_eq!(
         found,
         [
+            "ROLES names tenant_retention, which the schema does not have",
             "ROLES names thread_events, which the schema does not have",
             "ROLES names thread_metadata, which the schema does not have",
             "ROLES names thread_names, which the schema does not have",
+            "ROLES names webhook_deliveries, which the schema does not have",
+            "ROLES names webhook_endpoints, which the schema does not have",
             "erasures is distributed by thread_key, but its unique index erasures_pkey is on \
              (erasure_id) only",
             "threads is distributed by thread_key, but its unique index \
