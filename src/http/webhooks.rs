@@ -58,7 +58,7 @@ pub struct CreateWebhookRequest {
     /// Where deliveries are POSTed: an `http` or `https` URL without credentials. Loopback and
     /// private addresses are refused unless the operator allows them
     /// (`--webhooks-allow-private`).
-    #[schema(max_length = 2048)]
+    #[schema(max_length = 2048, pattern = r"^[Hh][Tt][Tt][Pp][Ss]?://")]
     pub url: String,
     /// The event kinds to deliver (at least one): `entries.appended`, `thread.created`,
     /// `thread.deleted`, `thread.erasure`, `thread.expired`, `thread.outline`, `thread.trimmed`.
