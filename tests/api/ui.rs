@@ -577,6 +577,22 @@ async fn browse(client: Client, api: Api, base: String, key: String, seeded: See
         let forks = text_of(&client, "#thread-lineage", |text| text.contains("Forks:")).await;
         assert!(forks.contains(&fork_id), "{forks}");
         screenshot(&client, "4-fork-lineage").await;
+
+        // The thread reported no usage: its cost chart holds the modelled points only, and
+        // does not say it has no request.
+        let modelled = eventually("the modelled cost points", || async {
+            let points = client
+                .find_all(Locator::Css("#cost-chart rect.pt-cost-modelled"))
+                .await
+                .ok()?;
+            (!points.is_empty()).then_some(points.len())
+        })
+        .await;
+        let empty = client
+            .find_all(Locator::Css("#cost-chart text.empty"))
+            .await
+            .unwrap();
+        assert!(empty.is_empty(), "{modelled} points under \"no request\"");
     }
 }
 

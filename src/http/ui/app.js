@@ -666,7 +666,9 @@
       }
       root.append(group);
     });
-    if (!spec.series[0].values.length) {
+    // Only a chart with no point at all has no request to show (a thread that reported no
+    // usage still has its modelled points).
+    if (spec.series.every((series) => !series.values.length)) {
       root.append(svg("text", { class: "empty", x: left + plotWidth / 2, y: top + plotHeight / 2, "text-anchor": "middle" }, "No request in this thread yet."));
     }
     container.replaceChildren(root);
