@@ -47,8 +47,19 @@ const REDERIVED_SUMMARY_BYTES: usize = super::JobsConfig::DEFAULT.summary_max_by
 /// Times a plan is read again because the thread changed before its transaction began.
 const PLAN_ATTEMPTS: u32 = 5;
 
+/// What becomes of the compaction summaries that covered the entries that go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Summaries {
+    /// Derived again without them (an erasure, a snip's redaction).
+    Rederive,
+    /// Kept as they are: a retention trim keeps the summary of the history it erases (and
+    /// reports itself as `trimmed`).
+    Keep,
+}
+
 /// What an erasure or a redaction will write, read before its transaction.
 struct Plan {
+    summaries: Summaries,
     read: ErasureRead,
     /// The seqs and uuids taken out, in seq order.
     seqs: Vec<i64>,
@@ -66,6 +77,7 @@ impl Plan {
         thread_id: &ThreadId,
         targets: &ErasureTargets,
         must_exist: bool,
+        summaries: Summaries,
     ) -> Result<Plan, StoreError> {
         // The epoch first: whatever changes the thread's text after it moves it.
         let read = store.erasure_read(tenant, thread_id).await?;
@@ -74,17 +86,25 @@ impl Plan {
             .await?;
         let seqs: Vec<i64> = named.iter().map(|(seq, _)| *seq).collect();
         let uuids: HashSet<String> = named.into_iter().map(|(_, uuid)| uuid).collect();
-        let first = seqs.first().copied().unwrap_or(i64::MAX);
-        let summaries = store.summary_rows(&read.thread_key, first).await?;
-        let rewrites = rederive_summaries(store, &read, summaries.entries, &seqs, &uuids).await?;
+        let (summary_rows, rewrites) = match summaries {
+            Summaries::Keep => (Vec::new(), Vec::new()),
+            Summaries::Rederive => {
+                let first = seqs.first().copied().unwrap_or(i64::MAX);
+                let rows = store.summary_rows(&read.thread_key, first).await?;
+                let rewrites =
+                    rederive_summaries(store, &read, rows.entries, &seqs, &uuids).await?;
+                (rows.candidates, rewrites)
+            }
+        };
         let options = store
             .outline_options_of(&read.thread_key)
             .await?
             .unwrap_or_default();
         Ok(Plan {
+            summaries,
             read,
             seqs,
-            summary_rows: summaries.candidates,
+            summary_rows,
             rewrites,
             stand_ins: LineStandIns::new(&options),
         })
@@ -102,7 +122,9 @@ impl Plan {
             other => other?,
         };
         let first = self.seqs.first().copied().unwrap_or(i64::MAX);
-        if tx.summary_candidates(first).await? != self.summary_rows {
+        if self.summaries == Summaries::Rederive
+            && tx.summary_candidates(first).await? != self.summary_rows
+        {
             // A compaction wrote a summary since: it may quote what goes.
             return Ok(None);
         }
@@ -133,7 +155,16 @@ pub async fn erase(
     request: ErasureRequest,
     cached_contexts: u64,
 ) -> Result<Erasure, StoreError> {
-    erase_keyed(store, tenant, thread_id, None, request, cached_contexts).await
+    erase_keyed(
+        store,
+        tenant,
+        thread_id,
+        None,
+        request,
+        cached_contexts,
+        Summaries::Rederive,
+    )
+    .await
 }
 
 /// [`erase`] in the thread named `thread_id` only while it is the thread `key` (else
@@ -146,10 +177,11 @@ async fn erase_keyed(
     key: Option<&ThreadKey>,
     request: ErasureRequest,
     cached_contexts: u64,
+    summaries: Summaries,
 ) -> Result<Erasure, StoreError> {
     let _turn = store.erasure_turn(tenant, thread_id).await;
     for _ in 0..PLAN_ATTEMPTS {
-        let plan = Plan::read(store, tenant, thread_id, &request.targets, true).await?;
+        let plan = Plan::read(store, tenant, thread_id, &request.targets, true, summaries).await?;
         if key.is_some_and(|key| *key != plan.read.thread_key) {
             return Err(StoreError::ThreadNotFound);
         }
@@ -157,6 +189,9 @@ async fn erase_keyed(
             continue;
         };
         tx.count_cached_contexts(cached_contexts);
+        if summaries == Summaries::Keep {
+            tx.report_as_trim();
+        }
         tx.tombstone(&plan.seqs).await?;
         plan.write_derived(&mut tx).await?;
         let erasure = tx.commit(plan.seqs.clone(), request.reason).await?;
@@ -187,36 +222,23 @@ pub async fn trim(
     key: &ThreadKey,
     seqs: &[i64],
 ) -> Result<Erasure, StoreError> {
-    let _turn = store.erasure_turn(tenant, thread_id).await;
-    for _ in 0..PLAN_ATTEMPTS {
-        let read = store.erasure_read(tenant, thread_id).await?;
-        if read.thread_key != *key {
-            return Err(StoreError::ThreadNotFound);
-        }
-        let options = store
-            .outline_options_of(&read.thread_key)
-            .await?
-            .unwrap_or_default();
-        let stand_ins = LineStandIns::new(&options);
-        let mut tx = match store.begin_erasure(tenant, thread_id, &read).await {
-            Err(StoreError::SourcesChanged) => continue,
-            other => other?,
-        };
-        tx.report_as_trim();
-        tx.tombstone(seqs).await?;
-        tx.forget_searched(seqs).await?;
-        let leaves: Vec<u64> = seqs.iter().map(|&seq| seq as u64).collect();
-        tx.hide_in_tree(&leaves, &[], &stand_ins).await?;
-        let erasure = tx
-            .commit(seqs.to_vec(), Some(TRIM_REASON.to_owned()))
-            .await?;
-        store.changes().changed(tenant, thread_id);
-        if let Err(error) = store.recount_after_erasure(tenant, thread_id).await {
-            tracing::warn!(%error, "the trimmed thread's token count was not recounted");
-        }
-        return Ok(erasure);
-    }
-    Err(StoreError::SourcesChanged)
+    let request = ErasureRequest {
+        targets: ErasureTargets {
+            uuids: Vec::new(),
+            seqs: seqs.to_vec(),
+        },
+        reason: Some(TRIM_REASON.to_owned()),
+    };
+    erase_keyed(
+        store,
+        tenant,
+        thread_id,
+        Some(key),
+        request,
+        0,
+        Summaries::Keep,
+    )
+    .await
 }
 
 /// Erases in every fork of the tenant's thread `parent` (and in their forks, and so on) the
@@ -274,6 +296,7 @@ pub async fn erase_in_forks(
                     Some(&fork.thread_key),
                     request,
                     0,
+                    Summaries::Rederive,
                 )
                 .await
                 {
@@ -340,7 +363,15 @@ pub async fn redact_snipped(
     };
     let _turn = store.erasure_turn(tenant, thread_id).await;
     for _ in 0..PLAN_ATTEMPTS {
-        let plan = Plan::read(store, tenant, thread_id, &targets, false).await?;
+        let plan = Plan::read(
+            store,
+            tenant,
+            thread_id,
+            &targets,
+            false,
+            Summaries::Rederive,
+        )
+        .await?;
         let Some(mut tx) = plan.begin(store, tenant, thread_id).await? else {
             continue;
         };
