@@ -74,12 +74,7 @@ pub struct TrimCandidate {
 /// The SQL condition of a thread expired at `now` (SQL: a parameter, or the time written in),
 /// its `threads` columns named with `prefix` (`""`, or an alias and a dot): by its own policy,
 /// or by `tenant`'s, whose limits are written in as the times they put.
-pub(super) fn expired_condition(
-    tenant: &RetentionPolicy,
-    now_ms: i64,
-    now: &str,
-    prefix: &str,
-) -> String {
+fn expired_condition(tenant: &RetentionPolicy, now_ms: i64, now: &str, prefix: &str) -> String {
     let mut by_tenant = Vec::new();
     if let Some(idle) = tenant.idle_ms {
         by_tenant.push(format!(

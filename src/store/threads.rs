@@ -278,17 +278,9 @@ impl Store {
                 Err(error) => return Err(error),
             },
         };
-        let (mut conditions, mut binds) =
-            self.filter_conditions(tenant, filter, parent.as_ref(), 2);
+        let (mut conditions, binds) = self.filter_conditions(tenant, filter, parent.as_ref(), 2);
         // An expired thread is never listed, even before the retention job deletes it.
-        let retention = self.tenant_retention(tenant).await?;
-        let now_ms = super::now_millis();
-        let now = format!("${}", binds.len() + 2);
-        conditions.push_str(&format!(
-            " AND NOT {}",
-            super::retention::expired_condition(&retention, now_ms, &now, "")
-        ));
-        binds.push(now_ms.to_string());
+        conditions.push_str(&self.unexpired_condition(tenant, None, "threads").await?);
         let mut sql =
             format!("SELECT {THREAD_COLUMNS} FROM threads WHERE tenant_id = $1{conditions}");
         let next = binds.len() + 2;

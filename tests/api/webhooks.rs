@@ -22,7 +22,7 @@ on_both_backends!(
     a_change_that_rolls_back_queues_nothing,
     private_addresses_are_refused_unless_allowed,
     an_endpoint_reaches_only_its_tenants_events,
-    a_slow_endpoint_holds_one_sender_and_never_an_append,
+    a_slow_endpoint_gets_every_append_in_order,
     a_hanging_tenant_holds_back_no_other,
     the_endpoint_cap_holds_under_racing_registrations,
     an_endpoint_far_behind_drops_its_oldest_deliveries,
@@ -480,7 +480,7 @@ async fn an_endpoint_reaches_only_its_tenants_events(app: TestApp) {
     app.finish().await;
 }
 
-async fn a_slow_endpoint_holds_one_sender_and_never_an_append(app: TestApp) {
+async fn a_slow_endpoint_gets_every_append_in_order(app: TestApp) {
     let app = allowing_private(app);
     let slow = Receiver::start(0, Duration::from_millis(500)).await;
     let quick = Receiver::start(0, Duration::ZERO).await;
