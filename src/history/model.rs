@@ -115,7 +115,8 @@ pub struct ApiMessage {
     /// or the Responses API's `usage` (`input_tokens`, `output_tokens`, cache figures), Chat
     /// Completions' `usage` (`prompt_tokens`, `completion_tokens`,
     /// `prompt_tokens_details.cached_tokens`) or Gemini's `usageMetadata` (`promptTokenCount`,
-    /// `candidatesTokenCount`, `cachedContentTokenCount`, `thoughtsTokenCount`). The context's
+    /// `candidatesTokenCount`, `cachedContentTokenCount`, `thoughtsTokenCount`,
+    /// `toolUsePromptTokenCount`, or their snake_case names). The context's
     /// `context_tokens` anchors on the last one (docs/TRANSCRIPTS.md § Context tokens).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]

@@ -83,7 +83,7 @@ pub struct EconomicsEstimate {
 pub struct ReportedUsage {
     /// The prompt, cache reads and writes included: Anthropic's `input_tokens +
     /// cache_read_input_tokens + cache_creation_input_tokens`, OpenAI Responses' `input_tokens`,
-    /// Chat Completions' `prompt_tokens`, Gemini's `promptTokenCount`.
+    /// Chat Completions' `prompt_tokens`, Gemini's `promptTokenCount + toolUsePromptTokenCount`.
     pub prompt_tokens: u64,
     /// Anthropic's and Responses' `output_tokens`, Chat Completions' `completion_tokens`,
     /// Gemini's `candidatesTokenCount + thoughtsTokenCount`.

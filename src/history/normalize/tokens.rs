@@ -276,40 +276,37 @@ impl Usage {
     ///   `input_tokens_details.cached_tokens` were read from the cache, and `output_tokens`.
     /// - OpenAI Chat Completions: `prompt_tokens`, the whole prompt, of which
     ///   `prompt_tokens_details.cached_tokens` were cached, and `completion_tokens`.
-    /// - Gemini's `usageMetadata`: `promptTokenCount`, the whole prompt, of which
-    ///   `cachedContentTokenCount` were cached, and `candidatesTokenCount` plus
+    /// - Gemini's `usageMetadata` (its REST names, or the snake_case of its Python SDK's
+    ///   default dump): `promptTokenCount`, of which `cachedContentTokenCount` were cached, plus
+    ///   `toolUsePromptTokenCount` (not part of it), and `candidatesTokenCount` plus
     ///   `thoughtsTokenCount`.
     ///
-    /// The first form whose names it holds wins (Anthropic's and Responses' names first), so a
-    /// `usage` holding a provider's names beside Anthropic's is counted once. A cached figure
-    /// above its prompt counts as the whole prompt.
+    /// A form is chosen by the names it holds as numbers (Anthropic's and Responses'
+    /// `input_tokens`/`output_tokens` first), so a `usage` holding a provider's names beside
+    /// Anthropic's is counted once, and a stray `null` or cache figure chooses nothing. A
+    /// cached figure above its prompt counts as the whole prompt.
     pub fn read(usage: &Value) -> Usage {
-        let has = |names: &[&str]| names.iter().any(|name| usage.get(name).is_some());
+        let has = |names: &[&str]| {
+            names
+                .iter()
+                .any(|name| usage.get(name).is_some_and(Value::is_number))
+        };
         let field = |name: &str| usage_figure(usage, name);
         // Of a whole prompt, the part a cache served: the rest is plain input.
-        let cached = |prompt: u64, cached: u64| {
+        let split_cached = |prompt: u64, cached: u64| {
             let read = cached.min(prompt);
             (prompt - read, read)
         };
-        if has(&[
-            "input_tokens",
-            "output_tokens",
-            "cache_creation_input_tokens",
-            "cache_read_input_tokens",
-        ]) {
+        if has(&["input_tokens", "output_tokens"]) {
             let input = field("input_tokens");
-            let (cache_write, cache_read) = (
-                field("cache_creation_input_tokens"),
-                field("cache_read_input_tokens"),
-            );
-            let responses_cached = usage
-                .get("input_tokens_details")
-                .map_or(0, |details| usage_figure(details, "cached_tokens"));
-            let (input, cache_read) =
+            let (input, cache_write, cache_read) =
                 if has(&["cache_creation_input_tokens", "cache_read_input_tokens"]) {
-                    (input, cache_read)
+                    let write = field("cache_creation_input_tokens");
+                    (input, write, field("cache_read_input_tokens"))
                 } else {
-                    cached(input, responses_cached)
+                    let cached = usage_figure(&usage["input_tokens_details"], "cached_tokens");
+                    let (input, read) = split_cached(input, cached);
+                    (input, 0, read)
                 };
             Usage {
                 input,
@@ -318,10 +315,8 @@ impl Usage {
                 output: field("output_tokens"),
             }
         } else if has(&["prompt_tokens", "completion_tokens"]) {
-            let details = usage
-                .get("prompt_tokens_details")
-                .map_or(0, |details| usage_figure(details, "cached_tokens"));
-            let (input, cache_read) = cached(field("prompt_tokens"), details);
+            let cached = usage_figure(&usage["prompt_tokens_details"], "cached_tokens");
+            let (input, cache_read) = split_cached(field("prompt_tokens"), cached);
             Usage {
                 input,
                 cache_write: 0,
@@ -329,13 +324,18 @@ impl Usage {
                 output: field("completion_tokens"),
             }
         } else {
-            let (input, cache_read) =
-                cached(field("promptTokenCount"), field("cachedContentTokenCount"));
+            // Gemini's REST names, else its Python SDK's.
+            let gemini = |camel: &str, snake: &str| field(camel).max(field(snake));
+            let (input, cache_read) = split_cached(
+                gemini("promptTokenCount", "prompt_token_count"),
+                gemini("cachedContentTokenCount", "cached_content_token_count"),
+            );
             Usage {
-                input,
+                input: input + gemini("toolUsePromptTokenCount", "tool_use_prompt_token_count"),
                 cache_write: 0,
                 cache_read,
-                output: field("candidatesTokenCount") + field("thoughtsTokenCount"),
+                output: gemini("candidatesTokenCount", "candidates_token_count")
+                    + gemini("thoughtsTokenCount", "thoughts_token_count"),
             }
         }
     }
@@ -354,7 +354,7 @@ impl Usage {
 /// One figure of a `usage` object, as [`usage_tokens`] counts it: 0 when absent or not a
 /// non-negative integer (a string, a negative or fractional number), at most
 /// [`MAX_USAGE_TOKENS`].
-pub fn usage_figure(usage: &Value, name: &str) -> u64 {
+fn usage_figure(usage: &Value, name: &str) -> u64 {
     usage
         .get(name)
         .and_then(Value::as_u64)
@@ -412,6 +412,41 @@ mod tests {
         for usage in [anthropic, responses, chat, gemini, both] {
             assert_eq!(usage_tokens(&reply(usage.clone())), Some(1023), "{usage}");
         }
+    }
+
+    /// Forms the first reading got wrong: Gemini's tool-use prompt (outside its prompt count)
+    /// and its Python SDK's snake_case dump; a Chat usage beside a lone Anthropic cache figure
+    /// or a `null`; and Anthropic's names winning over other figures of another form.
+    #[test]
+    fn every_field_of_a_form_counts_and_only_numbers_choose_it() {
+        let gemini_tools = json!({"promptTokenCount": 1003, "cachedContentTokenCount": 900,
+            "toolUsePromptTokenCount": 500, "candidatesTokenCount": 12, "thoughtsTokenCount": 8,
+            "totalTokenCount": 1523});
+        assert_eq!(Usage::read(&gemini_tools).total(), 1523);
+        assert_eq!(Usage::read(&gemini_tools).cache_read, 900);
+        let gemini_python = json!({"prompt_token_count": 1003, "cached_content_token_count": 900,
+            "candidates_token_count": 12, "thoughts_token_count": 8, "total_token_count": 1023});
+        assert_eq!(Usage::read(&gemini_python).total(), 1023);
+        let chat_beside_a_cache_figure = json!({"prompt_tokens": 1003, "completion_tokens": 20,
+            "prompt_tokens_details": {"cached_tokens": 900}, "cache_read_input_tokens": 900});
+        let chat_beside_null = json!({"prompt_tokens": 1003, "completion_tokens": 20,
+            "prompt_tokens_details": {"cached_tokens": 900}, "input_tokens": null});
+        for usage in [chat_beside_a_cache_figure, chat_beside_null] {
+            let read = Usage::read(&usage);
+            assert_eq!(
+                (read.input, read.cache_read, read.output),
+                (103, 900, 20),
+                "{usage}"
+            );
+        }
+        let anthropic_wins = json!({"prompt_tokens": 5000, "completion_tokens": 70,
+            "input_tokens": 3, "cache_creation_input_tokens": 100,
+            "cache_read_input_tokens": 900, "output_tokens": 20});
+        let read = Usage::read(&anthropic_wins);
+        assert_eq!(
+            (read.input, read.cache_write, read.cache_read, read.output),
+            (3, 100, 900, 20)
+        );
     }
 
     #[test]
