@@ -327,16 +327,16 @@ impl EconomicsFold {
         let message = entry.message.as_ref();
         let reported = message
             .and_then(|m| m.usage.as_ref())
-            .map(Usage::read)
-            // As the estimate reads it (`usage_tokens`): a usage of no known form reports no
-            // request, rather than a request of 0 tokens.
-            .filter(|usage| usage.total() > 0)
-            .map(|usage| Reported {
-                prompt_tokens: usage.prompt(),
-                output_tokens: usage.output,
-                cost: usage.input * PLAIN_INPUT
-                    + usage.cache_write * CACHE_WRITE
-                    + usage.cache_read * CACHE_READ,
+            .filter(|usage| usage.is_object())
+            .map(|usage| {
+                let usage = Usage::read(usage);
+                Reported {
+                    prompt_tokens: usage.prompt(),
+                    output_tokens: usage.output,
+                    cost: usage.input * PLAIN_INPUT
+                        + usage.cache_write * CACHE_WRITE
+                        + usage.cache_read * CACHE_READ,
+                }
             });
         if let Some(reported) = reported {
             self.reported_cost = self.reported_cost.saturating_add(reported.cost);
@@ -617,22 +617,6 @@ mod tests {
             .map(|(seq, _)| seq)
             .collect();
         assert_eq!(compactions, vec![12, 20]);
-    }
-
-    #[test]
-    fn a_usage_of_no_known_form_reports_no_request() {
-        let entries = [
-            entry(0, user("hi")),
-            entry(1, answer(Some("a"), "x", Some(json!({"total_tokens": 9})))),
-            entry(2, answer(Some("b"), "y", Some(json!({})))),
-        ];
-        let mut economics = EconomicsFold::new(167_000, None);
-        let points: Vec<Point> = entries
-            .iter()
-            .filter_map(|e| economics.push(e).point)
-            .collect();
-        assert_eq!(points.len(), 2);
-        assert!(points.iter().all(|p| p.reported.is_none()), "{points:?}");
     }
 
     #[test]
