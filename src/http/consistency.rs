@@ -34,7 +34,8 @@ pub const ROUTED_READS: &[&str] = &[
     "searchTool",
 ];
 
-/// The writes answered with a token (by operation id): every write to a thread.
+/// The writes answered with a token (by operation id): every write to a thread, and the tenant's
+/// retention policy, which decides what a tenant-wide search finds.
 pub const TOKEN_WRITES: &[&str] = &[
     "createThread",
     "forkThread",
@@ -48,6 +49,9 @@ pub const TOKEN_WRITES: &[&str] = &[
     "importTranscript",
     "claimCursor",
     "advanceCursor",
+    "putThreadRetention",
+    "deleteThreadRetention",
+    "putRetention",
 ];
 
 /// The query parameter a read may carry its token in, for clients that cannot set headers.

@@ -388,11 +388,11 @@ fn describe_consistency(document: &mut Value) {
         return;
     };
     let mut seen = Vec::new();
-    for operation in paths
-        .values_mut()
-        .filter_map(Value::as_object_mut)
-        .flat_map(|item| item.values_mut())
-        .filter_map(Value::as_object_mut)
+    for (path, method, operation) in paths
+        .iter_mut()
+        .filter_map(|(path, item)| Some((path, item.as_object_mut()?)))
+        .flat_map(|(path, item)| item.iter_mut().map(move |(method, op)| (path, method, op)))
+        .filter_map(|(path, method, op)| Some((path, method, op.as_object_mut()?)))
     {
         let id = operation
             .get("operationId")
@@ -400,6 +400,15 @@ fn describe_consistency(document: &mut Value) {
             .unwrap_or_default()
             .to_owned();
         seen.push(id.clone());
+        // A change to what routed reads show must answer a token, or a read may miss it.
+        let changes_reads = method != "get"
+            && (path.starts_with("/v1/threads") || path.starts_with("/v1/retention"));
+        assert!(
+            !changes_reads
+                || super::consistency::TOKEN_WRITES.contains(&id.as_str())
+                || super::consistency::ROUTED_READS.contains(&id.as_str()),
+            "{method} {path} ({id}) is neither a token write nor a routed read"
+        );
         if super::consistency::ROUTED_READS.contains(&id.as_str()) {
             let parameters = operation
                 .entry("parameters")

@@ -9,6 +9,7 @@ use utoipa::ToSchema;
 use utoipa_axum::{router::OpenApiRouter, routes};
 
 use super::answers::{MalformedJson, ThreadNotFound};
+use super::consistency::Written;
 use super::problem::{ApiError, ApiJson, ApiPath, Problem};
 use super::threads::ThreadPath;
 use super::{AppState, Tenant};
@@ -83,6 +84,25 @@ pub struct ThreadRetentionResponse {
     /// When the thread expires as it stands (an append moves an idle limit on); `null` for
     /// never. An expired thread is no longer listed and is deleted by the next sweep.
     pub expires_at: Option<DateTime<Utc>>,
+    /// The consistency token of a change to the thread's policy (the `Loupe-LSN` header's value;
+    /// `docs/SCALING.md`); `null` on a read, and without read standbys.
+    pub lsn: Option<String>,
+}
+
+// Flat rather than a flattened `RetentionBody`, whose schema allows no other member.
+/// The tenant's retention policy as a change set it, with the change's token.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TenantRetentionResponse {
+    /// As set (see `RetentionBody`).
+    pub delete_after_idle_seconds: Option<u64>,
+    /// As set (see `RetentionBody`).
+    pub delete_after_seconds: Option<u64>,
+    /// As set (see `RetentionBody`).
+    pub trim_before_last_boundary: bool,
+    /// The consistency token of this change (the `Loupe-LSN` header's value; `docs/SCALING.md`):
+    /// a tenant-wide search sent with it leaves out the threads the policy expires. `null`
+    /// without read standbys.
+    pub lsn: Option<String>,
 }
 
 impl From<ThreadRetention> for ThreadRetentionResponse {
@@ -95,6 +115,7 @@ impl From<ThreadRetention> for ThreadRetentionResponse {
             expires_at: effective
                 .expires_at(retention.created_at, retention.updated_at)
                 .map(millis_to_datetime),
+            lsn: None,
         }
     }
 }
@@ -123,7 +144,7 @@ pub async fn get_tenant_retention(
     put, path = "/v1/retention", tag = "threads", operation_id = "putRetention",
     request_body = RetentionBody,
     responses(
-        (status = 200, description = "The policy was set", body = RetentionBody),
+        (status = 200, description = "The policy was set", body = TenantRetentionResponse),
         MalformedJson,
         (status = 422, description = "A time out of range (`validation`)", body = Problem, content_type = "application/problem+json"),
     )
@@ -132,10 +153,22 @@ pub async fn put_tenant_retention(
     State(state): State<AppState>,
     Tenant(tenant): Tenant,
     ApiJson(body): ApiJson<RetentionBody>,
-) -> Result<Json<RetentionBody>, ApiError> {
+) -> Result<(Written, Json<TenantRetentionResponse>), ApiError> {
     let policy = body.policy()?;
     state.store.set_tenant_retention(&tenant, &policy).await?;
-    Ok(Json(RetentionBody::of(policy)))
+    let written = Written::now(&state, &tenant, None).await;
+    let RetentionBody {
+        delete_after_idle_seconds,
+        delete_after_seconds,
+        trim_before_last_boundary,
+    } = RetentionBody::of(policy);
+    let response = TenantRetentionResponse {
+        delete_after_idle_seconds,
+        delete_after_seconds,
+        trim_before_last_boundary,
+        lsn: written.lsn(),
+    };
+    Ok((written, Json(response)))
 }
 
 /// A thread's retention: its own policy, its tenant's, and when it expires.
@@ -178,13 +211,13 @@ pub async fn put_thread_retention(
     Tenant(tenant): Tenant,
     ApiPath(path): ApiPath<ThreadPath>,
     ApiJson(body): ApiJson<RetentionBody>,
-) -> Result<Json<ThreadRetentionResponse>, ApiError> {
+) -> Result<(Written, Json<ThreadRetentionResponse>), ApiError> {
     let policy = body.policy()?;
     state
         .store
         .set_thread_retention(&tenant, &path.thread_id, Some(&policy))
         .await?;
-    get_thread_retention(State(state), Tenant(tenant), ApiPath(path)).await
+    answer_thread_retention(state, tenant, path).await
 }
 
 /// Make a thread follow its tenant's retention policy again.
@@ -201,10 +234,29 @@ pub async fn delete_thread_retention(
     State(state): State<AppState>,
     Tenant(tenant): Tenant,
     ApiPath(path): ApiPath<ThreadPath>,
-) -> Result<Json<ThreadRetentionResponse>, ApiError> {
+) -> Result<(Written, Json<ThreadRetentionResponse>), ApiError> {
     state
         .store
         .set_thread_retention(&tenant, &path.thread_id, None)
         .await?;
-    get_thread_retention(State(state), Tenant(tenant), ApiPath(path)).await
+    answer_thread_retention(state, tenant, path).await
+}
+
+/// The answer to a change of a thread's policy: the retention it now has, with the change's
+/// token.
+async fn answer_thread_retention(
+    state: AppState,
+    tenant: crate::store::TenantId,
+    path: ThreadPath,
+) -> Result<(Written, Json<ThreadRetentionResponse>), ApiError> {
+    let written = Written::now(&state, &tenant, Some(&path.thread_id)).await;
+    let retention = state
+        .store
+        .thread_retention(&tenant, &path.thread_id)
+        .await?;
+    let response = ThreadRetentionResponse {
+        lsn: written.lsn(),
+        ..retention.into()
+    };
+    Ok((written, Json(response)))
 }

@@ -631,7 +631,8 @@ impl Store {
     }
 
     /// After a write the caller answered: the primary's WAL position, past the write's commit,
-    /// remembered for the thread's next reads; `None` without standbys.
+    /// remembered for the thread's next reads (or, for a write of no one thread, such as the
+    /// tenant's retention policy, the tenant's reads of no one thread); `None` without standbys.
     pub async fn written(
         &self,
         tenant: &TenantId,
@@ -641,9 +642,7 @@ impl Store {
             return Ok(None);
         };
         let lsn = standbys::primary_position(&self.writer).await?;
-        if let Some(thread_id) = thread_id {
-            standbys.wrote(tenant, thread_id.as_str(), lsn);
-        }
+        standbys.wrote(tenant, thread_id.map_or("", ThreadId::as_str), lsn);
         Ok(Some(lsn))
     }
 

@@ -152,7 +152,7 @@ impl Standbys {
     }
 
     /// Remembers that the tenant's thread was written at `lsn` (and so the tenant, for reads of
-    /// no one thread).
+    /// no one thread); `thread_id` is empty for a write of the tenant's own settings.
     pub fn wrote(&self, tenant: &TenantId, thread_id: &str, lsn: Lsn) {
         self.primary_position.fetch_max(lsn.0, Ordering::Relaxed);
         let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());

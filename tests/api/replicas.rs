@@ -328,6 +328,19 @@ async fn every_write_answers_a_token_and_every_routed_read_takes_one() {
         ),
         (Method::PUT, "/v1/threads/t/settings", Some(json!({}))),
         (
+            Method::PATCH,
+            "/v1/threads/t",
+            Some(json!({"metadata": {"owner": "drill"}})),
+        ),
+        (
+            Method::POST,
+            "/v1/threads/t/fork",
+            Some(json!({"id": "t-fork"})),
+        ),
+        (Method::PUT, "/v1/threads/t/retention", Some(json!({}))),
+        (Method::DELETE, "/v1/threads/t/retention", None),
+        (Method::PUT, "/v1/retention", Some(json!({}))),
+        (
             Method::POST,
             "/v1/threads/t/snip",
             Some(json!({"seqs": [1]})),
@@ -356,6 +369,32 @@ async fn every_write_answers_a_token_and_every_routed_read_takes_one() {
         assert_eq!(answer.body["lsn"], token.as_str(), "{uri}");
         tokens.push(token);
     }
+    // An import, whose body is a transcript rather than JSON.
+    let import = Request::builder()
+        .method(Method::POST)
+        .uri("/v1/threads/t-fork/import")
+        .header(header::CONTENT_TYPE, "application/x-ndjson")
+        .body(Body::from(
+            json!({"uuid": "i1", "type": "user", "message": {"role": "user", "content": "imported"}})
+                .to_string(),
+        ))
+        .unwrap();
+    let imported = send_to(&router, import).await;
+    assert_eq!(imported.status, StatusCode::OK, "{}", imported.body);
+    let token = imported.headers["loupe-lsn"].to_str().unwrap();
+    assert_eq!(imported.body["lsn"], token);
+    // Tokens are positions: a later write's is never before an earlier one's.
+    let positions: Vec<(u64, u64)> = tokens
+        .iter()
+        .map(|token| {
+            let (high, low) = token.split_once('/').unwrap();
+            (
+                u64::from_str_radix(high, 16).unwrap(),
+                u64::from_str_radix(low, 16).unwrap(),
+            )
+        })
+        .collect();
+    assert!(positions.windows(2).all(|w| w[0] <= w[1]), "{tokens:?}");
     let latest = tokens.last().unwrap().clone();
     let reads = [
         (Method::GET, "/v1/threads/t/context".to_owned(), None),
@@ -445,6 +484,22 @@ async fn a_tenant_wide_read_after_a_write_waits_for_it() {
     );
     let (_, after) = store.for_read(&tenant, None, None).await;
     assert_eq!(after, loupe::store::ReadRoute::Primary);
+    // So is a change of the tenant's own policy, a write of no one thread that decides what the
+    // tenant's search finds.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let (_, caught_up) = store.for_read(&tenant, None, None).await;
+    assert_ne!(caught_up, loupe::store::ReadRoute::Primary);
+    let policy = call(
+        &router,
+        Method::PUT,
+        "/v1/retention",
+        Some(json!({"delete_after_seconds": 60})),
+        None,
+    )
+    .await;
+    assert_eq!(policy.status, StatusCode::OK, "{}", policy.body);
+    let (_, after_policy) = store.for_read(&tenant, None, None).await;
+    assert_eq!(after_policy, loupe::store::ReadRoute::Primary);
     finish_on_read_pair(&[&store], &primary).await;
 }
 
