@@ -250,6 +250,12 @@ pub async fn create_erasure(
         // Remembered here, not in the handler: this process's reads must wait for the erasure
         // on a standby even if the client is gone before its answer.
         let position = Written::remembered(&state, &tenant, Some(&thread_id)).await;
+        // And each fork it reached: a read of one must not find a standby's copy of its text.
+        for (fork, _) in &forks {
+            if let Some(lsn) = position {
+                state.store.written_also(&tenant, fork, lsn);
+            }
+        }
         state.store.queue_scrub(erasure.erasure_id.clone());
         // A tree job summarizes the stand-ins again with the thread's summarizer.
         if erasure.artifacts.tree_nodes > 0 {

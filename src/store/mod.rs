@@ -646,6 +646,14 @@ impl Store {
         Ok(Some(lsn))
     }
 
+    /// Remembers that a write this process made also changed `thread_id`, at `lsn` (an erasure
+    /// reaching a fork), for the thread's next reads as [`Store::written`] does.
+    pub fn written_also(&self, tenant: &TenantId, thread_id: &ThreadId, lsn: Lsn) {
+        if let Some(standbys) = &self.standbys {
+            standbys.wrote(tenant, thread_id.as_str(), lsn);
+        }
+    }
+
     /// How reads were routed, when the store has standbys.
     pub fn standby_stats(&self) -> Option<StandbyStats> {
         self.standbys.as_ref().map(|s| s.stats())

@@ -197,10 +197,14 @@ impl Standbys {
         thread_id: Option<&ThreadId>,
         token: Option<Lsn>,
     ) -> (Option<AnyPool>, ReadRoute) {
+        let Some(floor) = self.staleness_floor() else {
+            self.primary_reads.fetch_add(1, Ordering::Relaxed);
+            return (None, ReadRoute::Primary);
+        };
         let needed = self
             .needed(tenant, thread_id, token)
             .unwrap_or_default()
-            .max(self.staleness_floor());
+            .max(floor);
         if let Some(pool) = self.caught_up(needed) {
             self.standby_reads.fetch_add(1, Ordering::Relaxed);
             return (Some(pool), ReadRoute::Standby);
@@ -257,18 +261,25 @@ impl Standbys {
     }
 
     /// What every standby read from must have replayed: the primary's position
-    /// [`MAX_STALENESS`] ago (the newest sample at least that old; none at first).
-    fn staleness_floor(&self) -> Lsn {
+    /// [`MAX_STALENESS`] ago (the newest sample at least that old), or, in a process younger
+    /// than that, its first sample, a stricter floor. `None`, so that no standby serves, before
+    /// the first sample and once the newest is older than the bound: the floor cannot be
+    /// known, and a standby stuck far behind would serve what the primary has long erased.
+    fn staleness_floor(&self) -> Option<Lsn> {
         let samples = self
             .primary_samples
             .lock()
             .unwrap_or_else(|e| e.into_inner());
+        let (newest_at, _) = samples.back()?;
+        if newest_at.elapsed() >= MAX_STALENESS {
+            return None;
+        }
         samples
             .iter()
             .rev()
             .find(|(at, _)| at.elapsed() >= MAX_STALENESS)
+            .or(samples.front())
             .map(|(_, lsn)| *lsn)
-            .unwrap_or_default()
     }
 
     pub fn stats(&self) -> StandbyStats {
@@ -454,6 +465,47 @@ mod tests {
             .expect("the poller never forgot the position")
             .unwrap();
         assert!(!standbys.standbys[0].healthy.load(Ordering::Relaxed));
+        let tenant = TenantId("t".into());
+        let (pool, route) = standbys.route(&tenant, None, None).await;
+        assert!(pool.is_none());
+        assert_eq!(route, ReadRoute::Primary);
+    }
+
+    /// The floor is known only from samples: none before the first, the first in a process
+    /// younger than the bound (never zero, which any stuck standby passes), and none once the
+    /// newest sample is older than the bound (the sampler stopped getting through).
+    #[tokio::test]
+    async fn the_staleness_floor_comes_only_from_fresh_samples() {
+        sqlx::any::install_default_drivers();
+        let gone = || {
+            sqlx::pool::PoolOptions::<sqlx::Any>::new()
+                .acquire_timeout(Duration::from_millis(200))
+                .connect_lazy("postgres://loupe:loupe@127.0.0.1:1/none")
+                .unwrap()
+        };
+        let standbys = Standbys::start(vec![gone()], gone(), Duration::from_millis(10));
+        let set = |samples: &[(Duration, u64)]| {
+            let now = Instant::now();
+            *standbys.primary_samples.lock().unwrap() = samples
+                .iter()
+                .map(|(ago, lsn)| (now - *ago, Lsn(*lsn)))
+                .collect();
+        };
+        let second = Duration::from_secs(1);
+        set(&[]);
+        assert_eq!(standbys.staleness_floor(), None);
+        // Just started: the first sample, not nothing.
+        set(&[(second / 2, 7), (second / 4, 9)]);
+        assert_eq!(standbys.staleness_floor(), Some(Lsn(7)));
+        // Running: the newest sample at least the bound old.
+        set(&[(3 * second, 5), (MAX_STALENESS, 6), (second, 8)]);
+        assert_eq!(standbys.staleness_floor(), Some(Lsn(6)));
+        // The sampler has not got through for longer than the bound: unknown.
+        set(&[(4 * second, 5), (3 * second, 6)]);
+        assert_eq!(standbys.staleness_floor(), None);
+        // And an unknown floor sends a read to the primary, whatever a standby has replayed.
+        standbys.standbys[0].healthy.store(true, Ordering::Relaxed);
+        standbys.standbys[0].replayed.send_replace(Lsn(u64::MAX));
         let tenant = TenantId("t".into());
         let (pool, route) = standbys.route(&tenant, None, None).await;
         assert!(pool.is_none());

@@ -529,6 +529,118 @@ impl Drop for ReplayPaused {
     }
 }
 
+/// The bound holds from a process's first read: a process started while the standby's replay
+/// is paused, long after another process's erasure, never reads the erased text from it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_just_started_reads_no_standby_behind_the_bound() {
+    let _pair = READ_PAIR.lock().await;
+    let (primary, standby) = on_read_pair().await;
+    let standbys = [standby];
+    let (writer, writer_store) = process(&primary, &standbys, Duration::from_millis(20)).await;
+    create(&writer, "b").await;
+    let said = call(
+        &writer,
+        Method::POST,
+        "/v1/threads/b/messages",
+        Some(json!({"messages": [
+            {"uuid": "b-0", "type": "user", "message": {"role": "user", "content": "the word is aconite"}}
+        ]})),
+        None,
+    )
+    .await;
+    assert_eq!(said.status, StatusCode::CREATED, "{}", said.body);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let paused = ReplayPaused::pause();
+    let erased = call(
+        &writer,
+        Method::POST,
+        "/v1/threads/b/erasures",
+        Some(json!({"seqs": [0]})),
+        None,
+    )
+    .await;
+    assert_eq!(erased.status, StatusCode::CREATED, "{}", erased.body);
+    // Far past the bound and every process's memory of the erasure.
+    tokio::time::sleep(loupe::store::REMEMBER_WRITES_FOR + Duration::from_secs(2)).await;
+    let (reader, reader_store) = process(&primary, &standbys, Duration::from_millis(20)).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while reader_store.standby_stats().unwrap().healthy_standbys == 0 {
+        assert!(Instant::now() < deadline, "the standby never answered");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut leaks = 0;
+    for _ in 0..10 {
+        let page = call(&reader, Method::GET, "/v1/threads/b/messages", None, None).await;
+        assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+        if page.body.to_string().contains("aconite") {
+            leaks += 1;
+        }
+    }
+    drop(paused);
+    assert_eq!(
+        leaks, 0,
+        "a new process read erased text from a standby far behind the bound"
+    );
+    finish_on_read_pair(&[&writer_store, &reader_store], &primary).await;
+}
+
+/// An erasure reaches the thread's forks, and the process that answered it reads the forks
+/// back without a token as it reads the thread: never the erased text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_process_that_erased_reads_the_forks_without_the_erased_text() {
+    let _pair = READ_PAIR.lock().await;
+    let (primary, standby) = on_read_pair().await;
+    let (router, store) = process(&primary, &[standby], Duration::from_millis(20)).await;
+    create(&router, "src").await;
+    let said = call(
+        &router,
+        Method::POST,
+        "/v1/threads/src/messages",
+        Some(json!({"messages": [
+            {"uuid": "s-0", "type": "user", "message": {"role": "user", "content": "the word is hemlock"}}
+        ]})),
+        None,
+    )
+    .await;
+    assert_eq!(said.status, StatusCode::CREATED, "{}", said.body);
+    let fork = call(
+        &router,
+        Method::POST,
+        "/v1/threads/src/fork",
+        Some(json!({"id": "src-fork"})),
+        None,
+    )
+    .await;
+    assert_eq!(fork.status, StatusCode::CREATED, "{}", fork.body);
+    // Past this process's memory of the fork's creation, and the standby has it.
+    tokio::time::sleep(loupe::store::REMEMBER_WRITES_FOR + Duration::from_secs(1)).await;
+    let erased = call(
+        &router,
+        Method::POST,
+        "/v1/threads/src/erasures",
+        Some(json!({"seqs": [0]})),
+        None,
+    )
+    .await;
+    assert_eq!(erased.status, StatusCode::CREATED, "{}", erased.body);
+    assert_eq!(erased.body["forks"][0]["thread_id"], "src-fork");
+    let page = call(
+        &router,
+        Method::GET,
+        "/v1/threads/src-fork/messages",
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    assert!(
+        !page.body.to_string().contains("hemlock"),
+        "the fork's erased text was read back: {}",
+        page.body
+    );
+    finish_on_read_pair(&[&store], &primary).await;
+}
+
 /// A standby whose replay is paused falls behind without limit; once it has not replayed what
 /// the primary held `MAX_STALENESS` ago, no read goes to it, with a token or without, from any
 /// process: a snip or erasure another process made is never read back from it.
