@@ -8,7 +8,7 @@
 //! reconnects with `Last-Event-ID` gets what follows it exactly: nothing missed, nothing twice,
 //! whichever process serves it and whether or not the server restarted.
 //!
-//! A stream holds no database connection while it waits and reads a bounded page when it does;
+//! A stream holds no database connection while it waits and reads a small page when it does;
 //! a slow client stops its reads (the next page is read when the last is sent).
 
 use std::collections::VecDeque;
@@ -37,6 +37,10 @@ pub fn router() -> OpenApiRouter<AppState> {
 
 /// Entries, or events, read at a time.
 const PAGE: u32 = 100;
+
+/// The most entry bytes a stream reads ahead of what it has sent (at least one entry): a stream
+/// its client stopped reading holds this much, and a tenant may hold 32 streams.
+const PAGE_BYTES: i64 = 256 * 1024;
 
 /// Longest a stream waits without reading, whatever it hears: it catches a change whose signal
 /// was lost (a `NOTIFY` dropped, another process on the same SQLite file).
@@ -182,7 +186,7 @@ pub async fn follow_thread(
         position: start,
         changes,
         ready: VecDeque::new(),
-        max_page_bytes: state.limits.max_page_bytes as i64,
+        max_page_bytes: (state.limits.max_page_bytes as i64).min(PAGE_BYTES),
         ended: false,
     };
     let events = stream::unfold(follower, |mut follower| async move {

@@ -345,3 +345,118 @@ async fn whole_thread_operations_stay_bounded_on_sqlite() {
 async fn whole_thread_operations_stay_bounded_on_postgres() {
     assert_bounded(&measure(Backend::Postgres).await);
 }
+
+/// Event streams a client opened from the start of a long thread and stopped reading (it
+/// stalled, or resumed from an old `Last-Event-ID` and hung): as many as a tenant may hold.
+const UNREAD_STREAMS: usize = 32;
+/// The thread's entries, each this size: 15 MiB for each stream to send.
+const STREAMED_ENTRIES: usize = 60;
+const STREAMED_ENTRY_BYTES: usize = 256 * 1024;
+
+/// Opens a stream of the thread's events from its first entry, on a socket with a small receive
+/// buffer, and reads its answer's head, no more.
+async fn open_unread_stream(port: u16, thread: &str) -> tokio::net::TcpStream {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut stream = socket.connect(([127, 0, 0, 1], port).into()).await.unwrap();
+    stream
+        .write_all(
+            format!(
+                "GET /v1/threads/{thread}/events?after_seq=-1 HTTP/1.1\r\nHost: localhost\r\n\
+                 Accept: text/event-stream\r\n\r\n"
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        assert_eq!(
+            stream.read(&mut byte).await.unwrap(),
+            1,
+            "the stream closed"
+        );
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head);
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    stream
+}
+
+/// Appends one user entry whose text is `bytes` long.
+async fn append_entry(client: &reqwest::Client, port: u16, thread: &str, i: usize, bytes: usize) {
+    let answer = client
+        .post(format!(
+            "http://127.0.0.1:{port}/v1/threads/{thread}/messages"
+        ))
+        .json(
+            &json!({"messages": [{"uuid": format!("s-{i}"), "type": "user",
+            "message": {"role": "user", "content": "y".repeat(bytes)}}]}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 201, "{:?}", answer.text().await);
+}
+
+/// A stream nobody reads holds at most a small page of what it has still to send, however much
+/// the thread holds: before, each read a page of up to `--max-page-bytes` (4 MiB) ahead, so a
+/// tenant's 32 stalled streams held 128 MiB and more. And a stream read again late still sends
+/// every entry, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unread_event_streams_hold_a_small_page_each() {
+    use tokio::io::AsyncReadExt;
+    let app = TestApp::new(Backend::Sqlite).await;
+    let thread = app.thread("followed").await;
+    let server = Server::start(&app.url).await;
+    let pid = server.pid();
+    let client = reqwest::Client::new();
+    for i in 0..STREAMED_ENTRIES {
+        append_entry(&client, server.port, &thread, i, STREAMED_ENTRY_BYTES).await;
+    }
+    let (before, _) = memory(pid);
+    reset_peak(pid);
+    let mut streams = Vec::new();
+    for _ in 0..UNREAD_STREAMS {
+        streams.push(open_unread_stream(server.port, &thread).await);
+    }
+    // Each stream reads what it sends next as soon as the last is sent; they settle once every
+    // socket is full.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let peak = memory(pid).1 - before;
+    let entry_mib = STREAMED_ENTRY_BYTES as f64 / (1024.0 * 1024.0);
+    // Per stream: the entry being sent and the next page (one entry here), and hyper's write
+    // buffer (about 0.4 MiB).
+    let bound = 48.0 + UNREAD_STREAMS as f64 * (3.0 * entry_mib + 0.5);
+    eprintln!("unread streams: {peak:.1} MiB above the start (bound {bound:.0})");
+    assert!(
+        peak < bound,
+        "{UNREAD_STREAMS} unread streams rose {peak:.0} MiB, more than {bound:.0} MiB"
+    );
+    // Read late, a stream still sends every entry once, in order.
+    let mut stream = streams.swap_remove(0);
+    drop(streams);
+    let mut text = Vec::new();
+    let mut buffer = vec![0; 256 * 1024];
+    let last = format!("id: {}\n", STREAMED_ENTRIES - 1);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !String::from_utf8_lossy(&text).contains(&last) {
+        assert!(Instant::now() < deadline, "the stream stopped");
+        let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buffer))
+            .await
+            .expect("the stream sent nothing for 10 s")
+            .unwrap();
+        assert!(n > 0, "the stream closed");
+        // The entries' text is all `y`: dropped, it leaves the ids and the framing.
+        text.extend(buffer[..n].iter().filter(|b| **b != b'y'));
+    }
+    let ids: Vec<usize> = String::from_utf8_lossy(&text)
+        .lines()
+        .filter_map(|line| line.strip_prefix("id: "))
+        .map(|id| id.parse().unwrap())
+        .collect();
+    assert_eq!(ids, (0..STREAMED_ENTRIES).collect::<Vec<_>>());
+    app.finish().await;
+}
