@@ -131,7 +131,8 @@ fn describe() {
     );
     describe_counter!(
         STANDBY_READS,
-        "Reads by where they were served: standby, standby_after_wait or primary"
+        "Reads by where they were served: standby, standby_after_wait, primary, or \
+         primary_after_wait (a read that waited for a standby in vain)"
     );
     describe_counter!(
         STANDBY_READ_RETRIES,
@@ -237,8 +238,8 @@ pub fn context_fallback(path: &'static str, reason: &'static str) {
     metrics::counter!(CONTEXT_FALLBACKS, "path" => path, "reason" => reason).increment(1);
 }
 
-/// A read routed to `route` (`standby`, `standby_after_wait` or `primary`), with the standbys'
-/// largest lag then.
+/// A read routed to `route` (`standby`, `standby_after_wait`, `primary` or
+/// `primary_after_wait`), with the standbys' largest lag then.
 pub fn standby_read(route: &'static str, lag_bytes: u64) {
     metrics::counter!(STANDBY_READS, "route" => route).increment(1);
     metrics::gauge!(STANDBY_LAG_BYTES).set(lag_bytes as f64);

@@ -118,10 +118,11 @@ where
             ReadRoute::Standby => "standby",
             ReadRoute::StandbyAfterWait => "standby_after_wait",
             ReadRoute::Primary => "primary",
+            ReadRoute::PrimaryAfterWait => "primary_after_wait",
         };
         crate::metrics::standby_read(label, stats.max_lag_bytes);
     }
-    if route == ReadRoute::Primary {
+    if route.is_primary() {
         return read(store).await;
     }
     match read(store).await {

@@ -76,8 +76,18 @@ pub enum ReadRoute {
     Standby,
     /// A standby caught up while the read waited.
     StandbyAfterWait,
-    /// No standby caught up in time, or none was healthy: the primary.
+    /// No standby was healthy, or the staleness floor was unknown: the primary.
     Primary,
+    /// The read waited the whole wait and no standby caught up: the primary, a fallback.
+    /// Many of these say the wait is shorter than the standbys' usual lag.
+    PrimaryAfterWait,
+}
+
+impl ReadRoute {
+    /// Whether the primary serves the read.
+    pub fn is_primary(self) -> bool {
+        matches!(self, ReadRoute::Primary | ReadRoute::PrimaryAfterWait)
+    }
 }
 
 /// Counts of the reads each way since start, and the standbys' lag.
@@ -85,7 +95,10 @@ pub enum ReadRoute {
 pub struct StandbyStats {
     pub standby_reads: u64,
     pub waited_reads: u64,
+    /// Reads served by the primary, fallbacks included.
     pub primary_reads: u64,
+    /// Of those, the reads that waited for a standby in vain.
+    pub fallback_reads: u64,
     pub healthy_standbys: usize,
     /// Reads waiting for a standby to catch up now.
     pub waiting_reads: usize,
@@ -118,6 +131,7 @@ pub struct Standbys {
     standby_reads: AtomicU64,
     waited_reads: AtomicU64,
     primary_reads: AtomicU64,
+    fallback_reads: AtomicU64,
 }
 
 impl Standbys {
@@ -143,6 +157,7 @@ impl Standbys {
             standby_reads: AtomicU64::new(0),
             waited_reads: AtomicU64::new(0),
             primary_reads: AtomicU64::new(0),
+            fallback_reads: AtomicU64::new(0),
         });
         for index in 0..standbys.standbys.len() {
             tokio::spawn(poll(Arc::downgrade(&standbys), index));
@@ -229,7 +244,8 @@ impl Standbys {
             }
             Err(_) => {
                 self.primary_reads.fetch_add(1, Ordering::Relaxed);
-                (None, ReadRoute::Primary)
+                self.fallback_reads.fetch_add(1, Ordering::Relaxed);
+                (None, ReadRoute::PrimaryAfterWait)
             }
         }
     }
@@ -293,6 +309,7 @@ impl Standbys {
             standby_reads: self.standby_reads.load(Ordering::Relaxed),
             waited_reads: self.waited_reads.load(Ordering::Relaxed),
             primary_reads: self.primary_reads.load(Ordering::Relaxed),
+            fallback_reads: self.fallback_reads.load(Ordering::Relaxed),
             healthy_standbys: healthy.len(),
             waiting_reads: self.waiting.load(Ordering::Relaxed),
             max_lag_bytes: healthy
