@@ -277,18 +277,20 @@ impl Standbys {
     }
 
     /// What every standby read from must have replayed: the primary's position
-    /// [`MAX_STALENESS`] ago (the newest sample at least that old), or, in a process younger
-    /// than that, its first sample, a stricter floor. `None`, so that no standby serves, before
-    /// the first sample and once the newest is older than the bound: the floor cannot be
-    /// known, and a standby stuck far behind would serve what the primary has long erased.
+    /// [`MAX_STALENESS`] ago (the newest sample at least that old), or a stricter one where
+    /// that is not known: in a process younger than the bound, its first sample; once the
+    /// newest sample is itself older than the bound (the primary does not answer: it may be
+    /// gone, and standbys then serve the reads), the newest. `None`, so that no standby
+    /// serves, before the first sample: a standby stuck far behind would otherwise serve what
+    /// the primary has long erased.
     fn staleness_floor(&self) -> Option<Lsn> {
         let samples = self
             .primary_samples
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        let (newest_at, _) = samples.back()?;
-        if newest_at.elapsed() >= MAX_STALENESS {
-            return None;
+        let newest = samples.back()?;
+        if newest.0.elapsed() >= MAX_STALENESS {
+            return Some(newest.1);
         }
         samples
             .iter()
@@ -488,11 +490,12 @@ mod tests {
         assert_eq!(route, ReadRoute::Primary);
     }
 
-    /// The floor is known only from samples: none before the first, the first in a process
-    /// younger than the bound (never zero, which any stuck standby passes), and none once the
-    /// newest sample is older than the bound (the sampler stopped getting through).
+    /// The floor comes only from samples, and is never lower than the bound allows: none before
+    /// the first, the first in a process younger than the bound (never zero, which any stuck
+    /// standby passes), and the newest once it is older than the bound (the sampler stopped
+    /// getting through, and the standbys that have all the primary was last seen with serve).
     #[tokio::test]
-    async fn the_staleness_floor_comes_only_from_fresh_samples() {
+    async fn the_staleness_floor_comes_only_from_samples() {
         sqlx::any::install_default_drivers();
         let gone = || {
             sqlx::pool::PoolOptions::<sqlx::Any>::new()
@@ -517,10 +520,11 @@ mod tests {
         // Running: the newest sample at least the bound old.
         set(&[(3 * second, 5), (MAX_STALENESS, 6), (second, 8)]);
         assert_eq!(standbys.staleness_floor(), Some(Lsn(6)));
-        // The sampler has not got through for longer than the bound: unknown.
+        // The sampler has not got through for longer than the bound: the last position seen.
         set(&[(4 * second, 5), (3 * second, 6)]);
-        assert_eq!(standbys.staleness_floor(), None);
+        assert_eq!(standbys.staleness_floor(), Some(Lsn(6)));
         // And an unknown floor sends a read to the primary, whatever a standby has replayed.
+        set(&[]);
         standbys.standbys[0].healthy.store(true, Ordering::Relaxed);
         standbys.standbys[0].replayed.send_replace(Lsn(u64::MAX));
         let tenant = TenantId("t".into());

@@ -733,6 +733,44 @@ async fn reads_fall_back_to_the_primary_when_the_standby_is_lost() {
     finish_on_read_pair(&[&store], &primary).await;
 }
 
+/// While the primary is lost (before any promotion), a standby that has everything the primary
+/// was last seen with goes on serving reads: no read waits for a primary that does not answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_go_on_from_the_standby_while_the_primary_is_lost() {
+    let _pair = READ_PAIR.lock().await;
+    let (primary, standby) = on_read_pair().await;
+    let (router, store) = process(&primary, &[standby], Duration::from_millis(100)).await;
+    create(&router, "orphaned").await;
+    let answer = append(&router, "orphaned", "orphaned-0").await;
+    assert_eq!(answer.status, StatusCode::CREATED);
+    tokio::time::sleep(loupe::store::REMEMBER_WRITES_FOR).await;
+    struct PrimaryBack;
+    impl Drop for PrimaryBack {
+        fn drop(&mut self) {
+            replicas_sh(&["pair_ctl", "drill", "primary", "start"]);
+        }
+    }
+    replicas_sh(&["pair_ctl", "drill", "primary", "stop", "-m", "fast"]);
+    let back = PrimaryBack;
+    // Past the bound: the process's last sample of the primary is older than it.
+    tokio::time::sleep(loupe::store::MAX_STALENESS + Duration::from_secs(1)).await;
+    let (standby_before, _) = routed(&store);
+    for uri in [
+        "/v1/threads/orphaned/context",
+        "/v1/threads/orphaned/messages",
+        "/v1/threads/orphaned/export",
+    ] {
+        let read = call(&router, Method::GET, uri, None, None).await;
+        assert_eq!(read.status, StatusCode::OK, "{uri}: {}", read.body);
+    }
+    assert!(
+        routed(&store).0 >= standby_before + 3,
+        "the standby did not serve the reads"
+    );
+    drop(back);
+    finish_on_read_pair(&[&store], &primary).await;
+}
+
 /// Appends run while the primary is killed (`-m immediate`) and its synchronous standby is
 /// promoted. Loupe, given both hosts in one URL, finds the new primary by itself; meanwhile it
 /// answers 503 with `Retry-After`, never a 500; and every append it acknowledged is on the new
