@@ -84,8 +84,13 @@ pub struct ThreadRetentionResponse {
     /// When the thread expires as it stands (an append moves an idle limit on); `null` for
     /// never. An expired thread is no longer listed and is deleted by the next sweep.
     pub expires_at: Option<DateTime<Utc>>,
-    /// The consistency token of a change to the thread's policy (the `Loupe-LSN` header's value;
-    /// `docs/SCALING.md`); `null` on a read, and without read standbys.
+    /// The consistency token of a change to the thread's policy (also the `Loupe-LSN` header).
+    /// Present only on a change, where the service reads from standbys.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(
+        pattern = r"^[0-9A-Fa-f]{1,8}/[0-9A-Fa-f]{1,8}$",
+        example = "0/3000148"
+    )]
     pub lsn: Option<String>,
 }
 
@@ -94,14 +99,21 @@ pub struct ThreadRetentionResponse {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct TenantRetentionResponse {
     /// As set (see `RetentionBody`).
+    #[schema(minimum = 1, maximum = 3153600000_u64)]
     pub delete_after_idle_seconds: Option<u64>,
     /// As set (see `RetentionBody`).
+    #[schema(minimum = 1, maximum = 3153600000_u64)]
     pub delete_after_seconds: Option<u64>,
     /// As set (see `RetentionBody`).
     pub trim_before_last_boundary: bool,
-    /// The consistency token of this change (the `Loupe-LSN` header's value; `docs/SCALING.md`):
-    /// a tenant-wide search sent with it leaves out the threads the policy expires. `null`
-    /// without read standbys.
+    /// The change's consistency token (also the `Loupe-LSN` header): a tenant-wide search sent
+    /// with it leaves out the threads the policy expires. Present only where the service reads
+    /// from standbys.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(
+        pattern = r"^[0-9A-Fa-f]{1,8}/[0-9A-Fa-f]{1,8}$",
+        example = "0/3000148"
+    )]
     pub lsn: Option<String>,
 }
 
