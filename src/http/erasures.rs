@@ -232,6 +232,10 @@ pub async fn create_erasure(
             .thread_key;
         let erasure = erase(&state.store, &tenant, &thread_id, request, dropped).await?;
         state.context_cache.forget_thread(&tenant, &thread_id);
+        // Remembered at once, and here rather than in the handler: this process's reads must
+        // wait for the erasure on a standby even if the fan-out below fails or the client is
+        // gone before its answer.
+        let mut position = Written::remembered(&state, &tenant, Some(&thread_id)).await;
         // Then every copy made of what it erased: the forks. The answer waits for them, so an
         // answered erasure has reached every fork; one cut short is retried whole by the client.
         let reason = format!(
@@ -247,13 +251,16 @@ pub async fn create_erasure(
                 state.store.enqueue_tree(&tenant, fork).await?;
             }
         }
-        // Remembered here, not in the handler: this process's reads must wait for the erasure
-        // on a standby even if the client is gone before its answer.
-        let position = Written::remembered(&state, &tenant, Some(&thread_id)).await;
-        // And each fork it reached: a read of one must not find a standby's copy of its text.
-        for (fork, _) in &forks {
+        // And each fork it reached, past the forks' commits: a read of one must not find a
+        // standby's copy of its text. The answer's token covers them too.
+        if !forks.is_empty() {
+            position = Written::remembered(&state, &tenant, Some(&thread_id))
+                .await
+                .or(position);
             if let Some(lsn) = position {
-                state.store.written_also(&tenant, fork, lsn);
+                for (fork, _) in &forks {
+                    state.store.remember_write(&tenant, fork, lsn);
+                }
             }
         }
         state.store.queue_scrub(erasure.erasure_id.clone());

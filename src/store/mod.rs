@@ -642,15 +642,15 @@ impl Store {
             return Ok(None);
         };
         let lsn = standbys::primary_position(&self.writer).await?;
-        standbys.wrote(tenant, thread_id.map_or("", ThreadId::as_str), lsn);
+        standbys.wrote(tenant, thread_id, lsn);
         Ok(Some(lsn))
     }
 
     /// Remembers that a write this process made also changed `thread_id`, at `lsn` (an erasure
     /// reaching a fork), for the thread's next reads as [`Store::written`] does.
-    pub fn written_also(&self, tenant: &TenantId, thread_id: &ThreadId, lsn: Lsn) {
+    pub fn remember_write(&self, tenant: &TenantId, thread_id: &ThreadId, lsn: Lsn) {
         if let Some(standbys) = &self.standbys {
-            standbys.wrote(tenant, thread_id.as_str(), lsn);
+            standbys.wrote(tenant, Some(thread_id), lsn);
         }
     }
 

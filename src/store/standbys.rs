@@ -69,6 +69,9 @@ const POLL_WAITED: Duration = Duration::from_millis(2);
 const POLL_IDLE: Duration = Duration::from_millis(250);
 const POLL_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// The least time between two samples of the primary's position that writes record.
+const SAMPLE_SPACING: Duration = Duration::from_millis(50);
+
 /// Where a read was served, for the metrics and the tests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReadRoute {
@@ -167,20 +170,45 @@ impl Standbys {
     }
 
     /// Remembers that the tenant's thread was written at `lsn` (and so the tenant, for reads of
-    /// no one thread); `thread_id` is empty for a write of the tenant's own settings.
-    pub fn wrote(&self, tenant: &TenantId, thread_id: &str, lsn: Lsn) {
-        self.primary_position.fetch_max(lsn.0, Ordering::Relaxed);
+    /// no one thread); `thread_id` is `None` for a write of the tenant's own settings. The
+    /// position is also a sample of the primary's: it answered it just now.
+    pub fn wrote(&self, tenant: &TenantId, thread_id: Option<&ThreadId>, lsn: Lsn) {
+        self.sampled(lsn);
         let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
         if recent.len() >= MAX_REMEMBERED {
             forget_oldest(&mut recent);
         }
         let now = Instant::now();
-        for key in [
-            (tenant.0.clone(), thread_id.to_owned()),
-            (tenant.0.clone(), String::new()),
-        ] {
+        let thread = thread_id.map(|id| (tenant.0.clone(), id.as_str().to_owned()));
+        for key in thread
+            .into_iter()
+            .chain([(tenant.0.clone(), String::new())])
+        {
             let entry = recent.entry(key).or_insert((lsn, now));
             *entry = (entry.0.max(lsn), now);
+        }
+    }
+
+    /// Records the primary's position as seen now, for the staleness floor: from the sampler,
+    /// and from every write, so a sampler starved of connections (a busy pool) leaves the floor
+    /// fresh where writes still get through. One sample per [`SAMPLE_SPACING`] at most.
+    fn sampled(&self, lsn: Lsn) {
+        self.primary_position.fetch_max(lsn.0, Ordering::Relaxed);
+        let mut samples = self
+            .primary_samples
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        match samples.back_mut() {
+            // Positions only grow, and a later sample is the stricter one.
+            Some(last) if now.duration_since(last.0) < SAMPLE_SPACING => {
+                last.1 = last.1.max(lsn);
+            }
+            _ => samples.push_back((now, lsn)),
+        }
+        // One sample older than the bound is all the floor needs.
+        while samples.len() > 1 && samples[1].0.elapsed() >= MAX_STALENESS {
+            samples.pop_front();
         }
     }
 
@@ -277,21 +305,17 @@ impl Standbys {
     }
 
     /// What every standby read from must have replayed: the primary's position
-    /// [`MAX_STALENESS`] ago (the newest sample at least that old), or a stricter one where
-    /// that is not known: in a process younger than the bound, its first sample; once the
-    /// newest sample is itself older than the bound (the primary does not answer: it may be
-    /// gone, and standbys then serve the reads), the newest. `None`, so that no standby
-    /// serves, before the first sample: a standby stuck far behind would otherwise serve what
-    /// the primary has long erased.
+    /// [`MAX_STALENESS`] ago, as the newest sample at least that old. In a process younger than
+    /// the bound, its first sample instead (stricter). `None` before the first sample, so that
+    /// no standby serves: one stuck far behind would serve what the primary has long erased.
+    /// While no sample comes (the primary is gone, or this process cannot reach it), the floor
+    /// stays at the last position seen: standbys that have everything the primary was last
+    /// seen with go on serving, and the bound holds against that position, not against time.
     fn staleness_floor(&self) -> Option<Lsn> {
         let samples = self
             .primary_samples
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        let newest = samples.back()?;
-        if newest.0.elapsed() >= MAX_STALENESS {
-            return Some(newest.1);
-        }
         samples
             .iter()
             .rev()
@@ -382,16 +406,7 @@ async fn sample_primary(standbys: std::sync::Weak<Standbys>, primary: AnyPool) {
             return;
         };
         if let Ok(Ok(lsn)) = sampled {
-            all.primary_position.fetch_max(lsn.0, Ordering::Relaxed);
-            let mut samples = all
-                .primary_samples
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            samples.push_back((Instant::now(), lsn));
-            // One sample older than the bound is all the floor needs.
-            while samples.len() > 1 && samples[1].0.elapsed() >= MAX_STALENESS {
-                samples.pop_front();
-            }
+            all.sampled(lsn);
         }
         drop(all);
         tokio::time::sleep(POLL_IDLE).await;
@@ -531,6 +546,9 @@ mod tests {
         let (pool, route) = standbys.route(&tenant, None, None).await;
         assert!(pool.is_none());
         assert_eq!(route, ReadRoute::Primary);
+        // A write's position is a sample too: the primary answered it just now.
+        standbys.wrote(&tenant, None, Lsn(42));
+        assert_eq!(standbys.staleness_floor(), Some(Lsn(42)));
     }
 
     /// A waiting read dropped before its wait ends (a client gone) is no longer counted, so the
