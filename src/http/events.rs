@@ -39,7 +39,8 @@ pub fn router() -> OpenApiRouter<AppState> {
 const PAGE: u32 = 100;
 
 /// The most entry bytes a stream reads ahead of what it has sent (at least one entry): a stream
-/// its client stopped reading holds this much, and a tenant may hold 32 streams.
+/// its client stopped reading holds this much, and a tenant may hold
+/// [`super::guard::MAX_STREAMS_PER_TENANT`] streams.
 const PAGE_BYTES: i64 = 256 * 1024;
 
 /// Longest a stream waits without reading, whatever it hears: it catches a change whose signal
@@ -186,7 +187,9 @@ pub async fn follow_thread(
         position: start,
         changes,
         ready: VecDeque::new(),
-        max_page_bytes: (state.limits.max_page_bytes as i64).min(PAGE_BYTES),
+        max_page_bytes: i64::try_from(state.limits.max_page_bytes)
+            .unwrap_or(i64::MAX)
+            .min(PAGE_BYTES),
         ended: false,
     };
     let events = stream::unfold(follower, |mut follower| async move {

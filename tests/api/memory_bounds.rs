@@ -423,9 +423,17 @@ async fn unread_event_streams_hold_a_small_page_each() {
         streams.push(open_unread_stream(server.port, &thread).await);
     }
     // Each stream reads what it sends next as soon as the last is sent; they settle once every
-    // socket is full.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let peak = memory(pid).1 - before;
+    // socket is full: the peak is read once it has stopped rising for a second.
+    let mut peak = memory(pid).1;
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = memory(pid).1;
+        if now <= peak {
+            break;
+        }
+        peak = now;
+    }
+    let peak = peak - before;
     let entry_mib = STREAMED_ENTRY_BYTES as f64 / (1024.0 * 1024.0);
     // Per stream: the entry being sent and the next page (one entry here), and hyper's write
     // buffer (about 0.4 MiB).
