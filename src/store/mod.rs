@@ -602,7 +602,11 @@ impl Store {
                     .connect_lazy_with(connect),
             );
         }
-        self.standbys = Some(standbys::Standbys::start(pools, self.writer.clone(), wait));
+        let primary = standbys::PrimaryAddress {
+            url: self.url.clone(),
+            hosts: self.primary.clone(),
+        };
+        self.standbys = Some(standbys::Standbys::start(pools, primary, wait));
         Ok(self)
     }
 

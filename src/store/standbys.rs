@@ -17,10 +17,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use sqlx::AnyPool;
-use sqlx::Row;
+use std::str::FromStr;
+
+use sqlx::any::AnyConnectOptions;
+use sqlx::{AnyPool, ConnectOptions, Row};
 use tokio::sync::watch;
 
+use super::hosts::PrimaryHosts;
 use super::{StoreError, TenantId, ThreadId};
 
 /// A WAL position, as `pg_current_wal_lsn()` answers it (`16/B374D848`): comparable, and written
@@ -68,6 +71,9 @@ const MAX_REMEMBERED: usize = 100_000;
 const POLL_WAITED: Duration = Duration::from_millis(2);
 const POLL_IDLE: Duration = Duration::from_millis(250);
 const POLL_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The primary's WAL position ([`primary_position`] says why the write position).
+const PRIMARY_POSITION_SQL: &str = "SELECT pg_current_wal_lsn()::text";
 
 /// The least time between two samples of the primary's position that writes record.
 const SAMPLE_SPACING: Duration = Duration::from_millis(50);
@@ -140,7 +146,7 @@ pub struct Standbys {
 impl Standbys {
     /// Standbys over `pools`, polled from now on, with `primary` sampled for the staleness
     /// bound; a read waits at most `wait` for one.
-    pub fn start(pools: Vec<AnyPool>, primary: AnyPool, wait: Duration) -> Arc<Self> {
+    pub fn start(pools: Vec<AnyPool>, primary: PrimaryAddress, wait: Duration) -> Arc<Self> {
         let standbys = Arc::new(Standbys {
             standbys: pools
                 .into_iter()
@@ -397,20 +403,63 @@ async fn poll(standbys: std::sync::Weak<Standbys>, index: usize) {
     }
 }
 
+/// Where the primary is now, for the sampler's connection of its own.
+pub struct PrimaryAddress {
+    /// The database URL (of one host, or libpq's list of several).
+    pub url: Arc<str>,
+    /// Of several hosts, the one that is the primary now.
+    pub hosts: Option<Arc<PrimaryHosts>>,
+}
+
+impl PrimaryAddress {
+    fn current(&self) -> String {
+        match &self.hosts {
+            Some(hosts) => hosts.current_url().to_owned(),
+            None => self.url.to_string(),
+        }
+    }
+}
+
 /// Samples the primary's position every [`POLL_IDLE`] for the staleness bound, for as long as
-/// its [`Standbys`] lives, keeping a little more than [`MAX_STALENESS`] of samples.
-async fn sample_primary(standbys: std::sync::Weak<Standbys>, primary: AnyPool) {
+/// its [`Standbys`] lives, keeping a little more than [`MAX_STALENESS`] of samples. On a
+/// connection of its own, made again after a failure or a move of the primary: through the
+/// shared pool, requests queued for connections would starve it, and the floor would stay
+/// behind while the primary goes on writing.
+async fn sample_primary(standbys: std::sync::Weak<Standbys>, primary: PrimaryAddress) {
+    let mut connection: Option<(sqlx::AnyConnection, String)> = None;
     loop {
-        let sampled = tokio::time::timeout(POLL_TIMEOUT, primary_position(&primary)).await;
+        let url = primary.current();
+        if connection.as_ref().is_some_and(|(_, at)| *at != url) {
+            connection = None;
+        }
+        let sampled = tokio::time::timeout(POLL_TIMEOUT, sample_on(&mut connection, &url)).await;
         let Some(all) = standbys.upgrade() else {
             return;
         };
-        if let Ok(Ok(lsn)) = sampled {
-            all.sampled(lsn);
+        match sampled {
+            Ok(Ok(lsn)) => all.sampled(lsn),
+            // Made again next time: it may be to a host that went away.
+            _ => connection = None,
         }
         drop(all);
         tokio::time::sleep(POLL_IDLE).await;
     }
+}
+
+/// The primary's position, read on `connection`, which is made first if there is none.
+async fn sample_on(
+    connection: &mut Option<(sqlx::AnyConnection, String)>,
+    url: &str,
+) -> Result<Lsn, StoreError> {
+    if connection.is_none() {
+        let options = super::logged(AnyConnectOptions::from_str(url)?);
+        *connection = Some((options.connect().await?, url.to_owned()));
+    }
+    let (connection, _) = connection.as_mut().expect("made above");
+    let text: String = sqlx::query_scalar(PRIMARY_POSITION_SQL)
+        .fetch_one(&mut *connection)
+        .await?;
+    text.parse().map_err(StoreError::Corrupt)
 }
 
 /// Forgets the writes remembered longer than [`REMEMBER_WRITES_FOR`], and if that is not
@@ -448,7 +497,7 @@ impl Drop for Waiting<'_> {
 /// reach it. A commit answered is written unless `synchronous_commit = off`, which read-your-
 /// writes needs off (`docs/SCALING.md`).
 pub(super) async fn primary_position(pool: &AnyPool) -> Result<Lsn, StoreError> {
-    let text: String = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
+    let text: String = sqlx::query_scalar(PRIMARY_POSITION_SQL)
         .fetch_one(pool)
         .await?;
     text.parse()
@@ -458,6 +507,14 @@ pub(super) async fn primary_position(pool: &AnyPool) -> Result<Lsn, StoreError> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A primary that never answers.
+    fn nowhere() -> PrimaryAddress {
+        PrimaryAddress {
+            url: "postgres://loupe:loupe@127.0.0.1:1/none".into(),
+            hosts: None,
+        }
+    }
 
     #[test]
     fn a_full_memory_forgets_the_older_half_not_everything() {
@@ -490,7 +547,7 @@ mod tests {
                 .connect_lazy("postgres://loupe:loupe@127.0.0.1:1/none")
                 .unwrap()
         };
-        let standbys = Standbys::start(vec![gone()], gone(), Duration::from_millis(10));
+        let standbys = Standbys::start(vec![gone()], nowhere(), Duration::from_millis(10));
         standbys.standbys[0].healthy.store(true, Ordering::Relaxed);
         standbys.standbys[0].replayed.send_replace(Lsn(1 << 40));
         let mut replayed = standbys.standbys[0].replayed.subscribe();
@@ -518,7 +575,7 @@ mod tests {
                 .connect_lazy("postgres://loupe:loupe@127.0.0.1:1/none")
                 .unwrap()
         };
-        let standbys = Standbys::start(vec![gone()], gone(), Duration::from_millis(10));
+        let standbys = Standbys::start(vec![gone()], nowhere(), Duration::from_millis(10));
         let set = |samples: &[(Duration, u64)]| {
             let now = Instant::now();
             *standbys.primary_samples.lock().unwrap() = samples

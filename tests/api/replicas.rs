@@ -647,6 +647,109 @@ async fn the_process_that_erased_reads_the_forks_without_the_erased_text() {
     finish_on_read_pair(&[&store], &primary).await;
 }
 
+/// The primary's position is sampled on a connection of the sampler's own: a process whose
+/// pool is held by its requests still moves its staleness floor on, so a stuck standby stops
+/// serving its reads of what other processes wrote since.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_pool_does_not_freeze_the_staleness_floor() {
+    use sqlx::Connection;
+    let _pair = READ_PAIR.lock().await;
+    let (primary, standby) = on_read_pair().await;
+    let standbys = [standby];
+    let (writer, writer_store) = process(&primary, &standbys, Duration::from_millis(20)).await;
+    // A process of one connection.
+    let options = StoreOptions {
+        max_connections: 1,
+        acquire_timeout: Duration::from_secs(30),
+        ..StoreOptions::new(&primary)
+    };
+    let busy_store = Store::connect(&options)
+        .await
+        .unwrap()
+        .with_standbys(&standbys, Duration::from_millis(20), &options)
+        .await
+        .unwrap();
+    let limits = Limits {
+        rate_limit_per_sec: 0.0,
+        ..Limits::default()
+    };
+    let busy = loupe::http::router(AppState::new(busy_store.clone(), limits, AuthMode::Open));
+    create(&writer, "s").await;
+    assert_eq!(
+        append(&writer, "s", "s-0").await.status,
+        StatusCode::CREATED
+    );
+    let tenant = loupe::store::TenantId::default_tenant();
+    let thread = loupe::store::ThreadId::new("s");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while busy_store
+        .for_read(&tenant, Some(&thread), None)
+        .await
+        .1
+        .is_primary()
+    {
+        assert!(Instant::now() < deadline, "the standby never served");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The standby has all there is.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    // Its one connection held: a webhook registration waits, in its transaction, on the
+    // tenant's lock, which this connection takes first.
+    let mut side = sqlx::AnyConnection::connect(&primary).await.unwrap();
+    sqlx::query("SELECT pg_advisory_lock(hashtext('loupe_webhooks:' || $1))")
+        .bind(&tenant.0)
+        .execute(&mut side)
+        .await
+        .unwrap();
+    let registration = tokio::spawn({
+        let busy = busy.clone();
+        async move {
+            call(
+                &busy,
+                Method::POST,
+                "/v1/webhooks",
+                Some(json!({"url": "https://93.184.216.34/hook", "kinds": ["thread.deleted"]})),
+                None,
+            )
+            .await
+        }
+    });
+    while busy_store.pool_usage() != (1, 0) {
+        assert!(
+            Instant::now() < deadline,
+            "the registration never took the connection"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let paused = ReplayPaused::pause();
+    assert_eq!(
+        append(&writer, "s", "s-1").await.status,
+        StatusCode::CREATED
+    );
+    // Past the bound: the busy process's floor has passed the append, which the standby lacks.
+    tokio::time::sleep(loupe::store::MAX_STALENESS + Duration::from_secs(1)).await;
+    let (_, route) = busy_store.for_read(&tenant, Some(&thread), None).await;
+    drop(paused);
+    sqlx::query("SELECT pg_advisory_unlock_all()")
+        .execute(&mut side)
+        .await
+        .unwrap();
+    let registered = registration.await.unwrap();
+    assert_eq!(
+        registered.status,
+        StatusCode::CREATED,
+        "{}",
+        registered.body
+    );
+    assert!(
+        route.is_primary(),
+        "a standby missing a write older than the bound served the busy process"
+    );
+    drop(side);
+    finish_on_read_pair(&[&writer_store, &busy_store], &primary).await;
+}
+
 /// A standby whose replay is paused falls behind without limit; once it has not replayed what
 /// the primary held `MAX_STALENESS` ago, no read goes to it, with a token or without, from any
 /// process: a snip or erasure another process made is never read back from it.
