@@ -508,6 +508,15 @@ pub(super) async fn primary_position(pool: &AnyPool) -> Result<Lsn, StoreError> 
 mod tests {
     use super::*;
 
+    /// A standby that never answers.
+    fn gone() -> AnyPool {
+        sqlx::any::install_default_drivers();
+        sqlx::pool::PoolOptions::<sqlx::Any>::new()
+            .acquire_timeout(Duration::from_millis(200))
+            .connect_lazy("postgres://loupe:loupe@127.0.0.1:1/none")
+            .unwrap()
+    }
+
     /// A primary that never answers.
     fn nowhere() -> PrimaryAddress {
         PrimaryAddress {
@@ -540,13 +549,6 @@ mod tests {
     /// restarted, it may answer from short of there.
     #[tokio::test]
     async fn a_standby_that_stops_answering_forgets_its_position() {
-        sqlx::any::install_default_drivers();
-        let gone = || {
-            sqlx::pool::PoolOptions::<sqlx::Any>::new()
-                .acquire_timeout(Duration::from_millis(200))
-                .connect_lazy("postgres://loupe:loupe@127.0.0.1:1/none")
-                .unwrap()
-        };
         let standbys = Standbys::start(vec![gone()], nowhere(), Duration::from_millis(10));
         standbys.standbys[0].healthy.store(true, Ordering::Relaxed);
         standbys.standbys[0].replayed.send_replace(Lsn(1 << 40));
@@ -568,13 +570,6 @@ mod tests {
     /// getting through, and the standbys that have all the primary was last seen with serve).
     #[tokio::test]
     async fn the_staleness_floor_comes_only_from_samples() {
-        sqlx::any::install_default_drivers();
-        let gone = || {
-            sqlx::pool::PoolOptions::<sqlx::Any>::new()
-                .acquire_timeout(Duration::from_millis(200))
-                .connect_lazy("postgres://loupe:loupe@127.0.0.1:1/none")
-                .unwrap()
-        };
         let standbys = Standbys::start(vec![gone()], nowhere(), Duration::from_millis(10));
         let set = |samples: &[(Duration, u64)]| {
             let now = Instant::now();

@@ -89,10 +89,19 @@ async fn process(primary: &str, standbys: &[String], read_wait: Duration) -> (Ro
         acquire_timeout: Duration::from_secs(2),
         ..StoreOptions::new(primary)
     };
-    let store = Store::connect(&options)
+    process_with(&options, standbys, read_wait).await
+}
+
+/// [`process`] with store options of its own.
+async fn process_with(
+    options: &StoreOptions,
+    standbys: &[String],
+    read_wait: Duration,
+) -> (Router, Store) {
+    let store = Store::connect(options)
         .await
         .unwrap()
-        .with_standbys(standbys, read_wait, &options)
+        .with_standbys(standbys, read_wait, options)
         .await
         .unwrap();
     let limits = Limits {
@@ -136,10 +145,15 @@ async fn create(router: &Router, thread: &str) {
     assert_eq!(made.status, StatusCode::CREATED, "{}", made.body);
 }
 
-/// Appends one user message; its answer.
+/// Appends one user message whose text is its uuid; its answer.
 async fn append(router: &Router, thread: &str, uuid: &str) -> TestResponse {
+    say(router, thread, uuid, uuid).await
+}
+
+/// Appends one user message saying `text`; its answer.
+async fn say(router: &Router, thread: &str, uuid: &str, text: &str) -> TestResponse {
     let message =
-        json!({"uuid": uuid, "type": "user", "message": {"role": "user", "content": uuid}});
+        json!({"uuid": uuid, "type": "user", "message": {"role": "user", "content": text}});
     call(
         router,
         Method::POST,
@@ -544,16 +558,7 @@ async fn a_process_just_started_reads_no_standby_behind_the_bound() {
     let standbys = [standby];
     let (writer, writer_store) = process(&primary, &standbys, Duration::from_millis(20)).await;
     create(&writer, "b").await;
-    let said = call(
-        &writer,
-        Method::POST,
-        "/v1/threads/b/messages",
-        Some(json!({"messages": [
-            {"uuid": "b-0", "type": "user", "message": {"role": "user", "content": "the word is aconite"}}
-        ]})),
-        None,
-    )
-    .await;
+    let said = say(&writer, "b", "b-0", "the word is aconite").await;
     assert_eq!(said.status, StatusCode::CREATED, "{}", said.body);
     tokio::time::sleep(Duration::from_secs(1)).await;
     let paused = ReplayPaused::pause();
@@ -598,16 +603,7 @@ async fn the_process_that_erased_reads_the_forks_without_the_erased_text() {
     let (primary, standby) = on_read_pair().await;
     let (router, store) = process(&primary, &[standby], Duration::from_millis(20)).await;
     create(&router, "src").await;
-    let said = call(
-        &router,
-        Method::POST,
-        "/v1/threads/src/messages",
-        Some(json!({"messages": [
-            {"uuid": "s-0", "type": "user", "message": {"role": "user", "content": "the word is hemlock"}}
-        ]})),
-        None,
-    )
-    .await;
+    let said = say(&router, "src", "s-0", "the word is hemlock").await;
     assert_eq!(said.status, StatusCode::CREATED, "{}", said.body);
     let fork = call(
         &router,
@@ -663,17 +659,7 @@ async fn a_busy_pool_does_not_freeze_the_staleness_floor() {
         acquire_timeout: Duration::from_secs(30),
         ..StoreOptions::new(&primary)
     };
-    let busy_store = Store::connect(&options)
-        .await
-        .unwrap()
-        .with_standbys(&standbys, Duration::from_millis(20), &options)
-        .await
-        .unwrap();
-    let limits = Limits {
-        rate_limit_per_sec: 0.0,
-        ..Limits::default()
-    };
-    let busy = loupe::http::router(AppState::new(busy_store.clone(), limits, AuthMode::Open));
+    let (busy, busy_store) = process_with(&options, &standbys, Duration::from_millis(20)).await;
     create(&writer, "s").await;
     assert_eq!(
         append(&writer, "s", "s-0").await.status,
