@@ -736,6 +736,42 @@ async fn a_busy_pool_does_not_freeze_the_staleness_floor() {
     finish_on_read_pair(&[&writer_store, &busy_store], &primary).await;
 }
 
+/// A read URL in libpq's multi-host form names each of its hosts as a standby, and each host's
+/// role is checked: the primary listed among them is never read from as one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_url_of_several_hosts_reads_only_those_in_recovery() {
+    let _pair = READ_PAIR.lock().await;
+    let (primary, standby) = on_read_pair().await;
+    let host = |url: &str| {
+        let after = &url[url.find('@').unwrap() + 1..];
+        after[..after.find('/').unwrap()].to_owned()
+    };
+    let both = standby.replacen(
+        &host(&standby),
+        &format!("{},{}", host(&primary), host(&standby)),
+        1,
+    );
+    let (router, store) = process(&primary, &[both], Duration::from_millis(100)).await;
+    create(&router, "hosts").await;
+    assert_eq!(
+        append(&router, "hosts", "hosts-0").await.status,
+        StatusCode::CREATED
+    );
+    // Several polls of each host.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(store.standby_stats().unwrap().healthy_standbys, 1);
+    let (standby_before, _) = routed(&store);
+    for _ in 0..20 {
+        assert_eq!(seen_next_seq(&router, "hosts", None).await, 1);
+    }
+    assert!(
+        routed(&store).0 > standby_before,
+        "no read went to the standby"
+    );
+    assert_eq!(store.standby_stats().unwrap().healthy_standbys, 1);
+    finish_on_read_pair(&[&store], &primary).await;
+}
+
 /// A standby whose replay is paused falls behind without limit; once it has not replayed what
 /// the primary held `MAX_STALENESS` ago, no read goes to it, with a token or without, from any
 /// process: a snip or erasure another process made is never read back from it.
