@@ -12,6 +12,8 @@ use anyhow::Context;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+mod slow_reader;
+
 use crate::http::{AppState, AuthMode, Limits};
 use crate::jobs::{JobsConfig, Runner};
 use crate::store::Store;
@@ -222,8 +224,9 @@ impl Drop for AddressPlace {
 }
 
 /// Accepts connections until `stop`, each served by hyper's HTTP/1 connection with a header-read
-/// timeout (a client that trickles its headers is disconnected) and a write timeout (a client
-/// that stops reading an answer is disconnected), at most `max_connections` at once (past that,
+/// timeout (a client that trickles its headers is disconnected), a write timeout (a client
+/// that stops reading an answer is disconnected) and a floor on the rate a client with more to
+/// take must read at (`slow_reader`), at most `max_connections` at once (past that,
 /// new connections wait in the kernel's backlog), of which one peer address may hold
 /// `max_connections_per_address` (past that, its new connections are closed as they come, so one
 /// address's idle connections cannot fill the listener for everyone else). Each request carries
@@ -274,6 +277,7 @@ async fn serve(
         let service = TowerToHyperService::new(with_peer);
         let mut stream = tokio_io_timeout::TimeoutStream::new(stream);
         stream.set_write_timeout(Some(limits.write_timeout));
+        let stream = slow_reader::SlowReaderCut::new(Box::pin(stream), limits.write_timeout);
         let stop = stop.clone();
         tokio::spawn(async move {
             let _permit = (permit, held);
@@ -281,7 +285,7 @@ async fn serve(
             builder
                 .timer(TokioTimer::new())
                 .header_read_timeout(limits.header_read_timeout);
-            let connection = builder.serve_connection(TokioIo::new(Box::pin(stream)), service);
+            let connection = builder.serve_connection(TokioIo::new(stream), service);
             tokio::pin!(connection);
             tokio::select! {
                 result = connection.as_mut() => {

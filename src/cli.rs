@@ -256,14 +256,16 @@ pub struct ServeArgs {
     /// Seconds a write to a client may wait for the client to read before the connection closes.
     #[arg(long, env = "LOUPE_WRITE_TIMEOUT_SECS", default_value_t = Limits::DEFAULT.write_timeout.as_secs())]
     pub write_timeout_secs: u64,
-    /// Memory the request bodies held at once across the process may take once parsed (at
-    /// least --body-limit); past it requests get 503 `overloaded`, and a body that alone would
-    /// pass it 413.
+    /// Memory the request bodies held at once across the process may take while they are
+    /// handled: each counted as its parsed values plus four copies of its text, what storing it
+    /// holds at its peak (at least five times --body-limit); past it requests get 503
+    /// `overloaded`, and a body that alone would pass it 413.
     #[arg(long, env = "LOUPE_MAX_INFLIGHT_BODY_BYTES", default_value_t = Limits::DEFAULT.max_inflight_body_bytes)]
     pub max_inflight_body_bytes: usize,
-    /// Bytes of stored thread windows that context reads hold at once across the process (a
-    /// read holds three to four times its window); a read of a window past 1 MiB waits for room
-    /// (0: no budget).
+    /// Bytes of stored entries that answers hold at once across the process: context windows
+    /// past 1 MiB, message pages, cursor batches, exports, rounds and event streams (a page is
+    /// charged six times its stored bytes while it is built, then its answer's length until it
+    /// is sent); a read waits for room, a tenant may hold half (0: no budget).
     #[arg(long, env = "LOUPE_MAX_INFLIGHT_WINDOW_BYTES", default_value_t = Limits::DEFAULT.max_inflight_window_bytes)]
     pub max_inflight_window_bytes: usize,
     /// Most connections one peer address (an IPv6 /64) may hold open at once (default: a
@@ -499,7 +501,10 @@ impl ServeArgs {
                 .unwrap_or(self.max_connections / 4)
                 .max(1),
             write_timeout: Duration::from_secs(self.write_timeout_secs.max(1)),
-            max_inflight_body_bytes: self.max_inflight_body_bytes.max(self.body_limit),
+            // A body of the largest size must fit alone, with its parsed values and copies.
+            max_inflight_body_bytes: self.max_inflight_body_bytes.max(
+                crate::http::guard::body_peak_bytes(self.body_limit, self.body_limit),
+            ),
             max_inflight_window_bytes: self.max_inflight_window_bytes,
             max_connections_per_address: self
                 .max_connections_per_address

@@ -348,16 +348,24 @@ async fn export_to(args: &ExportArgs, out: &mut (dyn Write + Send)) -> anyhow::R
             let store = args.target.database.open().await?;
             let thread = ThreadId::new(args.thread.as_str());
             let mut after = -1;
+            let mut max_bytes = crate::http::transcripts::EXPORT_PAGE_BYTES as i64;
             loop {
-                let page = store
-                    .export_page(
-                        &tenant,
-                        &thread,
-                        Seq::new(after),
-                        crate::http::transcripts::EXPORT_PAGE_ENTRIES,
-                        crate::http::transcripts::EXPORT_PAGE_BYTES,
-                    )
-                    .await?;
+                let read = store.export_page(
+                    &tenant,
+                    &thread,
+                    Seq::new(after),
+                    crate::http::transcripts::EXPORT_PAGE_ENTRIES,
+                    max_bytes,
+                );
+                let page = match read.await {
+                    // An entry larger than a page is read alone.
+                    Err(crate::store::StoreError::EntryLargerThanRoom { bytes }) => {
+                        max_bytes = bytes;
+                        continue;
+                    }
+                    page => page?,
+                };
+                max_bytes = crate::http::transcripts::EXPORT_PAGE_BYTES as i64;
                 let Some((last, _)) = page.last() else { break };
                 after = *last;
                 out.write_all(&crate::http::transcripts::jsonl(&page))?;

@@ -13,7 +13,7 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::{router::OpenApiRouter, routes};
 
 use super::answers::{MalformedJson, Overloaded, PayloadTooLarge, ThreadNotFound, WindowTooLarge};
-use super::guard::{send_deadline, Holding};
+use super::budget::read_within_room;
 use super::options::{tool_list, SendOptions};
 use super::problem::{ApiError, ApiJson, ApiPath, ApiQuery, Problem, ProblemKind};
 use super::settings::ClearingBody;
@@ -150,14 +150,17 @@ pub async fn get_rounds(
     token: ReadToken,
 ) -> Result<Json<RoundsResponse>, ApiError> {
     let (tenant, thread_id, from_seq) = (&tenant, &path.thread_id, query.from_seq.map(Seq::new));
-    // Rounds need kinds, response ids and tool ids: each entry is cut to those as it is read.
-    let max_bytes = i64::try_from(state.limits.max_page_bytes).unwrap_or(i64::MAX);
+    // Rounds need kinds, response ids and tool ids: each entry is cut to those as it is read,
+    // a page at a time within room of the answer budget.
+    let max_bytes = state.limits.max_page_bytes as u64;
+    let guards = &*state.guards;
     let (bounds, skeletons) =
         on_standby(&state, tenant, Some(thread_id), token, |store| async move {
             let bounds = store.window_bounds(tenant, thread_id, from_seq).await?;
-            let skeletons = store
-                .window_reduced(&bounds, max_bytes, round_skeleton)
-                .await?;
+            let (skeletons, _room) = read_within_room(guards, tenant, max_bytes, |max| {
+                store.window_reduced(&bounds, max, round_skeleton)
+            })
+            .await?;
             Ok((bounds, skeletons))
         })
         .await?;
@@ -233,7 +236,7 @@ async fn read_context(
     let window_bytes = store
         .window_bytes(&head, state.guards.window_exact_above())
         .await?;
-    let room = state.guards.window_room(window_bytes).await;
+    let room = state.guards.window_room(&tenant.0, window_bytes).await;
     let slot = ExpensiveSlot::acquire(&state.guards, &tenant.0).await?;
     // Only a window with no `usage` yet is estimated from content alone, and needs them.
     let overheads = if head.context_anchored {
@@ -256,20 +259,7 @@ async fn read_context(
         ContextRead::Streamed(answer) => streamed(answer),
         ContextRead::Whole(response) => Json(response).into_response(),
     };
-    Ok(match room {
-        Some(room) => {
-            // The answer's length (a streamed one announces it), else its window's, with room.
-            let bytes = answer
-                .headers()
-                .get(header::CONTENT_LENGTH)
-                .and_then(|length| length.to_str().ok()?.parse().ok())
-                .or_else(|| hyper::body::Body::size_hint(answer.body()).exact())
-                .unwrap_or(window_bytes.max(0) as u64 * 4);
-            let deadline = send_deadline(state.limits.write_timeout, bytes);
-            answer.map(|body| Body::new(Holding::until(body, room, deadline)))
-        }
-        None => answer,
-    })
+    Ok(super::budget::hold_until_sent(state, answer, room))
 }
 
 #[derive(Debug, Deserialize, ToSchema)]

@@ -3,6 +3,7 @@
 
 use super::consistency::Written;
 use axum::extract::State;
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Deserializer, Serialize};
@@ -10,6 +11,7 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::{router::OpenApiRouter, routes};
 
 use super::answers::ThreadNotFound;
+use super::budget::{hold_until_sent, read_within_room};
 use super::context::{off_the_executor, ContextOptions};
 use super::problem::{ApiError, ApiJson, ApiPath, ApiQuery, Problem};
 use super::threads::ThreadPath;
@@ -216,12 +218,15 @@ async fn slot_for(
     }
 }
 
-/// How much one batch may hold: the count asked for, and the page byte limit of message pages.
-fn batch_limit(state: &AppState, entries: u32) -> BatchLimit {
-    BatchLimit {
-        entries,
-        bytes: i64::try_from(state.limits.max_page_bytes).unwrap_or(i64::MAX),
-    }
+/// How much one batch may hold: the count asked for, and the bytes of its room in the answer
+/// budget (the page byte limit of message pages, or one entry larger than that).
+fn batch_limit(entries: u32, bytes: i64) -> BatchLimit {
+    BatchLimit { entries, bytes }
+}
+
+/// The page byte limit of message pages, which batches share.
+fn page_bytes(state: &AppState) -> u64 {
+    state.limits.max_page_bytes as u64
 }
 
 /// Normalizes a batch on its own. A compact boundary inside the batch is not a cut here: the
@@ -374,7 +379,7 @@ pub async fn get_pending(
     ApiPath(path): ApiPath<CursorPath>,
     ApiQuery(query): ApiQuery<PendingQuery>,
     ApiQuery(options): ApiQuery<ContextOptions>,
-) -> Result<Json<PendingResponse>, ApiError> {
+) -> Result<Response, ApiError> {
     let path = path.checked()?;
     let limit = super::page_limit(
         query.limit,
@@ -383,18 +388,18 @@ pub async fn get_pending(
     )?;
     // Checked whatever the format, as the document states the options' rules.
     options.normalize_options()?;
-    let batch = state
-        .store
-        .cursor_pending(
+    let (batch, room) = read_within_room(&state.guards, &tenant, page_bytes(&state), |max| {
+        state.store.cursor_pending(
             &tenant,
             &path.thread_id,
             &path.name,
-            batch_limit(&state, limit),
+            batch_limit(limit, max),
             now_millis(),
         )
-        .await?;
+    })
+    .await?;
     let slot = slot_for(&state, &tenant, query.format).await?;
-    Ok(Json(
+    let answer = Json(
         PendingResponse::build(
             &state,
             &tenant,
@@ -405,7 +410,9 @@ pub async fn get_pending(
             slot.as_ref(),
         )
         .await?,
-    ))
+    )
+    .into_response();
+    Ok(hold_until_sent(&state, answer, room))
 }
 
 /// Claim the pending batch for one worker of a consumer.
@@ -432,7 +439,7 @@ pub async fn claim_cursor(
     ApiQuery(query): ApiQuery<PendingQuery>,
     ApiQuery(options): ApiQuery<ContextOptions>,
     ApiJson(request): ApiJson<ClaimRequest>,
-) -> Result<(Written, Json<ClaimResponse>), ApiError> {
+) -> Result<Response, ApiError> {
     let path = path.checked()?;
     let max_limit = state.limits.max_page_size_messages;
     let limit = match request.limit.or(query.limit) {
@@ -459,19 +466,20 @@ pub async fn claim_cursor(
     options.normalize_options()?;
     let lease_ms = i64::try_from(lease_seconds.saturating_mul(1_000)).unwrap_or(i64::MAX);
     let slot = slot_for(&state, &tenant, query.format).await?;
-    let claim = state
-        .store
-        .claim_cursor(
+    // A claim that finds its first entry larger than the room takes no lease: it is read again.
+    let (claim, room) = read_within_room(&state.guards, &tenant, page_bytes(&state), |max| {
+        state.store.claim_cursor(
             &tenant,
             &path.thread_id,
             &path.name,
-            batch_limit(&state, limit),
+            batch_limit(limit, max),
             lease_ms,
             now_millis(),
         )
-        .await?;
+    })
+    .await?;
     let written = Written::now(&state, &tenant, Some(&path.thread_id)).await;
-    Ok((
+    let answer = (
         written.clone(),
         Json(ClaimResponse {
             lsn: written.lsn(),
@@ -490,7 +498,9 @@ pub async fn claim_cursor(
                 expires_at: millis_to_datetime(lease.expires_at),
             }),
         }),
-    ))
+    )
+        .into_response();
+    Ok(hold_until_sent(&state, answer, room))
 }
 
 /// Move the bookmark forward, after the consumer processed everything up to `to`.

@@ -13,6 +13,7 @@
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::State;
@@ -25,7 +26,8 @@ use utoipa::IntoParams;
 use utoipa_axum::{router::OpenApiRouter, routes};
 
 use super::answers::{Overloaded, ThreadNotFound};
-use super::guard::StreamSlot;
+use super::budget::read_within_room;
+use super::guard::{AnswerRoom, Guards, StreamSlot};
 use super::problem::{ApiError, ApiPath, ApiQuery, Problem};
 use super::threads::ThreadPath;
 use super::{AppState, Tenant};
@@ -41,7 +43,7 @@ const PAGE: u32 = 100;
 /// The most entry bytes a stream reads ahead of what it has sent (at least one entry): a stream
 /// its client stopped reading holds this much, and a tenant may hold
 /// [`super::guard::MAX_STREAMS_PER_TENANT`] streams.
-const PAGE_BYTES: i64 = 256 * 1024;
+const PAGE_BYTES: u64 = 256 * 1024;
 
 /// Longest a stream waits without reading, whatever it hears: it catches a change whose signal
 /// was lost (a `NOTIFY` dropped, another process on the same SQLite file).
@@ -179,6 +181,8 @@ pub async fn follow_thread(
         },
     };
     let follower = Follower {
+        guards: state.guards.clone(),
+        room: None,
         store,
         tenant,
         thread_id,
@@ -187,9 +191,7 @@ pub async fn follow_thread(
         position: start,
         changes,
         ready: VecDeque::new(),
-        max_page_bytes: i64::try_from(state.limits.max_page_bytes)
-            .unwrap_or(i64::MAX)
-            .min(PAGE_BYTES),
+        max_page_bytes: (state.limits.max_page_bytes as u64).min(PAGE_BYTES),
         ended: false,
     };
     let events = stream::unfold(follower, |mut follower| async move {
@@ -200,6 +202,10 @@ pub async fn follow_thread(
 
 /// One stream's state between the events it sends.
 struct Follower {
+    guards: Arc<Guards>,
+    /// The room in the answer budget of the entries read last, held until the next read: by
+    /// then the connection has taken them.
+    room: Option<AnswerRoom>,
     store: Store,
     tenant: TenantId,
     thread_id: ThreadId,
@@ -210,7 +216,7 @@ struct Follower {
     changes: tokio::sync::watch::Receiver<u64>,
     /// Read and not yet sent, in order.
     ready: VecDeque<Event>,
-    max_page_bytes: i64,
+    max_page_bytes: u64,
     ended: bool,
 }
 
@@ -224,6 +230,8 @@ impl Follower {
             if self.ended {
                 return None;
             }
+            // Everything read was taken: its room goes back before the stream waits.
+            self.room = None;
             // Marked seen before the read: a change during it is signalled again.
             self.changes.borrow_and_update();
             match self.read().await {
@@ -280,24 +288,23 @@ impl Follower {
             Some(last) if events.len() == PAGE as usize => head.next_seq.min(last.next_seq),
             _ => head.next_seq,
         };
-        let entries = self
-            .store
-            .entries_between_by_key(
-                &self.thread_key,
-                self.position.seq,
-                before,
-                PAGE,
-                self.max_page_bytes,
-            )
+        let (store, thread_key, after) = (&self.store, &self.thread_key, self.position.seq);
+        let (entries, room) =
+            read_within_room(&self.guards, &self.tenant, self.max_page_bytes, |max| {
+                store.entries_within_room_by_key(thread_key, after, before, PAGE, max)
+            })
             .await?;
+        self.room = room;
         let mut events = events.into_iter().peekable();
         let before = self.ready.len();
+        let mut held = 0;
         for entry in entries {
             let Some(seq) = entry.seq else { continue };
             while let Some(event) = events.next_if(|event| event.next_seq <= seq) {
                 self.send_event(event);
             }
             let data = serde_json::to_string(&entry).unwrap_or_default();
+            held += data.len();
             self.ready.push_back(
                 Event::default()
                     .event("entry")
@@ -309,6 +316,10 @@ impl Follower {
         // The events that follow the last entry sent.
         while let Some(event) = events.next_if(|event| event.next_seq <= self.position.seq + 1) {
             self.send_event(event);
+        }
+        // What the page holds now is its events' text.
+        if let Some(room) = self.room.as_mut() {
+            room.shrink_to(held as u64);
         }
         Ok(self.ready.len() > before)
     }

@@ -3,12 +3,14 @@
 use super::consistency::{on_standby, ReadToken, Written};
 use axum::extract::State;
 use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::{router::OpenApiRouter, routes};
 
 use super::answers::{MalformedJson, ThreadNotFound, TooLargeToStore};
+use super::budget::{hold_until_sent, read_within_room};
 use super::problem::{ApiError, ApiJson, ApiPath, ApiQuery, Problem};
 use super::threads::ThreadPath;
 use super::{AppState, Tenant};
@@ -191,19 +193,22 @@ pub async fn list_messages(
     ApiPath(path): ApiPath<ThreadPath>,
     ApiQuery(query): ApiQuery<ListMessagesQuery>,
     token: ReadToken,
-) -> Result<Json<MessagePageResponse>, ApiError> {
+) -> Result<Response, ApiError> {
     let limit = super::page_limit(query.limit, 100, state.limits.max_page_size_messages)?;
     let (tenant, thread_id, query) = (&tenant, &path.thread_id, &query);
-    let max_bytes = state.limits.max_page_bytes as i64;
+    let max_bytes = state.limits.max_page_bytes as u64;
+    let guards = &*state.guards;
     let descending = query.order == Some(super::threads::SortOrder::Desc);
     let window = SeqWindow {
         after: query.after_seq.map(Seq::new),
         before: query.before_seq.map(Seq::new),
     };
-    let page = on_standby(&state, tenant, Some(thread_id), token, |store| async move {
-        Ok(store
-            .list_messages_within(tenant, thread_id, window, descending, limit, max_bytes)
-            .await?)
+    // The page holds its entries until it is sent: within room of the answer budget.
+    let (page, room) = on_standby(&state, tenant, Some(thread_id), token, |store| async move {
+        Ok(read_within_room(guards, tenant, max_bytes, |max| {
+            store.list_messages_within(tenant, thread_id, window, descending, limit, max)
+        })
+        .await?)
     })
     .await?;
     let last_seq = page.messages.last().and_then(|m| m.seq);
@@ -219,10 +224,12 @@ pub async fn list_messages(
             .map_or(page.next_seq, |before| before.min(page.next_seq));
         (last_seq.filter(|seq| seq + 1 < end), None)
     };
-    Ok(Json(MessagePageResponse {
+    let answer = Json(MessagePageResponse {
         messages: page.messages,
         next_seq: page.next_seq,
         next_after_seq,
         next_before_seq,
-    }))
+    })
+    .into_response();
+    Ok(hold_until_sent(&state, answer, room))
 }

@@ -2,6 +2,7 @@
 
 pub mod admin;
 pub mod answers;
+pub mod budget;
 pub mod consistency;
 pub mod context;
 pub mod cursors;
@@ -108,13 +109,14 @@ pub struct Limits {
     /// closed: a client that stops reading an answer does not hold its connection.
     pub write_timeout: Duration,
     /// Memory the request bodies held at once across the process may take, each counted as
-    /// it will be once parsed (`json_weight`); past it a request is answered 503 `overloaded`
-    /// with `Retry-After`, and a body that alone would pass it 413.
+    /// it will be once parsed (`json_weight`) plus the copies storing it makes
+    /// (`guard::body_peak_bytes`); past it a request is answered 503 `overloaded` with
+    /// `Retry-After`, and a body that alone would pass it 413.
     pub max_inflight_body_bytes: usize,
-    /// Bytes of stored thread windows that context reads hold at once across the process. A
-    /// read of a window past [`guard::WINDOW_FLOOR_BYTES`] waits for room first (it holds about
-    /// three times its window while it normalizes and answers); one larger than the whole budget
-    /// runs alone.
+    /// Bytes of stored entries that answers hold at once across the process (`http::budget`):
+    /// context reads of a window past [`guard::WINDOW_FLOOR_BYTES`], message pages, cursor
+    /// batches, exports, rounds and event streams wait for room first; one larger than the whole
+    /// budget runs alone, and a tenant holds at most half of it.
     pub max_inflight_window_bytes: usize,
     /// Of `max_connections`, how many one peer address (an IPv6 /64) may hold at once; past it
     /// its new connections are closed as they come. 0 for no limit (behind a reverse proxy,
@@ -157,7 +159,7 @@ impl Limits {
         max_imports_per_tenant: 4,
         max_requests_per_tenant: 256,
         write_timeout: Duration::from_secs(30),
-        max_inflight_body_bytes: 1024 * 1024 * 1024,
+        max_inflight_body_bytes: 512 * 1024 * 1024,
         max_inflight_window_bytes: 256 * 1024 * 1024,
         max_connections_per_address: 256,
         auth_failures_per_sec: 1.0,

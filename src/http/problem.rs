@@ -385,6 +385,13 @@ impl From<StoreError> for ApiError {
                 .with("target_seq", target_seq),
             // The thread kept changing under the request (erasures, snips, compactions racing
             // it): the same request can succeed once they settle.
+            // Readers take room for such an entry and read again: one reaching here is a reader
+            // that did not, and the answer is the budget's.
+            StoreError::EntryLargerThanRoom { .. } => ApiError::retry_after(
+                ProblemKind::Overloaded,
+                "the answer does not fit the server's memory budget now; retry shortly",
+                1,
+            ),
             StoreError::SourcesChanged => ApiError::retry_after(
                 ProblemKind::Unavailable,
                 "the thread kept changing while the request read it; retry shortly",

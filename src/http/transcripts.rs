@@ -15,6 +15,8 @@ use utoipa::IntoParams;
 use utoipa_axum::{router::OpenApiRouter, routes};
 
 use super::answers::ThreadNotFound;
+use super::budget::read_within_room;
+use super::guard::AnswerRoom;
 use super::problem::{ApiError, ApiPath, ApiQuery, Problem, ProblemKind};
 use super::threads::ThreadPath;
 use super::{AppState, Tenant};
@@ -30,7 +32,7 @@ pub const JSON: &str = "application/json";
 pub const EXPORT_PAGE_ENTRIES: i64 = 1000;
 /// Most bytes of stored bodies per database read while exporting (a page always holds one
 /// entry, however large): what an export holds at once, whatever the thread's size.
-pub const EXPORT_PAGE_BYTES: i64 = 4 * 1024 * 1024;
+pub const EXPORT_PAGE_BYTES: u64 = 4 * 1024 * 1024;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -324,26 +326,36 @@ pub async fn export_transcript(
     let (tenant_ref, thread_id) = (&tenant, &path.thread_id);
     // The pages after the first are read where it was: a standby gone mid-export ends the
     // stream (the client sees it cut short, never a page out of place).
+    // Each page is read within room of the answer budget, held until the next is read: by then
+    // the connection has taken what came before.
+    let guards = &*state.guards;
     let (store, first) = on_standby(
         &state,
         tenant_ref,
         Some(thread_id),
         token,
         |store| async move {
-            let first = store
-                .export_page(
+            let first = read_within_room(guards, tenant_ref, EXPORT_PAGE_BYTES, |max| {
+                store.export_page(
                     tenant_ref,
                     thread_id,
                     Seq::new(-1),
                     EXPORT_PAGE_ENTRIES,
-                    EXPORT_PAGE_BYTES,
+                    max,
                 )
-                .await?;
+            })
+            .await?;
             Ok((store, first))
         },
     )
     .await?;
-    let pages = export_pages(store, tenant, path.thread_id, first);
+    let pages = export_pages(
+        state.clone(),
+        store,
+        tenant,
+        path.thread_id,
+        shrunk_to_page(first),
+    );
     let (body, media) = match form {
         Form::Lines => (
             Body::from_stream(pages.map(|page| page.map(|page| jsonl(&page)))),
@@ -372,41 +384,63 @@ pub async fn export_transcript(
 }
 
 /// The pages of an export, each read when the client has taken the one before: the export holds
-/// one page at a time. An empty page ends it.
+/// one page at a time, in room of the answer budget held until the next page is read. An empty
+/// page ends it.
 fn export_pages(
+    state: AppState,
     store: Store,
     tenant: TenantId,
     thread_id: ThreadId,
-    first: Vec<(i64, String)>,
-) -> impl futures_util::Stream<Item = Result<Vec<(i64, String)>, crate::store::StoreError>> {
+    first: ExportPage,
+) -> impl futures_util::Stream<Item = Result<Vec<(i64, String)>, std::io::Error>> {
     enum Next {
-        Read(Vec<(i64, String)>),
-        After(i64),
+        Read(ExportPage),
+        After(i64, Option<AnswerRoom>),
     }
     futures_util::stream::unfold(Some(Next::Read(first)), move |next| {
-        let (store, tenant, thread_id) = (store.clone(), tenant.clone(), thread_id.clone());
+        let (state, store, tenant, thread_id) = (
+            state.clone(),
+            store.clone(),
+            tenant.clone(),
+            thread_id.clone(),
+        );
         async move {
-            let page = match next? {
+            let (page, mut room) = match next? {
                 Next::Read(page) => page,
-                Next::After(seq) => match store
-                    .export_page(
-                        &tenant,
-                        &thread_id,
-                        Seq::new(seq),
-                        EXPORT_PAGE_ENTRIES,
-                        EXPORT_PAGE_BYTES,
-                    )
-                    .await
-                {
-                    Ok(page) => page,
-                    Err(error) => return Some((Err(error), None)),
-                },
+                Next::After(seq, held) => {
+                    drop(held);
+                    let read = read_within_room(&state.guards, &tenant, EXPORT_PAGE_BYTES, |max| {
+                        store.export_page(
+                            &tenant,
+                            &thread_id,
+                            Seq::new(seq),
+                            EXPORT_PAGE_ENTRIES,
+                            max,
+                        )
+                    });
+                    match read.await {
+                        Ok(page) => shrunk_to_page(page),
+                        // The answer is under way: the client sees it cut short.
+                        Err(error) => return Some((Err(std::io::Error::other(error)), None)),
+                    }
+                }
             };
             let (last_seq, _) = page.last()?;
             let after = *last_seq;
-            Some((Ok(page), Some(Next::After(after))))
+            Some((Ok(page), Some(Next::After(after, room))))
         }
     })
+}
+
+/// A page of an export, with its room in the answer budget.
+type ExportPage = (Vec<(i64, String)>, Option<AnswerRoom>);
+
+/// `page` with room for what it holds once read: its bodies, sent as they are.
+fn shrunk_to_page((page, mut room): ExportPage) -> ExportPage {
+    if let Some(room) = room.as_mut() {
+        room.shrink_to(page.iter().map(|(_, body)| body.len() as u64 + 2).sum());
+    }
+    (page, room)
 }
 
 /// Stored bodies as items of a JSON array, each on a line of its own: `first` when no item

@@ -223,9 +223,9 @@ impl Store {
     }
 
     /// Every entry of the window `bounds` describe, in seq order, each passed through `reduce` as
-    /// it is read: the window is read in pages cut at `max_bytes` bytes of bodies (a page
-    /// always holds one entry), so what is held at once is one page and the reduced entries,
-    /// whatever the window's size.
+    /// it is read: the window is read in pages cut at `max_bytes` bytes of bodies, so what is held
+    /// at once is one page and the reduced entries, whatever the window's size. An entry larger
+    /// than `max_bytes` is [`StoreError::EntryLargerThanRoom`]: read again with room for it.
     pub async fn window_reduced<T>(
         &self,
         bounds: &WindowBounds,
@@ -233,7 +233,7 @@ impl Store {
         mut reduce: impl FnMut(Entry) -> T,
     ) -> Result<Vec<T>, StoreError> {
         const PAGE_ENTRIES: i64 = 1_000;
-        let sql = super::rows::page_within_bytes("m.seq, m.uuid, m.created_at, m.body");
+        let sql = super::rows::page_within_room("m.seq, m.uuid, m.created_at", false, false);
         let mut reduced = Vec::new();
         let mut after = bounds.start_seq.max(0) - 1;
         while after + 1 < bounds.next_seq {
@@ -247,6 +247,7 @@ impl Store {
             if rows.is_empty() {
                 break;
             }
+            super::rows::check_room(&rows)?;
             for row in rows {
                 let mut entry = entry_from_row(&row)?;
                 after = entry.seq.unwrap_or(after + 1);

@@ -7,7 +7,6 @@
 use sqlx::any::AnyRow;
 use sqlx::{Any, Row};
 
-use super::rows::entry_from_row;
 use super::{MessageRef, Store, StoreError, TenantId, ThreadId, ThreadKey};
 use crate::history::model::Entry;
 
@@ -459,8 +458,10 @@ where
     E: sqlx::Executor<'e, Database = Any>,
 {
     let after_seq = row.bookmark.as_ref().map_or(-1, |b| b.seq);
-    let rows = sqlx::query(&super::rows::page_within_bytes(
-        "m.seq, m.uuid, m.created_at, m.body",
+    let rows = sqlx::query(&super::rows::page_within_room(
+        "m.seq, m.uuid, m.created_at",
+        false,
+        false,
     ))
     .bind(thread_key.as_str())
     .bind(after_seq)
@@ -468,7 +469,7 @@ where
     .bind(limit.bytes)
     .fetch_all(executor)
     .await?;
-    rows.iter().map(entry_from_row).collect()
+    super::rows::entries_within_room(&rows)
 }
 
 /// The batch of `entries` (read with one entry past `limit`), and whether more follow: the entry

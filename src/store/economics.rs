@@ -149,7 +149,7 @@ impl Store {
         end: i64,
     ) -> Result<Vec<AnyRow>, StoreError> {
         Ok(
-            sqlx::query(&page_within_bytes("m.seq, m.uuid, m.created_at, m.body"))
+            sqlx::query(&page_within_bytes("m.seq, m.uuid, m.created_at"))
                 .bind(thread_key.as_str())
                 .bind(after)
                 .bind(PAGE_ENTRIES.min(end - after - 1))

@@ -5,7 +5,9 @@
 use serde_json::Value;
 use sqlx::{Any, Row, Transaction};
 
-use super::rows::{entry_from_row, page_within_bytes_towards};
+use super::rows::{
+    entries_within_room, entry_from_row, page_within_bytes_towards, page_within_room,
+};
 use super::{millis_to_datetime, Store, StoreError, TenantId, ThreadId, ThreadKey};
 use crate::history::model::Entry;
 
@@ -115,7 +117,7 @@ impl Store {
     }
 
     /// The thread `thread_key`'s entries with `after < seq < before`, in order, at most
-    /// `limit`, cut once their bodies reach `max_bytes` (the first is always in).
+    /// `limit`, cut once their bodies would pass `max_bytes` (the first is always in).
     pub async fn entries_between_by_key(
         &self,
         thread_key: &ThreadKey,
@@ -124,16 +126,47 @@ impl Store {
         limit: u32,
         max_bytes: i64,
     ) -> Result<Vec<Entry>, StoreError> {
-        let sql = page_within_bytes_towards("m.seq, m.uuid, m.created_at, m.body", false);
-        let rows = sqlx::query(&sql)
+        let sql = page_within_bytes_towards("m.seq, m.uuid, m.created_at", false);
+        let rows = self
+            .entries_between_query(&sql, thread_key, after, before, limit, max_bytes)
+            .await?;
+        rows.iter().map(entry_from_row).collect()
+    }
+
+    /// [`Store::entries_between_by_key`] for an answer read within room of `max_bytes`: a first
+    /// entry larger than that is [`StoreError::EntryLargerThanRoom`].
+    pub async fn entries_within_room_by_key(
+        &self,
+        thread_key: &ThreadKey,
+        after: i64,
+        before: i64,
+        limit: u32,
+        max_bytes: i64,
+    ) -> Result<Vec<Entry>, StoreError> {
+        let sql = page_within_room("m.seq, m.uuid, m.created_at", false, true);
+        let rows = self
+            .entries_between_query(&sql, thread_key, after, before, limit, max_bytes)
+            .await?;
+        entries_within_room(&rows)
+    }
+
+    async fn entries_between_query(
+        &self,
+        sql: &str,
+        thread_key: &ThreadKey,
+        after: i64,
+        before: i64,
+        limit: u32,
+        max_bytes: i64,
+    ) -> Result<Vec<sqlx::any::AnyRow>, StoreError> {
+        Ok(sqlx::query(sql)
             .bind(thread_key.as_str())
             .bind(after)
             .bind(i64::from(limit))
             .bind(max_bytes)
             .bind(before)
             .fetch_all(&self.pool)
-            .await?;
-        rows.iter().map(entry_from_row).collect()
+            .await?)
     }
 
     /// A receiver that sees every change of the thread from now on (a signal to read again).

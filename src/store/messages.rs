@@ -1,6 +1,6 @@
 //! Messages: pages of a thread's entries, and entries by uuid.
 
-use super::rows::{entry_from_row, page_within_bytes_towards};
+use super::rows::{entries_within_room, entry_from_row, page_within_room};
 use super::{Seq, Store, StoreError, TenantId, ThreadId, ThreadKey};
 use crate::history::model::Entry;
 
@@ -57,7 +57,7 @@ impl Store {
         } else {
             (after, before)
         };
-        let sql = page_within_bytes_towards("m.seq, m.uuid, m.created_at, m.body", descending);
+        let sql = page_within_room("m.seq, m.uuid, m.created_at", descending, true);
         let rows = sqlx::query(&sql)
             .bind(thread_key.as_str())
             .bind(from)
@@ -67,7 +67,7 @@ impl Store {
             .fetch_all(&self.pool)
             .await?;
         Ok(MessagePage {
-            messages: rows.iter().map(entry_from_row).collect::<Result<_, _>>()?,
+            messages: entries_within_room(&rows)?,
             next_seq,
         })
     }

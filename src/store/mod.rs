@@ -195,6 +195,10 @@ pub enum StoreError {
         field: &'static str,
         names: Vec<String>,
     },
+    /// A page read within room of the answer budget starts with an entry larger than the room:
+    /// the reader takes room for `bytes` and reads it again.
+    #[error("the next entry holds {bytes} bytes, more than the room the read took")]
+    EntryLargerThanRoom { bytes: i64 },
     #[error("the window holds {entries} entries, more than {max}; start it later")]
     WindowTooLarge { entries: i64, max: i64 },
     #[error(

@@ -85,41 +85,88 @@ pub(super) fn entry_from_row(row: &AnyRow) -> Result<Entry, StoreError> {
 }
 
 /// The rows with `seq > $2` of the thread `$1`, in seq order, at most `$3` of them, cut once
-/// their bodies reach `$4` bytes: the sizes of the page's rows are summed first (the LIMIT
+/// their bodies would pass `$4` bytes: the sizes of the page's rows are summed first (the LIMIT
 /// applies before the running sum), then only the bodies that fit are read, so what is cut off
-/// is never loaded. The first row is always in, so a page always moves forward. `columns` are of
-/// the messages row `m`. The sizes are `octet_length`s, which both engines read without loading
-/// the value (SQLite from the record header, PostgreSQL from the TOAST pointer); `LENGTH` counts
-/// characters and so loads every body it sizes.
+/// is never loaded. The first row is always in, so a page always moves forward, and only it
+/// may be larger than `$4`. `columns` are of the messages row `m`, without `body`, which comes
+/// after them. The sizes are `octet_length`s, which both engines read without loading the value
+/// (SQLite from the record header, PostgreSQL from the TOAST pointer); `LENGTH` counts characters
+/// and so loads every body it sizes.
 pub(super) fn page_within_bytes(columns: &str) -> String {
-    page_of_window(columns, false, "")
+    page_of_window(columns, false, "", Lone::Read)
 }
 
 /// [`page_within_bytes`] over the window `$2 < seq < $5` (oldest first), or with `descending`
 /// over `$5 < seq < $2`, newest first: `$2` is where the page starts, `$5` the far end.
 pub(super) fn page_within_bytes_towards(columns: &str, descending: bool) -> String {
-    let far = if descending {
+    page_of_window(columns, descending, far_end(descending), Lone::Read)
+}
+
+/// [`page_within_bytes_towards`] for an answer read within room of `$4` bytes: a first row
+/// larger than the room comes without its body (`NULL`), with its `size`, so the reader can
+/// take room for it before it loads it ([`entries_within_room`]).
+pub(super) fn page_within_room(columns: &str, descending: bool, bounded: bool) -> String {
+    let far = if bounded { far_end(descending) } else { "" };
+    page_of_window(columns, descending, far, Lone::Sized)
+}
+
+fn far_end(descending: bool) -> &'static str {
+    if descending {
         " AND seq > $5"
     } else {
         " AND seq < $5"
-    };
-    page_of_window(columns, descending, far)
+    }
 }
 
-fn page_of_window(columns: &str, descending: bool, far: &str) -> String {
+/// What a page does with a first row larger than its bytes.
+#[derive(Clone, Copy)]
+enum Lone {
+    /// Reads it whole.
+    Read,
+    /// Leaves its body out, and tells its size.
+    Sized,
+}
+
+fn page_of_window(columns: &str, descending: bool, far: &str, lone: Lone) -> String {
     let (past, order) = if descending {
         ("<", "seq DESC")
     } else {
         (">", "seq")
     };
+    let body = match lone {
+        Lone::Read => "m.body",
+        Lone::Sized => {
+            "CASE WHEN page.size > $4 THEN NULL ELSE m.body END AS body, page.size AS size"
+        }
+    };
     format!(
-        "SELECT {columns} FROM \
-         (SELECT seq, SUM(size) OVER (ORDER BY {order}) - size AS before_size FROM \
+        "SELECT {columns}, {body} FROM \
+         (SELECT seq, size, SUM(size) OVER (ORDER BY {order}) AS through_size FROM \
           (SELECT seq, octet_length(body) AS size FROM messages \
            WHERE thread_key = $1 AND seq {past} $2{far} ORDER BY {order} LIMIT $3) sizes) page \
          JOIN messages m ON m.thread_key = $1 AND m.seq = page.seq \
-         WHERE page.before_size < $4 ORDER BY m.{order}"
+         WHERE page.through_size <= $4 OR page.through_size = page.size ORDER BY m.{order}"
     )
+}
+
+/// The entries of a page read by [`page_within_room`]: [`StoreError::EntryLargerThanRoom`]
+/// when its first entry is larger than the room it was read in (it came without its body).
+pub(super) fn entries_within_room(rows: &[AnyRow]) -> Result<Vec<Entry>, StoreError> {
+    check_room(rows)?;
+    rows.iter().map(entry_from_row).collect()
+}
+
+/// [`StoreError::EntryLargerThanRoom`] when the page's first row came without its body.
+pub(super) fn check_room(rows: &[AnyRow]) -> Result<(), StoreError> {
+    use sqlx::ValueRef as _;
+    match rows.first() {
+        Some(first) if first.try_get_raw("body")?.is_null() => {
+            Err(StoreError::EntryLargerThanRoom {
+                bytes: first.try_get("size")?,
+            })
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Makes entries ready to write (uuid, fingerprint, `created_at`) and inserts them from

@@ -180,7 +180,7 @@ impl Store {
         hidden: &HashSet<&str>,
     ) -> Result<Option<i64>, StoreError> {
         // A batch is cut by bytes too: a thread of large entries is read a few at a time.
-        let rows = sqlx::query(&page_within_bytes("m.seq, m.uuid, m.created_at, m.body"))
+        let rows = sqlx::query(&page_within_bytes("m.seq, m.uuid, m.created_at"))
             .bind(thread_key.as_str())
             .bind(mark.search_seq - 1)
             .bind(INDEX_BATCH)

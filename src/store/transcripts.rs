@@ -22,7 +22,8 @@ impl Store {
     }
 
     /// `(seq, body)` of the messages with `seq > after_seq`, in seq order, at most `limit`, cut
-    /// once the bodies reach `max_bytes` bytes (the first is always in): each body is the
+    /// once the bodies would pass `max_bytes` bytes (a first entry larger than that is
+    /// [`StoreError::EntryLargerThanRoom`]: read again with room for it): each body is the
     /// JSON text that was sent (or, for an entry Loupe wrote itself, its JSON). An empty page is
     /// the end of the thread.
     pub async fn export_page(
@@ -34,13 +35,14 @@ impl Store {
         max_bytes: i64,
     ) -> Result<Vec<(i64, String)>, StoreError> {
         let thread_key = self.thread_head(tenant, thread_id).await?.thread_key;
-        let rows = sqlx::query(&super::rows::page_within_bytes("m.seq, m.body"))
+        let rows = sqlx::query(&super::rows::page_within_room("m.seq", false, false))
             .bind(thread_key.as_str())
             .bind(after_seq.get())
             .bind(limit)
             .bind(max_bytes)
             .fetch_all(&self.pool)
             .await?;
+        super::rows::check_room(&rows)?;
         rows.iter()
             .map(|row| Ok((row.try_get("seq")?, row.try_get("body")?)))
             .collect()

@@ -49,9 +49,15 @@ pub(crate) struct Server {
 
 impl Server {
     pub(crate) async fn start(database_url: &str) -> Server {
+        Self::start_with(database_url, &[]).await
+    }
+
+    /// [`Server::start`] with more flags.
+    pub(crate) async fn start_with(database_url: &str, flags: &[&str]) -> Server {
         let port = free_port();
         let child = Command::new(binary())
             .args(["serve", "--addr", &format!("127.0.0.1:{port}")])
+            .args(flags)
             .args(["--database-url", database_url])
             .args(["--workers", "0", "--rate-limit-per-sec", "0"])
             // Every request runs as long as it needs: what is measured is memory.
@@ -467,4 +473,162 @@ async fn unread_event_streams_hold_a_small_page_each() {
         .collect();
     assert_eq!(ids, (0..STREAMED_ENTRIES).collect::<Vec<_>>());
     app.finish().await;
+}
+
+/// A request whose answer nobody reads, on a socket with a small receive buffer.
+async fn send_unread(port: u16, path: &str) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut stream = socket.connect(([127, 0, 0, 1], port).into()).await.unwrap();
+    stream
+        .write_all(format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    stream
+}
+
+/// The peak resident memory of `pid` once it has stopped rising for a second.
+async fn settled_peak(pid: u32) -> f64 {
+    let mut peak = memory(pid).1;
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = memory(pid).1;
+        if now <= peak {
+            return peak;
+        }
+        peak = now;
+    }
+}
+
+/// The entry the attack on unread answers used: 30 MiB.
+const LARGE_ENTRY_BYTES: usize = 30 * 1024 * 1024;
+
+/// Answers that hold entries and are never read (message pages, cursor batches, exports and
+/// event streams, 32 of them on a thread holding one 30 MiB entry) hold no more than the answer
+/// budget (`--max-inflight-window-bytes`, 256 MiB): the attack that found them took the process
+/// from 310 MB to 2.38 GB with 32 unread pages. Once they are gone, every kind reads whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unread_answers_of_a_large_entry_stay_within_the_answer_budget() {
+    let app = TestApp::new(Backend::Sqlite).await;
+    let thread = app.thread("large").await;
+    let server = Server::start(&app.url).await;
+    let pid = server.pid();
+    let client = reqwest::Client::new();
+    append_entry(&client, server.port, &thread, 0, LARGE_ENTRY_BYTES).await;
+    let paths = [
+        format!("/v1/threads/{thread}/messages?limit=1"),
+        format!("/v1/threads/{thread}/cursors/c/pending?limit=1"),
+        format!("/v1/threads/{thread}/export"),
+        format!("/v1/threads/{thread}/events?after_seq=-1"),
+    ];
+    let (before, _) = memory(pid);
+    reset_peak(pid);
+    let mut unread = Vec::new();
+    for i in 0..32 {
+        unread.push(send_unread(server.port, &paths[i % paths.len()]).await);
+    }
+    let peak = settled_peak(pid).await - before;
+    let budget_mib = 256.0;
+    // The budget, and what it does not count: hyper's write buffers, the kernel's, and one
+    // answer's entry still being dropped.
+    let bound = budget_mib + 3.0 * LARGE_ENTRY_BYTES as f64 / (1024.0 * 1024.0);
+    eprintln!(
+        "32 unread answers of a 30 MiB entry: {peak:.0} MiB above the start (bound {bound:.0})"
+    );
+    assert!(
+        peak < bound,
+        "32 unread answers rose {peak:.0} MiB, more than {bound:.0} MiB"
+    );
+    drop(unread);
+    for path in &paths[..3] {
+        let (status, bytes) = get(server.port, path).await;
+        assert_eq!(status, 200, "{path}");
+        assert!(bytes > LARGE_ENTRY_BYTES, "{path}: {bytes} bytes");
+    }
+}
+
+/// Whether the process `pid` still holds its end of the connection from `client_port` to its
+/// `port`: the socket is in its table and one of its open files. (Once the process closes it,
+/// the kernel may still be sending what it took, from a socket no process owns.)
+fn holds_connection(pid: u32, port: u16, client_port: u16) -> bool {
+    let table = std::fs::read_to_string(format!("/proc/{pid}/net/tcp")).unwrap();
+    let port_of = |address: &str| {
+        address
+            .rsplit(':')
+            .next()
+            .and_then(|hex| u16::from_str_radix(hex, 16).ok())
+    };
+    let inode = table.lines().skip(1).find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let ours = port_of(fields[1]) == Some(port) && port_of(fields[2]) == Some(client_port);
+        ours.then(|| fields[9].to_owned())
+    });
+    let Some(inode) = inode.filter(|inode| inode != "0") else {
+        return false;
+    };
+    let socket = format!("socket:[{inode}]");
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+        .any(|file| {
+            std::fs::read_link(file.path()).is_ok_and(|target| target.to_string_lossy() == socket)
+        })
+}
+
+/// A client that takes a large answer a trickle at a time (a kilobyte every half second) never
+/// trips the write timeout, but the server drops its connection, and the answer with it, once it
+/// reads slower than the floor after the timeout's grace: the attack kept 1.36 GB for 70 s this
+/// way, past the 30 s write timeout. (What the kernel already took may still trickle out: the
+/// process's side is watched, through its socket table and open files.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trickling_reader_is_cut_and_lets_its_answer_go() {
+    use tokio::io::AsyncReadExt;
+    let app = TestApp::new(Backend::Sqlite).await;
+    let thread = app.thread("large").await;
+    let server = Server::start_with(&app.url, &["--write-timeout-secs", "2"]).await;
+    let pid = server.pid();
+    let client = reqwest::Client::new();
+    append_entry(&client, server.port, &thread, 0, LARGE_ENTRY_BYTES).await;
+    let mut stream = send_unread(
+        server.port,
+        &format!("/v1/threads/{thread}/messages?limit=1"),
+    )
+    .await;
+    let client_port = stream.local_addr().unwrap().port();
+    let taken = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let trickle = tokio::spawn({
+        let taken = taken.clone();
+        async move {
+            let mut buffer = [0u8; 1024];
+            loop {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                match stream.read(&mut buffer).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => taken.fetch_add(n, std::sync::atomic::Ordering::Relaxed),
+                };
+            }
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !holds_connection(pid, server.port, client_port) {
+        assert!(Instant::now() < deadline, "the connection was never served");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while holds_connection(pid, server.port, client_port) {
+        assert!(
+            Instant::now() < deadline,
+            "the server still holds the trickling reader's connection after 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let taken = taken.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        taken < LARGE_ENTRY_BYTES,
+        "cut only after the whole answer ({taken} bytes)"
+    );
+    trickle.abort();
+    // The service goes on for everyone else.
+    assert_eq!(get(server.port, "/healthz").await.0, 200);
 }
