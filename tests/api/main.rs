@@ -29,6 +29,7 @@ mod hostile;
 mod jobs;
 mod ledger;
 mod lifecycle;
+mod nul_text;
 mod memory_bounds;
 mod normalize_incremental;
 mod normalize_invariants;
