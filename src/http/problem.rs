@@ -336,7 +336,7 @@ impl From<StoreError> for ApiError {
             ),
             StoreError::KeyNotFound => ApiError::not_found("API key"),
             StoreError::BadCursor => ApiError::bad_request("invalid cursor"),
-            StoreError::MetadataTooLarge { .. } => {
+            StoreError::MetadataTooLarge { .. } | StoreError::MetadataHoldsNul(_) => {
                 ApiError::invalid_field("metadata", error.to_string())
             }
             StoreError::ForkPastEnd { .. } => ApiError::invalid_field("at_seq", error.to_string()),
@@ -397,10 +397,15 @@ impl From<StoreError> for ApiError {
                 "the thread kept changing while the request read it; retry shortly",
                 1,
             ),
-            // The request's content, not a fault: 422, so no client retries it forever.
-            error if error.refuses_content() => {
-                ApiError::new(ProblemKind::Validation, error.to_string())
-            }
+            // The request's content, not a fault: 422, so no client retries it forever. In our
+            // words: the database's message names its types and may quote what it refused, and
+            // stays in the log.
+            error if error.refuses_content() => ApiError::new(
+                ProblemKind::Validation,
+                "the database cannot store the request's content: a value too large, or a \
+                 character it does not accept",
+            )
+            .caused_by(error),
             // A fault of the database, not of the request: the same request can succeed later.
             error if error.is_transient() => ApiError::retry_after(
                 ProblemKind::Unavailable,

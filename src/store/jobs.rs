@@ -612,7 +612,8 @@ impl Store {
         .bind(&claimed.lease)
         .bind(retry_at_ms)
         .bind(now_ms)
-        .bind(error)
+        // A summarizer's error may quote what it read, NULs included.
+        .bind(super::storable_text(error).into_owned())
         .fetch_optional(&self.writer)
         .await?;
         let state = state.ok_or_else(|| StoreError::LeaseLost(claimed.job.id.clone()))?;

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, HashSet};
 use sqlx::Row;
 
 use super::search::CATCH_UP_STEPS;
-use super::{Backend, Store, StoreError, TenantId, ThreadId, ThreadKey};
+use super::{storable_text, Backend, Store, StoreError, TenantId, ThreadId, ThreadKey};
 use crate::history::anchors::{decode, kept_in, AnchorKind};
 use crate::history::ledger::without_footer;
 use crate::history::model::Entry;
@@ -267,7 +267,9 @@ fn compaction_coverings(rows: &[Entry], limit: usize) -> Vec<Covering> {
                     seq: summary.seq.unwrap_or_default(),
                 },
                 summarizer,
-                text: without_footer(summary.first_text().unwrap_or_default()).to_owned(),
+                // As the anchors are stored: a NUL in them is U+FFFD (`storable_text`).
+                text: storable_text(without_footer(summary.first_text().unwrap_or_default()))
+                    .into_owned(),
                 first_seq: start,
                 end_seq: boundary_seq,
                 kept_rounds: preserved,

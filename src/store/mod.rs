@@ -129,6 +129,28 @@ pub fn clip(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
     }
 }
 
+/// `text` as any text column can hold it: PostgreSQL's `text` refuses the NUL character, which
+/// JSON lets a caller send (`\u0000`, a binary file read by a tool), so text Loupe derives from
+/// entries (search rows, anchors, outline lines, summaries) and error messages it keeps get
+/// U+FFFD in its place, on both backends alike. Stored entry bodies are JSON text, where a NUL
+/// is always escaped, and stay as sent.
+pub fn storable_text(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.contains('\0') {
+        text.replace('\0', "\u{FFFD}").into()
+    } else {
+        text.into()
+    }
+}
+
+/// [`storable_text`] of an owned string, copied only when it holds a NUL.
+pub fn into_storable(text: String) -> String {
+    if text.contains('\0') {
+        text.replace('\0', "\u{FFFD}")
+    } else {
+        text
+    }
+}
+
 /// Which database a [`Store`] talks to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
@@ -225,6 +247,13 @@ pub enum StoreError {
     ForkPastEnd { at_seq: i64, next_seq: i64 },
     #[error("the metadata would be {bytes} bytes of JSON, more than {max}")]
     MetadataTooLarge { bytes: usize, max: usize },
+    /// A key or a string of the metadata holds a NUL (`\u0000`), which PostgreSQL's metadata
+    /// filters cannot hold: refused on both backends alike. Holds the top-level member's name.
+    #[error(
+        "metadata keys and strings may not hold a NUL character (\\u0000); member {:?} does",
+        clip(.0, 64)
+    )]
+    MetadataHoldsNul(String),
     #[error("a tenant with id {0:?} already exists")]
     TenantExists(String),
     #[error("API key not found")]
@@ -1011,6 +1040,53 @@ mod tests {
             store.close().await;
         }
         let _ = std::fs::remove_file(&path);
+    }
+
+    /// A refusal is answered in Loupe's words: the database's message (which may quote what it
+    /// refused, or name its types and columns) stays in the log.
+    #[tokio::test]
+    async fn a_refusal_answers_without_the_database_message() {
+        let path = std::env::temp_dir().join(format!("loupe-refuse-{}.db", uuid::Uuid::new_v4()));
+        let mut urls = vec![(
+            format!("sqlite://{}", path.display()),
+            "SELECT zeroblob(2000000000)",
+        )];
+        if let Ok(url) = std::env::var("TEST_DATABASE_URL") {
+            urls.push((url, "SELECT CAST('{\"a\": \"\\u0000\"}' AS jsonb)"));
+        }
+        for (url, refused) in urls {
+            let store = Store::connect(&StoreOptions::new(&url)).await.unwrap();
+            let error: StoreError = sqlx::query(refused)
+                .execute(&store.pool)
+                .await
+                .unwrap_err()
+                .into();
+            let said = error.to_string();
+            assert!(error.refuses_content(), "{url}: {error:?}");
+            let answer = crate::http::problem::ApiError::from(error);
+            assert_eq!(answer.kind.status().as_u16(), 422, "{url}: {answer:?}");
+            assert!(!answer.detail.contains(&said), "{url}: {}", answer.detail);
+            for word in ["jsonb", "unicode", "string or blob", "sqlite", "postgres"] {
+                assert!(
+                    !answer.detail.to_lowercase().contains(word),
+                    "{url}: {}",
+                    answer.detail
+                );
+            }
+            assert!(answer.source.is_some(), "the cause is kept for the log");
+            store.close().await;
+        }
+        let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
+    fn storable_text_replaces_only_nul() {
+        assert_eq!(storable_text("a\0b\0"), "a\u{FFFD}b\u{FFFD}");
+        assert!(matches!(
+            storable_text("\u{1}\u{7f} é"),
+            std::borrow::Cow::Borrowed("\u{1}\u{7f} é")
+        ));
+        assert_eq!(into_storable("x\0".to_owned()), "x\u{FFFD}");
     }
 
     #[test]

@@ -18,7 +18,7 @@ use std::collections::HashSet;
 use sqlx::Row;
 
 use super::rows::{entry_from_row, page_within_bytes};
-use super::{Backend, Store, StoreError, TenantId, ThreadId, ThreadKey};
+use super::{into_storable, Backend, Store, StoreError, TenantId, ThreadId, ThreadKey};
 use crate::history::anchors::{self, anchors_of_entry};
 use crate::history::model::{subtype, Entry};
 use crate::history::normalize::view::snipped_uuids;
@@ -44,6 +44,11 @@ pub const MAX_TERMS: usize = 16;
 
 /// Characters a query may hold.
 pub const MAX_QUERY_CHARS: usize = 500;
+
+/// Characters of a row PostgreSQL's word rank reads: a full-text vector holds at most 1 MiB,
+/// and a row of more distinct words (a binary file's dump) made every search finding it fail.
+/// 100,000 characters make a vector of at most about 250 KB, whatever the words.
+const RANKED_CHARS: usize = 100_000;
 
 /// Characters of context on each side of a snippet's match.
 const SNIPPET_CONTEXT: usize = 80;
@@ -203,9 +208,13 @@ impl Store {
             entries
                 .iter()
                 .filter_map(|entry| {
-                    let text = searchable(entry)?;
-                    let anchors = anchors::encode(&anchors_of_entry(entry));
-                    Some((entry.seq.unwrap_or_default(), text, anchors))
+                    let found = searchable(entry)?;
+                    // A NUL the entry's JSON carried would make PostgreSQL refuse the row, and
+                    // the thread's index would never move past it.
+                    let text = into_storable(found.text);
+                    let thinking = into_storable(found.thinking);
+                    let anchors = into_storable(anchors::encode(&anchors_of_entry(entry)));
+                    Some((entry.seq.unwrap_or_default(), text, thinking, anchors))
                 })
                 .collect::<Vec<_>>()
         })
@@ -222,12 +231,12 @@ impl Store {
                 super::values_placeholders(chunk.len(), 5)
             );
             let mut query = sqlx::query(&sql);
-            for (seq, text, anchors) in chunk {
+            for (seq, text, thinking, anchors) in chunk {
                 query = query
                     .bind(thread_key.as_str())
                     .bind(*seq)
-                    .bind(text.text.as_str())
-                    .bind(text.thinking.as_str())
+                    .bind(text.as_str())
+                    .bind(thinking.as_str())
                     .bind(anchors.as_str());
             }
             query.execute(&mut *tx).await?;
@@ -443,7 +452,7 @@ impl Store {
                     .join(" || ");
                 format!(
                     "CAST({counted} AS DOUBLE PRECISION) \
-                     + ts_rank_cd(to_tsvector('simple', n.text), {words})"
+                     + ts_rank_cd(to_tsvector('simple', left(n.text, {RANKED_CHARS})), {words})"
                 )
             } else {
                 format!("CAST({counted} AS REAL)")
@@ -624,7 +633,8 @@ impl Store {
                 .collect::<Vec<_>>()
                 .join(" || ");
             format!(
-                "CAST({} AS DOUBLE PRECISION) + ts_rank_cd(to_tsvector('simple', r.text), {words})",
+                "CAST({} AS DOUBLE PRECISION) \
+                 + ts_rank_cd(to_tsvector('simple', left(r.text, {RANKED_CHARS})), {words})",
                 counts.join(" + ")
             )
         } else {

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 use sqlx::Row;
 
 use super::rows::entry_from_row;
-use super::{now_millis, Store, StoreError, TenantId, ThreadId, ThreadKey};
+use super::{now_millis, storable_text, Store, StoreError, TenantId, ThreadId, ThreadKey};
 use crate::history::ledger::{add_counts, outline_footer};
 use crate::history::model::Entry;
 use crate::tree::{NodeId, Outline, OutlineOptions};
@@ -235,7 +235,7 @@ impl Store {
                     .bind(thread_key.as_str())
                     .bind(i64::from(node.node.level))
                     .bind(node.node.index as i64)
-                    .bind(&node.text)
+                    .bind(storable_text(&node.text).into_owned())
                     .bind(&node.summarizer)
                     .bind(i64::from(node.calls))
                     .bind(now)
@@ -337,7 +337,7 @@ impl Store {
                 "UPDATE tree_nodes SET text = $1, summarizer = $2, calls = $3, created_at = $4, \
                  dropped = $5 WHERE thread_key = $6 AND level = $7 AND idx = $8 AND summarizer = $9",
             )
-            .bind(&node.text)
+            .bind(storable_text(&node.text).into_owned())
             .bind(&node.summarizer)
             .bind(i64::from(node.calls))
             .bind(now)
@@ -846,7 +846,7 @@ async fn rewrite_line(
         "UPDATE tree_nodes SET text = $1, summarizer = $2, calls = 0, created_at = $3, \
          dropped = '' WHERE thread_key = $4 AND level = $5 AND idx = $6{only_model}"
     ))
-    .bind(text)
+    .bind(storable_text(text).into_owned())
     .bind(STAND_IN)
     .bind(now)
     .bind(thread_key.as_str())

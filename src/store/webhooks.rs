@@ -447,7 +447,7 @@ impl Store {
             )
             .bind(state)
             .bind(status.map(i64::from))
-            .bind(error.map(|e| super::clip(e, 500).into_owned()))
+            .bind(error.map(|e| super::storable_text(&super::clip(e, 500)).into_owned()))
             .bind(retry_at.unwrap_or(now_ms))
             .bind(now_ms)
             .bind(delivery.delivery_id)

@@ -34,6 +34,7 @@ mod normalize_incremental;
 mod normalize_invariants;
 mod normalize_perf;
 mod normalize_smoke_props;
+mod nul_text;
 mod openapi;
 mod problems;
 mod providers;
