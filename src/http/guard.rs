@@ -865,25 +865,25 @@ mod tests {
             ..Limits::default()
         };
         let guards = Guards::new(AuthMode::Open, &limits);
-        let all = guards.window_room_free();
+        let all = guards.answer_room_free();
         assert_eq!(all, 24 * 1024);
         assert!(guards
-            .window_room(WINDOW_FLOOR_BYTES as i64 - 1)
+            .window_room("t", WINDOW_FLOOR_BYTES as i64 - 1)
             .await
             .is_none());
-        let first = guards.window_room(10 * MIB).await.expect("room");
-        let second = guards.window_room(10 * MIB).await.expect("room");
-        assert_eq!(guards.window_room_free(), 4 * 1024);
-        let whole = guards.window_room(500 * MIB);
+        let first = guards.window_room("t", 10 * MIB).await.expect("room");
+        let second = guards.window_room("t", 10 * MIB).await.expect("room");
+        assert_eq!(guards.answer_room_free(), 4 * 1024);
+        let whole = guards.window_room("t", 500 * MIB);
         tokio::pin!(whole);
         assert!(whole.as_mut().now_or_never().is_none(), "no room: it waits");
         drop(first);
         assert!(whole.as_mut().now_or_never().is_none());
         drop(second);
         let whole = whole.await.expect("the whole budget");
-        assert_eq!(guards.window_room_free(), 0);
+        assert_eq!(guards.answer_room_free(), 0);
         drop(whole);
-        assert_eq!(guards.window_room_free(), all);
+        assert_eq!(guards.answer_room_free(), all);
         let off = Guards::new(
             AuthMode::Open,
             &Limits {
@@ -891,7 +891,32 @@ mod tests {
                 ..Limits::default()
             },
         );
-        assert!(off.window_room(500 * MIB).await.is_none(), "0 turns it off");
+        assert!(off.window_room("t", 500 * MIB).await.is_none(), "0 turns it off");
+    }
+
+    /// A tenant holds at most half the answer budget: past it, its room waits while another
+    /// tenant's is had at once; room shrunk to what an answer holds goes back at once.
+    #[tokio::test]
+    async fn a_tenant_holds_at_most_half_the_answer_budget() {
+        use futures_util::FutureExt;
+        let limits = Limits {
+            max_inflight_window_bytes: 16 * 1024 * 1024,
+            ..Limits::default()
+        };
+        let guards = Guards::new(AuthMode::Keyed { admin_key: None }, &limits);
+        let mib = 1024 * 1024;
+        let mut first = guards.answer_room("a", 6 * mib).await.expect("room");
+        let over = guards.answer_room("a", 4 * mib);
+        tokio::pin!(over);
+        assert!(over.as_mut().now_or_never().is_none(), "past its half: it waits");
+        let other = guards.answer_room("b", 8 * mib).now_or_never().flatten();
+        assert!(other.is_some(), "another tenant's room is had at once");
+        first.shrink_to(mib);
+        assert_eq!(first.kib(), 1024);
+        let over = over.now_or_never().flatten().expect("room shrunk goes back");
+        assert_eq!(guards.answer_room_free(), 16 * 1024 - 1024 - 4 * 1024 - 8 * 1024);
+        drop((first, over, other));
+        assert_eq!(guards.answer_room_free(), 16 * 1024);
     }
 
     /// An answer holding room that its client does not take in time fails, and gives the room
