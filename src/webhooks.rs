@@ -41,7 +41,8 @@ pub struct WebhookConfig {
     pub backoff_max: Duration,
     /// How often an idle sender looks at the outbox.
     pub poll_interval: Duration,
-    /// How long ended deliveries stay visible (and replayable) before they are pruned.
+    /// How long ended deliveries stay visible (and replayable) before they are pruned; an
+    /// endpoint keeps at most [`crate::store::MAX_ENDED_PER_ENDPOINT`] of them, the newest.
     pub keep_ended: Duration,
 }
 
@@ -205,6 +206,11 @@ fn private_refusal() -> String {
         .to_owned()
 }
 
+/// A failed attempt's `last_error` when the endpoint's name did not resolve, or resolved only to
+/// addresses the policy refuses: one reason for both, so that a tenant cannot probe which
+/// internal names exist. The server's log says which it was.
+pub const ADDRESS_REFUSED: &str = "not sent: the address is not allowed or could not be reached";
+
 /// Resolves endpoint names, keeping only the addresses the policy allows: checked at connection
 /// time, so a name that later resolves to a private address (DNS rebinding) is not reached.
 struct PolicyResolver {
@@ -215,19 +221,39 @@ impl reqwest::dns::Resolve for PolicyResolver {
     fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
         let allow_private = self.allow_private;
         Box::pin(async move {
-            let found: Vec<SocketAddr> = tokio::net::lookup_host((name.as_str(), 0))
-                .await?
-                .filter(|address| allow_private || is_public(address.ip()))
-                .collect();
+            // Either way the attempt fails with the same reason; only the log tells which.
+            let found: Vec<SocketAddr> = match tokio::net::lookup_host((name.as_str(), 0)).await {
+                Ok(found) => found
+                    .filter(|address| allow_private || is_public(address.ip()))
+                    .collect(),
+                Err(error) => {
+                    tracing::info!(name = name.as_str(), %error, "a webhook endpoint's name does not resolve");
+                    return Err(Box::new(AddressRefused) as _);
+                }
+            };
             if found.is_empty() {
-                return Err(
-                    format!("{} resolves to no address it may reach", name.as_str()).into(),
+                tracing::info!(
+                    name = name.as_str(),
+                    "a webhook endpoint's name resolves to no address the policy allows"
                 );
+                return Err(Box::new(AddressRefused) as _);
             }
             Ok(Box::new(found.into_iter()) as reqwest::dns::Addrs)
         })
     }
 }
+
+/// The resolver's refusal: a name that does not resolve, or resolves only to refused addresses.
+#[derive(Debug)]
+struct AddressRefused;
+
+impl std::fmt::Display for AddressRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(ADDRESS_REFUSED)
+    }
+}
+
+impl std::error::Error for AddressRefused {}
 
 /// The HTTP client every attempt goes through.
 pub fn client(config: &WebhookConfig) -> reqwest::Client {
@@ -299,10 +325,23 @@ async fn attempt(
         },
         Err(error) => AttemptOutcome::Failed {
             status: None,
-            error: error_chain(&error),
+            error: failure_reason(&error),
             retry_at_ms,
         },
     }
+}
+
+/// What a failed attempt's `last_error` says, for the tenant to read: the whole chain of causes,
+/// except when the resolver refused the name, whose one reason hides which refusal it was.
+fn failure_reason(error: &reqwest::Error) -> String {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(error) = cause {
+        if error.is::<AddressRefused>() {
+            return ADDRESS_REFUSED.to_owned();
+        }
+        cause = error.source();
+    }
+    error_chain(error)
 }
 
 fn error_chain(error: &dyn std::error::Error) -> String {
@@ -400,6 +439,9 @@ pub async fn deliver_due(
     Ok(count)
 }
 
+/// How often the sender prunes ended deliveries and bounds the backlogs.
+const HOUSEKEEPING_EVERY: Duration = Duration::from_secs(60);
+
 /// The sender: keeps its slots busy with what is due until `stop` (a slot freed is filled at
 /// once, never at the pace of the slowest attempt), dropping endpoints' backlogs past their
 /// bound and pruning ended deliveries now and then.
@@ -415,19 +457,13 @@ pub fn spawn_sender(
         let mut tenants: std::collections::HashMap<tokio::task::Id, String> =
             std::collections::HashMap::new();
         let mut busy: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
-        let mut last_prune = std::time::Instant::now() - Duration::from_secs(3_600);
-        let mut last_backlog = std::time::Instant::now() - Duration::from_secs(60);
+        let mut last_housekeeping = std::time::Instant::now() - HOUSEKEEPING_EVERY;
         while !stop.is_cancelled() {
             let now_ms = chrono::Utc::now().timestamp_millis();
-            if last_prune.elapsed() >= Duration::from_secs(3_600) {
-                last_prune = std::time::Instant::now();
-                let before = now_ms - config.keep_ended.as_millis() as i64;
-                if let Err(error) = store.prune_deliveries(before).await {
-                    tracing::warn!(%error, "cannot prune ended webhook deliveries");
-                }
-            }
-            if last_backlog.elapsed() >= Duration::from_secs(60) {
-                last_backlog = std::time::Instant::now();
+            // Every minute, so what an endpoint holds past its bounds is at most a minute's
+            // worth of deliveries.
+            if last_housekeeping.elapsed() >= HOUSEKEEPING_EVERY {
+                last_housekeeping = std::time::Instant::now();
                 match store.drop_backlogs().await {
                     Ok(0) => {}
                     Ok(dropped) => tracing::warn!(
@@ -435,6 +471,11 @@ pub fn spawn_sender(
                         "dropped webhook deliveries of endpoints too far behind"
                     ),
                     Err(error) => tracing::warn!(%error, "cannot bound the webhook backlogs"),
+                }
+                // After the drops: those count among the ended deliveries bounded here.
+                let before = now_ms - config.keep_ended.as_millis() as i64;
+                if let Err(error) = store.prune_deliveries(before).await {
+                    tracing::warn!(%error, "cannot prune ended webhook deliveries");
                 }
             }
             let free = config.concurrency as usize - running.len().min(config.concurrency as usize);
@@ -556,6 +597,24 @@ mod tests {
         }
         assert!(check_url("https://example.com/x", false).is_ok());
         assert!(check_url("http://127.0.0.1:9/x", true).is_ok());
+    }
+
+    /// A name that does not resolve and one that resolves to a loopback address fail alike: a
+    /// tenant cannot learn from `last_error` which internal names exist.
+    #[tokio::test]
+    async fn a_name_unresolved_and_one_resolved_to_a_private_address_fail_alike() {
+        let client = client(&WebhookConfig::DEFAULT);
+        let mut reasons = Vec::new();
+        // `localhost` is refused as written before any attempt; its resolver is tried here.
+        for url in [
+            "http://localhost:9/hook",
+            "http://no-such-host.invalid/hook",
+        ] {
+            let error = client.post(url).send().await.expect_err("not reached");
+            reasons.push(failure_reason(&error));
+        }
+        assert_eq!(reasons[0], reasons[1]);
+        assert!(reasons[0].contains(ADDRESS_REFUSED), "{}", reasons[0]);
     }
 
     /// Standard Webhooks' example: this secret, id, timestamp and body sign as shown.

@@ -267,14 +267,18 @@ async fn read_context(
 #[schema(example = json!({"seqs": [4, 5], "uuid": "snip-7f3a"}))]
 pub struct SnipRequest {
     /// The messages to hide, by seq. A snip names at least one message: `seqs`, `uuids` or
-    /// both hold one (422 `validation` otherwise), and each must be in the thread (409
-    /// `no-such-message` otherwise).
+    /// both hold one (422 `validation` otherwise), at most 1,000 each (422 otherwise; one named
+    /// twice is hidden once), and each must be in the thread (409 `no-such-message` otherwise).
     #[serde(default)]
+    #[schema(max_items = 1000)]
     pub seqs: Vec<i64>,
     /// The messages to hide, by uuid.
     #[serde(default)]
+    #[schema(max_items = 1000)]
     pub uuids: Vec<String>,
-    /// The snip entry's own uuid, so a retried snip is idempotent.
+    /// The snip entry's own uuid, so a retried snip is idempotent: 1–200 characters, no NUL, as
+    /// every entry's uuid.
+    #[schema(min_length = 1, max_length = 200, pattern = r"^[^\u0000]*$")]
     pub uuid: Option<String>,
 }
 
@@ -311,7 +315,7 @@ pub struct SnipResponse {
         (status = 200, description = "The same snip was already stored (idempotent retry)", body = SnipResponse),
         ThreadNotFound,
         (status = 409, description = "The thread holds no message with a seq or uuid the request names (`no-such-message`; `errors[0].field` is `seqs` or `uuids`, `detail` names the message), or the snip uuid is used by another entry (`uuid-conflict`)", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Nothing named, or an invalid uuid (`validation`; `errors[0].field` names it)", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Nothing named, more than 1,000 in one list, or an invalid uuid (`validation`; `errors[0].field` names it)", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn snip_messages(
@@ -320,13 +324,24 @@ pub async fn snip_messages(
     ApiPath(path): ApiPath<ThreadPath>,
     ApiJson(request): ApiJson<SnipRequest>,
 ) -> Result<(StatusCode, Written, Json<SnipResponse>), ApiError> {
-    for (index, uuid) in request.uuids.iter().enumerate() {
+    let SnipRequest { seqs, uuids, uuid } = request;
+    for (index, uuid) in uuids.iter().enumerate() {
         super::check_key_field(&format!("uuids[{index}]"), uuid, MAX_UUID_LEN)?;
     }
-    if let Some(uuid) = &request.uuid {
+    if let Some(uuid) = &uuid {
+        // The snip's own uuid is an entry's: never empty.
+        if uuid.is_empty() {
+            return Err(ApiError::invalid_field(
+                "uuid",
+                format!("must be 1 to {MAX_UUID_LEN} characters, without NUL characters"),
+            ));
+        }
         super::check_key_field("uuid", uuid, MAX_UUID_LEN)?;
     }
-    if request.seqs.is_empty() && request.uuids.is_empty() {
+    // Bounded and each named once, as an erasure's lists are.
+    let seqs = super::erasures::named_once("seqs", seqs)?;
+    let uuids = super::erasures::named_once("uuids", uuids)?;
+    if seqs.is_empty() && uuids.is_empty() {
         return Err(ApiError::invalid_field(
             "seqs",
             "name at least one message by seq or uuid",
@@ -334,10 +349,10 @@ pub async fn snip_messages(
     }
     let named = state
         .store
-        .resolve_messages(&tenant, &path.thread_id, &request.seqs, &request.uuids)
+        .resolve_messages(&tenant, &path.thread_id, &seqs, &uuids)
         .await?;
     let snip = Entry {
-        uuid: request.uuid,
+        uuid,
         ..Entry::snip(named.into_iter().map(|(_, uuid)| uuid).collect())
     };
     check_entry(&snip, "snip").map_err(ApiError::field)?;

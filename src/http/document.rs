@@ -306,6 +306,14 @@ fn add_history_rules(document: &mut Value) {
         "maxLength": MAX_UUID_LEN,
         "pattern": r"^[^\u0000]*$",
     });
+    *at(
+        document,
+        "/components/schemas/SnipRequest/properties/uuids/items",
+    ) = json!({
+        "type": "string",
+        "maxLength": MAX_UUID_LEN,
+        "pattern": r"^[^\u0000]*$",
+    });
     // A snip names at least one message: with no seq named, a uuid must be. Said with if/then
     // rather than anyOf, which generators turn into a union of two partial models.
     let snip = at(document, "/components/schemas/SnipRequest")

@@ -41,6 +41,29 @@ pub struct ErasureRequestBody {
     pub reason: Option<String>,
 }
 
+/// One list of the entries a request names (an erasure's or a snip's `uuids` or `seqs`), each
+/// once, in the order first named: at most [`MAX_ERASED_ENTRIES`] as sent (the document's
+/// `maxItems`), or 422 naming `field`, so the work a request asks for stays bounded.
+pub(crate) fn named_once<T>(field: &str, names: Vec<T>) -> Result<Vec<T>, ApiError>
+where
+    T: Eq + std::hash::Hash + Clone,
+{
+    if names.len() > MAX_ERASED_ENTRIES {
+        return Err(ApiError::invalid_field(
+            field,
+            format!(
+                "name at most {MAX_ERASED_ENTRIES} entries in one list, not {}",
+                names.len()
+            ),
+        ));
+    }
+    let mut seen = std::collections::HashSet::with_capacity(names.len());
+    Ok(names
+        .into_iter()
+        .filter(|name| seen.insert(name.clone()))
+        .collect())
+}
+
 /// How many copies of each kind an erasure took the text out of.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ErasureArtifactsResponse {
@@ -184,27 +207,20 @@ pub async fn create_erasure(
     ApiPath(path): ApiPath<ThreadPath>,
     ApiJson(body): ApiJson<ErasureRequestBody>,
 ) -> Result<(StatusCode, Written, Json<ErasureReceipt>), ApiError> {
-    let targets = ErasureTargets {
-        uuids: body.uuids.unwrap_or_default(),
-        seqs: body.seqs.unwrap_or_default(),
-    };
-    for (index, uuid) in targets.uuids.iter().enumerate() {
+    let uuids = body.uuids.unwrap_or_default();
+    for (index, uuid) in uuids.iter().enumerate() {
         // An empty uuid names no entry: 409 `no-such-message`, as any uuid the thread lacks.
         super::check_key_field(&format!("uuids[{index}]"), uuid, MAX_UUID_LEN)?;
     }
+    let targets = ErasureTargets {
+        uuids: named_once("uuids", uuids)?,
+        seqs: named_once("seqs", body.seqs.unwrap_or_default())?,
+    };
     if targets.is_empty() {
         return Err(ApiError::invalid_field(
             "uuids",
             "name at least one entry, by uuids, seqs or both",
         ));
-    }
-    for (field, count) in [("uuids", targets.uuids.len()), ("seqs", targets.seqs.len())] {
-        if count > MAX_ERASED_ENTRIES {
-            return Err(ApiError::invalid_field(
-                field,
-                format!("name at most {MAX_ERASED_ENTRIES} entries in one list"),
-            ));
-        }
     }
     if let Some(reason) = &body.reason {
         super::check_key_field("reason", reason, MAX_REASON_CHARS)?;

@@ -55,9 +55,9 @@ const KEEP_ALIVE: Duration = Duration::from_secs(15);
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct EventsQuery {
-    /// Start after this seq: `-1` from the thread's first entry. Without it (and without a
-    /// `Last-Event-ID` header, which wins) the stream starts at the thread's end, with what
-    /// comes next.
+    /// Start after this seq: `-1` from the thread's first entry; one the thread does not hold
+    /// yet is 409 `no-such-message`. Without it (and without a `Last-Event-ID` header, which
+    /// wins) the stream starts at the thread's end, with what comes next.
     #[param(minimum = -1)]
     pub after_seq: Option<i64>,
 }
@@ -127,8 +127,9 @@ impl Position {
         ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event id (`41` or `41.3`), which wins over `after_seq`")),
     responses(
         (status = 200, description = "A stream of events (`text/event-stream`), until the thread is deleted or the client leaves", content_type = "text/event-stream", body = String),
-        (status = 400, description = "A bad `Last-Event-ID` or `after_seq`, or one past the thread's end (`bad-request`)", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "A bad `Last-Event-ID` or `after_seq`, or a `Last-Event-ID` past the thread's end (`bad-request`)", body = Problem, content_type = "application/problem+json"),
         ThreadNotFound,
+        (status = 409, description = "`after_seq` past the thread's end: the thread holds no such message (`no-such-message`; `errors[0].field` is `after_seq`)", body = Problem, content_type = "application/problem+json"),
         Overloaded,
     )
 )]
@@ -170,9 +171,17 @@ pub async fn follow_thread(
             position
         }
         (None, Some(seq)) if (-1..head.next_seq).contains(&seq) => Position { seq, event: 0 },
-        (None, Some(_)) => {
-            return Err(ApiError::bad_request(
-                "after_seq is -1 or more, and less than the thread's message_count",
+        (None, Some(seq)) if seq < -1 => {
+            return Err(ApiError::bad_request("after_seq is -1 or more"))
+        }
+        // Past the end: a seq the thread does not hold, as a snip naming one is (following on
+        // from it would skip the entries up to it).
+        (None, Some(seq)) => {
+            return Err(ApiError::no_such_message(
+                "after_seq",
+                format!(
+                    "the thread holds no message {seq}: after_seq is less than its message_count"
+                ),
             ))
         }
         (None, None) => Position {

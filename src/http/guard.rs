@@ -10,6 +10,7 @@
 //!   and its assets): public. The inspector reads its data through `/v1/…`, with a key.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -773,6 +774,60 @@ pub const BODY_COPIES: usize = 4;
 /// while it is handled: what the body budget charges it.
 pub fn body_peak_bytes(parsed: usize, text: usize) -> usize {
     parsed.saturating_add(text.saturating_mul(BODY_COPIES))
+}
+
+/// Says `Connection: close` on an answer sent before its request's body was read to its end (a
+/// 401, a 403, a 413 announced, a NUL refused, a body cut off): hyper then closes the connection,
+/// as it would anyway with the body unread, but the client knows it and does not send its next
+/// request there. An answer to a body read whole leaves the connection open.
+pub async fn close_when_body_unread(request: Request, next: Next) -> Response {
+    let (parts, body) = request.into_parts();
+    if body.is_end_stream() {
+        return next.run(Request::from_parts(parts, body)).await;
+    }
+    let ended = Arc::new(AtomicBool::new(false));
+    let body = Body::new(ReadToEnd {
+        body,
+        ended: ended.clone(),
+    });
+    let mut response = next.run(Request::from_parts(parts, body)).await;
+    if !ended.load(Ordering::Acquire) {
+        response.headers_mut().insert(
+            header::CONNECTION,
+            header::HeaderValue::from_static("close"),
+        );
+    }
+    response
+}
+
+/// A request body that records whether it was read to its end.
+struct ReadToEnd {
+    body: Body,
+    ended: Arc<AtomicBool>,
+}
+
+impl HttpBody for ReadToEnd {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        if matches!(polled, Poll::Ready(None)) || self.body.is_end_stream() {
+            self.ended.store(true, Ordering::Release);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
+    }
 }
 
 /// 413 for a body whose parsed values would take more than the process's budget of request

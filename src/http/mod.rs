@@ -351,6 +351,8 @@ pub fn router(state: AppState) -> Router {
         )
         .layer(middleware::from_fn(observe::problem_request_id))
         .layer(SetRequestIdLayer::new(request_id, MakeRequestUuid))
+        // Outermost: it sees every answer, the guards' early ones too.
+        .layer(middleware::from_fn(guard::close_when_body_unread))
         .with_state(state)
 }
 

@@ -359,7 +359,7 @@ pub async fn delete_webhook(
 
 /// An endpoint's deliveries, oldest first: what was sent, what is waiting, what failed and why.
 ///
-/// Ended deliveries are kept for 7 days.
+/// Ended deliveries are kept for 7 days, an endpoint's newest 10,000 at most.
 #[utoipa::path(
     get, path = "/v1/webhooks/{webhook_id}/deliveries", tag = "webhooks",
     operation_id = "listWebhookDeliveries",

@@ -72,7 +72,7 @@ pub struct ErasureRead {
     pub epoch: i64,
 }
 
-/// Most entries one erasure names in one list (by uuid, or by seq).
+/// Most entries one erasure, or one snip, names in one list (by uuid, or by seq).
 pub const MAX_ERASED_ENTRIES: usize = 1_000;
 
 /// An erasure in progress: one write transaction on the thread, whose redaction epoch has

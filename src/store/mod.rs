@@ -100,8 +100,8 @@ pub use tree::{
 };
 pub use webhooks::{
     AttemptOutcome, DueDelivery, WebhookDelivery, WebhookEndpoint, DUE_ENDPOINTS_SQL,
-    HEAD_DELIVERY_SQL, MAX_DELIVERY_ATTEMPTS, MAX_UNSENT_PER_ENDPOINT, MAX_WEBHOOKS_PER_TENANT,
-    WEBHOOK_KINDS,
+    HEAD_DELIVERY_SQL, MAX_DELIVERY_ATTEMPTS, MAX_ENDED_PER_ENDPOINT, MAX_UNSENT_PER_ENDPOINT,
+    MAX_WEBHOOKS_PER_TENANT, WEBHOOK_KINDS,
 };
 
 /// How a request named a message: by its seq or by its uuid.

@@ -30,7 +30,12 @@ pub const MAX_DELIVERY_ATTEMPTS: i64 = 8;
 /// (still listed, and replayable), so an endpoint that is down holds bounded storage.
 pub const MAX_UNSENT_PER_ENDPOINT: i64 = 10_000;
 
-/// Deliveries [`Store::drop_backlogs`] fails in one statement.
+/// Most ended deliveries (delivered, failed or dropped) an endpoint keeps: past them, the oldest
+/// are removed however young, so an endpoint that takes every event holds bounded storage.
+pub const MAX_ENDED_PER_ENDPOINT: i64 = 10_000;
+
+/// Deliveries [`Store::drop_backlogs`] fails, or [`Store::prune_deliveries`] removes, in one
+/// statement.
 pub const DROP_CHUNK: i64 = 2_000;
 
 /// Most endpoints a tenant may register.
@@ -507,15 +512,66 @@ impl Store {
         Ok(dropped)
     }
 
-    /// Removes deliveries that ended (delivered or failed) before `before_ms`.
+    /// Removes ended deliveries (delivered, failed or dropped): those created before
+    /// `before_ms`, and each endpoint's past its newest [`MAX_ENDED_PER_ENDPOINT`], however
+    /// young, `DROP_CHUNK` rows a statement (one long delete would hold SQLite's writer from
+    /// appends). Returns how many.
     pub async fn prune_deliveries(&self, before_ms: i64) -> Result<u64, StoreError> {
-        Ok(sqlx::query(
-            "DELETE FROM webhook_deliveries WHERE state IN ('delivered', 'failed') \
-             AND created_at < $1",
-        )
-        .bind(before_ms)
-        .execute(&self.writer)
-        .await?
-        .rows_affected())
+        let mut pruned = 0;
+        loop {
+            let done = sqlx::query(
+                "DELETE FROM webhook_deliveries WHERE delivery_id IN (SELECT delivery_id \
+                 FROM webhook_deliveries WHERE state IN ('delivered', 'failed') \
+                 AND created_at < $1 LIMIT $2)",
+            )
+            .bind(before_ms)
+            .bind(DROP_CHUNK)
+            .execute(&self.writer)
+            .await?
+            .rows_affected();
+            pruned += done;
+            if done < DROP_CHUNK as u64 {
+                break;
+            }
+        }
+        let endpoints = sqlx::query("SELECT tenant_id, endpoint_id FROM webhook_endpoints")
+            .fetch_all(&self.pool)
+            .await?;
+        for endpoint in endpoints {
+            let tenant: String = endpoint.try_get("tenant_id")?;
+            let endpoint_id: String = endpoint.try_get("endpoint_id")?;
+            // The oldest ended delivery kept: the bound's worth of the newest ended ones.
+            let kept_from: Option<i64> = sqlx::query_scalar(
+                "SELECT delivery_id FROM webhook_deliveries WHERE tenant_id = $1 \
+                 AND endpoint_id = $2 AND state IN ('delivered', 'failed') \
+                 ORDER BY delivery_id DESC LIMIT 1 OFFSET $3",
+            )
+            .bind(&tenant)
+            .bind(&endpoint_id)
+            .bind(MAX_ENDED_PER_ENDPOINT - 1)
+            .fetch_optional(&self.pool)
+            .await?;
+            let Some(kept_from) = kept_from else { continue };
+            loop {
+                let done = sqlx::query(
+                    "DELETE FROM webhook_deliveries WHERE delivery_id IN (SELECT delivery_id \
+                     FROM webhook_deliveries WHERE tenant_id = $1 AND endpoint_id = $2 \
+                     AND state IN ('delivered', 'failed') AND delivery_id < $3 \
+                     ORDER BY delivery_id LIMIT $4)",
+                )
+                .bind(&tenant)
+                .bind(&endpoint_id)
+                .bind(kept_from)
+                .bind(DROP_CHUNK)
+                .execute(&self.writer)
+                .await?
+                .rows_affected();
+                pruned += done;
+                if done < DROP_CHUNK as u64 {
+                    break;
+                }
+            }
+        }
+        Ok(pruned)
     }
 }

@@ -269,11 +269,21 @@ async fn bad_stream_requests_are_refused(app: TestApp) {
             .await
             .assert_problem(StatusCode::BAD_REQUEST, "bad-request");
     }
-    for after in ["-2", "2", "9223372036854775807"] {
-        app.get(&format!("/v1/threads/t/events?after_seq={after}"))
-            .await
-            .assert_problem(StatusCode::BAD_REQUEST, "bad-request");
+    app.get("/v1/threads/t/events?after_seq=-2")
+        .await
+        .assert_problem(StatusCode::BAD_REQUEST, "bad-request");
+    // An `after_seq` the document allows (any from -1) but past the thread's end names a message
+    // the thread does not hold: 409, as a snip or an erasure naming one is, never a skip.
+    for after in ["2", "9223372036854775806", "9223372036854775807"] {
+        let problem = app
+            .get(&format!("/v1/threads/t/events?after_seq={after}"))
+            .await;
+        let problem = problem.assert_problem(StatusCode::CONFLICT, "no-such-message");
+        assert_eq!(problem["errors"][0]["field"], "after_seq", "{problem}");
     }
+    let document = loupe::http::openapi();
+    let answers = &document["paths"]["/v1/threads/{thread_id}/events"]["get"]["responses"];
+    assert!(answers["409"].is_object(), "{answers}");
     app.get("/v1/threads/missing/events")
         .await
         .assert_problem(StatusCode::NOT_FOUND, "not-found");

@@ -27,6 +27,7 @@ mod group_commit;
 mod guard_rails;
 mod hostile;
 mod jobs;
+mod keep_alive;
 mod ledger;
 mod lifecycle;
 mod memory_bounds;

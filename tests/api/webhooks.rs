@@ -27,6 +27,8 @@ on_both_backends!(
     the_endpoint_cap_holds_under_racing_registrations,
     an_endpoint_far_behind_drops_its_oldest_deliveries,
     the_sender_reaches_unsent_deliveries_by_index,
+    a_name_that_does_not_resolve_shows_the_one_generic_reason,
+    ended_deliveries_are_bounded_per_endpoint,
 );
 
 /// What the receiver got: each request's headers and body.
@@ -857,4 +859,127 @@ async fn a_proxy_in_the_environment_is_not_used() {
     assert_eq!(reached.load(Ordering::SeqCst), 0, "the proxy was used");
     service.kill().await;
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A name that does not resolve fails with the one reason a name resolving only to private
+/// addresses fails with (`webhooks::tests` checks that one): `last_error` does not tell a tenant
+/// which internal names exist.
+async fn a_name_that_does_not_resolve_shows_the_one_generic_reason(app: TestApp) {
+    let hook = register(
+        &app,
+        "http://no-such-host.invalid/hook",
+        json!(["thread.created"]),
+    )
+    .await;
+    app.post("/v1/threads", json!({"id": "t"})).await;
+    let strict = WebhookConfig::DEFAULT;
+    let client = loupe::webhooks::client(&strict);
+    let sent = deliver_due(&app.store, &client, &strict, now_ms())
+        .await
+        .unwrap();
+    assert_eq!(sent, 1);
+    let page = app
+        .get(&format!(
+            "/v1/webhooks/{}/deliveries",
+            hook["id"].as_str().unwrap()
+        ))
+        .await;
+    let delivery = &page.body["deliveries"][0];
+    assert_eq!(delivery["attempts"], 1, "{delivery}");
+    assert_eq!(
+        delivery["last_error"],
+        loupe::webhooks::ADDRESS_REFUSED,
+        "{delivery}"
+    );
+    app.finish().await;
+}
+
+/// Ended deliveries (delivered, failed, dropped) are bounded per endpoint, however young: the
+/// newest [`loupe::store::MAX_ENDED_PER_ENDPOINT`] stay, older ones go in the sender's
+/// housekeeping; unsent ones and other endpoints' are left alone.
+async fn ended_deliveries_are_bounded_per_endpoint(app: TestApp) {
+    let mut hooks = Vec::new();
+    for url in ["https://example.com/busy", "https://example.com/quiet"] {
+        let hook = register(&app, url, json!(["thread.created"])).await;
+        hooks.push(hook["id"].as_str().unwrap().to_owned());
+    }
+    let extra = 50;
+    let cap = loupe::store::MAX_ENDED_PER_ENDPOINT;
+    sqlx::any::install_default_drivers();
+    let pool = sqlx::AnyPool::connect(&app.url).await.unwrap();
+    let insert = |endpoint: String, count: i64, state: &'static str| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query(
+                "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < $1) \
+                 INSERT INTO webhook_deliveries (tenant_id, endpoint_id, kind, thread_id, data, \
+                 created_at, next_attempt_at, state, attempts) \
+                 SELECT 'default', $2, 'thread.created', 't' || i, '{}', $3, 0, $4, 1 FROM n",
+            )
+            .bind(count)
+            .bind(endpoint)
+            .bind(now_ms())
+            .bind(state)
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
+    };
+    // Young (sent just now): the age bound keeps them all.
+    insert(hooks[0].clone(), cap / 2, "failed").await;
+    insert(hooks[0].clone(), cap / 2 + extra, "delivered").await;
+    insert(hooks[0].clone(), 20, "pending").await;
+    insert(hooks[1].clone(), 30, "delivered").await;
+    let count = |endpoint: String, states: &'static str| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(&format!(
+                "SELECT COUNT(*) FROM webhook_deliveries WHERE endpoint_id = $1 \
+                 AND state IN ({states})"
+            ))
+            .bind(endpoint)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    let ended = "'delivered', 'failed'";
+    assert_eq!(count(hooks[0].clone(), ended).await, cap + extra);
+    let week_ago = now_ms() - 7 * 24 * 3_600 * 1_000;
+    app.store.prune_deliveries(week_ago).await.unwrap();
+    assert_eq!(count(hooks[0].clone(), ended).await, cap);
+    assert_eq!(count(hooks[0].clone(), "'pending'").await, 20);
+    assert_eq!(count(hooks[1].clone(), ended).await, 30);
+    // The oldest went: every one kept is newer than every unsent one inserted before it.
+    let oldest_kept: i64 = sqlx::query_scalar(
+        "SELECT MIN(delivery_id) FROM webhook_deliveries WHERE endpoint_id = $1 \
+         AND state IN ('delivered', 'failed')",
+    )
+    .bind(&hooks[0])
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let first_inserted: i64 = sqlx::query_scalar(
+        "SELECT MIN(delivery_id) FROM webhook_deliveries WHERE endpoint_id = $1",
+    )
+    .bind(&hooks[0])
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(oldest_kept, first_inserted + extra);
+    // The listing shows the bound too.
+    let listed = app
+        .get(&format!(
+            "/v1/webhooks/{}/deliveries?state=failed&limit=1",
+            hooks[0]
+        ))
+        .await;
+    assert_eq!(
+        listed.body["deliveries"][0]["id"],
+        format!("whd_{oldest_kept}")
+    );
+    app.store.prune_deliveries(week_ago).await.unwrap();
+    assert_eq!(count(hooks[0].clone(), ended).await, cap);
+    pool.close().await;
+    app.finish().await;
 }
