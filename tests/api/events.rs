@@ -501,7 +501,10 @@ async fn what_a_stream_read_ahead_is_not_sent_after_an_erasure_or_delete_answere
         ]
     );
     let leaked = holding(&rest, &[&secrets[2], &secrets[5]]);
-    assert!(leaked.is_empty(), "sent after the erasure's answer: {leaked:?}");
+    assert!(
+        leaked.is_empty(),
+        "sent after the erasure's answer: {leaked:?}"
+    );
     for tombstone in [&rest[1], &rest[4]] {
         assert_eq!(
             tombstone.data["erased"]["erasure_id"], erased.body["erasure_id"],
