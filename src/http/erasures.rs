@@ -15,7 +15,7 @@ use super::problem::{ApiError, ApiJson, ApiPath, ApiQuery, Problem};
 use super::threads::ThreadPath;
 use super::{AppState, Tenant};
 use crate::history::ingest::MAX_UUID_LEN;
-use crate::jobs::erasure::{erase, erase_in_forks, ErasureRequest};
+use crate::jobs::erasure::{erase, erase_in_forks, held_elsewhere, ErasureRequest};
 use crate::store::{Erasure, ErasureArtifacts, ErasureTargets, ThreadId, MAX_ERASED_ENTRIES};
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -120,6 +120,18 @@ pub struct ErasureReceipt {
     /// erasure of its own, which its receipts list. In the answer to the erasure only.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub forks: Vec<ForkErasure>,
+    /// The tenant's other threads that still held copies of the erased entries when the erasure
+    /// was answered: an erasure reaches the forks below its thread, not the thread it was forked
+    /// from (whose entries below the fork's `forked_at_seq` it copied), that thread's ancestors,
+    /// nor their other forks. Erase there too if the text must go everywhere: an erasure in the
+    /// topmost of them reaches every fork that copied it. Ancestors first, nearest first; at
+    /// most 1,000. Absent from the receipts of erasures made in forks by their parent's, of
+    /// retention trims, and of erasures made before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub still_held_by: Option<Vec<String>>,
+    /// True when more threads held copies than the 1,000 `still_held_by` names.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub still_held_by_truncated: bool,
     /// The write's consistency token (also the `Loupe-LSN` header): send it back with a read
     /// (`Loupe-LSN` or `min_lsn`) to see this write on a read standby. Present only where the
     /// service reads from standbys.
@@ -141,7 +153,9 @@ pub struct ForkErasure {
 }
 
 impl ErasureReceipt {
-    fn new(thread_id: ThreadId, erasure: Erasure) -> Self {
+    fn new(thread_id: ThreadId, mut erasure: Erasure) -> Self {
+        let still_held_by = erasure.artifacts.still_held_by.take();
+        let still_held_by_truncated = erasure.artifacts.still_held_by_truncated;
         ErasureReceipt {
             erasure_id: erasure.erasure_id,
             thread_id: thread_id.into_string(),
@@ -150,6 +164,8 @@ impl ErasureReceipt {
             artifacts: erasure.artifacts.into(),
             created_at: erasure.created_at,
             storage_scrubbed_at: erasure.scrubbed_at,
+            still_held_by,
+            still_held_by_truncated,
             forks: Vec::new(),
             lsn: None,
         }
@@ -246,7 +262,7 @@ pub async fn create_erasure(
             .thread_head(&tenant, &thread_id)
             .await?
             .thread_key;
-        let erasure = erase(&state.store, &tenant, &thread_id, request, dropped).await?;
+        let mut erasure = erase(&state.store, &tenant, &thread_id, request, dropped).await?;
         state.context_cache.forget_thread(&tenant, &thread_id);
         // Remembered at once, and here rather than in the handler: this process's reads must
         // wait for the erasure on a standby even if the fan-out below fails or the client is
@@ -267,16 +283,28 @@ pub async fn create_erasure(
                 state.store.enqueue_tree(&tenant, fork).await?;
             }
         }
+        // Not the threads it was forked from, nor their other forks: the receipt names those
+        // still holding copies (kept with it), for the caller to erase there too.
+        let held = held_elsewhere(&state.store, &tenant, &thread_key, &erasure.seqs).await?;
+        erasure.artifacts.still_held_by = Some(
+            held.thread_ids
+                .into_iter()
+                .map(ThreadId::into_string)
+                .collect(),
+        );
+        erasure.artifacts.still_held_by_truncated = held.truncated;
+        state
+            .store
+            .record_artifacts(&erasure.erasure_id, &erasure.artifacts)
+            .await?;
         // And each fork it reached, past the forks' commits: a read of one must not find a
-        // standby's copy of its text. The answer's token covers them too.
-        if !forks.is_empty() {
-            position = Written::remembered(&state, &tenant, Some(&thread_id))
-                .await
-                .or(position);
-            if let Some(lsn) = position {
-                for (fork, _) in &forks {
-                    state.store.remember_write(&tenant, fork, lsn);
-                }
+        // standby's copy of its text. The answer's token covers them (and the receipt) too.
+        position = Written::remembered(&state, &tenant, Some(&thread_id))
+            .await
+            .or(position);
+        if let Some(lsn) = position {
+            for (fork, _) in &forks {
+                state.store.remember_write(&tenant, fork, lsn);
             }
         }
         state.store.queue_scrub(erasure.erasure_id.clone());

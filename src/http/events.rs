@@ -10,11 +10,19 @@
 //!
 //! A stream holds no database connection while it waits and reads a small page when it does;
 //! a slow client stops its reads (the next page is read when the last is sent).
+//!
+//! What a stream read ahead and has not sent may have been erased since: before it sends any,
+//! it checks the thread's redaction epoch when the thread's change signal moved (or its last
+//! check is [`READ_AGAIN_AFTER`] old), and reads again from its last event sent if an erasure,
+//! trim or snip's redaction committed meanwhile (or the thread is gone). So nothing read
+//! before an erasure is sent after the erasure's answer (docs/ARCHITECTURE.md § Forgetting).
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use axum::extract::State;
 use axum::http::HeaderMap;
@@ -121,6 +129,12 @@ impl Position {
 /// after a restart. An idle stream sends a comment every 15 seconds. A tenant holds at most 32
 /// streams open at once (503 `overloaded` past them), and a stream counts among its requests in
 /// flight while it is open.
+///
+/// A stream reads a little ahead of what its client has taken. Once an erasure (or a delete) is
+/// answered, the stream sends nothing it read before: it reads again, and erased entries come
+/// as tombstones before the `erasure` event (through another process serving the same
+/// database: once its change notice arrives, within 3 seconds at most). Bytes already written
+/// to the connection (socket buffers, proxies) cannot be called back.
 #[utoipa::path(
     get, path = "/v1/threads/{thread_id}/events", tag = "threads", operation_id = "followThread",
     params(ThreadPath, EventsQuery,
@@ -198,8 +212,11 @@ pub async fn follow_thread(
         thread_key: head.thread_key,
         _slot: slot,
         position: start,
+        sent: start,
         changes,
         ready: VecDeque::new(),
+        read_epoch: head.redaction_epoch,
+        checked_at: Instant::now(),
         max_page_bytes: (state.limits.max_page_bytes as u64).min(PAGE_BYTES),
         ended: false,
     };
@@ -221,10 +238,17 @@ struct Follower {
     /// The thread followed: one created since under the same id is another.
     thread_key: ThreadKey,
     _slot: StreamSlot,
+    /// Where the last event read leaves the stream.
     position: Position,
+    /// Where the last event sent leaves it.
+    sent: Position,
     changes: tokio::sync::watch::Receiver<u64>,
-    /// Read and not yet sent, in order.
-    ready: VecDeque<Event>,
+    /// Read and not yet sent, in order, each with the position it moves the stream to.
+    ready: VecDeque<(Event, Position)>,
+    /// The thread's redaction epoch when `ready` was read.
+    read_epoch: i64,
+    /// When `ready` was last known to hold nothing erased since it was read.
+    checked_at: Instant,
     max_page_bytes: u64,
     ended: bool,
 }
@@ -233,7 +257,22 @@ impl Follower {
     /// The next event to send; `None` ends the stream.
     async fn next(&mut self) -> Option<Event> {
         loop {
-            if let Some(event) = self.ready.pop_front() {
+            if !self.ready.is_empty() && !self.ended {
+                match self.erased_since_read().await {
+                    // Read again from the last event sent: erased entries come as tombstones.
+                    Ok(true) => {
+                        self.ready.clear();
+                        self.position = self.sent;
+                    }
+                    Ok(false) => {}
+                    Err(error) => {
+                        tracing::warn!(%error, "a followed thread could not be read");
+                        return None;
+                    }
+                }
+            }
+            if let Some((event, position)) = self.ready.pop_front() {
+                self.sent = position;
                 return Some(event);
             }
             if self.ended {
@@ -249,8 +288,8 @@ impl Follower {
                 Err(StoreError::ThreadNotFound) => {
                     self.ended = true;
                     let data = json!({"thread_id": self.thread_id.as_str()});
-                    self.ready
-                        .push_back(Event::default().event("deleted").data(data.to_string()));
+                    let deleted = Event::default().event("deleted").data(data.to_string());
+                    self.ready.push_back((deleted, self.position));
                     continue;
                 }
                 Err(error) => {
@@ -271,10 +310,31 @@ impl Follower {
         }
     }
 
+    /// Whether what `ready` holds may hold text an erasure (or a trim, or a snip's redaction
+    /// of a summary) took out since it was read, or the thread is gone: the thread changed
+    /// since (its signal, which moves before an erasure in this process answers) or the last
+    /// check is old (a change in another process whose signal is late or lost), and its
+    /// redaction epoch is not the one `ready` was read under.
+    async fn erased_since_read(&mut self) -> Result<bool, StoreError> {
+        let signalled = self.changes.has_changed().unwrap_or(false);
+        if !signalled && self.checked_at.elapsed() < READ_AGAIN_AFTER {
+            return Ok(false);
+        }
+        // Marked seen before the read: a change during it is signalled again.
+        self.changes.borrow_and_update();
+        let head = match self.store.events_head(&self.tenant, &self.thread_id).await {
+            Err(StoreError::ThreadNotFound) => return Ok(true),
+            head => head?,
+        };
+        self.checked_at = Instant::now();
+        Ok(head.thread_key != self.thread_key || head.redaction_epoch != self.read_epoch)
+    }
+
     /// Reads what follows the position into `ready`, in order: whether it found anything.
     async fn read(&mut self) -> Result<bool, StoreError> {
         // The head first: an event not read below commits later, so its `next_seq` is at least
-        // the head's, and it follows every entry read below the head.
+        // the head's, and it follows every entry read below the head. Its epoch is the one the
+        // entries are read under (an erasure after it moves it again).
         let head = self
             .store
             .events_head(&self.tenant, &self.thread_id)
@@ -282,6 +342,8 @@ impl Follower {
         if head.thread_key != self.thread_key {
             return Err(StoreError::ThreadNotFound);
         }
+        self.read_epoch = head.redaction_epoch;
+        self.checked_at = Instant::now();
         let events = self
             .store
             .events_after(
@@ -314,13 +376,14 @@ impl Follower {
             }
             let data = serde_json::to_string(&entry).unwrap_or_default();
             held += data.len();
-            self.ready.push_back(
+            self.position.seq = seq;
+            self.ready.push_back((
                 Event::default()
                     .event("entry")
                     .id(seq.to_string())
                     .data(data),
-            );
-            self.position.seq = seq;
+                self.position,
+            ));
         }
         // The events that follow the last entry sent.
         while let Some(event) = events.next_if(|event| event.next_seq <= self.position.seq + 1) {
@@ -339,13 +402,14 @@ impl Follower {
         if let Some(members) = data.as_object_mut() {
             members.insert("created_at".to_owned(), json!(event.created_at));
         }
-        self.ready.push_back(
+        self.position.event = event.event_seq;
+        self.ready.push_back((
             Event::default()
                 .event(event.kind)
                 .id(format!("{follows}.{}", event.event_seq))
                 .data(data.to_string()),
-        );
-        self.position.event = event.event_seq;
+            self.position,
+        ));
     }
 }
 

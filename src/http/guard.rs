@@ -946,7 +946,10 @@ mod tests {
                 ..Limits::default()
             },
         );
-        assert!(off.window_room("t", 500 * MIB).await.is_none(), "0 turns it off");
+        assert!(
+            off.window_room("t", 500 * MIB).await.is_none(),
+            "0 turns it off"
+        );
     }
 
     /// A tenant holds at most half the answer budget: past it, its room waits while another
@@ -963,13 +966,22 @@ mod tests {
         let mut first = guards.answer_room("a", 6 * mib).await.expect("room");
         let over = guards.answer_room("a", 4 * mib);
         tokio::pin!(over);
-        assert!(over.as_mut().now_or_never().is_none(), "past its half: it waits");
+        assert!(
+            over.as_mut().now_or_never().is_none(),
+            "past its half: it waits"
+        );
         let other = guards.answer_room("b", 8 * mib).now_or_never().flatten();
         assert!(other.is_some(), "another tenant's room is had at once");
         first.shrink_to(mib);
         assert_eq!(first.kib(), 1024);
-        let over = over.now_or_never().flatten().expect("room shrunk goes back");
-        assert_eq!(guards.answer_room_free(), 16 * 1024 - 1024 - 4 * 1024 - 8 * 1024);
+        let over = over
+            .now_or_never()
+            .flatten()
+            .expect("room shrunk goes back");
+        assert_eq!(
+            guards.answer_room_free(),
+            16 * 1024 - 1024 - 4 * 1024 - 8 * 1024
+        );
         drop((first, over, other));
         assert_eq!(guards.answer_room_free(), 16 * 1024);
     }

@@ -405,7 +405,7 @@ fn export_pages(
             thread_id.clone(),
         );
         async move {
-            let (page, mut room) = match next? {
+            let (page, room) = match next? {
                 Next::Read(page) => page,
                 Next::After(seq, held) => {
                     drop(held);

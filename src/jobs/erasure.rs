@@ -311,6 +311,83 @@ pub async fn erase_in_forks(
     Ok(erased)
 }
 
+/// Most threads a receipt names as still holding copies of what it erased: past them it says
+/// there are more, and stops looking (a thread forked by thousands is walked no further).
+pub const MAX_HOLDERS_NAMED: usize = 1_000;
+
+/// The threads still holding copies of what an erasure took out.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HeldElsewhere {
+    /// Their ids: the thread's ancestors that hold them first (nearest first), then the other
+    /// forks of those ancestors (and their forks) that copied them.
+    pub thread_ids: Vec<ThreadId>,
+    /// Whether more hold them than the [`MAX_HOLDERS_NAMED`] named.
+    pub truncated: bool,
+}
+
+/// The tenant's threads that hold, not yet erased, copies of the entries at `seqs` of the thread
+/// `thread_key`, outside that thread and the forks below it (which [`erase_in_forks`] reaches):
+/// the thread it was forked from holds those with a seq below where it was copied, and so on
+/// up, and every other fork of those threads holds those it copied too. An erasure does not go
+/// up the lineage (the parent is another thread, perhaps another user's, which the caller did
+/// not name): its receipt names them, and an erasure in the topmost reaches the rest.
+pub async fn held_elsewhere(
+    store: &Store,
+    tenant: &TenantId,
+    thread_key: &ThreadKey,
+    seqs: &[i64],
+) -> Result<HeldElsewhere, StoreError> {
+    let mut seen: HashSet<ThreadKey> = HashSet::from([thread_key.clone()]);
+    // Up: each ancestor holds what lies below where its child copied.
+    let mut holders: Vec<(ThreadId, ThreadKey, Vec<i64>)> = Vec::new();
+    let (mut current, mut pending) = (thread_key.clone(), seqs.to_vec());
+    while let Some(parent) = store.copied_from(tenant, &current).await? {
+        pending.retain(|&seq| seq < parent.below_seq);
+        if pending.is_empty() || !seen.insert(parent.thread_key.clone()) {
+            break;
+        }
+        holders.push((parent.thread_id, parent.thread_key.clone(), pending.clone()));
+        current = parent.thread_key;
+    }
+    // Then across: their other forks, and the forks of those, by what each copied. The
+    // thread itself is seen, so its own forks are not walked.
+    let (mut walked, mut cut) = (0, false);
+    while walked < holders.len() {
+        let (_, key, seqs) = holders[walked].clone();
+        walked += 1;
+        for fork in store.forks_of(tenant, &key).await? {
+            if seen.contains(&fork.thread_key) {
+                continue;
+            }
+            let taken: Vec<i64> = seqs.iter().copied().filter(|&s| s < fork.at_seq).collect();
+            if !taken.is_empty() {
+                seen.insert(fork.thread_key.clone());
+                holders.push((fork.thread_id, fork.thread_key, taken));
+            }
+        }
+        if holders.len() > MAX_HOLDERS_NAMED * 2 {
+            cut = walked < holders.len();
+            break;
+        }
+    }
+    let mut held = HeldElsewhere {
+        thread_ids: Vec::new(),
+        truncated: cut,
+    };
+    for (thread_id, key, seqs) in holders {
+        // A copy erased there already (by an erasure of its own) holds nothing.
+        if store.all_erased(&key, &seqs).await? {
+            continue;
+        }
+        if held.thread_ids.len() == MAX_HOLDERS_NAMED {
+            held.truncated = true;
+            break;
+        }
+        held.thread_ids.push(thread_id);
+    }
+    Ok(held)
+}
+
 /// Applies the snips among `appended` (entries just stored in the tenant's thread, or found
 /// stored by a retry) to what is derived from the thread before the append is answered: the
 /// lines of the messages they name go, the lines that may quote them become stand-ins built

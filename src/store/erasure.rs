@@ -50,6 +50,15 @@ pub struct ErasureArtifacts {
     pub jobs_fenced: u64,
     /// Cached normalized contexts (incremental checkpoints) dropped.
     pub cached_contexts: u64,
+    /// The tenant's other threads that still held copies of the erased entries when it was
+    /// answered ([`crate::jobs::erasure::held_elsewhere`]): kept with the counts (the receipt's
+    /// one JSON column). `None` in receipts from before it was recorded, and in those of the
+    /// erasures made in forks and by trims.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub still_held_by: Option<Vec<String>>,
+    /// Whether more threads held copies than `still_held_by` names.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub still_held_by_truncated: bool,
 }
 
 /// A stored erasure: its receipt.
@@ -327,6 +336,23 @@ impl Store {
                 tokio::time::sleep(SCRUB_RETRY).await;
             }
         }
+    }
+
+    /// Rewrites the counts of the erasure `erasure_id`'s receipt as `artifacts` (once it knows
+    /// which threads still hold copies).
+    pub async fn record_artifacts(
+        &self,
+        erasure_id: &str,
+        artifacts: &ErasureArtifacts,
+    ) -> Result<(), StoreError> {
+        let artifacts =
+            serde_json::to_string(artifacts).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        sqlx::query("UPDATE erasures SET artifacts = $1 WHERE erasure_id = $2")
+            .bind(artifacts)
+            .bind(erasure_id)
+            .execute(&self.writer)
+            .await?;
+        Ok(())
     }
 
     /// Records that the erasures' text is out of the database files.

@@ -17,6 +17,8 @@ pub struct EventsHead {
     pub thread_key: ThreadKey,
     pub next_seq: i64,
     pub last_event: i64,
+    /// The thread's redaction epoch: an erasure, a trim or a snip's redaction moves it.
+    pub redaction_epoch: i64,
 }
 
 /// An event of a thread that is not one of its entries.
@@ -57,15 +59,16 @@ pub(super) async fn record_event(
 }
 
 impl Store {
-    /// Where the tenant's thread is now, in one statement: its key, its next seq and its last
-    /// event's number (0 without any).
+    /// Where the tenant's thread is now, in one statement: its key, its next seq, its last
+    /// event's number (0 without any) and its redaction epoch.
     pub async fn events_head(
         &self,
         tenant: &TenantId,
         thread_id: &ThreadId,
     ) -> Result<EventsHead, StoreError> {
         let row = sqlx::query(
-            "SELECT t.thread_key, t.next_seq, (SELECT MAX(e.event_seq) FROM thread_events e \
+            "SELECT t.thread_key, t.next_seq, t.redaction_epoch, (SELECT MAX(e.event_seq) \
+             FROM thread_events e \
              WHERE e.thread_key = t.thread_key) AS last_event FROM threads t \
              WHERE t.tenant_id = $1 AND t.thread_id = $2",
         )
@@ -78,6 +81,7 @@ impl Store {
             thread_key: ThreadKey::from_stored(row.try_get::<String, _>("thread_key")?),
             next_seq: row.try_get("next_seq")?,
             last_event: row.try_get::<Option<i64>, _>("last_event")?.unwrap_or(0),
+            redaction_epoch: row.try_get("redaction_epoch")?,
         })
     }
 

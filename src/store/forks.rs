@@ -6,7 +6,9 @@
 //! The copy is the fork's own: appends, snips, erasures and compactions in the parent do not
 //! reach it, and deleting the parent does not break it. One thing does reach it: an erasure in
 //! the parent erases the same entries in every fork that copied them
-//! (`crate::jobs::erasure::erase_everywhere`). The parent's row is held while the copy is made
+//! (`crate::jobs::erasure::erase_in_forks`). Not the other way: an erasure in a fork leaves the
+//! parent's entries and its other forks' copies as they are, and its receipt names them
+//! (`crate::jobs::erasure::held_elsewhere`). The parent's row is held while the copy is made
 //! (PostgreSQL: `FOR UPDATE`; SQLite: the write lock, taken by the transaction's first write), so
 //! an erasure of the parent commits either before the copy, which then holds tombstones, or after
 //! the fork's commit, and then finds the fork.
@@ -36,6 +38,15 @@ pub struct ForkOf {
     pub thread_key: ThreadKey,
     /// The fork holds the parent's entries with `seq < at_seq`.
     pub at_seq: i64,
+}
+
+/// Where a fork's copied entries came from: the thread, and below which seq.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CopiedFrom {
+    pub thread_id: ThreadId,
+    pub thread_key: ThreadKey,
+    /// The fork's entries with `seq < below_seq` are copies of that thread's.
+    pub below_seq: i64,
 }
 
 /// Tree levels a fork looks at: a level's nodes cover `2^level` entries, and a thread has
@@ -259,6 +270,33 @@ impl Store {
                 })
             })
             .collect()
+    }
+
+    /// The thread the tenant's thread `thread_key` copied its first entries from (its parent,
+    /// or the parent of a deleted one: migration 0023), while that thread lives; `None` for a
+    /// thread that is no fork.
+    pub async fn copied_from(
+        &self,
+        tenant: &TenantId,
+        thread_key: &ThreadKey,
+    ) -> Result<Option<CopiedFrom>, StoreError> {
+        let row = sqlx::query(
+            "SELECT p.thread_id, p.thread_key, c.copied_below_seq FROM threads c \
+             JOIN threads p ON p.thread_key = c.forked_from_key AND p.tenant_id = c.tenant_id \
+             WHERE c.thread_key = $1 AND c.tenant_id = $2",
+        )
+        .bind(thread_key.as_str())
+        .bind(&tenant.0)
+        .fetch_optional(&self.writer)
+        .await?;
+        row.map(|row| {
+            Ok(CopiedFrom {
+                thread_id: ThreadId::new(row.try_get::<String, _>("thread_id")?),
+                thread_key: ThreadKey::from_stored(row.try_get("thread_key")?),
+                below_seq: row.try_get("copied_below_seq")?,
+            })
+        })
+        .transpose()
     }
 
     /// Whether each of `seqs` in the thread `thread_key` is already erased (a tombstone).

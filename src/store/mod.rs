@@ -70,7 +70,7 @@ pub use erasure::{
     MAX_ERASED_ENTRIES,
 };
 pub use events::{EventsHead, ThreadEvent};
-pub use forks::{ForkOf, NewFork};
+pub use forks::{CopiedFrom, ForkOf, NewFork};
 pub use ids::{Seq, ThreadId, ThreadKey};
 pub use jobs::{
     ClaimedJob, CompactionWrite, EnqueueOutcome, Job, JobState, NewJob, ThreadJobs, NOTIFY_CHANNEL,

@@ -20,6 +20,7 @@ on_both_backends!(
     a_thread_recreated_under_its_id_is_another_stream,
     a_tenant_holds_a_bounded_number_of_streams,
     outline_moves_and_expiry_are_streamed,
+    what_a_stream_read_ahead_is_not_sent_after_an_erasure_or_delete_answered,
 );
 
 /// On PostgreSQL another process's write reaches this one's followers through `NOTIFY`, not
@@ -464,5 +465,99 @@ async fn outline_moves_and_expiry_are_streamed(app: TestApp) {
     // The `expired` event is the delete's own (webhooks deliver it as `thread.expired`); the
     // stream, which reads the thread's events from the thread, sees it gone.
     assert_eq!(tail, ["deleted"]);
+    app.finish().await;
+}
+
+/// Whether any event of `events` holds one of `texts`.
+fn holding<'a>(events: &[Received], texts: &[&'a str]) -> Vec<&'a str> {
+    texts
+        .iter()
+        .copied()
+        .filter(|text| events.iter().any(|e| e.data.to_string().contains(text)))
+        .collect()
+}
+
+/// Issue 53, finding 8: a stream reads a page of entries ahead of what its client has taken. An
+/// erasure (or a delete) answered meanwhile must keep what it removed out of everything the
+/// stream sends after the answer: the entries read ahead are read again, as tombstones.
+async fn what_a_stream_read_ahead_is_not_sent_after_an_erasure_or_delete_answered(app: TestApp) {
+    app.thread("t").await;
+    let secrets: Vec<String> = (0..13).map(|i| format!("secret number {i}.")).collect();
+    let first: Vec<Value> = (0..8)
+        .map(|i| user(&format!("u{i}"), &secrets[i]))
+        .collect();
+    app.append("t", first).await;
+    let mut stream = open(&app.router, "/v1/threads/t/events?after_seq=-1", None).await;
+    // The client takes one event: the stream has read the other seven with it, one page.
+    assert_eq!(shape(&stream.take(1).await), ["entry 0"]);
+
+    // An erasure through this process, answered before the client reads on.
+    let erased = app
+        .post("/v1/threads/t/erasures", json!({"seqs": [2, 5]}))
+        .await;
+    assert_eq!(erased.status, StatusCode::CREATED, "{}", erased.body);
+    let rest = stream.take(8).await;
+    assert_eq!(
+        shape(&rest),
+        [
+            "entry 1",
+            "entry 2",
+            "entry 3",
+            "entry 4",
+            "entry 5",
+            "entry 6",
+            "entry 7",
+            "erasure 7.1"
+        ]
+    );
+    let leaked = holding(&rest, &[&secrets[2], &secrets[5]]);
+    assert!(
+        leaked.is_empty(),
+        "sent after the erasure's answer: {leaked:?}"
+    );
+    for tombstone in [&rest[1], &rest[4]] {
+        assert_eq!(
+            tombstone.data["erased"]["erasure_id"], erased.body["erasure_id"],
+            "{tombstone:?}"
+        );
+    }
+    assert_eq!(holding(&rest, &[&secrets[3]]), [&secrets[3]]);
+
+    // An erasure through another process (a second store on the same database): no signal
+    // reaches this one on SQLite, and a `NOTIFY` may be lost; the stream checks what it holds
+    // at least every 3 seconds, whatever it hears.
+    let more: Vec<Value> = (8..11)
+        .map(|i| user(&format!("u{i}"), &secrets[i]))
+        .collect();
+    app.append("t", more).await;
+    assert_eq!(shape(&stream.take(1).await), ["entry 8"]);
+    let other = app.restarted_router().await;
+    let erased_elsewhere = crate::common::send_to(
+        &other,
+        Request::post("/v1/threads/t/erasures")
+            .header("content-type", "application/json")
+            .body(Body::from(json!({"seqs": [9]}).to_string()))
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(erased_elsewhere.status, StatusCode::CREATED);
+    tokio::time::sleep(Duration::from_millis(3_500)).await;
+    let rest = stream.take(3).await;
+    assert_eq!(shape(&rest), ["entry 9", "entry 10", "erasure 10.2"]);
+    assert!(holding(&rest, &[&secrets[9]]).is_empty(), "{rest:?}");
+
+    // A delete answered while the stream holds entries read ahead: it says so, and sends none.
+    let last: Vec<Value> = (11..13)
+        .map(|i| user(&format!("u{i}"), &secrets[i]))
+        .collect();
+    app.append("t", last).await;
+    assert_eq!(shape(&stream.take(1).await), ["entry 11"]);
+    assert_eq!(
+        app.delete("/v1/threads/t").await.status,
+        StatusCode::NO_CONTENT
+    );
+    let end = stream.next().await.expect("the deletion, before the end");
+    assert_eq!(end.event, "deleted", "{end:?}");
+    assert_eq!(stream.next().await, None);
     app.finish().await;
 }

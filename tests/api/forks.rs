@@ -22,6 +22,7 @@ on_both_backends!(
     bad_forks_are_refused,
     an_erasure_reaches_the_forks_of_a_deleted_fork,
     a_long_fork_is_copied_whole_in_chunks,
+    a_receipt_names_the_threads_that_still_hold_the_erased_text,
 );
 
 async fn fork(app: &TestApp, parent: &str, body: Value) -> crate::common::TestResponse {
@@ -517,4 +518,80 @@ async fn searched_through(app: &TestApp, thread: &str, q: &str) -> crate::common
         }
     }
     panic!("the index of {thread} never caught up");
+}
+
+/// The threads a receipt says still hold copies of what it erased.
+fn still_held_by(receipt: &Value) -> Vec<&str> {
+    receipt["still_held_by"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no still_held_by: {receipt}"))
+        .iter()
+        .map(|id| id.as_str().unwrap())
+        .collect()
+}
+
+/// Issue 53, finding 11: an erasure reaches the forks below the thread it is made in, not its
+/// parent nor the parent's other forks. Its receipt names those that still hold the text (at
+/// its answer, and when listed later), so the caller can erase there too; one made in the root
+/// reaches every fork that took the entries, as before, and names none.
+async fn a_receipt_names_the_threads_that_still_hold_the_erased_text(app: TestApp) {
+    app.thread("p").await;
+    let secrets: Vec<String> = (0..4).map(|i| format!("lineage secret {i}.")).collect();
+    let planted: Vec<Value> = (0..4)
+        .map(|i| user(&format!("m{i}"), &secrets[i]))
+        .collect();
+    app.append("p", planted).await;
+    // p ─┬─ a ── a2
+    //    ├─ b
+    //    └─ c (cut before seq 2)
+    for (parent, body) in [
+        ("p", json!({"id": "a"})),
+        ("p", json!({"id": "b"})),
+        ("p", json!({"id": "c", "at_seq": 2})),
+        ("a", json!({"id": "a2"})),
+    ] {
+        let made = fork(&app, parent, body).await;
+        assert_eq!(made.status, StatusCode::CREATED, "{}", made.body);
+    }
+
+    // In a sibling: the parent and the other branch still hold it (c took no seq 2).
+    let in_b = app
+        .post("/v1/threads/b/erasures", json!({"seqs": [2]}))
+        .await;
+    assert_eq!(in_b.status, StatusCode::CREATED, "{}", in_b.body);
+    assert_eq!(still_held_by(&in_b.body), ["p", "a", "a2"]);
+    assert!(in_b.body.get("forks").is_none(), "{}", in_b.body);
+
+    // In a fork of a fork: its parent, its grandparent; b has erased its copy already.
+    let in_a2 = app
+        .post("/v1/threads/a2/erasures", json!({"seqs": [2]}))
+        .await;
+    assert_eq!(in_a2.status, StatusCode::CREATED, "{}", in_a2.body);
+    assert_eq!(still_held_by(&in_a2.body), ["a", "p"]);
+    // The stored receipt says the same.
+    let listed = app.get("/v1/threads/a2/erasures").await;
+    assert_eq!(listed.status, StatusCode::OK, "{}", listed.body);
+    assert_eq!(still_held_by(&listed.body["erasures"][0]), ["a", "p"]);
+
+    // In the root: every fork that still held it is reached (a; a2 and b were erased), and no
+    // copy is left anywhere.
+    let in_p = app
+        .post("/v1/threads/p/erasures", json!({"seqs": [2]}))
+        .await;
+    assert_eq!(in_p.status, StatusCode::CREATED, "{}", in_p.body);
+    let reached: Vec<&str> = in_p.body["forks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["thread_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(reached, ["a"], "{}", in_p.body);
+    assert_eq!(still_held_by(&in_p.body), Vec::<&str>::new());
+    for thread in ["p", "a", "a2", "b", "c"] {
+        let all = entries(&app, thread).await;
+        let text = Value::from(all).to_string();
+        assert!(!text.contains(&secrets[2]), "{thread} holds it");
+        assert!(text.contains(&secrets[1]), "{thread} lost another entry");
+    }
+    app.finish().await;
 }
