@@ -227,7 +227,11 @@ impl reqwest::dns::Resolve for PolicyResolver {
                     .filter(|address| allow_private || is_public(address.ip()))
                     .collect(),
                 Err(error) => {
-                    tracing::info!(name = name.as_str(), %error, "a webhook endpoint's name does not resolve");
+                    tracing::info!(
+                        name = name.as_str(),
+                        %error,
+                        "a webhook endpoint's name does not resolve"
+                    );
                     return Err(Box::new(AddressRefused) as _);
                 }
             };

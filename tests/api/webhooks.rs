@@ -945,22 +945,22 @@ async fn ended_deliveries_are_bounded_per_endpoint(app: TestApp) {
     };
     let ended = "'delivered', 'failed'";
     assert_eq!(count(hooks[0].clone(), ended).await, cap + extra);
-    let week_ago = now_ms() - 7 * 24 * 3_600 * 1_000;
-    app.store.prune_deliveries(week_ago).await.unwrap();
-    assert_eq!(count(hooks[0].clone(), ended).await, cap);
-    assert_eq!(count(hooks[0].clone(), "'pending'").await, 20);
-    assert_eq!(count(hooks[1].clone(), ended).await, 30);
-    // The oldest went: every one kept is newer than every unsent one inserted before it.
-    let oldest_kept: i64 = sqlx::query_scalar(
-        "SELECT MIN(delivery_id) FROM webhook_deliveries WHERE endpoint_id = $1 \
-         AND state IN ('delivered', 'failed')",
+    let first_inserted: i64 = sqlx::query_scalar(
+        "SELECT MIN(delivery_id) FROM webhook_deliveries WHERE endpoint_id = $1",
     )
     .bind(&hooks[0])
     .fetch_one(&pool)
     .await
     .unwrap();
-    let first_inserted: i64 = sqlx::query_scalar(
-        "SELECT MIN(delivery_id) FROM webhook_deliveries WHERE endpoint_id = $1",
+    let week_ago = now_ms() - 7 * 24 * 3_600 * 1_000;
+    app.store.prune_deliveries(week_ago).await.unwrap();
+    assert_eq!(count(hooks[0].clone(), ended).await, cap);
+    assert_eq!(count(hooks[0].clone(), "'pending'").await, 20);
+    assert_eq!(count(hooks[1].clone(), ended).await, 30);
+    // The oldest went, and only they.
+    let oldest_kept: i64 = sqlx::query_scalar(
+        "SELECT MIN(delivery_id) FROM webhook_deliveries WHERE endpoint_id = $1 \
+         AND state IN ('delivered', 'failed')",
     )
     .bind(&hooks[0])
     .fetch_one(&pool)
