@@ -9,10 +9,14 @@
 //! ([`StoreError::EntryLargerThanRoom`]): the read takes room for it first, then reads it.
 
 use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 
-use axum::body::Body;
+use axum::body::{Body, Bytes, HttpBody};
 use axum::http::header;
 use axum::response::Response;
+use hyper::body::Frame;
 
 use super::guard::{send_deadline, AnswerRoom, Guards, Holding};
 use super::AppState;
@@ -70,5 +74,59 @@ pub fn hold_until_sent(state: &AppState, answer: Response, room: Option<AnswerRo
     }
     let bytes = length.unwrap_or(room.kib() as u64 * 1024);
     let deadline = send_deadline(state.limits.write_timeout, bytes);
-    answer.map(|body| Body::new(Holding::until(body, room, deadline)))
+    let room = Arc::new(room);
+    answer.map(|body| {
+        let held = Body::new(HeldByFrames {
+            body,
+            room: room.clone(),
+        });
+        Body::new(Holding::until(held, room, deadline))
+    })
+}
+
+/// A body whose every piece holds `room` until the connection has written it and let it go:
+/// hyper takes an answer's pieces long before it writes them (a whole JSON answer is one piece,
+/// taken at once), and the room must last as long as the bytes do.
+struct HeldByFrames {
+    body: Body,
+    room: Arc<AnswerRoom>,
+}
+
+/// A piece of an answer and the room it holds.
+struct HeldBytes {
+    bytes: Bytes,
+    _room: Arc<AnswerRoom>,
+}
+
+impl AsRef<[u8]> for HeldBytes {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+impl HttpBody for HeldByFrames {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let room = self.room.clone();
+        Pin::new(&mut self.body).poll_frame(cx).map(|frame| {
+            frame.map(|frame| {
+                frame.map(|frame| {
+                    frame.map_data(|bytes| Bytes::from_owner(HeldBytes { bytes, _room: room }))
+                })
+            })
+        })
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
+    }
 }

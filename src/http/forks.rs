@@ -48,7 +48,9 @@ pub struct ForkThreadRequest {
 /// parent's alone. Later changes to the parent do not reach the fork, with one exception: an
 /// erasure in the parent erases the same entries in every fork that took them (its receipt
 /// names them). A snip is an edit of one thread's history: a fork made before it keeps what it
-/// hid; erase to forget everywhere. Deleting the parent leaves the fork whole.
+/// hid; erase to forget everywhere. Deleting the parent leaves the fork whole. The fork takes
+/// the parent's own retention policy, if it has one (else it follows the tenant's, as every
+/// thread), and its retention clock starts at the fork. An expired parent is 404.
 #[utoipa::path(
     post, path = "/v1/threads/{thread_id}/fork", tag = "threads", operation_id = "forkThread",
     params(ThreadPath),

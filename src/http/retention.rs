@@ -82,7 +82,8 @@ pub struct ThreadRetentionResponse {
     /// The policy that applies.
     pub effective: RetentionBody,
     /// When the thread expires as it stands (an append moves an idle limit on); `null` for
-    /// never. An expired thread is no longer listed and is deleted by the next sweep.
+    /// never. An expired thread is gone at once, as a deleted one (404 to every request by its
+    /// id), and its rows are deleted by the next sweep.
     pub expires_at: Option<DateTime<Utc>>,
     /// The consistency token of a change to the thread's policy (also the `Loupe-LSN` header).
     /// Present only on a change, where the service reads from standbys.
@@ -148,10 +149,12 @@ pub async fn get_tenant_retention(
 
 /// Set the tenant's retention policy.
 ///
-/// Threads it expires leave `GET /v1/threads` at once, and are deleted whole (as
-/// `DELETE /v1/threads/{id}` deletes) by the retention job, which runs every minute and reports
-/// each as a `thread.expired` webhook event. A trimming policy erases what precedes the last
-/// compact boundary of every thread that changed since the last sweep (`thread.trimmed`).
+/// Threads it expires are gone at once, as deleted ones: they leave `GET /v1/threads` and
+/// search, and every request by their id (reads, appends, forks, event streams) is 404
+/// `not-found`. The retention job, which runs every minute, deletes them whole (as
+/// `DELETE /v1/threads/{id}` deletes) and reports each as a `thread.expired` webhook event. A
+/// trimming policy erases what precedes the last compact boundary of every thread that changed
+/// since the last sweep (`thread.trimmed`).
 #[utoipa::path(
     put, path = "/v1/retention", tag = "threads", operation_id = "putRetention",
     request_body = RetentionBody,
@@ -225,11 +228,11 @@ pub async fn put_thread_retention(
     ApiJson(body): ApiJson<RetentionBody>,
 ) -> Result<(Written, Json<ThreadRetentionResponse>), ApiError> {
     let policy = body.policy()?;
-    state
+    let retention = state
         .store
         .set_thread_retention(&tenant, &path.thread_id, Some(&policy))
         .await?;
-    answer_thread_retention(state, tenant, path).await
+    answer_thread_retention(state, tenant, path, retention).await
 }
 
 /// Make a thread follow its tenant's retention policy again.
@@ -247,25 +250,23 @@ pub async fn delete_thread_retention(
     Tenant(tenant): Tenant,
     ApiPath(path): ApiPath<ThreadPath>,
 ) -> Result<(Written, Json<ThreadRetentionResponse>), ApiError> {
-    state
+    let retention = state
         .store
         .set_thread_retention(&tenant, &path.thread_id, None)
         .await?;
-    answer_thread_retention(state, tenant, path).await
+    answer_thread_retention(state, tenant, path, retention).await
 }
 
-/// The answer to a change of a thread's policy: the retention it now has, with the change's
-/// token.
+/// The answer to a change of a thread's policy: the retention it now has (as the change set
+/// it: a policy that expires the thread answers with its `expires_at`, though the thread is
+/// gone from then on), with the change's token.
 async fn answer_thread_retention(
     state: AppState,
     tenant: crate::store::TenantId,
     path: ThreadPath,
+    retention: crate::store::ThreadRetention,
 ) -> Result<(Written, Json<ThreadRetentionResponse>), ApiError> {
     let written = Written::now(&state, &tenant, Some(&path.thread_id)).await;
-    let retention = state
-        .store
-        .thread_retention(&tenant, &path.thread_id)
-        .await?;
     let response = ThreadRetentionResponse {
         lsn: written.lsn(),
         ..retention.into()

@@ -320,15 +320,17 @@ impl Store {
         thread_id: &ThreadId,
     ) -> Result<ContextHead, StoreError> {
         // No settings row reads as NULLs, which are the defaults.
-        let row = sqlx::query(
+        let row = sqlx::query(&format!(
             "SELECT t.thread_key, t.next_seq, t.stored_bytes, t.redaction_epoch, t.context_anchored, \
              s.auto_compact_tokens, \
              s.microcompact, s.outline, s.clearing \
              FROM threads t LEFT JOIN thread_settings s ON s.thread_key = t.thread_key \
-             WHERE t.tenant_id = $1 AND t.thread_id = $2",
-        )
+             WHERE t.tenant_id = $1 AND t.thread_id = $2{}",
+            super::retention::unexpired("t.", "$3")
+        ))
         .bind(&tenant.0)
         .bind(thread_id.as_str())
+        .bind(super::now_millis())
         .fetch_optional(&self.pool)
         .await?
         .ok_or(StoreError::ThreadNotFound)?;

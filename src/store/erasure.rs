@@ -198,11 +198,15 @@ impl Store {
     ) -> Result<ErasureTx, StoreError> {
         let mut tx = self.writer.begin().await?;
         let now = now_millis();
-        let key: Option<String> = sqlx::query_scalar(
-            "UPDATE threads SET redaction_epoch = redaction_epoch + 1, updated_at = $3 \
+        // An expired thread is still reached (an erasure fans out to every fork that holds
+        // the entries, an expired one too, until the sweep deletes it), but not renewed.
+        let key: Option<String> = sqlx::query_scalar(&format!(
+            "UPDATE threads SET redaction_epoch = redaction_epoch + 1, \
+             updated_at = CASE WHEN {} THEN updated_at ELSE $3 END \
              WHERE tenant_id = $1 AND thread_id = $2 AND thread_key = $4 \
              AND redaction_epoch = $5 RETURNING thread_key",
-        )
+            super::retention::expired("threads.", "$3")
+        ))
         .bind(&tenant.0)
         .bind(thread_id.as_str())
         .bind(now)

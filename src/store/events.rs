@@ -66,14 +66,17 @@ impl Store {
         tenant: &TenantId,
         thread_id: &ThreadId,
     ) -> Result<EventsHead, StoreError> {
-        let row = sqlx::query(
+        // An expired thread is not found: a stream on it ends as on a deleted one.
+        let row = sqlx::query(&format!(
             "SELECT t.thread_key, t.next_seq, t.redaction_epoch, (SELECT MAX(e.event_seq) \
              FROM thread_events e \
              WHERE e.thread_key = t.thread_key) AS last_event FROM threads t \
-             WHERE t.tenant_id = $1 AND t.thread_id = $2",
-        )
+             WHERE t.tenant_id = $1 AND t.thread_id = $2{}",
+            super::retention::unexpired("t.", "$3")
+        ))
         .bind(&tenant.0)
         .bind(thread_id.as_str())
+        .bind(super::now_millis())
         .fetch_optional(&self.pool)
         .await?
         .ok_or(StoreError::ThreadNotFound)?;

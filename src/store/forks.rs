@@ -153,6 +153,8 @@ impl Store {
             Backend::Sqlite => "",
         };
         let source = read_source(&mut tx, tenant, parent, fork.at_seq, lock).await?;
+        // The parent's policy as it is now (a copy made before may have read an older one).
+        let retention = source.retention;
         let source = match copied {
             None => {
                 copy_rows(Target::Conn(&mut tx), &source, thread_key, None).await?;
@@ -182,8 +184,9 @@ impl Store {
         sqlx::query(
             "INSERT INTO threads (thread_key, tenant_id, thread_id, metadata, next_seq, \
              visible_count, stored_bytes, search_seq, created_at, updated_at, forked_from_key, \
-             forked_from_id, forked_at_seq, copied_below_seq) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9, $10, $11, $5, $5)",
+             forked_from_id, forked_at_seq, copied_below_seq, retention_own, retention_idle_ms, \
+             retention_age_ms, retention_trim) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9, $10, $11, $5, $5, $12, $13, $14, $15)",
         )
         .bind(thread_key.as_str())
         .bind(&tenant.0)
@@ -196,6 +199,10 @@ impl Store {
         .bind(now)
         .bind(source.parent_key.as_str())
         .bind(parent.as_str())
+        .bind(retention.own)
+        .bind(retention.idle_ms)
+        .bind(retention.age_ms)
+        .bind(retention.trim)
         .execute(&mut *tx)
         .await?;
         sqlx::query(
@@ -338,6 +345,18 @@ struct Copied {
     /// Whether it takes the tree nodes inside the prefix.
     with_tree: bool,
     metadata: String,
+    /// The parent's own retention policy, which the fork takes.
+    retention: OwnRetention,
+}
+
+/// A thread's own retention policy as its row holds it (`retention_own` 0: none, it follows
+/// its tenant's).
+#[derive(Debug, Clone, Copy)]
+struct OwnRetention {
+    own: i64,
+    idle_ms: Option<i64>,
+    age_ms: Option<i64>,
+    trim: i64,
 }
 
 /// Attempts at a fork whose parent an erasure or snip changed during its copy (SQLite).
@@ -355,12 +374,16 @@ async fn read_source(
     at_seq: Option<i64>,
     lock: &str,
 ) -> Result<Copied, StoreError> {
+    // An expired parent is not found, as a deleted one.
     let row = sqlx::query(&format!(
-        "SELECT thread_key, metadata, next_seq, search_seq, redaction_epoch FROM threads \
-         WHERE tenant_id = $1 AND thread_id = $2{lock}"
+        "SELECT thread_key, metadata, next_seq, search_seq, redaction_epoch, retention_own, \
+         retention_idle_ms, retention_age_ms, retention_trim FROM threads \
+         WHERE tenant_id = $1 AND thread_id = $2{}{lock}",
+        super::retention::unexpired("threads.", "$3")
     ))
     .bind(&tenant.0)
     .bind(parent.as_str())
+    .bind(now_millis())
     .fetch_optional(&mut *conn)
     .await?
     .ok_or(StoreError::ThreadNotFound)?;
@@ -397,6 +420,12 @@ async fn read_source(
         searched,
         with_tree: !snipped_later,
         metadata: row.try_get("metadata")?,
+        retention: OwnRetention {
+            own: row.try_get("retention_own")?,
+            idle_ms: row.try_get("retention_idle_ms")?,
+            age_ms: row.try_get("retention_age_ms")?,
+            trim: row.try_get("retention_trim")?,
+        },
     })
 }
 

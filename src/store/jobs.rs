@@ -688,10 +688,12 @@ impl Store {
             .clone()
             .ok_or(StoreError::ThreadNotFound)?;
         let mut tx = self.writer.begin().await?;
-        let row = sqlx::query(
-            "UPDATE threads SET updated_at = $1 WHERE thread_key = $2 AND tenant_id = $3 \
+        // A thread that expired since the job began is gone: its compaction must not renew it.
+        let row = sqlx::query(&format!(
+            "UPDATE threads SET updated_at = $1 WHERE thread_key = $2 AND tenant_id = $3{} \
              RETURNING next_seq, visible_count, redaction_epoch, thread_id",
-        )
+            super::retention::unexpired("threads.", "$1")
+        ))
         .bind(now_ms)
         .bind(thread_key.as_str())
         .bind(&claimed.job.tenant_id)

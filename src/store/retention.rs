@@ -93,6 +93,12 @@ fn expired_condition(tenant: &RetentionPolicy, now_ms: i64, now: &str, prefix: &
     } else {
         by_tenant.join(" OR ")
     };
+    expired_by(now, prefix, &by_tenant)
+}
+
+/// The one expiry condition: a thread with a policy of its own expires by it, any other by
+/// `by_tenant` (its tenant's policy as SQL).
+fn expired_by(now: &str, prefix: &str, by_tenant: &str) -> String {
     format!(
         "(CASE WHEN {prefix}retention_own = 1 THEN \
          ({prefix}retention_idle_ms IS NOT NULL \
@@ -101,6 +107,26 @@ fn expired_condition(tenant: &RetentionPolicy, now_ms: i64, now: &str, prefix: &
          AND {prefix}created_at + {prefix}retention_age_ms <= CAST({now} AS BIGINT)) \
          ELSE {by_tenant} END)"
     )
+}
+
+/// ` AND NOT <expired>` for a statement that reaches one thread by its row (its `threads`
+/// columns named with `prefix`, an alias or `threads` and a dot), at `now` (a parameter): what
+/// every read and write of one thread adds, so an expired thread is not found, as a deleted one,
+/// before the sweep deletes it. The tenant's policy is read in the same statement, by its
+/// primary key (one index probe, no round trip; none at all for a thread with a policy of its
+/// own), so a policy just changed applies at once in every process.
+pub(crate) fn unexpired(prefix: &str, now: &str) -> String {
+    format!(" AND NOT {}", expired(prefix, now))
+}
+
+/// [`unexpired`]'s condition itself: the thread is expired at `now`.
+pub(crate) fn expired(prefix: &str, now: &str) -> String {
+    let by_tenant = format!(
+        "EXISTS (SELECT 1 FROM tenant_retention r WHERE r.tenant_id = {prefix}tenant_id \
+         AND ((r.idle_ms IS NOT NULL AND {prefix}updated_at + r.idle_ms <= CAST({now} AS BIGINT)) \
+         OR (r.age_ms IS NOT NULL AND {prefix}created_at + r.age_ms <= CAST({now} AS BIGINT))))"
+    );
+    expired_by(now, prefix, &by_tenant)
 }
 
 fn policy_from(idle: Option<i64>, age: Option<i64>, trim: i64) -> RetentionPolicy {
@@ -133,7 +159,7 @@ impl Store {
 
     /// ` AND NOT <expired>` on the threads aliased `alias` for a read across the tenant's
     /// threads (`thread_key` is `None`): what lists leave out, search leaves out too. Empty for
-    /// a read of one thread, which its id still reaches until the sweep.
+    /// a read of one thread, whose head was read through [`unexpired`] already.
     pub(super) async fn unexpired_condition(
         &self,
         tenant: &TenantId,
@@ -174,18 +200,21 @@ impl Store {
         Ok(())
     }
 
-    /// The thread's retention: its own policy, its tenant's, and its times.
+    /// The thread's retention: its own policy, its tenant's, and its times. An expired thread
+    /// is not found, as every read of one thread finds it.
     pub async fn thread_retention(
         &self,
         tenant: &TenantId,
         thread_id: &ThreadId,
     ) -> Result<ThreadRetention, StoreError> {
-        let row = sqlx::query(
+        let row = sqlx::query(&format!(
             "SELECT retention_own, retention_idle_ms, retention_age_ms, retention_trim, \
-             created_at, updated_at FROM threads WHERE tenant_id = $1 AND thread_id = $2",
-        )
+             created_at, updated_at FROM threads WHERE tenant_id = $1 AND thread_id = $2{}",
+            unexpired("threads.", "$3")
+        ))
         .bind(&tenant.0)
         .bind(thread_id.as_str())
+        .bind(super::now_millis())
         .fetch_optional(&self.pool)
         .await?
         .ok_or(StoreError::ThreadNotFound)?;
@@ -207,32 +236,38 @@ impl Store {
     }
 
     /// Sets the thread's own policy, or (`None`) makes it follow its tenant's. Its times do not
-    /// move: a policy change is not activity.
+    /// move: a policy change is not activity. An expired thread is not found: a new policy
+    /// cannot bring it back. Returns the thread's retention as set (expired already, if the
+    /// new policy says so: the change is made, and the thread is gone from then on).
     pub async fn set_thread_retention(
         &self,
         tenant: &TenantId,
         thread_id: &ThreadId,
         policy: Option<&RetentionPolicy>,
-    ) -> Result<(), StoreError> {
+    ) -> Result<ThreadRetention, StoreError> {
         let own = policy.copied().unwrap_or_default();
-        let updated = sqlx::query(
+        let times = sqlx::query(&format!(
             "UPDATE threads SET retention_own = $3, retention_idle_ms = $4, \
              retention_age_ms = $5, retention_trim = $6, retention_checked_at = 0 \
-             WHERE tenant_id = $1 AND thread_id = $2",
-        )
+             WHERE tenant_id = $1 AND thread_id = $2{} RETURNING created_at, updated_at",
+            unexpired("threads.", "$7")
+        ))
         .bind(&tenant.0)
         .bind(thread_id.as_str())
         .bind(i64::from(policy.is_some()))
         .bind(own.idle_ms)
         .bind(own.age_ms)
         .bind(i64::from(own.trim))
-        .execute(&self.writer)
+        .bind(super::now_millis())
+        .fetch_optional(&self.writer)
         .await?
-        .rows_affected();
-        if updated == 0 {
-            return Err(StoreError::ThreadNotFound);
-        }
-        Ok(())
+        .ok_or(StoreError::ThreadNotFound)?;
+        Ok(ThreadRetention {
+            own: policy.copied(),
+            tenant: self.tenant_retention(tenant).await?,
+            created_at: times.try_get("created_at")?,
+            updated_at: times.try_get("updated_at")?,
+        })
     }
 
     /// Up to `limit` threads expired at `now_ms`, of any tenant: those with a policy of their

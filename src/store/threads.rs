@@ -5,6 +5,7 @@ use serde_json::{Map, Value};
 use sqlx::any::AnyRow;
 use sqlx::Row;
 
+use super::retention::unexpired;
 use super::{millis_to_datetime, now_millis, Store, StoreError, TenantId, ThreadId, ThreadKey};
 
 /// A stored thread.
@@ -201,12 +202,34 @@ pub(super) fn check_metadata_text(members: &Map<String, Value>) -> Result<(), St
 }
 
 impl Store {
+    /// Creates a thread. An id still held by an expired thread the sweep has not reached is
+    /// free: that thread is expired now, as the sweep would (its `expired` event first).
     pub async fn create_thread(
         &self,
         tenant: &TenantId,
         new: NewThread,
     ) -> Result<Thread, StoreError> {
         check_metadata_text(&new.metadata)?;
+        let id = new.id.clone().unwrap_or_else(ThreadId::generate);
+        let new = NewThread {
+            id: Some(id.clone()),
+            ..new
+        };
+        match self.create_thread_once(tenant, new.clone()).await {
+            Err(StoreError::ThreadExists(_))
+                if self.expire_thread(tenant, &id, now_millis()).await? =>
+            {
+                self.create_thread_once(tenant, new).await
+            }
+            outcome => outcome,
+        }
+    }
+
+    async fn create_thread_once(
+        &self,
+        tenant: &TenantId,
+        new: NewThread,
+    ) -> Result<Thread, StoreError> {
         let id = new.id.unwrap_or_else(ThreadId::generate);
         let thread_key = ThreadKey::mint();
         let now = now_millis();
@@ -241,28 +264,33 @@ impl Store {
 
     pub async fn get_thread(&self, tenant: &TenantId, id: &ThreadId) -> Result<Thread, StoreError> {
         let row = sqlx::query(&format!(
-            "SELECT {THREAD_COLUMNS} FROM threads WHERE tenant_id = $1 AND thread_id = $2"
+            "SELECT {THREAD_COLUMNS} FROM threads WHERE tenant_id = $1 AND thread_id = $2{}",
+            unexpired("threads.", "$3")
         ))
         .bind(&tenant.0)
         .bind(id.as_str())
+        .bind(now_millis())
         .fetch_optional(&self.pool)
         .await?
         .ok_or(StoreError::ThreadNotFound)?;
         thread_from_row(&row)
     }
 
-    /// The head of a tenant's thread: one read by the `(tenant_id, thread_id)` key.
+    /// The head of a tenant's thread: one read by the `(tenant_id, thread_id)` key. An expired
+    /// thread is not found, as a deleted one, before the sweep deletes it.
     pub(crate) async fn thread_head(
         &self,
         tenant: &TenantId,
         thread_id: &ThreadId,
     ) -> Result<ThreadHead, StoreError> {
-        let row = sqlx::query(
+        let row = sqlx::query(&format!(
             "SELECT thread_key, next_seq, visible_count FROM threads \
-             WHERE tenant_id = $1 AND thread_id = $2",
-        )
+             WHERE tenant_id = $1 AND thread_id = $2{}",
+            unexpired("threads.", "$3")
+        ))
         .bind(&tenant.0)
         .bind(thread_id.as_str())
+        .bind(now_millis())
         .fetch_optional(&self.pool)
         .await?
         .ok_or(StoreError::ThreadNotFound)?;
@@ -481,12 +509,15 @@ impl Store {
         // A write that changes nothing first: it takes SQLite's write lock at once (a read first
         // would pin a snapshot that a racing write makes stale, and the update would then fail
         // as busy), and PostgreSQL's row lock.
+        // An expired thread is not found: a change would renew it.
         let row = sqlx::query(&format!(
-            "UPDATE threads SET updated_at = updated_at WHERE tenant_id = $1 AND thread_id = $2 \
-             RETURNING {THREAD_COLUMNS}"
+            "UPDATE threads SET updated_at = updated_at WHERE tenant_id = $1 AND thread_id = $2{} \
+             RETURNING {THREAD_COLUMNS}",
+            unexpired("threads.", "$3")
         ))
         .bind(&tenant.0)
         .bind(id.as_str())
+        .bind(now_millis())
         .fetch_optional(&mut *tx)
         .await?
         .ok_or(StoreError::ThreadNotFound)?;
@@ -663,12 +694,15 @@ impl Store {
         tenant: &TenantId,
         thread_id: &ThreadId,
     ) -> Result<ThreadKey, StoreError> {
-        let key: Option<String> = sqlx::query_scalar(
-            "UPDATE threads SET updated_at = updated_at WHERE tenant_id = $1 AND thread_id = $2 \
+        // An expired thread is not found: nothing is written under it.
+        let key: Option<String> = sqlx::query_scalar(&format!(
+            "UPDATE threads SET updated_at = updated_at WHERE tenant_id = $1 AND thread_id = $2{} \
              RETURNING thread_key",
-        )
+            unexpired("threads.", "$3")
+        ))
         .bind(&tenant.0)
         .bind(thread_id.as_str())
+        .bind(now_millis())
         .fetch_optional(&mut *conn)
         .await?;
         key.map(ThreadKey::from_stored)

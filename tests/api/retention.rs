@@ -17,6 +17,9 @@ on_both_backends!(
     expired_threads_leave_lists_at_once_and_the_sweep_deletes_them_whole,
     a_threads_own_policy_replaces_its_tenants,
     an_append_renews_an_idle_thread,
+    an_expired_thread_is_gone_from_every_read_before_the_sweep,
+    an_append_does_not_bring_an_expired_thread_back,
+    a_fork_takes_its_parents_own_policy_and_its_clock_starts_at_the_fork,
     the_sweep_works_in_batches,
     a_trim_keeps_only_what_follows_the_last_boundary,
     bad_policies_are_refused,
@@ -206,7 +209,11 @@ async fn expired_threads_leave_lists_at_once_and_the_sweep_deletes_them_whole(ap
         "{}",
         fresh.body
     );
-    let retention = app.get("/v1/threads/old/retention").await;
+    // Nor is it found by its id: expired is gone, as deleted (its retention too).
+    app.get("/v1/threads/old/retention")
+        .await
+        .assert_problem(StatusCode::NOT_FOUND, "not-found");
+    let retention = app.get("/v1/threads/fresh/retention").await;
     assert_eq!(retention.status, StatusCode::OK, "{}", retention.body);
     assert!(retention.body["own"].is_null());
     assert_eq!(
@@ -215,7 +222,7 @@ async fn expired_threads_leave_lists_at_once_and_the_sweep_deletes_them_whole(ap
     );
     let expires: chrono::DateTime<chrono::Utc> =
         serde_json::from_value(retention.body["expires_at"].clone()).unwrap();
-    assert!(expires < chrono::Utc::now());
+    assert!(expires > chrono::Utc::now());
 
     let results = sweep(&app).await;
     assert_eq!(results[0]["expired_threads"], 1, "{results:?}");
@@ -274,20 +281,6 @@ async fn a_threads_own_policy_replaces_its_tenants(app: TestApp) {
             .await;
         age(&app, thread, 2 * HOUR_MS).await;
     }
-    put(
-        &app,
-        "/v1/retention",
-        json!({"delete_after_idle_seconds": 3600}),
-    )
-    .await;
-    // Its own policy keeps it for ever, whatever the tenant's.
-    let kept = put(&app, "/v1/threads/kept/retention", json!({})).await;
-    assert_eq!(kept.status, StatusCode::OK, "{}", kept.body);
-    assert!(kept.body["expires_at"].is_null());
-    assert_eq!(
-        kept.body["own"],
-        json!({"delete_after_idle_seconds": null, "delete_after_seconds": null, "trim_before_last_boundary": false})
-    );
     // An absolute age shorter than the thread's.
     put(
         &app,
@@ -295,6 +288,22 @@ async fn a_threads_own_policy_replaces_its_tenants(app: TestApp) {
         json!({"delete_after_seconds": 60}),
     )
     .await;
+    // Its own policy keeps it for ever, whatever the tenant's (set before the tenant's policy
+    // expires it: an expired thread is gone, and a policy no longer reaches it).
+    let kept = put(&app, "/v1/threads/kept/retention", json!({})).await;
+    assert_eq!(kept.status, StatusCode::OK, "{}", kept.body);
+    assert!(kept.body["expires_at"].is_null());
+    assert_eq!(
+        kept.body["own"],
+        json!({"delete_after_idle_seconds": null, "delete_after_seconds": null, "trim_before_last_boundary": false})
+    );
+    put(
+        &app,
+        "/v1/retention",
+        json!({"delete_after_idle_seconds": 3600}),
+    )
+    .await;
+    assert!(app.get("/v1/threads/kept/retention").await.body["expires_at"].is_null());
     assert_eq!(listed(&app.get("/v1/threads").await.body), ["kept"]);
     assert_eq!(sweep(&app).await[0]["expired_threads"], 2);
     assert_eq!(listed(&app.get("/v1/threads").await.body), ["kept"]);
@@ -312,16 +321,26 @@ async fn a_threads_own_policy_replaces_its_tenants(app: TestApp) {
 
 async fn an_append_renews_an_idle_thread(app: TestApp) {
     app.post("/v1/threads", json!({"id": "t"})).await;
-    age(&app, "t", 2 * HOUR_MS).await;
+    // Idle for 50 minutes of its hour: not expired yet.
+    age(&app, "t", 50 * 60_000).await;
     put(
         &app,
         "/v1/retention",
         json!({"delete_after_idle_seconds": 3600}),
     )
     .await;
-    assert!(listed(&app.get("/v1/threads").await.body).is_empty());
-    // Expired, but renewed by an append before the sweep: it stays.
+    assert_eq!(listed(&app.get("/v1/threads").await.body), ["t"]);
+    let before = app.get("/v1/threads/t/retention").await.body["expires_at"].clone();
+    // Renewed by an append: its hour starts again.
     app.append("t", vec![user("u", "back again")]).await;
+    let after = app.get("/v1/threads/t/retention").await.body["expires_at"].clone();
+    let at = |value: Value| serde_json::from_value::<chrono::DateTime<chrono::Utc>>(value).unwrap();
+    assert!(
+        at(after.clone()) - at(before.clone()) >= chrono::Duration::minutes(49),
+        "{before} then {after}"
+    );
+    // Past the first hour, within the second: it stays.
+    age(&app, "t", 20 * 60_000).await;
     assert_eq!(listed(&app.get("/v1/threads").await.body), ["t"]);
     assert_eq!(sweep(&app).await[0]["expired_threads"], 0);
     assert_eq!(app.get("/v1/threads/t").await.status, StatusCode::OK);
@@ -336,6 +355,211 @@ async fn an_append_renews_an_idle_thread(app: TestApp) {
         )
         .await
         .unwrap());
+    app.finish().await;
+}
+
+/// Every route that reads (or writes under) one thread, as a method, a path under
+/// `/v1/threads/{id}` and a body.
+fn thread_routes() -> Vec<(Method, &'static str, Option<Value>)> {
+    vec![
+        (Method::GET, "", None),
+        (Method::PATCH, "", Some(json!({"metadata": {"k": "v"}}))),
+        (Method::GET, "/messages", None),
+        (Method::GET, "/context", None),
+        (Method::GET, "/context?view=outline", None),
+        (Method::GET, "/rounds", None),
+        (Method::GET, "/outline", None),
+        (Method::POST, "/zoom", Some(json!({"id": 0, "n": 1}))),
+        (Method::GET, "/ledger", None),
+        (Method::GET, "/economics", None),
+        (Method::GET, "/export", None),
+        (Method::GET, "/search?q=CANARY", None),
+        (Method::GET, "/cursors/reader/pending", None),
+        (Method::GET, "/cursors/reader", None),
+        (Method::GET, "/events", None),
+        (Method::GET, "/settings", None),
+        (
+            Method::PUT,
+            "/settings",
+            Some(json!({"auto_compact_tokens": 0})),
+        ),
+        (Method::GET, "/retention", None),
+        (Method::PUT, "/retention", Some(json!({}))),
+        (Method::GET, "/erasures", None),
+        (Method::POST, "/fork", Some(json!({"id": "copy"}))),
+    ]
+}
+
+/// An expired thread answers every read as a deleted one does, before any sweep: the policy,
+/// not the sweep, says it is gone.
+async fn an_expired_thread_is_gone_from_every_read_before_the_sweep(app: TestApp) {
+    const CANARY: &str = "CANARY";
+    app.post("/v1/threads", json!({"id": "gone"})).await;
+    app.append("gone", tool_rounds(CANARY, 0, 3, 4)).await;
+    app.append("gone", vec![user("said", &format!("remember {CANARY}"))])
+        .await;
+    let pending = app.get("/v1/threads/gone/cursors/reader/pending").await;
+    assert_eq!(pending.status, StatusCode::OK, "{}", pending.body);
+    // Live, every route answers (none of them is a 404 for another reason).
+    for (method, path, body) in thread_routes() {
+        if method != Method::GET {
+            continue;
+        }
+        let uri = format!("/v1/threads/gone{path}");
+        if path == "/events" {
+            continue;
+        }
+        let live = app.request(method.clone(), &uri, body).await;
+        assert_ne!(live.status, StatusCode::NOT_FOUND, "{uri}: {}", live.body);
+    }
+    age(&app, "gone", 2 * HOUR_MS).await;
+    put(
+        &app,
+        "/v1/retention",
+        json!({"delete_after_idle_seconds": 3600}),
+    )
+    .await;
+
+    // Exactly as for a thread that never was (or was deleted): the same status and problem.
+    let mut served = Vec::new();
+    for (method, path, body) in thread_routes() {
+        let never = app
+            .request(
+                method.clone(),
+                &format!("/v1/threads/never{path}"),
+                body.clone(),
+            )
+            .await;
+        never.assert_problem(StatusCode::NOT_FOUND, "not-found");
+        let uri = format!("/v1/threads/gone{path}");
+        let expired = app.request(method.clone(), &uri, body).await;
+        let shape = |r: &crate::common::TestResponse| {
+            (r.status, r.body["type"].clone(), r.body["title"].clone())
+        };
+        if shape(&expired) != shape(&never) {
+            served.push(format!("{method} {uri}: {}", expired.status));
+        }
+    }
+    assert!(served.is_empty(), "an expired thread served {served:#?}");
+    // Nothing was forked, and nothing was written under it: the sweep finds it as it was.
+    app.get("/v1/threads/copy")
+        .await
+        .assert_problem(StatusCode::NOT_FOUND, "not-found");
+    assert_eq!(sweep(&app).await[0]["expired_threads"], 1);
+    app.finish().await;
+}
+
+/// An append to an expired thread is refused as for a deleted one: it neither renews the
+/// thread nor adds to what it held, and the sweep deletes it.
+async fn an_append_does_not_bring_an_expired_thread_back(app: TestApp) {
+    app.post("/v1/threads", json!({"id": "t"})).await;
+    app.append("t", vec![user("u0", "before")]).await;
+    // Its own policy, and its tenant's: either expires it.
+    put(
+        &app,
+        "/v1/threads/t/retention",
+        json!({"delete_after_seconds": 3600}),
+    )
+    .await;
+    age(&app, "t", 2 * HOUR_MS).await;
+    let pool = connect(&app).await;
+    let times = || async {
+        sqlx::query_as::<_, (i64, i64)>(
+            "SELECT updated_at, next_seq FROM threads WHERE thread_id = 't'",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+    };
+    let before = times().await;
+    for _ in 0..2 {
+        let append = app
+            .post(
+                "/v1/threads/t/messages",
+                json!({"messages": [user("u1", "after")]}),
+            )
+            .await;
+        append.assert_problem(StatusCode::NOT_FOUND, "not-found");
+    }
+    let compare = app
+        .post(
+            "/v1/threads/t/messages",
+            json!({"messages": [user("u2", "after")], "expected_next_seq": 1}),
+        )
+        .await;
+    compare.assert_problem(StatusCode::NOT_FOUND, "not-found");
+    // Not renewed, nothing added.
+    assert_eq!(times().await, before);
+    pool.close().await;
+    assert!(listed(&app.get("/v1/threads").await.body).is_empty());
+    // Gone, before any sweep: its id is free for a new thread, which holds none of the old one
+    // (the old one is expired then, as the sweep would).
+    let created = app.post("/v1/threads", json!({"id": "t"})).await;
+    assert_eq!(created.status, StatusCode::CREATED, "{}", created.body);
+    let messages = app.get("/v1/threads/t/messages").await;
+    assert_eq!(messages.body["messages"], json!([]), "{}", messages.body);
+    app.append("t", vec![user("u1", "a new thread")]).await;
+    assert_eq!(sweep(&app).await[0]["expired_threads"], 0);
+    assert_eq!(listed(&app.get("/v1/threads").await.body), ["t"]);
+    app.finish().await;
+}
+
+/// A fork takes its parent's own policy (none: it follows the tenant's, as every thread), and
+/// its times start at the fork; a fork of an expired thread is not made.
+async fn a_fork_takes_its_parents_own_policy_and_its_clock_starts_at_the_fork(app: TestApp) {
+    for thread in ["own", "follows"] {
+        app.post("/v1/threads", json!({"id": thread})).await;
+        app.append(thread, vec![user(&format!("{thread}-0"), "hello")])
+            .await;
+    }
+    let own = json!({"delete_after_idle_seconds": 7200, "delete_after_seconds": null, "trim_before_last_boundary": true});
+    put(&app, "/v1/threads/own/retention", own.clone()).await;
+    put(&app, "/v1/retention", json!({"delete_after_seconds": 5400})).await;
+    // Both parents are 80 minutes old: within either policy.
+    age(&app, "own", 80 * 60_000).await;
+    age(&app, "follows", 80 * 60_000).await;
+    for parent in ["own", "follows"] {
+        let fork = app
+            .post(
+                &format!("/v1/threads/{parent}/fork"),
+                json!({"id": format!("{parent}-fork")}),
+            )
+            .await;
+        assert_eq!(fork.status, StatusCode::CREATED, "{}", fork.body);
+    }
+    let fork = app.get("/v1/threads/own-fork/retention").await;
+    assert_eq!(fork.status, StatusCode::OK, "{}", fork.body);
+    assert_eq!(fork.body["own"], own, "{}", fork.body);
+    assert_eq!(fork.body["effective"], own, "{}", fork.body);
+    let follows = app.get("/v1/threads/follows-fork/retention").await;
+    assert!(follows.body["own"].is_null(), "{}", follows.body);
+    assert_eq!(follows.body["effective"]["delete_after_seconds"], 5400);
+    // Another 20 minutes: the parent that follows its tenant is past 90 minutes and expired;
+    // its fork, whose clock started at the fork, is not.
+    age(&app, "own", 20 * 60_000).await;
+    age(&app, "follows", 20 * 60_000).await;
+    age(&app, "own-fork", 20 * 60_000).await;
+    age(&app, "follows-fork", 20 * 60_000).await;
+    app.get("/v1/threads/follows")
+        .await
+        .assert_problem(StatusCode::NOT_FOUND, "not-found");
+    assert_eq!(
+        app.get("/v1/threads/follows-fork").await.status,
+        StatusCode::OK
+    );
+    // A fork of an expired thread is not made.
+    app.post("/v1/threads/follows/fork", json!({"id": "late"}))
+        .await
+        .assert_problem(StatusCode::NOT_FOUND, "not-found");
+    app.get("/v1/threads/late")
+        .await
+        .assert_problem(StatusCode::NOT_FOUND, "not-found");
+    // The copied policy expires the fork by its own idle time.
+    age(&app, "own-fork", 2 * HOUR_MS).await;
+    app.get("/v1/threads/own-fork/messages")
+        .await
+        .assert_problem(StatusCode::NOT_FOUND, "not-found");
+    assert_eq!(app.get("/v1/threads/own").await.status, StatusCode::OK);
     app.finish().await;
 }
 

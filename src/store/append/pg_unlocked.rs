@@ -151,7 +151,7 @@ pub(super) fn unlocked_write_sql(threads: usize, rows: usize) -> String {
          moved AS (UPDATE threads SET updated_at = {LATER_UPDATED_AT}, {} \
          FROM (VALUES {}) AS v LEFT JOIN thread_settings s ON s.thread_key = v.column1 \
          WHERE threads.thread_key = v.column1 AND {unmoved} \
-         AND threads.thread_key IN (SELECT thread_key FROM locked) \
+         AND threads.thread_key IN (SELECT thread_key FROM locked){unexpired} \
          AND s.auto_compact_tokens IS NOT DISTINCT FROM v.column{settings} \
          AND s.outline IS NOT DISTINCT FROM v.column{outline} \
          AND s.clearing IS NOT DISTINCT FROM v.column{clearing} \
@@ -168,6 +168,12 @@ pub(super) fn unlocked_write_sql(threads: usize, rows: usize) -> String {
         threads * THREAD_WIDTH + rows * INSERT_WIDTH + 1,
         outline = settings + 1,
         clearing = settings + 2,
+        // Bound after the count: a cached thread that expired since is not moved, and the
+        // locked group then finds it gone.
+        unexpired = crate::store::retention::unexpired(
+            "threads.",
+            &format!("${}", threads * THREAD_WIDTH + rows * INSERT_WIDTH + 2)
+        ),
     )
 }
 
@@ -241,7 +247,9 @@ impl Store {
                 .bind(columns.outline.clone())
                 .bind(columns.clearing.clone());
         }
-        let query = bind_rows(query, &rows).bind(moved.len() as i64);
+        let query = bind_rows(query, &rows)
+            .bind(moved.len() as i64)
+            .bind(crate::store::now_millis().to_string());
         match query.execute(&mut *conn).await {
             Ok(_) => {
                 cache.keep(&threads);

@@ -56,7 +56,8 @@ const MAX_JOINED_UUIDS: usize = 1_000;
 
 /// The statement that reads a group's threads and named uuids, and what it binds: each thread's
 /// (tenant, thread id), in `keys` order, then `uuids` (empty when they are too many to join,
-/// `joined` false: they are looked up in chunks after it).
+/// `joined` false: they are looked up in chunks after it), the time now (unix ms, as text) between
+/// them.
 pub(super) struct GroupRead<'g> {
     pub sql: String,
     /// The keys go as one JSON array of `{t, i}` objects (tenant, thread id), not bound pairs.
@@ -101,7 +102,10 @@ pub(super) fn read_group_sql(
             .join(" OR ");
         ("threads", terms)
     };
-    let first_uuid = if keys_json { 2 } else { 2 * keys.len() + 1 };
+    // The time the threads' expiry is judged at follows the keys, and the uuids follow it: on
+    // SQLite a `$n` is numbered by where it first appears, so the numbers go in text order.
+    let now_at = if keys_json { 2 } else { 2 * keys.len() + 1 };
+    let first_uuid = now_at + 1;
     // Only uuids the client named are looked up: a generated one is new.
     let named: Vec<((&str, &str), &str)> = group
         .iter()
@@ -125,6 +129,8 @@ pub(super) fn read_group_sql(
     if !joined {
         uuids.clear();
     }
+    // An expired thread is not found, as a deleted one, so an append cannot renew it.
+    let unexpired = crate::store::retention::unexpired("threads.", &format!("${now_at}"));
     let (materialized, lock) = match (backend, lock) {
         (Backend::Postgres, RowLock::ForUpdate) => ("MATERIALIZED", "FOR UPDATE OF threads"),
         _ => ("", ""),
@@ -141,7 +147,7 @@ pub(super) fn read_group_sql(
          SELECT threads.thread_key, threads.tenant_id, threads.thread_id, {counters}, \
          s.auto_compact_tokens, s.outline, s.clearing \
          FROM {from} LEFT JOIN thread_settings s ON s.thread_key = threads.thread_key \
-         WHERE {terms} ORDER BY threads.tenant_id, threads.thread_id {lock})"
+         WHERE ({terms}){unexpired} ORDER BY threads.tenant_id, threads.thread_id {lock})"
     );
     // A uuid is looked up in every thread of the group; a match in another thread than the one
     // it was named for is never asked for.
@@ -203,6 +209,7 @@ pub(super) async fn read_group<'g>(
             query = query.bind(tenant.to_string()).bind(thread_id.to_string());
         }
     }
+    query = query.bind(crate::store::now_millis().to_string());
     for uuid in &uuids {
         query = query.bind(uuid.to_string());
     }

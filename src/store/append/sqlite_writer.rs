@@ -249,11 +249,13 @@ fn read_group<'g>(
     defaults: AppendDefaults,
 ) -> Result<HashMap<(&'g str, &'g str), GroupThread>, StoreError> {
     let mut statement = conn.prepare_cached(&read.sql).map_err(failed)?;
-    let mut binds: Vec<&str> = Vec::with_capacity(read.keys.len() * 2 + read.uuids.len());
+    let mut binds: Vec<&str> = Vec::with_capacity(read.keys.len() * 2 + 1 + read.uuids.len());
     for (tenant, thread_id) in &read.keys {
         binds.push(tenant);
         binds.push(thread_id);
     }
+    let now = crate::store::now_millis().to_string();
+    binds.push(&now);
     binds.extend(read.uuids.iter().copied());
     let mut rows = statement
         .query(rusqlite::params_from_iter(binds))
