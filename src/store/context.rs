@@ -326,7 +326,7 @@ impl Store {
              s.microcompact, s.outline, s.clearing \
              FROM threads t LEFT JOIN thread_settings s ON s.thread_key = t.thread_key \
              WHERE t.tenant_id = $1 AND t.thread_id = $2{}",
-            super::retention::unexpired("t.", "$3")
+            super::expiry::unexpired("t.", "$3")
         ))
         .bind(&tenant.0)
         .bind(thread_id.as_str())

@@ -205,7 +205,7 @@ impl Store {
              updated_at = CASE WHEN {} THEN updated_at ELSE $3 END \
              WHERE tenant_id = $1 AND thread_id = $2 AND thread_key = $4 \
              AND redaction_epoch = $5 RETURNING thread_key",
-            super::retention::expired("threads.", "$3")
+            super::expiry::expired("threads.", "$3")
         ))
         .bind(&tenant.0)
         .bind(thread_id.as_str())

@@ -72,7 +72,7 @@ impl Store {
              FROM thread_events e \
              WHERE e.thread_key = t.thread_key) AS last_event FROM threads t \
              WHERE t.tenant_id = $1 AND t.thread_id = $2{}",
-            super::retention::unexpired("t.", "$3")
+            super::expiry::unexpired("t.", "$3")
         ))
         .bind(&tenant.0)
         .bind(thread_id.as_str())

@@ -379,7 +379,7 @@ async fn read_source(
         "SELECT thread_key, metadata, next_seq, search_seq, redaction_epoch, retention_own, \
          retention_idle_ms, retention_age_ms, retention_trim FROM threads \
          WHERE tenant_id = $1 AND thread_id = $2{}{lock}",
-        super::retention::unexpired("threads.", "$3")
+        super::expiry::unexpired("threads.", "$3")
     ))
     .bind(&tenant.0)
     .bind(parent.as_str())

@@ -692,7 +692,7 @@ impl Store {
         let row = sqlx::query(&format!(
             "UPDATE threads SET updated_at = $1 WHERE thread_key = $2 AND tenant_id = $3{} \
              RETURNING next_seq, visible_count, redaction_epoch, thread_id",
-            super::retention::unexpired("threads.", "$1")
+            super::expiry::unexpired("threads.", "$1")
         ))
         .bind(now_ms)
         .bind(thread_key.as_str())

@@ -30,6 +30,7 @@ mod cursors;
 mod economics;
 mod erasure;
 mod events;
+mod expiry;
 mod forks;
 mod hosts;
 mod ids;

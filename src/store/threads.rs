@@ -5,7 +5,7 @@ use serde_json::{Map, Value};
 use sqlx::any::AnyRow;
 use sqlx::Row;
 
-use super::retention::unexpired;
+use super::expiry::unexpired;
 use super::{millis_to_datetime, now_millis, Store, StoreError, TenantId, ThreadId, ThreadKey};
 
 /// A stored thread.

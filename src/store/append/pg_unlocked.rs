@@ -170,7 +170,7 @@ pub(super) fn unlocked_write_sql(threads: usize, rows: usize) -> String {
         clearing = settings + 2,
         // Bound after the count: a cached thread that expired since is not moved, and the
         // locked group then finds it gone.
-        unexpired = crate::store::retention::unexpired(
+        unexpired = crate::store::expiry::unexpired(
             "threads.",
             &format!("${}", threads * THREAD_WIDTH + rows * INSERT_WIDTH + 2)
         ),

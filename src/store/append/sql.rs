@@ -130,7 +130,7 @@ pub(super) fn read_group_sql(
         uuids.clear();
     }
     // An expired thread is not found, as a deleted one, so an append cannot renew it.
-    let unexpired = crate::store::retention::unexpired("threads.", &format!("${now_at}"));
+    let unexpired = crate::store::expiry::unexpired("threads.", &format!("${now_at}"));
     let (materialized, lock) = match (backend, lock) {
         (Backend::Postgres, RowLock::ForUpdate) => ("MATERIALIZED", "FOR UPDATE OF threads"),
         _ => ("", ""),
