@@ -287,23 +287,37 @@ impl Store {
         tenant: &TenantId,
         thread_key: &ThreadKey,
     ) -> Result<Option<CopiedFrom>, StoreError> {
-        let row = sqlx::query(
-            "SELECT p.thread_id, p.thread_key, c.copied_below_seq FROM threads c \
-             JOIN threads p ON p.thread_key = c.forked_from_key AND p.tenant_id = c.tenant_id \
-             WHERE c.thread_key = $1 AND c.tenant_id = $2",
+        // Two statements, each on one thread's row: a fork and its parent may live on
+        // different shards.
+        let fork = sqlx::query(
+            "SELECT forked_from_key, copied_below_seq FROM threads \
+             WHERE thread_key = $1 AND tenant_id = $2",
         )
         .bind(thread_key.as_str())
         .bind(&tenant.0)
         .fetch_optional(&self.writer)
         .await?;
-        row.map(|row| {
-            Ok(CopiedFrom {
-                thread_id: ThreadId::new(row.try_get::<String, _>("thread_id")?),
-                thread_key: ThreadKey::from_stored(row.try_get("thread_key")?),
-                below_seq: row.try_get("copied_below_seq")?,
+        let Some(fork) = fork else { return Ok(None) };
+        let Some(parent_key) = fork.try_get::<Option<String>, _>("forked_from_key")? else {
+            return Ok(None);
+        };
+        let below_seq = fork.try_get("copied_below_seq")?;
+        let parent = sqlx::query(
+            "SELECT thread_id, thread_key FROM threads WHERE thread_key = $1 AND tenant_id = $2",
+        )
+        .bind(&parent_key)
+        .bind(&tenant.0)
+        .fetch_optional(&self.writer)
+        .await?;
+        parent
+            .map(|row| {
+                Ok(CopiedFrom {
+                    thread_id: ThreadId::new(row.try_get::<String, _>("thread_id")?),
+                    thread_key: ThreadKey::from_stored(row.try_get("thread_key")?),
+                    below_seq,
+                })
             })
-        })
-        .transpose()
+            .transpose()
     }
 
     /// Whether each of `seqs` in the thread `thread_key` is already erased (a tombstone).
