@@ -13,7 +13,7 @@
 //!
 //! What a stream read ahead and has not sent may have been erased since: before it sends any,
 //! it checks the thread's redaction epoch when the thread's change signal moved (or its last
-//! check is [`READ_AGAIN_AFTER`] old), and reads again from its last event sent if an erasure,
+//! check is three seconds old), and reads again from its last event sent if an erasure,
 //! trim or snip's redaction committed meanwhile (or the thread is gone). So nothing read
 //! before an erasure is sent after the erasure's answer (docs/ARCHITECTURE.md § Forgetting).
 
