@@ -13,7 +13,7 @@ use tokio::io::AsyncReadExt;
 
 use super::{tenant_arg, DatabaseArgs};
 use crate::import::{FileSplitter, ImportReport, Importer, Piece};
-use crate::store::{NewThread, Seq, Store, StoreError, TenantId, ThreadId};
+use crate::store::{NewThread, PageBytes, Seq, Store, StoreError, TenantId, ThreadId};
 
 /// Longest line read from a file (a larger one is refused, not held).
 const MAX_LINE_BYTES: usize = 64 * 1024 * 1024;
@@ -348,24 +348,18 @@ async fn export_to(args: &ExportArgs, out: &mut (dyn Write + Send)) -> anyhow::R
             let store = args.target.database.open().await?;
             let thread = ThreadId::new(args.thread.as_str());
             let mut after = -1;
-            let mut max_bytes = crate::http::transcripts::EXPORT_PAGE_BYTES as i64;
+            // Pages cut as the API cuts them; one process, no budget to keep.
+            let bytes = PageBytes::unroomed(crate::http::transcripts::EXPORT_PAGE_BYTES as i64);
             loop {
-                let read = store.export_page(
-                    &tenant,
-                    &thread,
-                    Seq::new(after),
-                    crate::http::transcripts::EXPORT_PAGE_ENTRIES,
-                    max_bytes,
-                );
-                let page = match read.await {
-                    // An entry larger than a page is read alone.
-                    Err(crate::store::StoreError::EntryLargerThanRoom { bytes }) => {
-                        max_bytes = bytes;
-                        continue;
-                    }
-                    page => page?,
-                };
-                max_bytes = crate::http::transcripts::EXPORT_PAGE_BYTES as i64;
+                let page = store
+                    .export_page(
+                        &tenant,
+                        &thread,
+                        Seq::new(after),
+                        crate::http::transcripts::EXPORT_PAGE_ENTRIES,
+                        bytes,
+                    )
+                    .await?;
                 let Some((last, _)) = page.last() else { break };
                 after = *last;
                 out.write_all(&crate::http::transcripts::jsonl(&page))?;

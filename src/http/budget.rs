@@ -4,9 +4,11 @@
 //! together stays within `--max-inflight-window-bytes`, and a tenant within half of it.
 //!
 //! A read takes room for what building the answer from a page holds at most ([`BUILD_FACTOR`]
-//! times the page's stored bytes), reads a page cut within its bytes, and keeps room for the
-//! answer's own length once built. An entry larger than a page comes without its body
-//! ([`StoreError::EntryLargerThanRoom`]): the read takes room for it first, then reads it.
+//! times the page's stored bytes), and keeps room for the answer's own length once built. It
+//! takes room for a small page first ([`FIRST_ROOM_BYTES`]): a page larger than that comes
+//! without its bodies ([`StoreError::PageLargerThanRoom`]), and the read takes room for its
+//! size, then reads it. So a page holds what it is, not the page byte limit, and an entry
+//! larger than a page is read alone within room for it.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -20,17 +22,23 @@ use hyper::body::Frame;
 
 use super::guard::{send_deadline, AnswerRoom, Guards, Holding};
 use super::AppState;
-use crate::store::{StoreError, TenantId};
+use crate::store::{PageBytes, StoreError, TenantId};
 
 /// What building an answer holds at its peak, per stored byte read: the database's row and the
 /// driver's copy of it, the text taken from it, the entries parsed from it, and the answer
-/// written from them as it grows. Measured on the release build: four unread pages of one
-/// 30 MiB entry each rose 564 MiB when a page was charged three times its bytes.
-pub const BUILD_FACTOR: u64 = 6;
+/// written from them as it grows. Measured on the release build (BENCHMARKS.md §13): a page of
+/// one 30 MiB entry rose 184 MiB (6.1 times) at its peak, with freed memory given back at once
+/// (`src/main.rs`); rounded up so that unread pages stay within the budget.
+pub const BUILD_FACTOR: u64 = 7;
 
-/// Reads with `read(max_bytes)` within room of the answer budget: room for building from
-/// `max_bytes` first, then for a first entry larger than that, read again. The room comes back
-/// with what was read, for [`hold_until_sent`] (or to shrink to what is held once built).
+/// Room a read takes first: most pages are smaller (a page of 1,000 agent messages is ~340 KB),
+/// and a larger one is read again within room for its size. At the defaults, 36 such reads fit
+/// the budget at once, where each took room for the whole page byte limit (4 MiB) before.
+pub const FIRST_ROOM_BYTES: u64 = 1024 * 1024;
+
+/// Reads with `read(bytes)` a page cut at `max_bytes`, within room of the answer budget: room
+/// for a small page first, then for the page's size when it is larger, read again. The room
+/// comes back with what was read, for [`hold_until_sent`] (or to shrink to what is held).
 pub async fn read_within_room<T, F, Fut>(
     guards: &Guards,
     tenant: &TenantId,
@@ -38,16 +46,21 @@ pub async fn read_within_room<T, F, Fut>(
     mut read: F,
 ) -> Result<(T, Option<AnswerRoom>), StoreError>
 where
-    F: FnMut(i64) -> Fut,
+    F: FnMut(PageBytes) -> Fut,
     Fut: Future<Output = Result<T, StoreError>>,
 {
-    let mut room_for = max_bytes.max(1);
+    let max = i64::try_from(max_bytes.max(1)).unwrap_or(i64::MAX);
+    let mut room_for = max_bytes.clamp(1, FIRST_ROOM_BYTES);
     loop {
         let room = guards
             .answer_room(&tenant.0, room_for.saturating_mul(BUILD_FACTOR))
             .await;
-        match read(i64::try_from(room_for).unwrap_or(i64::MAX)).await {
-            Err(StoreError::EntryLargerThanRoom { bytes })
+        let bytes = PageBytes {
+            max,
+            room: i64::try_from(room_for).unwrap_or(i64::MAX),
+        };
+        match read(bytes).await {
+            Err(StoreError::PageLargerThanRoom { bytes })
                 if u64::try_from(bytes).is_ok_and(|bytes| bytes > room_for) =>
             {
                 drop(room);

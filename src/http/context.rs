@@ -157,8 +157,8 @@ pub async fn get_rounds(
     let (bounds, skeletons) =
         on_standby(&state, tenant, Some(thread_id), token, |store| async move {
             let bounds = store.window_bounds(tenant, thread_id, from_seq).await?;
-            let (skeletons, _room) = read_within_room(guards, tenant, max_bytes, |max| {
-                store.window_reduced(&bounds, max, round_skeleton)
+            let (skeletons, _room) = read_within_room(guards, tenant, max_bytes, |bytes| {
+                store.window_reduced(&bounds, bytes, round_skeleton)
             })
             .await?;
             Ok((bounds, skeletons))

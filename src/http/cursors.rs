@@ -19,8 +19,8 @@ use super::{AppState, ExpensiveSlot, Tenant};
 use crate::history::model::Entry;
 use crate::history::{normalize, NormalizeOptions, Normalized};
 use crate::store::{
-    millis_to_datetime, now_millis, AdvanceRequest, BatchLimit, CursorState, PendingBatch,
-    StoreError, TenantId, ThreadId,
+    millis_to_datetime, now_millis, AdvanceRequest, BatchLimit, CursorState, PageBytes,
+    PendingBatch, StoreError, TenantId, ThreadId,
 };
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -218,9 +218,9 @@ async fn slot_for(
     }
 }
 
-/// How much one batch may hold: the count asked for, and the bytes of its room in the answer
-/// budget (the page byte limit of message pages, or one entry larger than that).
-fn batch_limit(entries: u32, bytes: i64) -> BatchLimit {
+/// How much one batch may hold: the count asked for, the page byte limit of message pages, and
+/// the batch's room in the answer budget.
+fn batch_limit(entries: u32, bytes: PageBytes) -> BatchLimit {
     BatchLimit { entries, bytes }
 }
 
@@ -388,12 +388,12 @@ pub async fn get_pending(
     )?;
     // Checked whatever the format, as the document states the options' rules.
     options.normalize_options()?;
-    let (batch, room) = read_within_room(&state.guards, &tenant, page_bytes(&state), |max| {
+    let (batch, room) = read_within_room(&state.guards, &tenant, page_bytes(&state), |bytes| {
         state.store.cursor_pending(
             &tenant,
             &path.thread_id,
             &path.name,
-            batch_limit(limit, max),
+            batch_limit(limit, bytes),
             now_millis(),
         )
     })
@@ -467,12 +467,12 @@ pub async fn claim_cursor(
     let lease_ms = i64::try_from(lease_seconds.saturating_mul(1_000)).unwrap_or(i64::MAX);
     let slot = slot_for(&state, &tenant, query.format).await?;
     // A claim that finds its first entry larger than the room takes no lease: it is read again.
-    let (claim, room) = read_within_room(&state.guards, &tenant, page_bytes(&state), |max| {
+    let (claim, room) = read_within_room(&state.guards, &tenant, page_bytes(&state), |bytes| {
         state.store.claim_cursor(
             &tenant,
             &path.thread_id,
             &path.name,
-            batch_limit(limit, max),
+            batch_limit(limit, bytes),
             lease_ms,
             now_millis(),
         )

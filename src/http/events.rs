@@ -361,8 +361,8 @@ impl Follower {
         };
         let (store, thread_key, after) = (&self.store, &self.thread_key, self.position.seq);
         let (entries, room) =
-            read_within_room(&self.guards, &self.tenant, self.max_page_bytes, |max| {
-                store.entries_within_room_by_key(thread_key, after, before, PAGE, max)
+            read_within_room(&self.guards, &self.tenant, self.max_page_bytes, |bytes| {
+                store.entries_within_room_by_key(thread_key, after, before, PAGE, bytes)
             })
             .await?;
         self.room = room;

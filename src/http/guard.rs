@@ -154,7 +154,12 @@ impl Guards {
     /// Room for an answer that holds `bytes` of stored entries, in `tenant`'s share of the
     /// process's answer budget and in the budget itself, waited for (the request's timeout bounds
     /// the wait) and held until the answer is sent ([`Holding`]). An answer larger than the share
-    /// (or the whole budget) takes all of it, so it runs alone. `None` when the budget is off.
+    /// takes all of it, so it runs alone among the tenant's, and takes no more of the budget: a
+    /// tenant never holds more than its share of the budget, so another's answers always find
+    /// room (a read of one large entry, seven times its size, would otherwise wait for the whole
+    /// budget, and hold up every read queued behind it). In keyed mode, such a read may hold
+    /// more than it is charged: the budget is exact for entries up to a fourteenth of it (18 MiB
+    /// at the defaults). `None` when the budget is off.
     pub async fn answer_room(&self, tenant: &str, bytes: u64) -> Option<AnswerRoom> {
         if self.answer_budget_kib == 0 {
             return None;
@@ -170,7 +175,7 @@ impl Guards {
         let process = self
             .answer_budget
             .clone()
-            .acquire_many_owned(wanted.min(self.answer_budget_kib))
+            .acquire_many_owned(in_share)
             .await
             .ok()?;
         Some(AnswerRoom { tenant, process })
@@ -992,6 +997,15 @@ mod tests {
             16 * 1024 - 1024 - 4 * 1024 - 8 * 1024
         );
         drop((first, over, other));
+        assert_eq!(guards.answer_room_free(), 16 * 1024);
+        // A read larger than the share (one large entry) takes the share, not the budget: with
+        // a little of the budget held, another tenant's large read is still had at once.
+        let held = guards.answer_room("a", mib).await.expect("room");
+        let large = guards.answer_room("b", 20 * mib).now_or_never().flatten();
+        assert_eq!(large.as_ref().map(AnswerRoom::kib), Some(8 * 1024));
+        let small = guards.answer_room("c", 4 * mib).now_or_never().flatten();
+        assert!(small.is_some(), "a third tenant's room is had at once");
+        drop((held, large, small));
         assert_eq!(guards.answer_room_free(), 16 * 1024);
     }
 

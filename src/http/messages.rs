@@ -205,8 +205,8 @@ pub async fn list_messages(
     };
     // The page holds its entries until it is sent: within room of the answer budget.
     let (page, room) = on_standby(&state, tenant, Some(thread_id), token, |store| async move {
-        Ok(read_within_room(guards, tenant, max_bytes, |max| {
-            store.list_messages_within(tenant, thread_id, window, descending, limit, max)
+        Ok(read_within_room(guards, tenant, max_bytes, |bytes| {
+            store.list_messages_within(tenant, thread_id, window, descending, limit, bytes)
         })
         .await?)
     })

@@ -385,9 +385,9 @@ impl From<StoreError> for ApiError {
                 .with("target_seq", target_seq),
             // The thread kept changing under the request (erasures, snips, compactions racing
             // it): the same request can succeed once they settle.
-            // Readers take room for such an entry and read again: one reaching here is a reader
+            // Readers take room for such a page and read again: one reaching here is a reader
             // that did not, and the answer is the budget's.
-            StoreError::EntryLargerThanRoom { .. } => ApiError::retry_after(
+            StoreError::PageLargerThanRoom { .. } => ApiError::retry_after(
                 ProblemKind::Overloaded,
                 "the answer does not fit the server's memory budget now; retry shortly",
                 1,

@@ -335,13 +335,13 @@ pub async fn export_transcript(
         Some(thread_id),
         token,
         |store| async move {
-            let first = read_within_room(guards, tenant_ref, EXPORT_PAGE_BYTES, |max| {
+            let first = read_within_room(guards, tenant_ref, EXPORT_PAGE_BYTES, |bytes| {
                 store.export_page(
                     tenant_ref,
                     thread_id,
                     Seq::new(-1),
                     EXPORT_PAGE_ENTRIES,
-                    max,
+                    bytes,
                 )
             })
             .await?;
@@ -409,15 +409,16 @@ fn export_pages(
                 Next::Read(page) => page,
                 Next::After(seq, held) => {
                     drop(held);
-                    let read = read_within_room(&state.guards, &tenant, EXPORT_PAGE_BYTES, |max| {
-                        store.export_page(
-                            &tenant,
-                            &thread_id,
-                            Seq::new(seq),
-                            EXPORT_PAGE_ENTRIES,
-                            max,
-                        )
-                    });
+                    let read =
+                        read_within_room(&state.guards, &tenant, EXPORT_PAGE_BYTES, |bytes| {
+                            store.export_page(
+                                &tenant,
+                                &thread_id,
+                                Seq::new(seq),
+                                EXPORT_PAGE_ENTRIES,
+                                bytes,
+                            )
+                        });
                     match read.await {
                         Ok(page) => shrunk_to_page(page),
                         // The answer is under way: the client sees it cut short.

@@ -223,17 +223,17 @@ impl Store {
     }
 
     /// Every entry of the window `bounds` describe, in seq order, each passed through `reduce` as
-    /// it is read: the window is read in pages cut at `max_bytes` bytes of bodies, so what is held
-    /// at once is one page and the reduced entries, whatever the window's size. An entry larger
-    /// than `max_bytes` is [`StoreError::EntryLargerThanRoom`]: read again with room for it.
+    /// it is read: the window is read in pages cut at `bytes.max` bytes of bodies, so what is
+    /// held at once is one page and the reduced entries, whatever the window's size. A page
+    /// larger than `bytes.room` is [`StoreError::PageLargerThanRoom`]: read again with room.
     pub async fn window_reduced<T>(
         &self,
         bounds: &WindowBounds,
-        max_bytes: i64,
+        bytes: super::PageBytes,
         mut reduce: impl FnMut(Entry) -> T,
     ) -> Result<Vec<T>, StoreError> {
         const PAGE_ENTRIES: i64 = 1_000;
-        let sql = super::rows::page_within_room("m.seq, m.uuid, m.created_at", false, false);
+        let sql = super::rows::page_within_room("m.seq, m.uuid, m.created_at", false);
         let mut reduced = Vec::new();
         let mut after = bounds.start_seq.max(0) - 1;
         while after + 1 < bounds.next_seq {
@@ -241,7 +241,9 @@ impl Store {
                 .bind(bounds.thread_key.as_str())
                 .bind(after)
                 .bind(PAGE_ENTRIES.min(bounds.next_seq - after - 1))
-                .bind(max_bytes)
+                .bind(bytes.max)
+                .bind(bounds.next_seq)
+                .bind(bytes.room)
                 .fetch_all(&self.pool)
                 .await?;
             if rows.is_empty() {

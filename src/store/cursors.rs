@@ -7,6 +7,7 @@
 use sqlx::any::AnyRow;
 use sqlx::{Any, Row};
 
+use super::rows::PageBytes;
 use super::{MessageRef, Store, StoreError, TenantId, ThreadId, ThreadKey};
 use crate::history::model::Entry;
 
@@ -429,12 +430,13 @@ async fn locked_counts(
     counts_from_row(&row)
 }
 
-/// How much one batch may hold: at most `entries` entries, cut once their bodies reach `chars`
-/// bytes (a batch always holds its first entry, so a consumer always moves forward).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How much one batch may hold: at most `entries` entries, cut once their bodies reach
+/// `bytes.max` bytes (a batch always holds its first entry, so a consumer always moves forward),
+/// read within `bytes.room`.
+#[derive(Debug, Clone, Copy)]
 pub struct BatchLimit {
     pub entries: u32,
-    pub bytes: i64,
+    pub bytes: PageBytes,
 }
 
 impl From<u32> for BatchLimit {
@@ -442,7 +444,7 @@ impl From<u32> for BatchLimit {
     fn from(entries: u32) -> Self {
         BatchLimit {
             entries,
-            bytes: i64::MAX,
+            bytes: PageBytes::unroomed(i64::MAX),
         }
     }
 }
@@ -461,12 +463,13 @@ where
     let rows = sqlx::query(&super::rows::page_within_room(
         "m.seq, m.uuid, m.created_at",
         false,
-        false,
     ))
     .bind(thread_key.as_str())
     .bind(after_seq)
     .bind(i64::from(limit.entries) + 1)
-    .bind(limit.bytes)
+    .bind(limit.bytes.max)
+    .bind(i64::MAX)
+    .bind(limit.bytes.room)
     .fetch_all(executor)
     .await?;
     super::rows::entries_within_room(&rows)

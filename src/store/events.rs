@@ -5,9 +5,7 @@
 use serde_json::Value;
 use sqlx::{Any, Row, Transaction};
 
-use super::rows::{
-    entries_within_room, entry_from_row, page_within_bytes_towards, page_within_room,
-};
+use super::rows::{entries_within_room, page_within_room, PageBytes};
 use super::{millis_to_datetime, Store, StoreError, TenantId, ThreadId, ThreadKey};
 use crate::history::model::Entry;
 
@@ -133,47 +131,31 @@ impl Store {
         limit: u32,
         max_bytes: i64,
     ) -> Result<Vec<Entry>, StoreError> {
-        let sql = page_within_bytes_towards("m.seq, m.uuid, m.created_at", false);
-        let rows = self
-            .entries_between_query(&sql, thread_key, after, before, limit, max_bytes)
-            .await?;
-        rows.iter().map(entry_from_row).collect()
+        let bytes = PageBytes::unroomed(max_bytes);
+        self.entries_within_room_by_key(thread_key, after, before, limit, bytes)
+            .await
     }
 
-    /// [`Store::entries_between_by_key`] for an answer read within room of `max_bytes`: a first
-    /// entry larger than that is [`StoreError::EntryLargerThanRoom`].
+    /// [`Store::entries_between_by_key`] for an answer read within room ([`PageBytes`]): a page
+    /// larger than its room is [`StoreError::PageLargerThanRoom`].
     pub async fn entries_within_room_by_key(
         &self,
         thread_key: &ThreadKey,
         after: i64,
         before: i64,
         limit: u32,
-        max_bytes: i64,
+        bytes: PageBytes,
     ) -> Result<Vec<Entry>, StoreError> {
-        let sql = page_within_room("m.seq, m.uuid, m.created_at", false, true);
-        let rows = self
-            .entries_between_query(&sql, thread_key, after, before, limit, max_bytes)
-            .await?;
-        entries_within_room(&rows)
-    }
-
-    async fn entries_between_query(
-        &self,
-        sql: &str,
-        thread_key: &ThreadKey,
-        after: i64,
-        before: i64,
-        limit: u32,
-        max_bytes: i64,
-    ) -> Result<Vec<sqlx::any::AnyRow>, StoreError> {
-        Ok(sqlx::query(sql)
+        let rows = sqlx::query(&page_within_room("m.seq, m.uuid, m.created_at", false))
             .bind(thread_key.as_str())
             .bind(after)
             .bind(i64::from(limit))
-            .bind(max_bytes)
+            .bind(bytes.max)
             .bind(before)
+            .bind(bytes.room)
             .fetch_all(&self.pool)
-            .await?)
+            .await?;
+        entries_within_room(&rows)
     }
 
     /// A receiver that sees every change of the thread from now on (a signal to read again).

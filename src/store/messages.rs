@@ -1,6 +1,6 @@
 //! Messages: pages of a thread's entries, and entries by uuid.
 
-use super::rows::{entries_within_room, entry_from_row, page_within_room};
+use super::rows::{entries_within_room, entry_from_row, page_within_room, PageBytes};
 use super::{Seq, Store, StoreError, TenantId, ThreadId, ThreadKey};
 use crate::history::model::Entry;
 
@@ -31,8 +31,15 @@ impl Store {
             after: after_seq,
             before: None,
         };
-        self.list_messages_within(tenant, thread_id, window, false, limit, i64::MAX)
-            .await
+        self.list_messages_within(
+            tenant,
+            thread_id,
+            window,
+            false,
+            limit,
+            PageBytes::unroomed(i64::MAX),
+        )
+        .await
     }
 
     /// The messages in `window`, oldest first (newest first with `descending`), at most
@@ -46,7 +53,7 @@ impl Store {
         window: SeqWindow,
         descending: bool,
         limit: u32,
-        max_bytes: i64,
+        bytes: PageBytes,
     ) -> Result<MessagePage, StoreError> {
         let head = self.thread_head(tenant, thread_id).await?;
         let (thread_key, next_seq) = (head.thread_key, head.next_seq);
@@ -57,13 +64,14 @@ impl Store {
         } else {
             (after, before)
         };
-        let sql = page_within_room("m.seq, m.uuid, m.created_at", descending, true);
+        let sql = page_within_room("m.seq, m.uuid, m.created_at", descending);
         let rows = sqlx::query(&sql)
             .bind(thread_key.as_str())
             .bind(from)
             .bind(i64::from(limit))
-            .bind(max_bytes)
+            .bind(bytes.max)
             .bind(far)
+            .bind(bytes.room)
             .fetch_all(&self.pool)
             .await?;
         Ok(MessagePage {

@@ -87,6 +87,7 @@ pub use payloads::{
 };
 pub use retention::{RetentionPolicy, ThreadRetention, TrimCandidate};
 pub use rows::fingerprint;
+pub use rows::PageBytes;
 pub use search::{
     IndexLag, SearchHit, SearchQuery, INDEX_BATCH, MARK_CLOSE, MARK_OPEN, MAX_QUERY_CHARS,
     MAX_TERMS,
@@ -218,10 +219,10 @@ pub enum StoreError {
         field: &'static str,
         names: Vec<String>,
     },
-    /// A page read within room of the answer budget starts with an entry larger than the room:
-    /// the reader takes room for `bytes` and reads it again.
-    #[error("the next entry holds {bytes} bytes, more than the room the read took")]
-    EntryLargerThanRoom { bytes: i64 },
+    /// A page read within room of the answer budget holds more than the room: the reader takes
+    /// room for `bytes` and reads it again ([`PageBytes`]).
+    #[error("the next page holds {bytes} bytes, more than the room the read took")]
+    PageLargerThanRoom { bytes: i64 },
     #[error("the window holds {entries} entries, more than {max}; start it later")]
     WindowTooLarge { entries: i64, max: i64 },
     #[error(

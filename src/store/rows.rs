@@ -96,18 +96,33 @@ pub(super) fn page_within_bytes(columns: &str) -> String {
     page_of_window(columns, false, "", Lone::Read)
 }
 
-/// [`page_within_bytes`] over the window `$2 < seq < $5` (oldest first), or with `descending`
-/// over `$5 < seq < $2`, newest first: `$2` is where the page starts, `$5` the far end.
-pub(super) fn page_within_bytes_towards(columns: &str, descending: bool) -> String {
-    page_of_window(columns, descending, far_end(descending), Lone::Read)
+/// What a page read for an answer may hold: its bodies are cut at `max` bytes (its first entry
+/// always in), and a page whose bodies pass `room` bytes comes without them, with its size
+/// ([`StoreError::PageLargerThanRoom`]), so the reader takes room for that much before it loads
+/// it. Most pages are far smaller than `max`: a reader takes little room first, and room for a
+/// large page only once it knows the page is one.
+#[derive(Clone, Copy, Debug)]
+pub struct PageBytes {
+    pub max: i64,
+    pub room: i64,
 }
 
-/// [`page_within_bytes_towards`] for an answer read within room of `$4` bytes: a first row
-/// larger than the room comes without its body (`NULL`), with its `size`, so the reader can
-/// take room for it before it loads it ([`entries_within_room`]).
-pub(super) fn page_within_room(columns: &str, descending: bool, bounded: bool) -> String {
-    let far = if bounded { far_end(descending) } else { "" };
-    page_of_window(columns, descending, far, Lone::Sized)
+impl PageBytes {
+    /// Pages cut at `max` bytes, read whatever their size (a reader that keeps no budget).
+    pub fn unroomed(max: i64) -> PageBytes {
+        PageBytes {
+            max,
+            room: i64::MAX,
+        }
+    }
+}
+
+/// [`page_within_bytes`] over the window `$2 < seq < $5` (oldest first), or with `descending`
+/// over `$5 < seq < $2`, newest first, for an answer read within room ([`PageBytes`]): `$4` is
+/// the page's `max`, `$6` the room. When the page's bodies pass the room, its rows come without
+/// them (`body` NULL) and with `page_size`, the bytes the page holds.
+pub(super) fn page_within_room(columns: &str, descending: bool) -> String {
+    page_of_window(columns, descending, far_end(descending), Lone::Sized)
 }
 
 fn far_end(descending: bool) -> &'static str {
@@ -123,7 +138,7 @@ fn far_end(descending: bool) -> &'static str {
 enum Lone {
     /// Reads it whole.
     Read,
-    /// Leaves its body out, and tells its size.
+    /// Leaves the page's bodies out when they pass the room (`$6`), and tells their size.
     Sized,
 }
 
@@ -133,36 +148,45 @@ fn page_of_window(columns: &str, descending: bool, far: &str, lone: Lone) -> Str
     } else {
         (">", "seq")
     };
-    let body = match lone {
-        Lone::Read => "m.body",
-        Lone::Sized => {
-            "CASE WHEN page.size > $4 THEN NULL ELSE m.body END AS body, page.size AS size"
-        }
+    let sizes = format!(
+        "SELECT seq, size, SUM(size) OVER (ORDER BY {order}) AS through_size FROM \
+         (SELECT seq, octet_length(body) AS size FROM messages \
+          WHERE thread_key = $1 AND seq {past} $2{far} ORDER BY {order} LIMIT $3) sizes"
+    );
+    let cut = "through_size <= $4 OR through_size = size";
+    // The page's own size is summed over the sizes alone: a window function beside the bodies
+    // would have SQLite copy every body into its window's table before the CASE could leave
+    // one out.
+    let (page, body) = match lone {
+        Lone::Read => (
+            format!("SELECT seq FROM ({sizes}) cut WHERE {cut}"),
+            "m.body",
+        ),
+        Lone::Sized => (
+            format!("SELECT seq, SUM(size) OVER () AS page_size FROM ({sizes}) cut WHERE {cut}"),
+            "CASE WHEN page.page_size > $6 THEN NULL ELSE m.body END AS body, page.page_size",
+        ),
     };
     format!(
-        "SELECT {columns}, {body} FROM \
-         (SELECT seq, size, SUM(size) OVER (ORDER BY {order}) AS through_size FROM \
-          (SELECT seq, octet_length(body) AS size FROM messages \
-           WHERE thread_key = $1 AND seq {past} $2{far} ORDER BY {order} LIMIT $3) sizes) page \
-         JOIN messages m ON m.thread_key = $1 AND m.seq = page.seq \
-         WHERE page.through_size <= $4 OR page.through_size = page.size ORDER BY m.{order}"
+        "SELECT {columns}, {body} FROM ({page}) page \
+         JOIN messages m ON m.thread_key = $1 AND m.seq = page.seq ORDER BY m.{order}"
     )
 }
 
-/// The entries of a page read by [`page_within_room`]: [`StoreError::EntryLargerThanRoom`]
-/// when its first entry is larger than the room it was read in (it came without its body).
+/// The entries of a page read by [`page_within_room`]: [`StoreError::PageLargerThanRoom`]
+/// when the page is larger than the room it was read in (it came without its bodies).
 pub(super) fn entries_within_room(rows: &[AnyRow]) -> Result<Vec<Entry>, StoreError> {
     check_room(rows)?;
     rows.iter().map(entry_from_row).collect()
 }
 
-/// [`StoreError::EntryLargerThanRoom`] when the page's first row came without its body.
+/// [`StoreError::PageLargerThanRoom`] when the page's rows came without their bodies.
 pub(super) fn check_room(rows: &[AnyRow]) -> Result<(), StoreError> {
     use sqlx::ValueRef as _;
     match rows.first() {
         Some(first) if first.try_get_raw("body")?.is_null() => {
-            Err(StoreError::EntryLargerThanRoom {
-                bytes: first.try_get("size")?,
+            Err(StoreError::PageLargerThanRoom {
+                bytes: first.try_get("page_size")?,
             })
         }
         _ => Ok(()),

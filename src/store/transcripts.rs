@@ -22,8 +22,8 @@ impl Store {
     }
 
     /// `(seq, body)` of the messages with `seq > after_seq`, in seq order, at most `limit`, cut
-    /// once the bodies would pass `max_bytes` bytes (a first entry larger than that is
-    /// [`StoreError::EntryLargerThanRoom`]: read again with room for it): each body is the
+    /// once the bodies would pass `bytes.max` bytes (a page larger than `bytes.room` is
+    /// [`StoreError::PageLargerThanRoom`]: read again with room for it): each body is the
     /// JSON text that was sent (or, for an entry Loupe wrote itself, its JSON). An empty page is
     /// the end of the thread.
     pub async fn export_page(
@@ -32,14 +32,16 @@ impl Store {
         thread_id: &ThreadId,
         after_seq: Seq,
         limit: i64,
-        max_bytes: i64,
+        bytes: super::PageBytes,
     ) -> Result<Vec<(i64, String)>, StoreError> {
         let thread_key = self.thread_head(tenant, thread_id).await?.thread_key;
-        let rows = sqlx::query(&super::rows::page_within_room("m.seq", false, false))
+        let rows = sqlx::query(&super::rows::page_within_room("m.seq", false))
             .bind(thread_key.as_str())
             .bind(after_seq.get())
             .bind(limit)
-            .bind(max_bytes)
+            .bind(bytes.max)
+            .bind(i64::MAX)
+            .bind(bytes.room)
             .fetch_all(&self.pool)
             .await?;
         super::rows::check_room(&rows)?;

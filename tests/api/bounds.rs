@@ -433,6 +433,66 @@ fn with_state(app: &TestApp, limits: Limits, auth: AuthMode) -> (axum::Router, A
     (loupe::http::router(state.clone()), state)
 }
 
+/// A page takes room in the answer budget for what it holds, not for the page byte limit: with
+/// most of the budget held, pages of a few small entries are still read, and a page of one large
+/// entry waits for room. Before, every page took seven times the byte limit (28 MiB at the
+/// defaults), so ten page reads filled a 256 MiB budget whatever they held.
+async fn a_page_takes_room_for_what_it_holds(app: TestApp) {
+    const MIB: usize = 1024 * 1024;
+    let limits = Limits {
+        max_page_bytes: 4 * MIB,
+        max_inflight_window_bytes: 16 * MIB,
+        ..no_rate_limit()
+    };
+    let (router, state) = with_state(&app, limits, AuthMode::Open);
+    let thread = app.thread("t").await;
+    app.append(
+        &thread,
+        [user("a", "a small turn"), user("b", "another small turn")],
+    )
+    .await;
+    app.append(&thread, [user("big", &"b".repeat(3 * MIB))])
+        .await;
+    // Half the budget held elsewhere: room for a small page (seven times 1 MiB) is left, not
+    // for seven times the page byte limit.
+    let tenant = loupe::store::TenantId::default_tenant();
+    let held = state
+        .guards
+        .answer_room(&tenant.0, 8 * MIB as u64)
+        .await
+        .unwrap();
+    let get = |uri: String| {
+        let request = Request::get(uri).body(Body::empty()).unwrap();
+        router.clone().oneshot(request)
+    };
+    for uri in [
+        format!("/v1/threads/{thread}/messages?limit=2"),
+        // A batch reads one entry past its count, to learn whether more follow.
+        format!("/v1/threads/{thread}/cursors/c/pending?limit=1"),
+    ] {
+        let answer = tokio::time::timeout(Duration::from_secs(20), get(uri.clone()))
+            .await
+            .unwrap_or_else(|_| panic!("{uri}: a page of two small entries waited for room"))
+            .unwrap();
+        assert_eq!(answer.status(), StatusCode::OK, "{uri}");
+    }
+    // The large entry's page needs more room than is left (seven times 3 MiB, at most the whole
+    // budget): it waits until the room comes back.
+    let large = tokio::spawn(get(format!(
+        "/v1/threads/{thread}/messages?after_seq=1&limit=1"
+    )));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !large.is_finished(),
+        "a page of 3 MiB was read in 2 MiB of room"
+    );
+    drop(held);
+    let answer = large.await.unwrap().unwrap();
+    assert_eq!(answer.status(), StatusCode::OK);
+    let body = answer.into_body().collect().await.unwrap().to_bytes();
+    assert!(body.len() > 3 * MIB);
+}
+
 /// Every answer that holds entries holds room in the process's answer budget until its body is
 /// sent, for its own length, an entry larger than a page included; unread answers cannot hold
 /// more than the budget, and one tenant no more than half of it: another's answers go on. (The
@@ -840,5 +900,6 @@ on_both_backends!(
     request_bodies_held_at_once_stay_within_the_budget,
     a_body_is_charged_the_copies_storing_it_makes,
     answers_hold_room_in_the_answer_budget_until_sent,
+    a_page_takes_room_for_what_it_holds,
     whole_thread_reads_are_cut_by_bytes_and_lose_nothing,
 );

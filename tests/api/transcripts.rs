@@ -423,7 +423,7 @@ async fn a_large_generated_transcript_streams_through_in_batches() {
             &thread.as_str().into(),
             loupe::store::Seq::new(59_998),
             10,
-            i64::MAX,
+            loupe::store::PageBytes::unroomed(i64::MAX),
         )
         .await
         .unwrap();
