@@ -47,7 +47,8 @@ pub async fn read_within_room<T, F, Fut>(
 ) -> Result<(T, Option<AnswerRoom>), StoreError>
 where
     F: FnMut(PageBytes) -> Fut,
-    Fut: Future<Output = Result<T, StoreError>>,
+    Fut: Future<Output = Result<T, StoreError>> + Send + 'static,
+    T: Send + 'static,
 {
     let max = i64::try_from(max_bytes.max(1)).unwrap_or(i64::MAX);
     let mut room_for = max_bytes.clamp(1, FIRST_ROOM_BYTES);
@@ -59,7 +60,15 @@ where
             max,
             room: i64::try_from(room_for).unwrap_or(i64::MAX),
         };
-        match read(bytes).await {
+        // The read is a task of its own, and holds the room: a request that ends while it reads
+        // (its timeout, a client gone) does not stop the database loading what it asked for, and
+        // the room must last as long as that memory. Given back as the request ended, it let
+        // waiters in one after another, each leaving a load behind (1.1 GB above the budget).
+        let reading = read(bytes);
+        let (read, room) = tokio::spawn(async move { (reading.await, room) })
+            .await
+            .unwrap_or_else(|failed| std::panic::resume_unwind(failed.into_panic()));
+        match read {
             Err(StoreError::PageLargerThanRoom { bytes })
                 if u64::try_from(bytes).is_ok_and(|bytes| bytes > room_for) =>
             {

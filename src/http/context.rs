@@ -158,7 +158,8 @@ pub async fn get_rounds(
         on_standby(&state, tenant, Some(thread_id), token, |store| async move {
             let bounds = store.window_bounds(tenant, thread_id, from_seq).await?;
             let (skeletons, _room) = read_within_room(guards, tenant, max_bytes, |bytes| {
-                store.window_reduced(&bounds, bytes, round_skeleton)
+                let (store, bounds) = (store.clone(), bounds.clone());
+                async move { store.window_reduced(&bounds, bytes, round_skeleton).await }
             })
             .await?;
             Ok((bounds, skeletons))

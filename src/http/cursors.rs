@@ -38,7 +38,7 @@ const MAX_CURSOR_NAME_LEN: usize = 64;
 /// Default batch size of `pending` and `claim`.
 const DEFAULT_BATCH: u32 = 100;
 
-#[derive(Debug, Deserialize, IntoParams)]
+#[derive(Debug, Clone, Deserialize, IntoParams)]
 #[into_params(parameter_in = Path)]
 pub struct CursorPath {
     /// The thread's id.
@@ -389,13 +389,11 @@ pub async fn get_pending(
     // Checked whatever the format, as the document states the options' rules.
     options.normalize_options()?;
     let (batch, room) = read_within_room(&state.guards, &tenant, page_bytes(&state), |bytes| {
-        state.store.cursor_pending(
-            &tenant,
-            &path.thread_id,
-            &path.name,
-            batch_limit(limit, bytes),
-            now_millis(),
-        )
+        let (store, tenant, path) = (state.store.clone(), tenant.clone(), path.clone());
+        async move {
+            let limit = batch_limit(limit, bytes);
+            (store.cursor_pending(&tenant, &path.thread_id, &path.name, limit, now_millis())).await
+        }
     })
     .await?;
     let slot = slot_for(&state, &tenant, query.format).await?;
@@ -468,14 +466,19 @@ pub async fn claim_cursor(
     let slot = slot_for(&state, &tenant, query.format).await?;
     // A claim that finds its first entry larger than the room takes no lease: it is read again.
     let (claim, room) = read_within_room(&state.guards, &tenant, page_bytes(&state), |bytes| {
-        state.store.claim_cursor(
-            &tenant,
-            &path.thread_id,
-            &path.name,
-            batch_limit(limit, bytes),
-            lease_ms,
-            now_millis(),
-        )
+        let (store, tenant, path) = (state.store.clone(), tenant.clone(), path.clone());
+        async move {
+            let (name, limit) = (&path.name, batch_limit(limit, bytes));
+            let claim = store.claim_cursor(
+                &tenant,
+                &path.thread_id,
+                name,
+                limit,
+                lease_ms,
+                now_millis(),
+            );
+            claim.await
+        }
     })
     .await?;
     let written = Written::now(&state, &tenant, Some(&path.thread_id)).await;

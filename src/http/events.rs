@@ -362,7 +362,12 @@ impl Follower {
         let (store, thread_key, after) = (&self.store, &self.thread_key, self.position.seq);
         let (entries, room) =
             read_within_room(&self.guards, &self.tenant, self.max_page_bytes, |bytes| {
-                store.entries_within_room_by_key(thread_key, after, before, PAGE, bytes)
+                let (store, thread_key) = (store.clone(), thread_key.clone());
+                async move {
+                    let page =
+                        store.entries_within_room_by_key(&thread_key, after, before, PAGE, bytes);
+                    page.await
+                }
             })
             .await?;
         self.room = room;

@@ -206,7 +206,12 @@ pub async fn list_messages(
     // The page holds its entries until it is sent: within room of the answer budget.
     let (page, room) = on_standby(&state, tenant, Some(thread_id), token, |store| async move {
         Ok(read_within_room(guards, tenant, max_bytes, |bytes| {
-            store.list_messages_within(tenant, thread_id, window, descending, limit, bytes)
+            let (store, tenant, thread_id) = (store.clone(), tenant.clone(), thread_id.clone());
+            async move {
+                let page = store
+                    .list_messages_within(&tenant, &thread_id, window, descending, limit, bytes);
+                page.await
+            }
         })
         .await?)
     })

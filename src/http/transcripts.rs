@@ -336,13 +336,14 @@ pub async fn export_transcript(
         token,
         |store| async move {
             let first = read_within_room(guards, tenant_ref, EXPORT_PAGE_BYTES, |bytes| {
-                store.export_page(
-                    tenant_ref,
-                    thread_id,
-                    Seq::new(-1),
-                    EXPORT_PAGE_ENTRIES,
-                    bytes,
-                )
+                let (store, tenant, thread_id) =
+                    (store.clone(), tenant_ref.clone(), thread_id.clone());
+                async move {
+                    let after = Seq::new(-1);
+                    let page =
+                        store.export_page(&tenant, &thread_id, after, EXPORT_PAGE_ENTRIES, bytes);
+                    page.await
+                }
             })
             .await?;
             Ok((store, first))
@@ -411,13 +412,19 @@ fn export_pages(
                     drop(held);
                     let read =
                         read_within_room(&state.guards, &tenant, EXPORT_PAGE_BYTES, |bytes| {
-                            store.export_page(
-                                &tenant,
-                                &thread_id,
-                                Seq::new(seq),
-                                EXPORT_PAGE_ENTRIES,
-                                bytes,
-                            )
+                            let (store, tenant) = (store.clone(), tenant.clone());
+                            let thread_id = thread_id.clone();
+                            async move {
+                                let after = Seq::new(seq);
+                                let page = store.export_page(
+                                    &tenant,
+                                    &thread_id,
+                                    after,
+                                    EXPORT_PAGE_ENTRIES,
+                                    bytes,
+                                );
+                                page.await
+                            }
                         });
                     match read.await {
                         Ok(page) => shrunk_to_page(page),

@@ -493,6 +493,53 @@ async fn a_page_takes_room_for_what_it_holds(app: TestApp) {
     assert!(body.len() > 3 * MIB);
 }
 
+/// A read whose request ends while the database loads its page (the request's timeout, or a
+/// client gone) keeps its room until the database is done: the load goes on without the request.
+/// The attack let readers in just before their timeout, each given the room of the one before it
+/// as that one's request ended, and left 1.1 GB of loads behind a 256 MiB budget.
+#[tokio::test]
+async fn a_read_keeps_its_room_while_the_database_loads_it_after_its_request_ends() {
+    use sqlx::Connection;
+    let app = TestApp::new(crate::common::Backend::Postgres).await;
+    let limits = Limits {
+        max_inflight_window_bytes: 64 * 1024 * 1024,
+        ..no_rate_limit()
+    };
+    let (router, state) = with_state(&app, limits, AuthMode::Open);
+    let full = state.guards.answer_room_free();
+    let thread = app.thread("t").await;
+    app.append(&thread, [user("a", "a turn")]).await;
+    // The page's read waits behind a lock held elsewhere, as a long load would.
+    sqlx::any::install_default_drivers();
+    let mut locker = sqlx::AnyConnection::connect(&app.url).await.unwrap();
+    let mut lock = locker.begin().await.unwrap();
+    sqlx::query("LOCK TABLE messages IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    let request = Request::get(format!("/v1/threads/{thread}/messages"))
+        .body(Body::empty())
+        .unwrap();
+    let ended = tokio::time::timeout(Duration::from_millis(500), router.oneshot(request)).await;
+    assert!(ended.is_err(), "the read waited behind the lock");
+    assert!(
+        state.guards.answer_room_free() < full,
+        "the request ended, and the read it started still holds its room"
+    );
+    lock.commit().await.unwrap();
+    let mut freed = false;
+    for _ in 0..100 {
+        if state.guards.answer_room_free() == full {
+            freed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(freed, "the room comes back once the read is done");
+    locker.close().await.unwrap();
+    app.finish().await;
+}
+
 /// Every answer that holds entries holds room in the process's answer budget until its body is
 /// sent, for its own length, an entry larger than a page included; unread answers cannot hold
 /// more than the budget, and one tenant no more than half of it: another's answers go on. (The
