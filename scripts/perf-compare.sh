@@ -19,7 +19,8 @@ backends=${PERF_BACKENDS:-sqlite postgres}
 phases=${PERF_PHASES:-appends ctx-1k ctx-10k}
 export HOTPATH_DURATION=${HOTPATH_DURATION:-8}
 work=$(mktemp -d)
-trap 'git worktree remove --force "$work/tree" >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
+tree=${PERF_TARGET_DIR:-$PWD/target/perf-compare}/tree
+trap 'git worktree remove --force "$tree" >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
 
 # build NAME COMMIT: the commit's release binary at $work/NAME. The worktrees share one target
 # directory of their own (the checkout's binary stays as it is), seeded with hard links to the
@@ -31,10 +32,11 @@ if [[ ! -d $target_dir/release && -d target/release/deps ]]; then
 fi
 build() {
   local name=$1 commit=$2
-  git worktree add --detach --force "$work/tree" "$commit" >/dev/null 2>&1
-  CARGO_TARGET_DIR=$target_dir cargo build --release --locked --manifest-path "$work/tree/Cargo.toml" -q
+  # One path for every commit built: cargo then rebuilds only what changed between them.
+  git worktree add --detach --force "$tree" "$commit" >/dev/null 2>&1
+  CARGO_TARGET_DIR=$target_dir cargo build --release --locked --manifest-path "$tree/Cargo.toml" -q
   cp "$target_dir/release/loupe" "$work/$name"
-  git worktree remove --force "$work/tree"
+  git worktree remove --force "$tree"
   echo "perf-compare.sh: built $name = $(git rev-parse --short "$commit")"
 }
 build base "$base"
