@@ -22,8 +22,7 @@ on_both_backends!(
 );
 
 /// A tool's output read from a binary file: NULs among words.
-const BINARY_OUTPUT: &str =
-    "\u{7f}ELF\u{2}\u{1}\u{0}\u{0}\u{0} zebrafish section .text\u{0}\u{0}end";
+const BINARY_OUTPUT: &str = "\u{7f}ELF\u{2}\u{1}\u{0}\u{0}\u{0} zebrafish section .text\u{0}\u{0}end";
 
 fn reading_a_binary_file(i: usize) -> Vec<Value> {
     vec![
@@ -50,11 +49,8 @@ async fn a_nul_in_an_entry_leaves_search_working(app: TestApp) {
     app.append(&thread, vec![user("u0", "Read the zebrafish binary.")])
         .await;
     app.append(&thread, reading_a_binary_file(1)).await;
-    app.append(
-        &thread,
-        vec![assistant("a3", "msg_3", "It is an ELF file.")],
-    )
-    .await;
+    app.append(&thread, vec![assistant("a3", "msg_3", "It is an ELF file.")])
+        .await;
     // The thread's search, by a word of the entry other than its NULs.
     let found = app
         .get(&format!("/v1/threads/{thread}/search?q=section"))
@@ -88,9 +84,7 @@ async fn a_nul_in_an_entry_leaves_search_working(app: TestApp) {
     // Later entries are indexed too: the index did not stop at the NUL.
     app.append(&thread, vec![user("u4", "Now the quokka file.")])
         .await;
-    let later = app
-        .get(&format!("/v1/threads/{thread}/search?q=quokka"))
-        .await;
+    let later = app.get(&format!("/v1/threads/{thread}/search?q=quokka")).await;
     assert_eq!(later.status, StatusCode::OK, "{}", later.body);
     assert_eq!(hit_seqs(&later.body), [4], "{}", later.body);
     app.finish().await;
@@ -100,9 +94,7 @@ async fn an_entry_with_a_nul_reads_back_as_sent(app: TestApp) {
     let thread = app.thread("nul-raw").await;
     // Written by hand, with the escapes a client chose: stored with them (as compact JSON).
     let line = r#"{"uuid":"raw1","type":"user","message":{"role":"user","content":"a\u0000b \u0000 zebra"}}"#;
-    let body = format!(
-        r#"{{"messages": [{line}, {{"uuid": "raw2", "type": "user", "message": {{"role": "user", "content": "next"}}}}]}}"#
-    );
+    let body = format!(r#"{{"messages": [{line}, {{"uuid": "raw2", "type": "user", "message": {{"role": "user", "content": "next"}}}}]}}"#);
     let appended = app
         .raw_as(
             None,
@@ -123,9 +115,7 @@ async fn an_entry_with_a_nul_reads_back_as_sent(app: TestApp) {
     assert_eq!(export.status, StatusCode::OK, "{}", export.body);
     let exported = export.body.as_str().unwrap();
     assert!(exported.lines().any(|l| l == line), "{exported}");
-    let found = app
-        .get(&format!("/v1/threads/{thread}/search?q=zebra"))
-        .await;
+    let found = app.get(&format!("/v1/threads/{thread}/search?q=zebra")).await;
     assert_eq!(found.status, StatusCode::OK, "{}", found.body);
     assert_eq!(hit_seqs(&found.body), [0], "{}", found.body);
     app.finish().await;
@@ -136,10 +126,7 @@ fn nul_exchange(i: usize) -> Vec<Value> {
     let mut turns = exchange(
         i,
         &format!("Step {i}: open src/area_{i}/part\u{0}{i}.rs and run `cargo test area_{i}`\u{0}"),
-        &format!(
-            "Done\u{0}: area_{i} failed with E0{} at https://ci.example.com/run/{i}\u{0}x",
-            200 + i
-        ),
+        &format!("Done\u{0}: area_{i} failed with E0{} at https://ci.example.com/run/{i}\u{0}x", 200 + i),
     );
     turns.extend(reading_a_binary_file(100 + i));
     turns
@@ -188,9 +175,7 @@ async fn outlines_summaries_and_ledgers_take_a_nul(app: TestApp) {
         "{results:?}"
     );
     let ledger = app
-        .get(&format!(
-            "/v1/threads/{compacted}/ledger?summary=compaction"
-        ))
+        .get(&format!("/v1/threads/{compacted}/ledger?summary=compaction"))
         .await;
     assert_eq!(ledger.status, StatusCode::OK, "{}", ledger.body);
     let summaries = ledger.body["summaries"].as_array().unwrap();
@@ -226,15 +211,11 @@ async fn a_huge_entry_of_distinct_words_leaves_search_working(app: TestApp) {
     let output = format!("needle {}", words.join(" "));
     app.append(
         &thread,
-        vec![
-            json!({"uuid": "big", "type": "user", "message": {"role": "user",
-            "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": output}]}}),
-        ],
+        vec![json!({"uuid": "big", "type": "user", "message": {"role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": output}]}})],
     )
     .await;
-    let found = app
-        .get(&format!("/v1/threads/{thread}/search?q=needle"))
-        .await;
+    let found = app.get(&format!("/v1/threads/{thread}/search?q=needle")).await;
     assert_eq!(found.status, StatusCode::OK, "{}", found.body);
     assert_eq!(hit_seqs(&found.body), [0], "{}", found.body);
     let tenant = app.get("/v1/search?q=needle").await;
@@ -263,10 +244,7 @@ async fn metadata_with_a_nul_is_refused_at_write_time(app: TestApp) {
         json!({"deep": {"k\u{0}": true}}),
     ] {
         let created = app
-            .post(
-                "/v1/threads",
-                json!({"id": "nul-meta", "metadata": metadata}),
-            )
+            .post("/v1/threads", json!({"id": "nul-meta", "metadata": metadata}))
             .await;
         assert_metadata_refused(&created);
     }
@@ -299,9 +277,7 @@ async fn metadata_with_a_nul_is_refused_at_write_time(app: TestApp) {
         .await;
     assert_metadata_refused(&fork);
     // What is stored matches its filter on both backends.
-    let listed = app
-        .get("/v1/threads?metadata=%7B%22user%22%3A%22ana%22%7D")
-        .await;
+    let listed = app.get("/v1/threads?metadata=%7B%22user%22%3A%22ana%22%7D").await;
     assert_eq!(listed.status, StatusCode::OK, "{}", listed.body);
     let ids: Vec<&str> = listed.body["threads"]
         .as_array()
