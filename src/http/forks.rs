@@ -32,8 +32,7 @@ pub struct ForkThreadRequest {
     /// tenant (409 when taken, even by the parent). Generated when omitted.
     #[schema(pattern = r"^[A-Za-z0-9._:-]+$", min_length = 1, max_length = 128)]
     pub id: Option<String>,
-    /// The fork's metadata (at most `--max-metadata-bytes` of JSON, no NUL in a key or a
-    /// string); the parent's when omitted.
+    /// The fork's metadata (at most `--max-metadata-bytes` of JSON); the parent's when omitted.
     #[schema(value_type = Option<Object>)]
     pub metadata: Option<Map<String, Value>>,
 }
@@ -60,7 +59,7 @@ pub struct ForkThreadRequest {
         MalformedJson,
         ThreadNotFound,
         (status = 409, description = "A thread with the fork's id exists (`thread-exists`)", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "An invalid field (`validation`): `at_seq` past the parent's messages, an invalid id, or metadata over its limit or holding a NUL", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "An invalid field (`validation`): `at_seq` past the parent's messages, an invalid id, or metadata over its limit", body = Problem, content_type = "application/problem+json"),
         Overloaded,
     )
 )]

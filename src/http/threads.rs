@@ -38,7 +38,7 @@ pub struct CreateThreadRequest {
     #[schema(pattern = r"^[A-Za-z0-9._:-]+$", min_length = 1, max_length = 128)]
     pub id: Option<String>,
     /// Free-form metadata kept with the thread: at most `--max-metadata-bytes` (16 KiB by
-    /// default) of JSON, with no NUL (`\u0000`) in a key or a string.
+    /// default) of JSON.
     #[schema(value_type = Option<Object>)]
     pub metadata: Option<Map<String, Value>>,
 }
@@ -117,8 +117,7 @@ pub struct ThreadListResponse {
 pub struct UpdateThreadRequest {
     /// Merged into the thread's metadata: each member given replaces the one of that name, and
     /// a member set to `null` is removed; members not named stay. The result is held to
-    /// `--max-metadata-bytes`, and no key or string given may hold a NUL (`\u0000`) (422
-    /// `validation` otherwise, nothing changed).
+    /// `--max-metadata-bytes` (422 `validation` otherwise, nothing changed).
     #[schema(value_type = Object)]
     pub metadata: Map<String, Value>,
 }
@@ -213,13 +212,6 @@ impl ListThreadsQuery {
                             "metadata filter values are strings, numbers or booleans",
                         ));
                     }
-                    // No stored metadata holds one (it is refused at write time), and
-                    // PostgreSQL's filter could not read one.
-                    if value.as_str().is_some_and(|text| text.contains('\0')) {
-                        return Err(ApiError::bad_request(
-                            "metadata filter values may not hold a NUL character (\\u0000)",
-                        ));
-                    }
                 }
                 members
             }
@@ -293,7 +285,7 @@ pub(super) fn check_metadata_size(
         (status = 201, description = "The thread was created", body = ThreadResponse),
         MalformedJson,
         (status = 409, description = "A thread with this id exists (`thread-exists`)", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "An invalid field (`validation`), or metadata over its size limit (16 KiB of JSON by default) or holding a NUL", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "An invalid field (`validation`), or metadata over its size limit (16 KiB of JSON by default)", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn create_thread(
@@ -388,7 +380,7 @@ pub async fn get_thread(
         (status = 200, description = "The thread, updated", body = ThreadResponse),
         MalformedJson,
         ThreadNotFound,
-        (status = 422, description = "The metadata would pass `--max-metadata-bytes`, or holds a NUL (`validation`)", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "The metadata would pass `--max-metadata-bytes` (`validation`)", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn update_thread(

@@ -63,9 +63,6 @@ impl Store {
         parent: &ThreadId,
         fork: NewFork,
     ) -> Result<Thread, StoreError> {
-        if let Some(members) = &fork.metadata {
-            super::threads::check_metadata_text(members)?;
-        }
         let id = fork.id.clone().unwrap_or_else(ThreadId::generate);
         for _ in 0..FORK_ATTEMPTS {
             let thread_key = ThreadKey::mint();

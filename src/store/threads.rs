@@ -177,30 +177,6 @@ fn decode_cursor(cursor: &str) -> Result<(i64, String), StoreError> {
     Ok((millis, key.to_owned()))
 }
 
-/// Refuses `members` if a key or a string holds a NUL, at any depth: PostgreSQL's metadata
-/// filters read the metadata as `jsonb`, which cannot hold one, so such a thread would match no
-/// filter there while it matched on SQLite. A member set to null is a removal (a PATCH's), so
-/// it is not looked at.
-pub(super) fn check_metadata_text(members: &Map<String, Value>) -> Result<(), StoreError> {
-    fn holds_nul(value: &Value) -> bool {
-        match value {
-            Value::String(text) => text.contains('\0'),
-            Value::Array(items) => items.iter().any(holds_nul),
-            Value::Object(members) => members
-                .iter()
-                .any(|(key, value)| key.contains('\0') || holds_nul(value)),
-            Value::Null | Value::Bool(_) | Value::Number(_) => false,
-        }
-    }
-    match members
-        .iter()
-        .find(|(key, value)| !value.is_null() && (key.contains('\0') || holds_nul(value)))
-    {
-        Some((key, _)) => Err(StoreError::MetadataHoldsNul(key.clone())),
-        None => Ok(()),
-    }
-}
-
 impl Store {
     /// Creates a thread. An id still held by an expired thread the sweep has not reached is
     /// free: that thread is expired now, as the sweep would (its `expired` event first).
@@ -209,7 +185,6 @@ impl Store {
         tenant: &TenantId,
         new: NewThread,
     ) -> Result<Thread, StoreError> {
-        check_metadata_text(&new.metadata)?;
         let id = new.id.clone().unwrap_or_else(ThreadId::generate);
         let new = NewThread {
             id: Some(id.clone()),
@@ -504,7 +479,6 @@ impl Store {
         patch: &Map<String, Value>,
         max_bytes: usize,
     ) -> Result<Thread, StoreError> {
-        check_metadata_text(patch)?;
         let mut tx = self.writer.begin().await?;
         // A write that changes nothing first: it takes SQLite's write lock at once (a read first
         // would pin a snapshot that a racing write makes stale, and the update would then fail
