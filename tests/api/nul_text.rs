@@ -1,7 +1,8 @@
 //! The NUL character (issue 53): JSON lets a caller send one (`\u0000`, a binary file read by a
 //! tool), PostgreSQL's `text` cannot hold one. An entry holding one is stored as sent, and what
 //! Loupe derives from it (search rows, anchors, outline lines, summaries) never makes a read
-//! fail; metadata, which filters read as `jsonb`, refuses one at write time on both backends.
+//! fail. Metadata holding one is stored as sent: the API's schema allows it (PostgreSQL's
+//! `jsonb` filter index leaves such a thread out; refusing it at write time broke the schema).
 
 use std::sync::Arc;
 
@@ -17,12 +18,12 @@ on_both_backends!(
     an_entry_with_a_nul_reads_back_as_sent,
     outlines_summaries_and_ledgers_take_a_nul,
     a_huge_entry_of_distinct_words_leaves_search_working,
-    metadata_with_a_nul_is_refused_at_write_time,
-    a_nul_in_a_metadata_filter_is_our_bad_request,
+    metadata_with_a_nul_is_stored_as_sent,
 );
 
 /// A tool's output read from a binary file: NULs among words.
-const BINARY_OUTPUT: &str = "\u{7f}ELF\u{2}\u{1}\u{0}\u{0}\u{0} zebrafish section .text\u{0}\u{0}end";
+const BINARY_OUTPUT: &str =
+    "\u{7f}ELF\u{2}\u{1}\u{0}\u{0}\u{0} zebrafish section .text\u{0}\u{0}end";
 
 fn reading_a_binary_file(i: usize) -> Vec<Value> {
     vec![
@@ -49,8 +50,11 @@ async fn a_nul_in_an_entry_leaves_search_working(app: TestApp) {
     app.append(&thread, vec![user("u0", "Read the zebrafish binary.")])
         .await;
     app.append(&thread, reading_a_binary_file(1)).await;
-    app.append(&thread, vec![assistant("a3", "msg_3", "It is an ELF file.")])
-        .await;
+    app.append(
+        &thread,
+        vec![assistant("a3", "msg_3", "It is an ELF file.")],
+    )
+    .await;
     // The thread's search, by a word of the entry other than its NULs.
     let found = app
         .get(&format!("/v1/threads/{thread}/search?q=section"))
@@ -84,7 +88,9 @@ async fn a_nul_in_an_entry_leaves_search_working(app: TestApp) {
     // Later entries are indexed too: the index did not stop at the NUL.
     app.append(&thread, vec![user("u4", "Now the quokka file.")])
         .await;
-    let later = app.get(&format!("/v1/threads/{thread}/search?q=quokka")).await;
+    let later = app
+        .get(&format!("/v1/threads/{thread}/search?q=quokka"))
+        .await;
     assert_eq!(later.status, StatusCode::OK, "{}", later.body);
     assert_eq!(hit_seqs(&later.body), [4], "{}", later.body);
     app.finish().await;
@@ -94,7 +100,9 @@ async fn an_entry_with_a_nul_reads_back_as_sent(app: TestApp) {
     let thread = app.thread("nul-raw").await;
     // Written by hand, with the escapes a client chose: stored with them (as compact JSON).
     let line = r#"{"uuid":"raw1","type":"user","message":{"role":"user","content":"a\u0000b \u0000 zebra"}}"#;
-    let body = format!(r#"{{"messages": [{line}, {{"uuid": "raw2", "type": "user", "message": {{"role": "user", "content": "next"}}}}]}}"#);
+    let body = format!(
+        r#"{{"messages": [{line}, {{"uuid": "raw2", "type": "user", "message": {{"role": "user", "content": "next"}}}}]}}"#
+    );
     let appended = app
         .raw_as(
             None,
@@ -115,7 +123,9 @@ async fn an_entry_with_a_nul_reads_back_as_sent(app: TestApp) {
     assert_eq!(export.status, StatusCode::OK, "{}", export.body);
     let exported = export.body.as_str().unwrap();
     assert!(exported.lines().any(|l| l == line), "{exported}");
-    let found = app.get(&format!("/v1/threads/{thread}/search?q=zebra")).await;
+    let found = app
+        .get(&format!("/v1/threads/{thread}/search?q=zebra"))
+        .await;
     assert_eq!(found.status, StatusCode::OK, "{}", found.body);
     assert_eq!(hit_seqs(&found.body), [0], "{}", found.body);
     app.finish().await;
@@ -126,7 +136,10 @@ fn nul_exchange(i: usize) -> Vec<Value> {
     let mut turns = exchange(
         i,
         &format!("Step {i}: open src/area_{i}/part\u{0}{i}.rs and run `cargo test area_{i}`\u{0}"),
-        &format!("Done\u{0}: area_{i} failed with E0{} at https://ci.example.com/run/{i}\u{0}x", 200 + i),
+        &format!(
+            "Done\u{0}: area_{i} failed with E0{} at https://ci.example.com/run/{i}\u{0}x",
+            200 + i
+        ),
     );
     turns.extend(reading_a_binary_file(100 + i));
     turns
@@ -175,7 +188,9 @@ async fn outlines_summaries_and_ledgers_take_a_nul(app: TestApp) {
         "{results:?}"
     );
     let ledger = app
-        .get(&format!("/v1/threads/{compacted}/ledger?summary=compaction"))
+        .get(&format!(
+            "/v1/threads/{compacted}/ledger?summary=compaction"
+        ))
         .await;
     assert_eq!(ledger.status, StatusCode::OK, "{}", ledger.body);
     let summaries = ledger.body["summaries"].as_array().unwrap();
@@ -211,11 +226,15 @@ async fn a_huge_entry_of_distinct_words_leaves_search_working(app: TestApp) {
     let output = format!("needle {}", words.join(" "));
     app.append(
         &thread,
-        vec![json!({"uuid": "big", "type": "user", "message": {"role": "user",
-            "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": output}]}})],
+        vec![
+            json!({"uuid": "big", "type": "user", "message": {"role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": output}]}}),
+        ],
     )
     .await;
-    let found = app.get(&format!("/v1/threads/{thread}/search?q=needle")).await;
+    let found = app
+        .get(&format!("/v1/threads/{thread}/search?q=needle"))
+        .await;
     assert_eq!(found.status, StatusCode::OK, "{}", found.body);
     assert_eq!(hit_seqs(&found.body), [0], "{}", found.body);
     let tenant = app.get("/v1/search?q=needle").await;
@@ -224,83 +243,38 @@ async fn a_huge_entry_of_distinct_words_leaves_search_working(app: TestApp) {
     app.finish().await;
 }
 
-/// Asserts a 422 `validation` naming `metadata`, in Loupe's words (no database's).
-fn assert_metadata_refused(response: &crate::common::TestResponse) {
-    let body = response.assert_problem(StatusCode::UNPROCESSABLE_ENTITY, "validation");
-    assert_eq!(body["errors"][0]["field"], "metadata", "{body}");
-    let detail = body["detail"].as_str().unwrap();
-    assert!(detail.contains("NUL"), "{detail}");
-    assert!(
-        !detail.contains("database") && !detail.contains("jsonb"),
-        "{detail}"
-    );
-}
-
-async fn metadata_with_a_nul_is_refused_at_write_time(app: TestApp) {
-    for metadata in [
+/// Metadata is any JSON object, as the API's schema says: a NUL in a key or a string, at any
+/// depth, is stored and read back as sent, on create, update and fork.
+async fn metadata_with_a_nul_is_stored_as_sent(app: TestApp) {
+    for (i, metadata) in [
         json!({"user": "a\u{0}b"}),
         json!({"us\u{0}er": "ana"}),
         json!({"deep": {"list": [1, "x\u{0}"]}}),
         json!({"deep": {"k\u{0}": true}}),
-    ] {
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let id = format!("nul-meta-{i}");
         let created = app
-            .post("/v1/threads", json!({"id": "nul-meta", "metadata": metadata}))
+            .post("/v1/threads", json!({"id": id, "metadata": metadata}))
             .await;
-        assert_metadata_refused(&created);
+        assert_eq!(created.status, StatusCode::CREATED, "{}", created.body);
+        let thread = app.get(&format!("/v1/threads/{id}")).await;
+        assert_eq!(thread.body["metadata"], metadata);
     }
-    let missing = app.get("/v1/threads/nul-meta").await;
-    missing.assert_problem(StatusCode::NOT_FOUND, "not-found");
-    let created = app
-        .post(
-            "/v1/threads",
-            json!({"id": "meta", "metadata": {"user": "ana"}}),
-        )
-        .await;
-    assert_eq!(created.status, StatusCode::CREATED, "{}", created.body);
-    // An update: refused whole, nothing changed.
     let patched = app
         .request(
             Method::PATCH,
-            "/v1/threads/meta",
-            Some(json!({"metadata": {"tier": "gold", "note": "x\u{0}y"}})),
+            "/v1/threads/nul-meta-0",
+            Some(json!({"metadata": {"note": "x\u{0}y"}})),
         )
         .await;
-    assert_metadata_refused(&patched);
-    let thread = app.get("/v1/threads/meta").await;
-    assert_eq!(thread.body["metadata"], json!({"user": "ana"}));
-    // A fork's own metadata.
-    let fork = app
-        .post(
-            "/v1/threads/meta/fork",
-            json!({"at_seq": 0, "id": "meta-fork", "metadata": {"user": "\u{0}"}}),
-        )
-        .await;
-    assert_metadata_refused(&fork);
-    // What is stored matches its filter on both backends.
-    let listed = app.get("/v1/threads?metadata=%7B%22user%22%3A%22ana%22%7D").await;
-    assert_eq!(listed.status, StatusCode::OK, "{}", listed.body);
-    let ids: Vec<&str> = listed.body["threads"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["id"].as_str().unwrap())
-        .collect();
-    assert_eq!(ids, ["meta"], "{}", listed.body);
-    app.finish().await;
-}
-
-async fn a_nul_in_a_metadata_filter_is_our_bad_request(app: TestApp) {
-    app.thread("t").await;
-    // `{"user":"a\u0000b"}`, URL-encoded: the escape is JSON's, so no %00 is in the query.
-    let listed = app
-        .get("/v1/threads?metadata=%7B%22user%22%3A%22a%5Cu0000b%22%7D")
-        .await;
-    let body = listed.assert_problem(StatusCode::BAD_REQUEST, "bad-request");
-    let detail = body["detail"].as_str().unwrap();
-    assert!(detail.contains("NUL"), "{detail}");
-    assert!(
-        !detail.contains("database") && !detail.contains("jsonb"),
-        "{detail}"
+    assert_eq!(patched.status, StatusCode::OK, "{}", patched.body);
+    let thread = app.get("/v1/threads/nul-meta-0").await;
+    assert_eq!(
+        thread.body["metadata"],
+        json!({"user": "a\u{0}b", "note": "x\u{0}y"})
     );
     app.finish().await;
 }
