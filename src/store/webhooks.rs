@@ -468,48 +468,15 @@ impl Store {
     /// [`MAX_UNSENT_PER_ENDPOINT`], `DROP_CHUNK` rows a statement (one long write would hold
     /// SQLite's writer from appends). Returns how many.
     pub async fn drop_backlogs(&self) -> Result<u64, StoreError> {
-        let endpoints = sqlx::query("SELECT tenant_id, endpoint_id FROM webhook_endpoints")
-            .fetch_all(&self.pool)
-            .await?;
-        let mut dropped = 0;
-        for endpoint in endpoints {
-            let tenant: String = endpoint.try_get("tenant_id")?;
-            let endpoint_id: String = endpoint.try_get("endpoint_id")?;
-            // The oldest delivery kept: the bound's worth of the newest unsent ones.
-            let kept_from: Option<i64> = sqlx::query_scalar(
-                "SELECT delivery_id FROM webhook_deliveries WHERE tenant_id = $1 \
-                 AND endpoint_id = $2 AND state IN ('pending', 'sending') \
-                 ORDER BY delivery_id DESC LIMIT 1 OFFSET $3",
-            )
-            .bind(&tenant)
-            .bind(&endpoint_id)
-            .bind(MAX_UNSENT_PER_ENDPOINT - 1)
-            .fetch_optional(&self.pool)
-            .await?;
-            let Some(kept_from) = kept_from else { continue };
-            loop {
-                let done = sqlx::query(
-                    "UPDATE webhook_deliveries SET state = 'failed', lease_until = NULL, \
-                     last_error = 'dropped: the endpoint fell more than ' || $3 || \
-                     ' deliveries behind' WHERE delivery_id IN (SELECT delivery_id \
-                     FROM webhook_deliveries WHERE tenant_id = $1 AND endpoint_id = $2 \
-                     AND state = 'pending' AND delivery_id < $4 ORDER BY delivery_id LIMIT $5)",
-                )
-                .bind(&tenant)
-                .bind(&endpoint_id)
-                .bind(MAX_UNSENT_PER_ENDPOINT.to_string())
-                .bind(kept_from)
-                .bind(DROP_CHUNK)
-                .execute(&self.writer)
-                .await?
-                .rows_affected();
-                dropped += done;
-                if done < DROP_CHUNK as u64 {
-                    break;
-                }
-            }
-        }
-        Ok(dropped)
+        let dropped = format!(
+            "UPDATE webhook_deliveries SET state = 'failed', lease_until = NULL, \
+             last_error = 'dropped: the endpoint fell more than {MAX_UNSENT_PER_ENDPOINT} \
+             deliveries behind' WHERE delivery_id IN (SELECT delivery_id \
+             FROM webhook_deliveries WHERE tenant_id = $1 AND endpoint_id = $2 \
+             AND state = 'pending' AND delivery_id < $3 ORDER BY delivery_id LIMIT $4)"
+        );
+        self.past_newest_per_endpoint("'pending', 'sending'", MAX_UNSENT_PER_ENDPOINT, &dropped)
+            .await
     }
 
     /// Removes ended deliveries (delivered, failed or dropped): those created before
@@ -534,44 +501,60 @@ impl Store {
                 break;
             }
         }
+        let ended = "DELETE FROM webhook_deliveries WHERE delivery_id IN (SELECT delivery_id \
+             FROM webhook_deliveries WHERE tenant_id = $1 AND endpoint_id = $2 \
+             AND state IN ('delivered', 'failed') AND delivery_id < $3 \
+             ORDER BY delivery_id LIMIT $4)";
+        pruned += self
+            .past_newest_per_endpoint("'delivered', 'failed'", MAX_ENDED_PER_ENDPOINT, ended)
+            .await?;
+        Ok(pruned)
+    }
+
+    /// Runs `write` on each endpoint's deliveries older than its newest `keep` in `states`
+    /// (`$1` tenant, `$2` endpoint, `$3` the oldest delivery kept, `$4` at most `DROP_CHUNK`
+    /// rows), a chunk at a time so that no long write holds SQLite's writer from appends.
+    /// Returns the rows written.
+    async fn past_newest_per_endpoint(
+        &self,
+        states: &str,
+        keep: i64,
+        write: &str,
+    ) -> Result<u64, StoreError> {
         let endpoints = sqlx::query("SELECT tenant_id, endpoint_id FROM webhook_endpoints")
             .fetch_all(&self.pool)
             .await?;
+        let newest = format!(
+            "SELECT delivery_id FROM webhook_deliveries WHERE tenant_id = $1 \
+             AND endpoint_id = $2 AND state IN ({states}) \
+             ORDER BY delivery_id DESC LIMIT 1 OFFSET $3"
+        );
+        let mut written = 0;
         for endpoint in endpoints {
             let tenant: String = endpoint.try_get("tenant_id")?;
             let endpoint_id: String = endpoint.try_get("endpoint_id")?;
-            // The oldest ended delivery kept: the bound's worth of the newest ended ones.
-            let kept_from: Option<i64> = sqlx::query_scalar(
-                "SELECT delivery_id FROM webhook_deliveries WHERE tenant_id = $1 \
-                 AND endpoint_id = $2 AND state IN ('delivered', 'failed') \
-                 ORDER BY delivery_id DESC LIMIT 1 OFFSET $3",
-            )
-            .bind(&tenant)
-            .bind(&endpoint_id)
-            .bind(MAX_ENDED_PER_ENDPOINT - 1)
-            .fetch_optional(&self.pool)
-            .await?;
-            let Some(kept_from) = kept_from else { continue };
-            loop {
-                let done = sqlx::query(
-                    "DELETE FROM webhook_deliveries WHERE delivery_id IN (SELECT delivery_id \
-                     FROM webhook_deliveries WHERE tenant_id = $1 AND endpoint_id = $2 \
-                     AND state IN ('delivered', 'failed') AND delivery_id < $3 \
-                     ORDER BY delivery_id LIMIT $4)",
-                )
+            let kept_from: Option<i64> = sqlx::query_scalar(&newest)
                 .bind(&tenant)
                 .bind(&endpoint_id)
-                .bind(kept_from)
-                .bind(DROP_CHUNK)
-                .execute(&self.writer)
-                .await?
-                .rows_affected();
-                pruned += done;
+                .bind(keep - 1)
+                .fetch_optional(&self.pool)
+                .await?;
+            let Some(kept_from) = kept_from else { continue };
+            loop {
+                let done = sqlx::query(write)
+                    .bind(&tenant)
+                    .bind(&endpoint_id)
+                    .bind(kept_from)
+                    .bind(DROP_CHUNK)
+                    .execute(&self.writer)
+                    .await?
+                    .rows_affected();
+                written += done;
                 if done < DROP_CHUNK as u64 {
                     break;
                 }
             }
         }
-        Ok(pruned)
+        Ok(written)
     }
 }
